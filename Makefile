@@ -1,0 +1,48 @@
+# gpuctl build. `make demo` runs the embedded default; `make test` is what CI runs.
+GO        ?= go
+export CGO_CFLAGS := -Wno-deprecated-declarations
+GOTEST    ?= $(GO) test -count=1 -timeout 30m
+PKGS      := ./...
+
+.PHONY: all build workload test bench generate check-generated demo lint clean
+
+all: build
+
+build: workload
+	$(GO) build -o bin/gpuctl ./cmd/gpuctl
+	$(GO) build -o bin/nodemon ./cmd/nodemon
+
+workload:
+	$(MAKE) -C workload
+
+# Tests need the reference workload (ringtrain, libnccl.so.2) and the two
+# binaries, which the integration tests start as real processes.
+test: build lint
+	GPUCTL_BIN=$(CURDIR)/bin $(GOTEST) $(PKGS)
+
+# Benchmarks whose figures go into notes; -benchtime keeps them short on a
+# shared 2-core machine. Compare runs with benchstat.
+bench: build
+	GPUCTL_BIN=$(CURDIR)/bin $(GO) test -run '^$$' -bench . -benchmem -benchtime 2x -timeout 30m $(PKGS)
+
+bin/protoc-gen-go: go.mod
+	$(GO) build -o $@ google.golang.org/protobuf/cmd/protoc-gen-go
+
+# Regenerates protobuf code and eBPF objects (needs protoc, clang, llvm-strip).
+generate: bin/protoc-gen-go
+	$(GO) generate $(PKGS)
+
+check-generated: generate
+	@git diff --exit-code --stat -- api probes || { \
+		echo "generated code is out of date: run 'make generate' and commit the result"; exit 1; }
+
+demo: build
+	bin/gpuctl demo
+
+lint:
+	$(GO) vet $(PKGS)
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "not gofmt'ed:"; echo "$$out"; exit 1; fi
+
+clean:
+	rm -rf bin
+	$(MAKE) -C workload clean

@@ -1,0 +1,386 @@
+// Package agent is nodemon: it samples the host's GPUs and traces its
+// NCCL calls and network flows, streams all of it to gpuctl serve over
+// QUIC, and carries out the server's commands on the host.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/transport"
+)
+
+// Version is nodemon's software version reported at registration.
+const Version = "0.1.0"
+
+// Config configures nodemon.
+type Config struct {
+	// Server is the UDP address of gpuctl serve.
+	Server string
+	// Token is the join token, needed only until the node has a certificate.
+	Token string
+	// Name is the node's name; default the host name.
+	Name string
+	// DataDir keeps the node identity and rank logs.
+	DataDir string
+	// Interval is the GPU sampling interval, default 1 s.
+	Interval time.Duration
+	// Heartbeat is the heartbeat interval, default 1 s.
+	Heartbeat time.Duration
+	// Labels are topology and placement labels (rack, switch, …).
+	Labels map[string]string
+	// TelemetryBuffer bounds the batches kept while disconnected, default 600.
+	TelemetryBuffer int
+	Log             *slog.Logger
+}
+
+// Agent is a running nodemon.
+type Agent struct {
+	cfg    Config
+	log    *slog.Logger
+	probes *Probes
+	exec   *Executor
+
+	telemetry *telemetryBuffer
+	events    *eventQueue
+	metrics   *metrics
+}
+
+// New builds an agent around already-opened probes.
+func New(cfg Config, p *Probes) (*Agent, error) {
+	if cfg.Server == "" {
+		return nil, errors.New("nodemon: --server is required")
+	}
+	if cfg.DataDir == "" {
+		return nil, errors.New("nodemon: --data-dir is required")
+	}
+	if cfg.Name == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("nodemon: no --name and no host name: %w", err)
+		}
+		cfg.Name = h
+	}
+	if err := transport.ValidateName(cfg.Name); err != nil {
+		return nil, fmt.Errorf("nodemon: --name: %w", err)
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = time.Second
+	}
+	if cfg.TelemetryBuffer <= 0 {
+		cfg.TelemetryBuffer = 600
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	a := &Agent{
+		cfg:       cfg,
+		log:       cfg.Log.With("node", cfg.Name),
+		probes:    p,
+		telemetry: newTelemetryBuffer(cfg.TelemetryBuffer),
+		events:    newEventQueue(100_000),
+	}
+	a.metrics = newMetrics(cfg.Name, a.events.len)
+	a.exec = NewExecutor(a.log, cfg.Name, filepath.Join(cfg.DataDir, "logs"), a.events.add)
+	return a, nil
+}
+
+// Collector returns nodemon's Prometheus collector.
+func (a *Agent) Collector() prometheus.Collector { return a.metrics }
+
+// Run connects, streams and obeys until ctx ends; then it stops the ranks
+// it launched.
+func (a *Agent) Run(ctx context.Context) error {
+	id, err := a.identity(ctx)
+	if err != nil {
+		return err
+	}
+	reg, err := a.registration()
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		a.probes.run(ctx, a.cfg.Interval, a.exec, func(t *api.Telemetry) {
+			a.metrics.observe(t)
+			a.telemetry.add(t)
+		}, a.events)
+	}()
+	defer func() {
+		a.exec.StopAll(10 * time.Second)
+		wg.Wait()
+	}()
+	d, err := transport.NewDialer(a.log)
+	if err != nil {
+		return fmt.Errorf("nodemon: %w", err)
+	}
+	defer d.Close()
+	attempt := 0
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := a.session(ctx, d, id, reg)
+		if ctx.Err() != nil {
+			break
+		}
+		var refused *transport.RefusedError
+		if errors.As(err, &refused) {
+			return fmt.Errorf("nodemon: server refused this node: %w", err)
+		}
+		if time.Since(start) > 30*time.Second {
+			attempt = 0
+		}
+		delay := transport.BackoffDelay(attempt, 200*time.Millisecond, 10*time.Second, 0.2, rand.Float64())
+		attempt++
+		a.log.Warn("disconnected from server; retrying", "err", err, "in", delay.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
+		}
+	}
+	return nil
+}
+
+// identity loads the node certificate, joining with the token the first
+// time.
+func (a *Agent) identity(ctx context.Context) (*transport.Identity, error) {
+	dir := filepath.Join(a.cfg.DataDir, "identity")
+	id, err := transport.LoadNodeIdentity(dir)
+	if err == nil {
+		return id, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("nodemon: load identity from %s: %w", dir, err)
+	}
+	if a.cfg.Token == "" {
+		return nil, fmt.Errorf("nodemon: no identity in %s yet: pass --token (make one with `gpuctl token create`)", dir)
+	}
+	jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	id, err = transport.Join(jctx, a.cfg.Server, a.cfg.Token, a.cfg.Name, dir)
+	if err != nil {
+		return nil, fmt.Errorf("nodemon: join %s: %w", a.cfg.Server, err)
+	}
+	a.log.Info("joined cluster", "server", a.cfg.Server)
+	return id, nil
+}
+
+func (a *Agent) registration() (*api.NodeRegistration, error) {
+	gpus, driver, cuda, err := a.probes.inventory()
+	if err != nil {
+		return nil, fmt.Errorf("nodemon: GPU inventory: %w", err)
+	}
+	host, _ := os.Hostname()
+	return &api.NodeRegistration{
+		Name: a.cfg.Name, Hostname: host, Gpus: gpus, Nics: listNICs(), Labels: a.cfg.Labels,
+		SimProfile: a.probes.simProfile(), HeartbeatIntervalMs: uint32(a.cfg.Heartbeat / time.Millisecond),
+		AgentVersion: Version, DriverVersion: driver, CudaVersion: cuda,
+	}, nil
+}
+
+// session runs one connection to the server until it fails.
+func (a *Agent) session(ctx context.Context, d *transport.Dialer, id *transport.Identity, reg *api.NodeRegistration) error {
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	conn, err := d.DialNode(dctx, a.cfg.Server, id)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	sctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	control, err := a.handshake(sctx, conn, reg)
+	if err != nil {
+		return err
+	}
+	a.log.Info("connected", "server", a.cfg.Server)
+	var writeMu sync.Mutex
+	sendControl := func(m *api.AgentMessage) error {
+		writeMu.Lock()
+		defer writeMu.Unlock()
+		control.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		return control.Send(m)
+	}
+	var wg sync.WaitGroup
+	run := func(name string, f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil {
+				stop(fmt.Errorf("%s: %w", name, err))
+			}
+		}()
+	}
+	run("heartbeat", func() error { return a.heartbeats(sctx, sendControl) })
+	run("commands", func() error { return a.commands(sctx, control, sendControl) })
+	run("telemetry", func() error { return a.sendTelemetry(sctx, conn) })
+	run("events", func() error { return a.sendEvents(sctx, conn) })
+	<-sctx.Done()
+	conn.Close()
+	wg.Wait()
+	return context.Cause(sctx)
+}
+
+func (a *Agent) handshake(ctx context.Context, conn *transport.Conn, reg *api.NodeRegistration) (*transport.Stream, error) {
+	control, err := conn.OpenStream(ctx, transport.StreamControl)
+	if err != nil {
+		return nil, err
+	}
+	control.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := control.Send(&api.AgentMessage{Body: &api.AgentMessage_Hello{Hello: &api.Hello{
+		Version: api.CurrentVersion(), Role: "node", Software: "nodemon " + Version}}}); err != nil {
+		return nil, fmt.Errorf("send hello: %w", err)
+	}
+	var m api.ServerMessage
+	if err := control.Recv(&m); err != nil {
+		return nil, fmt.Errorf("read welcome: %w", err)
+	}
+	w := m.GetWelcome()
+	if w == nil {
+		return nil, errors.New("server answered hello without a welcome")
+	}
+	if w.GetError() != "" {
+		return nil, &transport.RefusedError{Reason: w.GetError()}
+	}
+	a.events.welcome(w.GetLastEventSeq())
+	if err := control.Send(&api.AgentMessage{Body: &api.AgentMessage_Register{Register: reg}}); err != nil {
+		return nil, fmt.Errorf("send registration: %w", err)
+	}
+	control.SetDeadline(time.Time{})
+	return control, nil
+}
+
+func (a *Agent) heartbeats(ctx context.Context, send func(*api.AgentMessage) error) error {
+	t := time.NewTicker(a.cfg.Heartbeat)
+	defer t.Stop()
+	var seq uint64
+	for {
+		seq++
+		if err := send(&api.AgentMessage{Body: &api.AgentMessage_Heartbeat{Heartbeat: &api.Heartbeat{
+			TimeUnixNano: time.Now().UnixNano(), Seq: seq}}}); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// commands carries out the server's commands in order and acks each.
+func (a *Agent) commands(ctx context.Context, control *transport.Stream, send func(*api.AgentMessage) error) error {
+	for {
+		var m api.ServerMessage
+		if err := control.Recv(&m); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		c := m.GetCommand()
+		if c == nil {
+			continue
+		}
+		ack := &api.CommandAck{Id: c.GetId()}
+		if err := a.execute(c); err != nil {
+			ack.Error = err.Error()
+			a.log.Warn("command failed", "id", c.GetId(), "err", err)
+		}
+		if err := send(&api.AgentMessage{Body: &api.AgentMessage_CommandAck{CommandAck: ack}}); err != nil {
+			return err
+		}
+	}
+}
+
+func (a *Agent) execute(c *api.Command) error {
+	switch b := c.Body.(type) {
+	case *api.Command_Launch:
+		return a.exec.Launch(b.Launch)
+	case *api.Command_Signal:
+		return a.exec.Signal(b.Signal)
+	case *api.Command_InjectFault:
+		return a.probes.inject(b.InjectFault)
+	}
+	return fmt.Errorf("unknown command %T: upgrade nodemon to the server's release", c.Body)
+}
+
+func (a *Agent) sendTelemetry(ctx context.Context, conn *transport.Conn) error {
+	st, err := conn.OpenStream(ctx, transport.StreamTelemetry)
+	if err != nil {
+		return err
+	}
+	defer st.CloseWrite()
+	for {
+		batches := a.telemetry.take()
+		for i, t := range batches {
+			st.SetWriteDeadline(time.Now().Add(5 * time.Second))
+			if err := st.Send(&api.AgentMessage{Body: &api.AgentMessage_Telemetry{Telemetry: t}}); err != nil {
+				a.telemetry.putBack(batches[i:])
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-a.telemetry.ready:
+		}
+	}
+}
+
+// sendEvents sends every queued event and reads the server's acks; what
+// is not acked when the connection ends is sent again on the next one.
+func (a *Agent) sendEvents(ctx context.Context, conn *transport.Conn) error {
+	st, err := conn.OpenStream(ctx, transport.StreamEvents)
+	if err != nil {
+		return err
+	}
+	defer st.CloseWrite()
+	acks := make(chan error, 1)
+	go func() {
+		for {
+			var m api.ServerMessage
+			if err := st.Recv(&m); err != nil {
+				acks <- err
+				return
+			}
+			if ack := m.GetEventAck(); ack != nil {
+				a.events.ack(ack.GetSeq())
+			}
+		}
+	}()
+	var sent uint64
+	for {
+		for _, e := range a.events.since(sent) {
+			st.SetWriteDeadline(time.Now().Add(5 * time.Second))
+			if err := st.Send(&api.AgentMessage{Body: &api.AgentMessage_Event{Event: e}}); err != nil {
+				return err
+			}
+			sent = e.GetSeq()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-acks:
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("event acks: %w", err)
+		case <-a.events.ready:
+		}
+	}
+}

@@ -1,0 +1,259 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/probes/nccl"
+	"github.com/gpuctl/gpuctl/probes/netflow"
+	nvmlprobe "github.com/gpuctl/gpuctl/probes/nvml"
+	"github.com/gpuctl/gpuctl/probes/rdma"
+)
+
+// EBPFMode says what nodemon does when the eBPF probes cannot load.
+type EBPFMode string
+
+// The eBPF modes.
+const (
+	EBPFAuto     EBPFMode = "auto"     // use them where the kernel allows; report why not
+	EBPFRequired EBPFMode = "required" // refuse to start without them
+	EBPFOff      EBPFMode = "off"
+)
+
+// ProbeOptions selects the collectors.
+type ProbeOptions struct {
+	// Node is this node's name; on a host shared by several nodemons each
+	// reports only the processes launched for it (GPUCTL_NODE).
+	Node string
+	// Sim names a simulated host profile (dgx-h100, dgx-a100, dgx-h200);
+	// empty means real NVML.
+	Sim  string
+	EBPF EBPFMode
+	// RDMARoot is the sysfs tree of RDMA devices, default /sys/class/infiniband.
+	RDMARoot string
+}
+
+// Probes are nodemon's collectors.
+type Probes struct {
+	log     *slog.Logger
+	sampler *nvmlprobe.Sampler
+	sim     *nvmlprobe.Sim
+	nccl    *nccl.Tracer
+	net     *netflow.Tracer
+	rdma    string
+	// startup holds what the probes have to report before the first sample
+	// (an eBPF probe that could not load, say).
+	startup []*api.Event
+
+	mu    sync.Mutex
+	calls []*api.CollectiveRecord
+}
+
+// OpenProbes opens NVML (real or simulated) and, as the mode allows, the
+// eBPF tracers.
+func OpenProbes(opts ProbeOptions, log *slog.Logger) (*Probes, error) {
+	p := &Probes{log: log, rdma: opts.RDMARoot}
+	if p.rdma == "" {
+		p.rdma = "/sys/class/infiniband"
+	}
+	var lib gonvml.Interface
+	if opts.Sim != "" {
+		sim, err := nvmlprobe.NewSim(opts.Sim, nvmlprobe.SimOptions{Node: opts.Node, Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("simulated host: %w", err)
+		}
+		p.sim, lib = sim, sim.NVML()
+	} else {
+		l, err := nvmlprobe.Open()
+		if err != nil {
+			return nil, fmt.Errorf("%w\nnodemon needs NVML (libnvidia-ml.so.1 from the NVIDIA driver) or a simulated host: --sim %s",
+				err, strings.Join(nvmlprobe.Profiles(), "|"))
+		}
+		lib = l
+	}
+	p.sampler = nvmlprobe.NewSampler(lib, log)
+	if opts.EBPF == EBPFOff {
+		return p, nil
+	}
+	procs := nccl.NewProcTable("/proc", opts.Node)
+	var errs []error
+	if t, err := nccl.New(log, nccl.Options{Procs: procs}); err != nil {
+		errs = append(errs, err)
+	} else {
+		p.nccl = t
+	}
+	// Flows are reported for ranks only: the host's other traffic
+	// (nodemon's own QUIC among it) is not the job's communication.
+	rankOnly := func(pid uint32) (string, int32, bool) {
+		job, rank, keep := procs.Lookup(pid)
+		return job, rank, keep && job != ""
+	}
+	if t, err := netflow.New(log, netflow.Options{Lookup: rankOnly}); err != nil {
+		errs = append(errs, err)
+	} else {
+		p.net = t
+	}
+	if err := errors.Join(errs...); err != nil {
+		if opts.EBPF == EBPFRequired {
+			p.Close()
+			return nil, fmt.Errorf("eBPF probes required (--ebpf=required): %w", err)
+		}
+		log.Warn("eBPF probes unavailable; NCCL and flow tracing off", "err", err)
+		p.startup = append(p.startup, &api.Event{
+			TimeUnixNano: time.Now().UnixNano(), Kind: api.EventKind_EVENT_KIND_PROBE, Severity: api.Severity_SEVERITY_WARNING,
+			Message: "eBPF probes unavailable, NCCL and flow tracing off: " + err.Error(),
+		})
+	}
+	return p, nil
+}
+
+// Close releases every probe.
+func (p *Probes) Close() error {
+	var errs []error
+	if p.nccl != nil {
+		errs = append(errs, p.nccl.Close())
+	}
+	if p.net != nil {
+		errs = append(errs, p.net.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Probes) inventory() ([]*api.GPUInfo, string, string, error) {
+	return p.sampler.Inventory()
+}
+
+func (p *Probes) simProfile() string {
+	if p.sim == nil {
+		return ""
+	}
+	return p.sim.Profile()
+}
+
+func (p *Probes) inject(f *api.InjectFault) error {
+	if p.sim == nil {
+		return errors.New("fault injection needs a simulated host (nodemon --sim)")
+	}
+	return p.sim.Inject(int(f.GetGpuIndex()), f.GetKind())
+}
+
+// run samples every interval and hands each batch to emit, forwards GPU events into eq, and
+// flushes traced calls and flows more often so `gpuctl observe -f` stays
+// close to live.
+func (p *Probes) run(ctx context.Context, interval time.Duration, x *Executor, emit func(*api.Telemetry), eq *eventQueue) {
+	for _, e := range p.startup {
+		eq.add(e)
+	}
+	go func() {
+		for e := range p.sampler.Events(ctx) {
+			eq.add(e)
+		}
+	}()
+	if p.nccl != nil {
+		go func() {
+			for r := range p.nccl.Records() {
+				p.mu.Lock()
+				p.calls = append(p.calls, r)
+				p.mu.Unlock()
+			}
+		}()
+	}
+	flush := min(interval, 250*time.Millisecond)
+	tick := time.NewTicker(flush)
+	defer tick.Stop()
+	var lastSample, lastScan time.Time
+	for {
+		now := time.Now()
+		t := &api.Telemetry{TimeUnixNano: now.UnixNano()}
+		if now.Sub(lastScan) >= time.Second && p.nccl != nil {
+			lastScan = now
+			if err := p.nccl.Scan(); err != nil {
+				p.log.Debug("scan for NCCL libraries", "err", err)
+			}
+		}
+		if now.Sub(lastSample) >= interval-flush/2 {
+			lastSample = now
+			t.Gpus = p.sampleGPUs(now, x)
+			if p.net != nil {
+				flows, err := p.net.Drain(now)
+				if err != nil {
+					p.log.Warn("drain flows", "err", err)
+				}
+				t.Flows = flows
+			}
+			rd, err := rdma.Read(p.rdma, now)
+			if err != nil {
+				p.log.Debug("read RDMA counters", "err", err)
+			}
+			t.Rdma = rd
+		}
+		p.mu.Lock()
+		t.Collectives, p.calls = p.calls, nil
+		p.mu.Unlock()
+		if p.nccl != nil {
+			t.LostCollectives = p.nccl.Lost()
+		}
+		if p.net != nil {
+			t.LostNetEvents = p.net.Lost()
+		}
+		if len(t.Gpus) > 0 || len(t.Collectives) > 0 || len(t.Flows) > 0 {
+			emit(t)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// sampleGPUs tells a simulated host which ranks use which GPU, so its
+// counters follow what really runs, then samples every GPU.
+func (p *Probes) sampleGPUs(now time.Time, x *Executor) []*api.GPUSample {
+	if p.sim != nil {
+		procs := x.GPUProcesses()
+		for g := 0; g < p.sim.GPUCount(); g++ {
+			if err := p.sim.SetProcesses(g, procs[uint32(g)]); err != nil {
+				p.log.Warn("simulated host: set processes", "gpu", g, "err", err)
+			}
+		}
+	}
+	samples, err := p.sampler.Sample(now)
+	if err != nil {
+		p.log.Warn("sample GPUs", "err", err)
+	}
+	return samples
+}
+
+// listNICs reports the host's network interfaces with addresses.
+func listNICs() []*api.NIC {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil
+	}
+	var out []*api.NIC
+	for _, i := range ifs {
+		if i.Flags&net.FlagLoopback != 0 || i.Flags&net.FlagUp == 0 {
+			continue
+		}
+		nic := &api.NIC{Name: i.Name, Kind: "ethernet"}
+		if strings.HasPrefix(i.Name, "ib") {
+			nic.Kind = "infiniband"
+		}
+		addrs, _ := i.Addrs()
+		for _, a := range addrs {
+			nic.Addrs = append(nic.Addrs, a.String())
+		}
+		out = append(out, nic)
+	}
+	return out
+}

@@ -1,0 +1,75 @@
+package api
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Short returns the state's name as scripts see it: ready, cordoned,
+// draining, down.
+func (s NodeState) Short() string {
+	switch s {
+	case NodeState_NODE_STATE_READY:
+		return "ready"
+	case NodeState_NODE_STATE_CORDONED:
+		return "cordoned"
+	case NodeState_NODE_STATE_DRAINING:
+		return "draining"
+	case NodeState_NODE_STATE_DOWN:
+		return "down"
+	}
+	return "unknown"
+}
+
+var opNames = map[NCCLOp]string{
+	NCCLOp_NCCL_OP_ALL_REDUCE:     "allreduce",
+	NCCLOp_NCCL_OP_ALL_GATHER:     "allgather",
+	NCCLOp_NCCL_OP_REDUCE_SCATTER: "reducescatter",
+	NCCLOp_NCCL_OP_BROADCAST:      "broadcast",
+	NCCLOp_NCCL_OP_REDUCE:         "reduce",
+	NCCLOp_NCCL_OP_SEND:           "send",
+	NCCLOp_NCCL_OP_RECV:           "recv",
+	NCCLOp_NCCL_OP_GROUP_START:    "groupstart",
+	NCCLOp_NCCL_OP_GROUP_END:      "groupend",
+	NCCLOp_NCCL_OP_COMM_INIT_RANK: "comminitrank",
+}
+
+// Short returns the op's lower-case name, e.g. allreduce.
+func (o NCCLOp) Short() string {
+	if n, ok := opNames[o]; ok {
+		return n
+	}
+	return "unknown"
+}
+
+// ParseNCCLOp accepts an op's short name, with or without the nccl prefix
+// and in any case (AllReduce, ncclAllReduce, allreduce, all_reduce).
+func ParseNCCLOp(s string) (NCCLOp, error) {
+	k := strings.ToLower(strings.ReplaceAll(strings.TrimSpace(s), "_", ""))
+	k = strings.TrimPrefix(k, "nccl")
+	for op, n := range opNames {
+		if n == k {
+			return op, nil
+		}
+	}
+	names := make([]string, 0, len(opNames))
+	for op := NCCLOp_NCCL_OP_ALL_REDUCE; op <= NCCLOp_NCCL_OP_COMM_INIT_RANK; op++ {
+		names = append(names, opNames[op])
+	}
+	return 0, fmt.Errorf("unknown NCCL op %q: use one of %s", s, strings.Join(names, ", "))
+}
+
+// Short returns the event kind's lower-case name, e.g. xid.
+func (k EventKind) Short() string {
+	return strings.ToLower(strings.TrimPrefix(k.String(), "EVENT_KIND_"))
+}
+
+// Short returns the severity's lower-case name.
+func (s Severity) Short() string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), "SEVERITY_"))
+}
+
+// Short returns the XID class's lower-case name, e.g. reset_gpu.
+func (c XIDClass) Short() string {
+	return strings.ToLower(strings.TrimPrefix(c.String(), "XID_CLASS_"))
+}

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpuctl/gpuctl/demo"
+	"github.com/gpuctl/gpuctl/views"
+)
+
+func init() { subcommands = append(subcommands, newDemoCmd) }
+
+func newDemoCmd() *cobra.Command {
+	opts := demo.DefaultOptions()
+	var (
+		headless bool
+		dataDir  string
+	)
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Run a small real cluster on this machine: server, N nodemons with simulated GPUs, a ring-allreduce job",
+		Long: `Run gpuctl's embedded default: a control plane and N nodemon processes with
+simulated DGX H100 hosts on loopback, and the reference ring trainer spread over
+two of them, so real QUIC, real processes, real TCP collectives and (as root)
+real eBPF traces flow. With --headless it prints one line
+
+  gpuctl demo ready config=PATH
+
+once every node has reported, then runs until SIGINT or SIGTERM; point other
+gpuctl commands at it with --config PATH or GPUCTL_CONFIG=PATH.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			binDir := filepath.Dir(exe)
+			if opts.Nodemon == "" {
+				opts.Nodemon = filepath.Join(binDir, "nodemon")
+			}
+			if opts.Ringtrain == "" {
+				opts.Ringtrain = filepath.Join(binDir, "..", "workload", "build", "ringtrain")
+			}
+			if dataDir == "" {
+				if dataDir, err = os.MkdirTemp("", "gpuctl-demo-"); err != nil {
+					return err
+				}
+				defer os.RemoveAll(dataDir)
+			} else if err := os.MkdirAll(dataDir, 0o755); err != nil {
+				return err
+			}
+			opts.DataDir = dataDir
+			logf, err := os.OpenFile(filepath.Join(dataDir, "demo.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+			if err != nil {
+				return err
+			}
+			defer logf.Close()
+			opts.Log = slog.New(slog.NewTextHandler(logf, nil))
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			if !headless {
+				fmt.Fprintf(cmd.ErrOrStderr(), "starting %d nodes in %s …\n", opts.Nodes, dataDir)
+			}
+			c, err := demo.Start(ctx, opts)
+			if err != nil {
+				return err
+			}
+			defer c.Stop()
+			fmt.Fprintf(cmd.OutOrStdout(), "gpuctl demo ready config=%s\n", c.Config)
+			if headless {
+				<-ctx.Done()
+				return nil
+			}
+			return printViews(ctx.Done(), cmd.OutOrStdout(), c)
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&opts.Nodes, "nodes", opts.Nodes, "number of nodemon processes")
+	f.BoolVar(&headless, "headless", false, "print the ready line and run until interrupted, without views")
+	f.StringVar(&dataDir, "data-dir", "", "keep the cluster's state here (default: a temporary dir removed at exit)")
+	f.StringVar(&opts.Sim, "sim", opts.Sim, "simulated host profile: dgx-h100, dgx-a100 or dgx-h200")
+	f.StringVar(&opts.EBPF, "ebpf", opts.EBPF, "nodemon eBPF mode: auto, required or off")
+	f.StringVar(&opts.Nodemon, "nodemon", "", "nodemon binary (default: next to gpuctl)")
+	f.StringVar(&opts.Ringtrain, "ringtrain", "", "ringtrain binary (default: ../workload/build/ringtrain from gpuctl)")
+	f.IntVar(&opts.ComputeMS, "compute-ms", opts.ComputeMS, "ringtrain compute time per step")
+	return cmd
+}
+
+// printViews refreshes the node and collective views until done.
+func printViews(done <-chan struct{}, w io.Writer, c *demo.Cluster) error {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		fmt.Fprint(w, "\033[H\033[2J")
+		fmt.Fprintf(w, "gpuctl demo — %s — Ctrl-C stops it; other shells: GPUCTL_CONFIG=%s gpuctl nodes\n\n", time.Now().Format(time.TimeOnly), c.Config)
+		now := time.Now()
+		if err := views.Nodes(w, views.Table, c.Server.Nodes(), now); err != nil {
+			return err
+		}
+		fmt.Fprintln(w)
+		if err := views.Collectives(w, views.Table, c.Server.Collectives(demo.JobName), now); err != nil {
+			return err
+		}
+		select {
+		case <-done:
+			return nil
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,58 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpuctl/gpuctl/controlplane"
+	"github.com/gpuctl/gpuctl/logging"
+)
+
+func init() { subcommands = append(subcommands, newServeCmd) }
+
+func newServeCmd() *cobra.Command {
+	var (
+		cfg               controlplane.Config
+		logLevel, logFile string
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the control plane: accept nodemons and clients over QUIC",
+		Long: `Run the control plane. On first start it creates the cluster CA, a server
+certificate and admin.yaml (a client config with an admin certificate) in
+--data-dir. Make join tokens for nodes with 'gpuctl token create'.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, closer, err := logging.New(logLevel, logFile)
+			if err != nil {
+				return err
+			}
+			defer closer.Close()
+			cfg.Log = log
+			srv, err := controlplane.New(cfg)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			if err := srv.Listen(ctx); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "gpuctl serve listening on %s (udp); admin config %s\n",
+				srv.Addr(), controlplane.AdminConfigPath(cfg.DataDir))
+			return srv.Serve(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/gpuctl", "where the CA, the store and admin.yaml live")
+	f.StringVar(&cfg.Listen, "listen", ":7443", "UDP address to listen on")
+	f.StringSliceVar(&cfg.ExtraNames, "server-name", nil, "extra DNS name or IP for the server certificate (repeatable)")
+	f.StringVar(&cfg.AdvertiseAddr, "advertise", "", "server address written into admin.yaml (default: the bound address)")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&logFile, "log-file", "", "log to this file instead of stderr")
+	return cmd
+}

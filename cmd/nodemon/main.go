@@ -1,0 +1,115 @@
+// Command nodemon is gpuctl's agent on every GPU host: it samples NVML,
+// traces NCCL calls and flows with eBPF, streams them to gpuctl serve over
+// QUIC, and launches and signals the job's ranks on its host.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/gpuctl/gpuctl/agent"
+	"github.com/gpuctl/gpuctl/logging"
+)
+
+func main() {
+	if err := newRootCmd().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "nodemon:", err)
+		os.Exit(1)
+	}
+}
+
+func newRootCmd() *cobra.Command {
+	var (
+		cfg                agent.Config
+		sim, ebpf, metrics string
+		labels             []string
+		logLevel, logFile  string
+	)
+	cmd := &cobra.Command{
+		Use:           "nodemon --server ADDR [--token TOKEN] [--sim dgx-h100]",
+		Short:         "gpuctl's node agent: GPU telemetry, NCCL tracing and rank execution",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, closer, err := logging.New(logLevel, logFile)
+			if err != nil {
+				return err
+			}
+			defer closer.Close()
+			cfg.Log = log
+			if cfg.Labels, err = parseLabels(labels); err != nil {
+				return err
+			}
+			mode := agent.EBPFMode(ebpf)
+			switch mode {
+			case agent.EBPFAuto, agent.EBPFRequired, agent.EBPFOff:
+			default:
+				return fmt.Errorf("--ebpf %q: use auto, required or off", ebpf)
+			}
+			if cfg.Name == "" {
+				cfg.Name, _ = os.Hostname()
+			}
+			probes, err := agent.OpenProbes(agent.ProbeOptions{Node: cfg.Name, Sim: sim, EBPF: mode}, log)
+			if err != nil {
+				return err
+			}
+			defer probes.Close()
+			a, err := agent.New(cfg, probes)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			if metrics != "" {
+				reg := prometheus.NewRegistry()
+				reg.MustRegister(a.Collector())
+				srv := &http.Server{Addr: metrics, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+				go func() {
+					if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+						log.Error("metrics endpoint", "addr", metrics, "err", err)
+					}
+				}()
+				defer srv.Close()
+			}
+			return a.Run(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Server, "server", "", "UDP address of gpuctl serve (host:port)")
+	f.StringVar(&cfg.Token, "token", "", "join token from `gpuctl token create` (first start only)")
+	f.StringVar(&cfg.Name, "name", "", "node name (default: host name)")
+	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/nodemon", "where the node identity and rank logs are kept")
+	f.StringVar(&sim, "sim", "", "simulate the GPUs of a host: dgx-h100, dgx-a100 or dgx-h200 (default: real NVML)")
+	f.DurationVar(&cfg.Interval, "interval", time.Second, "GPU sampling interval")
+	f.DurationVar(&cfg.Heartbeat, "heartbeat", time.Second, "heartbeat interval; the server marks the node down after two missed")
+	f.StringSliceVar(&labels, "label", nil, "topology label KEY=VALUE (repeatable), e.g. --label rack=r1 --label switch=s1")
+	f.StringVar(&ebpf, "ebpf", "auto", "eBPF tracing: auto (use where the kernel allows), required, or off")
+	f.StringVar(&metrics, "metrics-addr", "", "serve Prometheus metrics on this TCP address, e.g. 127.0.0.1:9400")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&logFile, "log-file", "", "log to this file instead of stderr")
+	return cmd
+}
+
+func parseLabels(in []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, l := range in {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--label %q: want KEY=VALUE", l)
+		}
+		out[k] = v
+	}
+	return out, nil
+}

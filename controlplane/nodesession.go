@@ -1,0 +1,236 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/transport"
+)
+
+// handshakeTimeout bounds the wait for a node's hello and registration.
+const handshakeTimeout = 10 * time.Second
+
+// nodeSession is one connected nodemon.
+type nodeSession struct {
+	srv  *Server
+	conn *transport.Conn
+	name string
+
+	writeMu sync.Mutex
+	control *transport.Stream
+
+	mu      sync.Mutex
+	pending map[uint64]chan string // command id → error text ("" = ok)
+	closed  bool
+}
+
+// close ends the session with a reason the node will log.
+func (ns *nodeSession) close(reason string) {
+	ns.conn.CloseWithError(transport.CodeNoError, reason)
+}
+
+// serveNode runs a node's session until its connection ends.
+func (s *Server) serveNode(ctx context.Context, conn *transport.Conn) {
+	ns := &nodeSession{srv: s, conn: conn, name: conn.Name(), pending: map[uint64]chan string{}}
+	log := s.log.With("node", ns.name, "remote", conn.RemoteAddr().String())
+	if err := ns.handshake(ctx); err != nil {
+		log.Warn("node handshake failed", "err", err)
+		conn.CloseWithError(transport.CodeRefused, err.Error())
+		return
+	}
+	log.Info("node connected")
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ns.acceptStreams(ctx, log)
+	}()
+	err := ns.readControl()
+	reason := "connection closed"
+	if err != nil && !errors.Is(err, io.EOF) {
+		reason = err.Error()
+	}
+	conn.CloseWithError(transport.CodeNoError, "session ended")
+	wg.Wait()
+	ns.failPending("node disconnected: " + reason)
+	s.st.disconnected(ns.name, ns, reason, s.now())
+	log.Info("node disconnected", "reason", reason)
+}
+
+// handshake reads the control stream's hello and registration.
+func (ns *nodeSession) handshake(ctx context.Context) error {
+	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer cancel()
+	st, err := ns.conn.AcceptStream(hctx)
+	if err != nil {
+		return fmt.Errorf("accept control stream: %w", err)
+	}
+	if st.Kind() != transport.StreamControl {
+		return fmt.Errorf("first stream is %s, want control", st.Kind())
+	}
+	ns.control = st
+	st.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	var hello api.AgentMessage
+	if err := st.Recv(&hello); err != nil {
+		return fmt.Errorf("read hello: %w", err)
+	}
+	h := hello.GetHello()
+	if h == nil {
+		return errors.New("first message is not a hello")
+	}
+	if err := api.CheckVersion(h.GetVersion()); err != nil {
+		st.Send(&api.ServerMessage{Body: &api.ServerMessage_Welcome{Welcome: &api.Welcome{Version: api.CurrentVersion(), Error: err.Error()}}})
+		return err
+	}
+	last, err := ns.srv.store.LastNodeEventSeq(ns.name)
+	if err != nil {
+		return err
+	}
+	if err := ns.send(&api.ServerMessage{Body: &api.ServerMessage_Welcome{Welcome: &api.Welcome{
+		Version: api.CurrentVersion(), ServerName: ns.srv.name, LastEventSeq: last}}}); err != nil {
+		return err
+	}
+	var reg api.AgentMessage
+	if err := st.Recv(&reg); err != nil {
+		return fmt.Errorf("read registration: %w", err)
+	}
+	r := reg.GetRegister()
+	if r == nil {
+		return errors.New("second message is not a registration")
+	}
+	if r.GetName() != ns.name {
+		return fmt.Errorf("node registers as %q but its certificate names %q: run nodemon with --name %s or rejoin with a new token", r.GetName(), ns.name, ns.name)
+	}
+	st.SetReadDeadline(time.Time{})
+	return ns.srv.st.register(r, ns.conn.RemoteAddr().String(), ns, ns.srv.now())
+}
+
+func (ns *nodeSession) send(m *api.ServerMessage) error {
+	ns.writeMu.Lock()
+	defer ns.writeMu.Unlock()
+	ns.control.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	return ns.control.Send(m)
+}
+
+// readControl handles heartbeats and command acks until the stream ends.
+func (ns *nodeSession) readControl() error {
+	for {
+		var m api.AgentMessage
+		if err := ns.control.Recv(&m); err != nil {
+			return err
+		}
+		switch b := m.Body.(type) {
+		case *api.AgentMessage_Heartbeat:
+			ns.srv.st.heartbeat(ns.name, ns.srv.now())
+		case *api.AgentMessage_CommandAck:
+			ns.mu.Lock()
+			if ch, ok := ns.pending[b.CommandAck.GetId()]; ok {
+				ch <- b.CommandAck.GetError()
+				delete(ns.pending, b.CommandAck.GetId())
+			}
+			ns.mu.Unlock()
+		default:
+			return fmt.Errorf("unexpected %T on control stream", m.Body)
+		}
+	}
+}
+
+// acceptStreams serves the node's telemetry and event streams.
+func (ns *nodeSession) acceptStreams(ctx context.Context, log interface{ Warn(string, ...any) }) {
+	for {
+		st, err := ns.conn.AcceptStream(ctx)
+		if err != nil {
+			return
+		}
+		switch st.Kind() {
+		case transport.StreamTelemetry:
+			go ns.readTelemetry(st)
+		case transport.StreamEvents:
+			go ns.readEvents(st, log)
+		default:
+			log.Warn("node opened an unexpected stream", "kind", st.Kind().String())
+			st.Cancel(0)
+		}
+	}
+}
+
+func (ns *nodeSession) readTelemetry(st *transport.Stream) {
+	for {
+		var m api.AgentMessage
+		if err := st.Recv(&m); err != nil {
+			return
+		}
+		if t := m.GetTelemetry(); t != nil {
+			ns.srv.st.ingest(ns.name, t, ns.srv.now())
+		}
+	}
+}
+
+// readEvents persists each event before acknowledging it; the node keeps
+// every unacknowledged event and sends it again after a reconnect.
+func (ns *nodeSession) readEvents(st *transport.Stream, log interface{ Warn(string, ...any) }) {
+	for {
+		var m api.AgentMessage
+		if err := st.Recv(&m); err != nil {
+			return
+		}
+		e := m.GetEvent()
+		if e == nil {
+			continue
+		}
+		top, err := ns.srv.st.nodeEvents(ns.name, []*api.Event{e})
+		if err != nil {
+			// Not acknowledged: the node resends it once the store recovers.
+			log.Warn("persist node event", "seq", e.GetSeq(), "err", err)
+			continue
+		}
+		if err := st.Send(&api.ServerMessage{Body: &api.ServerMessage_EventAck{EventAck: &api.EventAck{Seq: top}}}); err != nil {
+			return
+		}
+	}
+}
+
+// command sends c to the node and waits for its acknowledgement.
+func (ns *nodeSession) command(ctx context.Context, c *api.Command) error {
+	ch := make(chan string, 1)
+	ns.mu.Lock()
+	if ns.closed {
+		ns.mu.Unlock()
+		return fmt.Errorf("node %s disconnected", ns.name)
+	}
+	ns.pending[c.GetId()] = ch
+	ns.mu.Unlock()
+	if err := ns.send(&api.ServerMessage{Body: &api.ServerMessage_Command{Command: c}}); err != nil {
+		ns.mu.Lock()
+		delete(ns.pending, c.GetId())
+		ns.mu.Unlock()
+		return fmt.Errorf("send command to %s: %w", ns.name, err)
+	}
+	select {
+	case msg := <-ch:
+		if msg != "" {
+			return fmt.Errorf("node %s: %s", ns.name, msg)
+		}
+		return nil
+	case <-ctx.Done():
+		ns.mu.Lock()
+		delete(ns.pending, c.GetId())
+		ns.mu.Unlock()
+		return fmt.Errorf("command to %s: %w", ns.name, ctx.Err())
+	}
+}
+
+func (ns *nodeSession) failPending(reason string) {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	ns.closed = true
+	for id, ch := range ns.pending {
+		ch <- reason
+		delete(ns.pending, id)
+	}
+}

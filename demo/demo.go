@@ -1,0 +1,264 @@
+// Package demo runs gpuctl's embedded default on one machine: a control
+// plane and N nodemon processes with simulated DGX hosts on loopback, and
+// the reference ring trainer spread over two of them, so that real QUIC,
+// real processes, real TCP collectives and real eBPF traces flow.
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/controlplane"
+)
+
+// Options configures a demo cluster.
+type Options struct {
+	// Nodes is the number of nodemon processes, default 4.
+	Nodes int
+	// DataDir holds the server's and nodes' state; required.
+	DataDir string
+	// Nodemon is the nodemon binary; Ringtrain the reference trainer.
+	Nodemon, Ringtrain string
+	// Sim is the simulated host profile, default dgx-h100.
+	Sim string
+	// JobNodes is how many nodes the demo job spans (0 = none, default 2 when
+	// unset through DefaultOptions); RanksPerNode ranks run on each.
+	JobNodes, RanksPerNode int
+	// ComputeMS and Bytes shape each ringtrain step.
+	ComputeMS int
+	Bytes     string
+	// CkptInterval is the job's checkpoint interval in steps.
+	CkptInterval int
+	// Heartbeat is the nodes' heartbeat interval.
+	Heartbeat time.Duration
+	// EBPF is passed to nodemon's --ebpf.
+	EBPF string
+	Log  *slog.Logger
+}
+
+// DefaultOptions returns the options of `gpuctl demo`.
+func DefaultOptions() Options {
+	return Options{Nodes: 4, Sim: "dgx-h100", JobNodes: 2, RanksPerNode: 2, ComputeMS: 100, Bytes: "4M",
+		CkptInterval: 50, Heartbeat: time.Second, EBPF: "auto"}
+}
+
+// JobName is the name of the demo's training job.
+const JobName = "demo-ringtrain"
+
+// Cluster is a running demo.
+type Cluster struct {
+	opts   Options
+	Server *controlplane.Server
+	// Config is the admin client config gpuctl commands use.
+	Config string
+	// NodeNames are the nodes in start order.
+	NodeNames []string
+
+	cancel  context.CancelFunc
+	served  chan error
+	mu      sync.Mutex
+	nodemon map[string]*exec.Cmd
+}
+
+// NodeName is the name of the i-th demo node.
+func NodeName(i int) string { return fmt.Sprintf("node-%02d", i) }
+
+// Start brings the cluster up and returns once every node has registered
+// and reported GPU samples and the demo job is launched.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	if opts.Nodes <= 0 {
+		return nil, errors.New("demo: --nodes must be at least 1")
+	}
+	if opts.JobNodes > opts.Nodes {
+		return nil, fmt.Errorf("demo: the job spans %d nodes but only %d are started", opts.JobNodes, opts.Nodes)
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	for _, bin := range []string{opts.Nodemon, opts.Ringtrain} {
+		if _, err := os.Stat(bin); err != nil {
+			return nil, fmt.Errorf("demo: %w (run `make build` first)", err)
+		}
+	}
+	srvLog, err := os.OpenFile(filepath.Join(opts.DataDir, "serve.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("demo: %w", err)
+	}
+	srv, err := controlplane.New(controlplane.Config{
+		DataDir: filepath.Join(opts.DataDir, "server"), Listen: "127.0.0.1:0",
+		Log: slog.New(slog.NewTextHandler(srvLog, nil)),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("demo: %w", err)
+	}
+	sctx, cancel := context.WithCancel(context.Background())
+	if err := srv.Listen(sctx); err != nil {
+		cancel()
+		return nil, fmt.Errorf("demo: %w", err)
+	}
+	c := &Cluster{opts: opts, Server: srv, Config: controlplane.AdminConfigPath(filepath.Join(opts.DataDir, "server")),
+		cancel: cancel, served: make(chan error, 1), nodemon: map[string]*exec.Cmd{}}
+	go func() { c.served <- srv.Serve(sctx) }()
+	ok := false
+	defer func() {
+		if !ok {
+			c.Stop()
+		}
+	}()
+	token, _, err := srv.Authority().CreateToken(time.Hour)
+	if err != nil {
+		return nil, fmt.Errorf("demo: %w", err)
+	}
+	for i := 0; i < opts.Nodes; i++ {
+		name := NodeName(i)
+		c.NodeNames = append(c.NodeNames, name)
+		if err := c.StartNode(name, token); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.waitReady(ctx, 60*time.Second); err != nil {
+		return nil, err
+	}
+	if opts.JobNodes > 0 {
+		if err := c.launchJob(ctx); err != nil {
+			return nil, err
+		}
+	}
+	ok = true
+	return c, nil
+}
+
+// StartNode starts (or restarts) the nodemon process of node name.
+func (c *Cluster) StartNode(name, token string) error {
+	dir := filepath.Join(c.opts.DataDir, "nodes", name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	idx, _ := strconv.Atoi(name[len("node-"):])
+	args := []string{"--server", c.Server.Addr().String(), "--name", name, "--data-dir", dir, "--sim", c.opts.Sim,
+		"--heartbeat", c.opts.Heartbeat.String(), "--ebpf", c.opts.EBPF,
+		"--label", "rack=rack-" + strconv.Itoa(idx/2), "--label", "switch=leaf-" + strconv.Itoa(idx/4),
+		"--log-file", filepath.Join(dir, "nodemon.log")}
+	if token != "" {
+		args = append(args, "--token", token)
+	}
+	cmd := exec.Command(c.opts.Nodemon, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("demo: start nodemon %s: %w", name, err)
+	}
+	go cmd.Wait()
+	c.mu.Lock()
+	c.nodemon[name] = cmd
+	c.mu.Unlock()
+	c.opts.Log.Info("nodemon started", "node", name, "pid", cmd.Process.Pid)
+	return nil
+}
+
+// NodemonPID returns the pid of a node's nodemon process.
+func (c *Cluster) NodemonPID(name string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cmd := c.nodemon[name]; cmd != nil {
+		return cmd.Process.Pid
+	}
+	return 0
+}
+
+// waitReady polls until every node is ready with GPU samples.
+func (c *Cluster) waitReady(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		ready := 0
+		for _, n := range c.Server.Nodes() {
+			if n.GetState() == api.NodeState_NODE_STATE_READY && len(n.GetGpus()) > 0 && n.GetGpus()[0].GetLast() != nil {
+				ready++
+			}
+		}
+		if ready == c.opts.Nodes {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("demo: only %d of %d nodes reported within %s; see the nodemon.log files under %s",
+				ready, c.opts.Nodes, limit, filepath.Join(c.opts.DataDir, "nodes"))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// launchJob starts ringtrain across the first JobNodes nodes.
+func (c *Cluster) launchJob(ctx context.Context) error {
+	port, err := freeTCPPort()
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	world := c.opts.JobNodes * c.opts.RanksPerNode
+	cmdline := []string{c.opts.Ringtrain, "--steps", "0", "--compute-ms", strconv.Itoa(c.opts.ComputeMS),
+		"--bytes", c.opts.Bytes, "--ckpt-interval", strconv.Itoa(c.opts.CkptInterval)}
+	ckpt := filepath.Join(c.opts.DataDir, "checkpoints", JobName)
+	for n := 0; n < c.opts.JobNodes; n++ {
+		var ranks []*api.RankSpec
+		for l := 0; l < c.opts.RanksPerNode; l++ {
+			ranks = append(ranks, &api.RankSpec{Rank: int32(n*c.opts.RanksPerNode + l), LocalRank: int32(l), Gpus: []uint32{uint32(l)}})
+		}
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := c.Server.Command(lctx, c.NodeNames[n], &api.Command{Body: &api.Command_Launch{Launch: &api.LaunchRanks{
+			Job: JobName, Attempt: 1, Command: cmdline, Ranks: ranks, WorldSize: int32(world),
+			MasterAddr: "127.0.0.1", MasterPort: uint32(port), CheckpointDir: ckpt,
+		}}})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("demo: launch %s on %s: %w", JobName, c.NodeNames[n], err)
+		}
+	}
+	return nil
+}
+
+func freeTCPPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Stop stops every nodemon (which stops its ranks), then the server.
+func (c *Cluster) Stop() {
+	c.mu.Lock()
+	cmds := make([]*exec.Cmd, 0, len(c.nodemon))
+	for _, cmd := range c.nodemon {
+		cmds = append(cmds, cmd)
+	}
+	c.mu.Unlock()
+	for _, cmd := range cmds {
+		cmd.Process.Signal(syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for _, cmd := range cmds {
+		for syscall.Kill(cmd.Process.Pid, 0) == nil && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+	c.cancel()
+	select {
+	case <-c.served:
+	case <-time.After(10 * time.Second):
+	}
+}

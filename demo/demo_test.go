@@ -1,0 +1,223 @@
+package demo
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/client"
+)
+
+// binaries returns nodemon and ringtrain, building them when the Makefile
+// did not say where they are.
+func binaries(t *testing.T) (nodemon, ringtrain string) {
+	t.Helper()
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ringtrain = filepath.Join(root, "workload", "build", "ringtrain")
+	if dir := os.Getenv("GPUCTL_BIN"); dir != "" {
+		return filepath.Join(dir, "nodemon"), ringtrain
+	}
+	nodemon = filepath.Join(t.TempDir(), "nodemon")
+	for _, c := range [][]string{{"make", "-C", filepath.Join(root, "workload")}, {"go", "build", "-o", nodemon, "../cmd/nodemon"}} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(c, " "), err, out)
+		}
+	}
+	return nodemon, ringtrain
+}
+
+// ebpfMode is required in CI (GPUCTL_REQUIRE_EBPF=1), else auto.
+func ebpfMode() string {
+	if os.Getenv("GPUCTL_REQUIRE_EBPF") == "1" {
+		return "required"
+	}
+	return "auto"
+}
+
+func startCluster(t *testing.T, opts Options) (*Cluster, *client.Client) {
+	t.Helper()
+	opts.Nodemon, opts.Ringtrain = binaries(t)
+	opts.DataDir = t.TempDir()
+	opts.EBPF = ebpfMode()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c, err := Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	cl, err := client.Dial(ctx, c.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return c, cl
+}
+
+// poll retries f until it returns nil or the limit passes.
+func poll(t *testing.T, limit time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestDemoClusterEndToEnd(t *testing.T) {
+	opts := DefaultOptions()
+	opts.ComputeMS = 30
+	opts.Bytes = "256K"
+	c, cl := startCluster(t, opts)
+	ctx := context.Background()
+
+	// Four ready nodes of eight GPUs each, with counters that move.
+	first, err := cl.Nodes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first) != 4 {
+		t.Fatalf("%d nodes, want 4", len(first))
+	}
+	for _, n := range first {
+		if n.GetState() != api.NodeState_NODE_STATE_READY || len(n.GetGpus()) != 8 {
+			t.Fatalf("node %s: state %s, %d GPUs", n.GetRegistration().GetName(), n.GetState().Short(), len(n.GetGpus()))
+		}
+	}
+	poll(t, 10*time.Second, "GPU counters change", func() error {
+		now, err := cl.Nodes(ctx)
+		if err != nil {
+			return err
+		}
+		a, b := first[0].GetGpus()[0].GetLast(), now[0].GetGpus()[0].GetLast()
+		if a.GetTimeUnixNano() == b.GetTimeUnixNano() || a.GetEnergyMj() == b.GetEnergyMj() {
+			return fmt.Errorf("GPU 0 of node-00 unchanged: energy %d → %d", a.GetEnergyMj(), b.GetEnergyMj())
+		}
+		return nil
+	})
+
+	// Let the job train, stop it cleanly, and compare the steps every rank
+	// printed with the all-reduce calls eBPF counted on its training
+	// communicator.
+	time.Sleep(3 * time.Second)
+	for _, node := range c.NodeNames[:opts.JobNodes] {
+		if err := c.Server.Command(ctx, node, &api.Command{Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: JobName, Signal: "SIGTERM"}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := map[int32]uint64{}
+	poll(t, 20*time.Second, "ranks exit", func() error {
+		evs, err := cl.Events(ctx, &api.ListEventsRequest{})
+		if err != nil {
+			return err
+		}
+		exits := 0
+		for _, e := range evs {
+			if e.GetKind() == api.EventKind_EVENT_KIND_PROCESS_EXIT && e.GetJob() == JobName {
+				if e.GetExitCode() != 0 {
+					return fmt.Errorf("rank %d exited %d %s", e.GetRank(), e.GetExitCode(), e.GetSignal())
+				}
+				exits++
+			}
+		}
+		if exits < opts.JobNodes*opts.RanksPerNode {
+			return fmt.Errorf("%d ranks exited", exits)
+		}
+		return nil
+	})
+	for n, node := range c.NodeNames[:opts.JobNodes] {
+		for l := 0; l < opts.RanksPerNode; l++ {
+			rank := int32(n*opts.RanksPerNode + l)
+			steps[rank] = countSteps(t, filepath.Join(c.opts.DataDir, "nodes", node, "logs", JobName, fmt.Sprintf("rank-%d.log", rank)))
+			if steps[rank] < 5 {
+				t.Fatalf("rank %d printed only %d steps", rank, steps[rank])
+			}
+		}
+	}
+	if ebpfMode() == "auto" && os.Geteuid() != 0 {
+		t.Log("not root: eBPF tracing is off, collective counts not checked")
+	} else {
+		poll(t, 5*time.Second, "traced all-reduces equal printed steps", func() error {
+			cs, err := cl.Collectives(ctx, JobName, "")
+			if err != nil {
+				return err
+			}
+			return checkTrainingCalls(cs, steps)
+		})
+	}
+
+	// A killed nodemon turns its node down within 3 s.
+	victim := c.NodeNames[3]
+	killed := time.Now()
+	syscall.Kill(c.NodemonPID(victim), syscall.SIGKILL)
+	poll(t, 3*time.Second, victim+" down", func() error {
+		nodes, err := cl.Nodes(ctx)
+		if err != nil {
+			return err
+		}
+		for _, n := range nodes {
+			if n.GetRegistration().GetName() == victim && n.GetState() != api.NodeState_NODE_STATE_DOWN {
+				return fmt.Errorf("state %s", n.GetState().Short())
+			}
+		}
+		return nil
+	})
+	t.Logf("node down %.2fs after its nodemon was killed", time.Since(killed).Seconds())
+}
+
+// checkTrainingCalls finds, per rank, the communicator whose all-reduce
+// count matches what the rank printed. The training communicator carries
+// one all-reduce per step; control traffic goes on another communicator.
+func checkTrainingCalls(cs []*api.CollectiveStat, steps map[int32]uint64) error {
+	for rank, want := range steps {
+		var seen []string
+		ok := false
+		for _, s := range cs {
+			if s.GetRank() != rank || s.GetOp() != api.NCCLOp_NCCL_OP_ALL_REDUCE {
+				continue
+			}
+			seen = append(seen, fmt.Sprintf("comm %#x: %d calls", s.GetComm(), s.GetCalls()))
+			if s.GetCalls() == want && s.GetSeq() == want {
+				ok = true
+			}
+		}
+		if !ok {
+			return fmt.Errorf("rank %d printed %d steps; traced all-reduces: %v", rank, want, seen)
+		}
+	}
+	return nil
+}
+
+func countSteps(t *testing.T, path string) uint64 {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var n uint64
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "step ") {
+			n++
+		}
+	}
+	return n
+}

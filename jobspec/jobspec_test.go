@@ -1,0 +1,210 @@
+package jobspec
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestExampleParses(t *testing.T) {
+	s, err := ParseFile(filepath.Join("testdata", "example.yaml"))
+	if err != nil {
+		t.Fatalf("example.yaml: %v", err)
+	}
+	if s.Name != "gpt3-pretrain" || s.TotalGPUs() != 1024 || s.GPUModel != "h100" || s.Restarts() != 5 ||
+		s.Checkpoint.Interval != 30*time.Minute || s.EstimatedRuntime != 72*time.Hour || s.RestartPolicy != ReplaceNode {
+		t.Fatalf("example parsed to %+v", s)
+	}
+	m, tr, ok, err := s.CostModel()
+	if err != nil || !ok || m.Layers != 96 || tr.GlobalBatch != 1536 || tr.ZeROStage != 1 {
+		t.Fatalf("CostModel() = %+v %+v %v %v", m, tr, ok, err)
+	}
+	p, ok := s.FixedPlan()
+	if !ok || p.TP != 8 || p.PP != 8 || p.DP != 16 || p.MicroBatch != 1 || p.NumMicroBatches != 96 || p.VirtualStages != 2 {
+		t.Fatalf("FixedPlan() = %+v", p)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	s, err := Parse("job.yaml", []byte("name: a\ncommand: [x]\nnodes: 2\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.GPUsPerNode != 8 || s.TotalGPUs() != 16 || s.RestartPolicy != RestartInPlace ||
+		s.Restarts() != DefaultMaxRestarts || s.StallThreshold != DefaultStallThreshold {
+		t.Fatalf("defaults not applied: %+v", s)
+	}
+	s, err = Parse("job.yaml", []byte("name: a\ncommand: [x]\ngpus: 8\ncheckpoint: {dir: /ck}\nmax_restarts: 0\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Checkpoint.Interval != DefaultCheckpointInterval || s.Restarts() != 0 {
+		t.Fatalf("checkpoint interval %s, restarts %d", s.Checkpoint.Interval, s.Restarts())
+	}
+}
+
+// base is a valid job the validation cases edit.
+const base = `name: job
+command: [python, train.py]
+gpus: 64
+`
+
+func TestValidationRules(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		// want is the whole first line of the error.
+		want string
+	}{
+		{"valid", base, ""},
+		{"name missing", "command: [x]\ngpus: 8\n", "job.yaml: name: required"},
+		{"name not a label", strings.Replace(base, "name: job", "name: My_Job", 1), `job.yaml:1: name: "My_Job" is not a DNS label`},
+		{"tenant not a label", base + "tenant: Big Lab\n", `job.yaml:4: tenant: "Big Lab" is not a DNS label`},
+		{"queue not a label", base + "queue: -q\n", `job.yaml:4: queue: "-q" is not a DNS label`},
+		{"priority range", base + "priority: 5000\n", "job.yaml:4: priority: 5000 is outside -1000..1000"},
+		{"command missing", "name: a\ngpus: 8\n", "job.yaml: command: required"},
+		{"command empty program", "name: a\ngpus: 8\ncommand: ['', x]\n", "job.yaml:3: command[0]: the program name is empty"},
+		{"env bad key", base + "env:\n  1X: a\n", "job.yaml:5: env.1X: not a valid environment variable name"},
+		{"env reserved", base + "env:\n  GPUCTL_CHECKPOINT_DIR: /x\n", "job.yaml:5: env.GPUCTL_CHECKPOINT_DIR: set by gpuctl"},
+		{"env rank", base + "env:\n  WORLD_SIZE: '3'\n", "job.yaml:5: env.WORLD_SIZE: set by gpuctl"},
+		{"gpus missing", "name: a\ncommand: [x]\n", "job.yaml: gpus: required: give gpus, or nodes and gpus_per_node"},
+		{"gpus negative", "name: a\ncommand: [x]\ngpus: -8\n", "job.yaml:3: gpus: -8 is not a positive GPU count"},
+		{"gpus and nodes", base + "nodes: 8\n", "job.yaml:4: nodes: give gpus or nodes × gpus_per_node, not both"},
+		{"nodes negative", "name: a\ncommand: [x]\nnodes: -1\n", "job.yaml:3: nodes: -1 is not a positive node count"},
+		{"gpus per node too many", "name: a\ncommand: [x]\nnodes: 2\ngpus_per_node: 16\n", "job.yaml:4: gpus_per_node: 16 exceeds the 8 GPUs of one node"},
+		{"gpus per node negative", "name: a\ncommand: [x]\nnodes: 2\ngpus_per_node: -2\n", "job.yaml:4: gpus_per_node: -2 is not a positive GPU count"},
+		{"gpus not whole nodes", "name: a\ncommand: [x]\ngpus: 12\n", "job.yaml:3: gpus: 12 spans nodes but is not a multiple of the 8 GPUs of one node"},
+		{"gpus not whole nodes of given size", "name: a\ncommand: [x]\ngpus: 12\ngpus_per_node: 8\n", "job.yaml:3: gpus: 12 is not a whole number of nodes of 8 GPUs"},
+		{"gpu model unknown", base + "gpu_model: v100\n", `job.yaml:4: gpu_model: unknown gpu "v100"`},
+		{"allow mixed with model", base + "gpu_model: h100\nallow_mixed: true\n", "job.yaml:5: allow_mixed: true contradicts gpu_model h100"},
+		{"preset unknown", base + "model:\n  preset: gpt5\n", `job.yaml:5: model.preset: unknown model preset "gpt5"`},
+		{"model without preset incomplete", base + "model:\n  layers: 4\n  global_batch: 8\n", "job.yaml:4: model.hidden: required without a preset"},
+		{"model negative", base + "model:\n  preset: gpt3-175b\n  layers: -3\n", "job.yaml:6: model.layers: -3 is negative"},
+		{"model heads vs hidden", base + "model: {layers: 2, hidden: 100, heads: 3, seq_len: 8, vocab: 10, global_batch: 64}\n", "job.yaml:4: model.heads: 3 heads do not divide hidden size 100"},
+		{"model kv heads", base + "model: {preset: llama2-70b, kv_heads: 7}\n", "job.yaml:4: model.kv_heads: 7 kv heads do not divide 64 heads"},
+		{"model batch missing", base + "model: {layers: 2, hidden: 64, heads: 4, seq_len: 8, vocab: 10}\n", "job.yaml:4: model.global_batch: required without a preset"},
+		{"micro batch", base + "model: {preset: gpt3-175b, micro_batch: 7}\n", "job.yaml:4: model.micro_batch: 7 does not divide global_batch 1536"},
+		{"precision", base + "model: {preset: gpt3-175b, precision: fp4}\n", `job.yaml:4: model.precision: "fp4": use bf16, fp16 or fp8`},
+		{"fp8 on a100", base + "gpu_model: a100-80gb\nmodel: {preset: gpt3-175b, precision: fp8}\n", "job.yaml:5: model.precision: fp8 needs FP8 tensor cores, which a100-80gb lacks"},
+		{"zero stage", base + "model: {preset: gpt3-175b, zero_stage: 4}\n", "job.yaml:4: model.zero_stage: 4: use 0, 1, 2 or 3"},
+		{"recompute", base + "model: {preset: gpt3-175b, recompute: most}\n", `job.yaml:4: model.recompute: "most": use none, selective or full`},
+		{"plan tp beyond node", base + "plan:\n  tp: 16\n  pp: 4\n", "job.yaml:5: plan.tp: 16 exceeds the 8 GPUs of one node (tensor parallelism stays inside a node)"},
+		{"plan tp zero", base + "plan:\n  tp: 0\n  pp: 4\n", "job.yaml:5: plan.tp: 0: must be a positive whole number"},
+		{"plan tp not dividing node", base + "plan:\n  tp: 3\n  pp: 4\n", "job.yaml:5: plan.tp: 3 does not divide the 8 GPUs of a node"},
+		{"plan product", base + "plan: {tp: 8, pp: 4, dp: 4}\n", "job.yaml:4: plan: tp 8 × pp 4 × dp 4 = 128 GPUs, but the job asks for 64"},
+		{"plan pp not dividing gpus", base + "plan: {tp: 8, pp: 3}\n", "job.yaml:4: plan.pp: tp 8 × pp 3 does not divide the job's 64 GPUs"},
+		{"plan interleave without pipeline", base + "plan: {tp: 8, pp: 1, virtual_stages: 2}\n", "job.yaml:4: plan.virtual_stages: 2 needs pp of at least 2"},
+		{"plan heads", base + "model: {layers: 8, hidden: 768, heads: 12, seq_len: 8, vocab: 10, global_batch: 64}\nplan: {tp: 8, pp: 1}\n", "job.yaml:5: plan.tp: 8 does not divide the model's 12 heads"},
+		{"plan kv heads", "name: a\ncommand: [x]\ngpus: 8\nmodel: {layers: 8, hidden: 1024, heads: 16, kv_heads: 4, seq_len: 8, vocab: 10, global_batch: 64}\nplan: {tp: 8, pp: 1}\n", "job.yaml:5: plan.tp: 8 does not divide the model's 4 kv heads"},
+		{"plan layers", base + "model: {preset: gpt3-175b}\nplan: {tp: 8, pp: 8, virtual_stages: 5}\n", "job.yaml:5: plan.pp: pp 8 × virtual_stages 5 does not divide the model's 96 layers"},
+		{"plan pp beyond layers", "name: a\ncommand: [x]\ngpus: 256\nmodel: {preset: gpt3-175b}\nplan: {tp: 1, pp: 128}\n", "job.yaml:5: plan.pp: 128 exceeds the model's 96 layers"},
+		{"plan batch", base + "model: {preset: gpt3-175b, global_batch: 100, micro_batch: 4}\nplan: {tp: 1, pp: 8}\n", "job.yaml:4: model.global_batch: 100 is not divisible by dp 8 × micro_batch 4"},
+		{"plan micro batches", base + "model: {preset: gpt3-175b, micro_batch: 1}\nplan: {tp: 8, pp: 4, micro_batches: 7}\n", "job.yaml:5: plan.micro_batches: 7 × dp 2 × micro_batch 1 = 14, not global_batch 1536"},
+		{"plan micro batches no size", base + "model: {preset: gpt3-175b}\nplan: {tp: 8, pp: 4, micro_batches: 7}\n", "job.yaml:5: plan.micro_batches: 7 × dp 2 does not divide global_batch 1536"},
+		{"checkpoint negative", base + "checkpoint: {interval: -1m, dir: /c}\n", "job.yaml:4: checkpoint.interval: -1m0s is negative"},
+		{"checkpoint tiny", base + "checkpoint: {interval: 1ms, dir: /c}\n", "job.yaml:4: checkpoint.interval: 1ms is under a second"},
+		{"checkpoint no dir", base + "checkpoint:\n  interval: 1h\n", "job.yaml:4: checkpoint.dir: required when checkpoint.interval is set"},
+		{"checkpoint relative dir", base + "checkpoint:\n  dir: ckpt\n", `job.yaml:5: checkpoint.dir: "ckpt" is not an absolute path`},
+		{"stall negative", base + "stall_threshold: -5s\n", "job.yaml:4: stall_threshold: -5s is negative"},
+		{"stall tiny", base + "stall_threshold: 10ms\n", "job.yaml:4: stall_threshold: 10ms is under a second"},
+		{"restart policy", base + "restart_policy: pray\n", `job.yaml:4: restart_policy: "pray": use one of restart-in-place, replace-node, shrink, none`},
+		{"max restarts negative", base + "max_restarts: -1\n", "job.yaml:4: max_restarts: -1 is negative"},
+		{"max restarts with none", base + "restart_policy: none\nmax_restarts: 2\n", "job.yaml:5: max_restarts: 2 contradicts restart_policy none"},
+		{"shrink without elastic", base + "restart_policy: shrink\n", "job.yaml:4: restart_policy: shrink needs elastic.data_parallel"},
+		{"elastic empty", base + "elastic: {data_parallel: []}\n", "job.yaml:4: elastic.data_parallel: required in elastic"},
+		{"elastic non-positive", base + "elastic:\n  data_parallel: [4, 0]\n", "job.yaml:5: elastic.data_parallel[1]: 0 is not a positive data-parallel size"},
+		{"elastic duplicate", base + "elastic:\n  data_parallel: [4, 4]\n", "job.yaml:5: elastic.data_parallel[1]: 4 is listed twice"},
+		{"elastic batch", base + "model: {preset: gpt3-175b}\nelastic:\n  data_parallel: [7]\n", "job.yaml:6: elastic.data_parallel[0]: 7 does not divide global_batch 1536"},
+		{"elastic excludes plan dp", base + "plan: {tp: 8, pp: 4}\nelastic:\n  data_parallel: [1]\n", "job.yaml:6: elastic.data_parallel: does not include the plan's dp 2"},
+		{"estimated runtime", base + "estimated_runtime: -1h\n", "job.yaml:4: estimated_runtime: -1h0m0s is negative"},
+		{"unknown field", base + "gpu_count: 8\n", "job.yaml:4: gpu_count: unknown field; known fields are"},
+		{"typo", base + "model:\n  hiden: 5\n", "job.yaml:5: model.hiden: unknown field (did you mean hidden?)"},
+		{"wrong type", base + "priority: high\n", "job.yaml:4: priority: cannot unmarshal !!str `high` into int"},
+		{"duration as int", base + "stall_threshold: 30\n", "job.yaml:4: stall_threshold: cannot unmarshal !!int `30` into time.Duration"},
+		{"not a mapping", "- a\n- b\n", "job.yaml:1: a job file is a mapping of fields"},
+		{"two documents", base + "---\nname: b\n", "job.yaml:4: more than one YAML document"},
+		{"empty", "", "job.yaml: empty job file"},
+		{"syntax", "name: [\n", "job.yaml:1: did not find expected node content"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("job.yaml", []byte(tt.yaml))
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("unexpected error:\n%v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("accepted; want %q", tt.want)
+			}
+			var ve *ValidationError
+			if !errors.As(err, &ve) {
+				t.Fatalf("error %T is not a *ValidationError", err)
+			}
+			first, _, _ := strings.Cut(err.Error(), "\n")
+			if !strings.HasPrefix(first, tt.want) {
+				t.Fatalf("error:\n  %s\nwant prefix:\n  %s", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestAllProblemsReported(t *testing.T) {
+	_, err := Parse("job.yaml", []byte("name: BAD\ncommand: [x]\ngpus: 8\npriority: 9999\nrestart_policy: maybe\n"))
+	var ve *ValidationError
+	if !errors.As(err, &ve) || len(ve.Problems) != 3 {
+		t.Fatalf("want 3 problems, got %v", err)
+	}
+}
+
+func TestFromFlags(t *testing.T) {
+	s, err := FromFlags(Flags{Name: "sft", GPUs: 16, Model: "llama2-70b", TP: 8, Env: []string{"A=b=c"}, Command: []string{"python", "sft.py"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Env["A"] != "b=c" || s.Plan.PP != 1 || s.TotalGPUs() != 16 || s.Model.Preset != "llama2-70b" {
+		t.Fatalf("FromFlags built %+v", s)
+	}
+	if p, _ := s.FixedPlan(); p.DP != 2 {
+		t.Fatalf("derived dp %d, want 2", p.DP)
+	}
+
+	tests := []struct {
+		name string
+		f    Flags
+		want string
+	}{
+		{"tp beyond node", Flags{Name: "a", GPUs: 32, TP: 16, Command: []string{"x"}}, "--tp: 16 exceeds the 8 GPUs of one node"},
+		{"no command", Flags{Name: "a", GPUs: 8}, "command after --: required"},
+		{"bad env", Flags{Name: "a", GPUs: 8, Command: []string{"x"}, Env: []string{"NOEQUALS"}}, `--env: "NOEQUALS" is not KEY=VALUE`},
+		{"reserved env", Flags{Name: "a", GPUs: 8, Command: []string{"x"}, Env: []string{"RANK=1"}}, "--env RANK: set by gpuctl"},
+		{"gpu", Flags{Name: "a", GPUs: 8, Command: []string{"x"}, GPUModel: "tpu"}, `--gpu: unknown gpu "tpu"`},
+		{"elastic", Flags{Name: "a", GPUs: 8, Command: []string{"x"}, ElasticDataParallel: []int{0}}, "--elastic-dp: 0 is not a positive"},
+		{"max restarts", Flags{Name: "a", GPUs: 8, Command: []string{"x"}, MaxRestarts: -2, MaxRestartsSet: true}, "--max-restarts: -2 is negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := FromFlags(tt.f)
+			if err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+				t.Fatalf("error %v, want prefix %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseFileErrors(t *testing.T) {
+	if _, err := ParseFile(filepath.Join(t.TempDir(), "missing.yaml")); err == nil || !strings.Contains(err.Error(), "open job file") {
+		t.Fatalf("missing file: %v", err)
+	}
+	big := filepath.Join(t.TempDir(), "big.yaml")
+	if err := os.WriteFile(big, []byte("name: a\n"+strings.Repeat("# pad\n", maxSpecBytes/6+10)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ParseFile(big); err == nil || !strings.Contains(err.Error(), "over") {
+		t.Fatalf("oversized file: %v", err)
+	}
+}

@@ -1,0 +1,161 @@
+package nccl
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+)
+
+// Environment variables that tie a process to gpuctl's view of it.
+const (
+	EnvJob  = "GPUCTL_JOB"
+	EnvRank = "RANK"
+	EnvNode = "GPUCTL_NODE"
+)
+
+// ProcTable resolves a pid to the job and rank in its environment and says
+// whether this node should report it. Results are cached per pid; Prune
+// drops processes that exited or whose pid was reused.
+type ProcTable struct {
+	root string
+	node string
+
+	mu    sync.Mutex
+	cache map[uint32]procEntry
+}
+
+type procEntry struct {
+	start uint64 // start time from /proc/PID/stat, to tell a reused pid apart
+	job   string
+	rank  int32
+	keep  bool
+}
+
+// NewProcTable returns a table reading the proc filesystem at root
+// (normally "/proc"). When node is set, processes whose GPUCTL_NODE names a
+// different node are not reported: several nodemons may share one test host.
+func NewProcTable(root, node string) *ProcTable {
+	return &ProcTable{root: root, node: node, cache: make(map[uint32]procEntry)}
+}
+
+// Lookup returns pid's job and rank (-1 when RANK is unset or not a number)
+// and whether to report it. A process that cannot be read (it exited, or
+// lives in a pid namespace this one cannot see) is reported with no job and
+// is not cached, so a later lookup may still find it.
+func (p *ProcTable) Lookup(pid uint32) (job string, rank int32, keep bool) {
+	p.mu.Lock()
+	e, ok := p.cache[pid]
+	p.mu.Unlock()
+	if ok {
+		return e.job, e.rank, e.keep
+	}
+	dir := filepath.Join(p.root, strconv.FormatUint(uint64(pid), 10))
+	environ, err := os.ReadFile(filepath.Join(dir, "environ"))
+	if err != nil {
+		return "", -1, true
+	}
+	start, err := procStartTime(dir)
+	if err != nil {
+		return "", -1, true
+	}
+	env := parseEnviron(environ)
+	e = procEntry{start: start, job: env.job, rank: env.rank, keep: p.node == "" || env.node == "" || env.node == p.node}
+	p.mu.Lock()
+	p.cache[pid] = e
+	p.mu.Unlock()
+	return e.job, e.rank, e.keep
+}
+
+// Prune forgets processes that exited or whose pid now names another process.
+func (p *ProcTable) Prune() {
+	p.mu.Lock()
+	pids := make(map[uint32]uint64, len(p.cache))
+	for pid, e := range p.cache {
+		pids[pid] = e.start
+	}
+	p.mu.Unlock()
+	for pid, start := range pids {
+		now, err := procStartTime(filepath.Join(p.root, strconv.FormatUint(uint64(pid), 10)))
+		if err == nil && now == start {
+			continue
+		}
+		p.mu.Lock()
+		if e, ok := p.cache[pid]; ok && e.start == start {
+			delete(p.cache, pid)
+		}
+		p.mu.Unlock()
+	}
+}
+
+// alive reports whether the thread tid of process pid still exists.
+func (p *ProcTable) alive(pid, tid uint32) bool {
+	_, err := os.Stat(filepath.Join(p.root, strconv.FormatUint(uint64(pid), 10), "task", strconv.FormatUint(uint64(tid), 10)))
+	return err == nil
+}
+
+type procEnv struct {
+	job  string
+	rank int32
+	node string
+}
+
+// parseEnviron picks gpuctl's variables out of a NUL-separated
+// /proc/PID/environ. The first of duplicate names wins, as with glibc's getenv.
+func parseEnviron(b []byte) procEnv {
+	env := procEnv{rank: -1}
+	seen := make(map[string]bool, 3)
+	for kv := range bytes.SplitSeq(b, []byte{0}) {
+		k, v, ok := bytes.Cut(kv, []byte{'='})
+		if !ok || seen[string(k)] {
+			continue
+		}
+		switch string(k) {
+		case EnvJob, EnvNode, EnvRank:
+			seen[string(k)] = true
+		}
+		switch string(k) {
+		case EnvJob:
+			env.job = string(v)
+		case EnvNode:
+			env.node = string(v)
+		case EnvRank:
+			r, err := strconv.ParseInt(string(v), 10, 32)
+			if err != nil || r < 0 {
+				env.rank = -1
+			} else {
+				env.rank = int32(r)
+			}
+		}
+	}
+	return env
+}
+
+// procStartTime reads field 22 (starttime) of dir/stat.
+func procStartTime(dir string) (uint64, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "stat"))
+	if err != nil {
+		return 0, err
+	}
+	return parseStatStart(b)
+}
+
+// parseStatStart extracts starttime from a /proc/PID/stat line. The command
+// name (field 2) is in parentheses and may itself hold spaces and ')', so
+// fields are counted from the last ')'.
+func parseStatStart(b []byte) (uint64, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, errStat
+	}
+	fields := bytes.Fields(b[i+1:])
+	// fields[0] is field 3 (state); starttime is field 22.
+	if len(fields) < 20 {
+		return 0, errStat
+	}
+	return strconv.ParseUint(string(fields[19]), 10, 64)
+}
+
+var errStat = errors.New("malformed /proc/PID/stat: want at least 22 fields after the command name")

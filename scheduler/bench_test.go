@@ -1,0 +1,77 @@
+package scheduler
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// benchCluster is 1,250 nodes of 8 GPUs in racks of 32 nodes and switches of
+// 4 racks, about 70% allocated in whole and partial nodes, with 1,000 jobs
+// queued.
+func benchCluster() *Snapshot {
+	rng := rand.New(rand.NewPCG(1, 2))
+	s := &Snapshot{Now: 100000}
+	for i := 0; i < 1250; i++ {
+		rack := i / 32
+		n := Node{
+			Name:     fmt.Sprintf("node%04d", i),
+			Labels:   map[string]string{LabelRack: fmt.Sprintf("rack%02d", rack), LabelSwitch: fmt.Sprintf("sw%d", rack/4)},
+			GPUModel: "H100",
+		}
+		used := 0
+		if rng.Float64() < 0.7 {
+			used = []int{8, 8, 8, 4, 2}[rng.IntN(5)]
+		}
+		job := fmt.Sprintf("run%d", i)
+		rj := RunningJob{Request: JobRequest{ID: job, GPUs: used, Estimate: int64(rng.IntN(50000))}, Start: s.Now - int64(rng.IntN(10000))}
+		for g := 0; g < 8; g++ {
+			gpu := GPU{Index: g, Healthy: true}
+			if g < used {
+				gpu.Job = job
+				rj.Placement.Ranks = append(rj.Placement.Ranks, Slot{Node: n.Name, GPU: g})
+			}
+			n.GPUs = append(n.GPUs, gpu)
+		}
+		if used > 0 {
+			rj.Placement.Shape = Shape{1, 1, used}
+			s.Running = append(s.Running, rj)
+		}
+		s.Nodes = append(s.Nodes, n)
+	}
+	for i := 0; i < 1000; i++ {
+		s.Pending = append(s.Pending, JobRequest{
+			ID: fmt.Sprintf("q%d", i), Submit: int64(i), GPUs: []int{8, 16, 64, 256, 2048}[rng.IntN(5)],
+			Estimate: int64(600 + rng.IntN(100000)), Tenant: fmt.Sprintf("t%d", i%5),
+		})
+	}
+	return s
+}
+
+func BenchmarkPlace(b *testing.B) {
+	s := benchCluster()
+	req := &JobRequest{ID: "bench", Shape: Shape{TP: 8, PP: 4, DP: 4}}
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := Place(s, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+	perOp := b.Elapsed().Seconds() / float64(b.N)
+	b.ReportMetric(perOp*1e3, "ms/decision")
+	b.ReportMetric(1/perOp, "decisions/s")
+}
+
+func BenchmarkSchedule(b *testing.B) {
+	for _, p := range []Policy{FIFO{}, EASY{Base: FIFO{}}, FairShare{}} {
+		b.Run(p.Name(), func(b *testing.B) {
+			s := benchCluster()
+			for b.Loop() {
+				Schedule(s, p)
+			}
+			perOp := b.Elapsed().Seconds() / float64(b.N)
+			b.ReportMetric(perOp*1e3, "ms/pass")
+			b.ReportMetric(float64(len(s.Pending)), "queued")
+		})
+	}
+}

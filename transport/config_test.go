@@ -1,0 +1,118 @@
+package transport
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestClientConfigRoundTrip(t *testing.T) {
+	ctx := testCtx(t)
+	a := newAuthority(t, AuthorityOptions{})
+	l := startListener(t, a, ListenConfig{})
+	admin, err := a.IssueClient("admin", RoleAdmin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The server writes admin.yaml into its own data dir, next to ca.crt.
+	path := filepath.Join(a.Dir(), "admin.yaml")
+	if err := WriteClientConfig(path, l.Addr().String(), admin); err != nil {
+		t.Fatalf("WriteClientConfig: %v", err)
+	}
+	if err := WriteClientConfig(path, l.Addr().String(), admin); err == nil {
+		t.Fatalf("WriteClientConfig overwrote an existing config")
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"server: " + l.Addr().String(), "ca: ca.crt", "cert: admin.crt", "key: admin.key"} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("admin.yaml lacks %q:\n%s", want, data)
+		}
+	}
+	// Relative paths resolve against the file, wherever the process runs.
+	moved := filepath.Join(t.TempDir(), "copy")
+	if err := os.CopyFS(moved, os.DirFS(a.Dir())); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(filepath.Join(moved, "admin.key"), 0o600)
+	cfg, id, err := LoadClientConfig(filepath.Join(moved, "admin.yaml"))
+	if err != nil {
+		t.Fatalf("LoadClientConfig: %v", err)
+	}
+	if cfg.Key != filepath.Join(moved, "admin.key") || id.Role != RoleAdmin || id.Name != "admin" {
+		t.Fatalf("loaded %+v as %s %q", cfg, id.Role, id.Name)
+	}
+	c, err := DialClient(ctx, cfg.Server, id)
+	if err != nil {
+		t.Fatalf("DialClient: %v", err)
+	}
+	defer c.Close()
+	sc := acceptOne(t, ctx, l)
+	if sc.Role() != RoleAdmin {
+		t.Fatalf("server sees role %s", sc.Role())
+	}
+
+	// A second config in the same dir shares ca.crt; one for another
+	// cluster's CA is refused rather than replacing it.
+	viewer, _ := a.IssueClient("bob", RoleViewer)
+	if err := WriteClientConfig(filepath.Join(a.Dir(), "bob.yaml"), "127.0.0.1:7443", viewer); err != nil {
+		t.Fatalf("second config: %v", err)
+	}
+	foreign, _ := newAuthority(t, AuthorityOptions{}).IssueClient("eve", RoleViewer)
+	err = WriteClientConfig(filepath.Join(a.Dir(), "eve.yaml"), "127.0.0.1:7443", foreign)
+	wantErrContains(t, err, "holds another CA")
+}
+
+func TestParseClientConfig(t *testing.T) {
+	tests := []struct {
+		name, yaml string
+		wantErr    string
+	}{
+		{"good", "server: 10.0.0.1:7443\nca: ca.crt\ncert: /etc/gpuctl/me.crt\nkey: me.key\n", ""},
+		{"unknown key", "server: h:1\nca: a\ncert: b\nkey: c\nport: 7443\n", "field port not found"},
+		{"no port", "server: 10.0.0.1\nca: a\ncert: b\nkey: c\n", "want host:port"},
+		{"bad port", "server: h:http\nca: a\ncert: b\nkey: c\n", "port \"http\""},
+		{"missing key", "server: h:1\nca: a\ncert: b\n", "key: missing"},
+		{"not yaml", "server: [\n", "parse YAML"},
+		{"empty", "", "parse YAML"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := parseClientConfig([]byte(tc.yaml), "/base")
+			if tc.wantErr != "" {
+				wantErrContains(t, err, tc.wantErr)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.CA != "/base/ca.crt" || cfg.Cert != "/etc/gpuctl/me.crt" || cfg.Key != "/base/me.key" {
+				t.Fatalf("paths resolved to %+v", cfg)
+			}
+		})
+	}
+}
+
+func FuzzParseClientConfig(f *testing.F) {
+	f.Add("server: 10.0.0.1:7443\nca: ca.crt\ncert: a.crt\nkey: a.key\n")
+	f.Add("server: '[::1]:7443'\nca: /x\ncert: /y\nkey: /z\n")
+	f.Add("{}")
+	f.Add("server: &a h:1\nca: *a\n")
+	f.Fuzz(func(t *testing.T, s string) {
+		cfg, err := parseClientConfig([]byte(s), "/base")
+		if err != nil {
+			return
+		}
+		for _, p := range []string{cfg.CA, cfg.Cert, cfg.Key} {
+			if !filepath.IsAbs(p) {
+				t.Fatalf("path %q left relative", p)
+			}
+		}
+		if _, _, err := splitServer(cfg.Server); err != nil {
+			t.Fatalf("accepted server %q: %v", cfg.Server, err)
+		}
+	})
+}

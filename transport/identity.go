@@ -1,0 +1,215 @@
+package transport
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Files a joined node keeps in its state dir.
+const (
+	NodeCertFile = "node.crt"
+	NodeKeyFile  = "node.key"
+)
+
+// Identity is a certificate, its key and the cluster CA it chains to: what
+// a node or a client presents when it dials the server.
+type Identity struct {
+	// Certificate holds the leaf certificate, its key and parsed Leaf.
+	Certificate tls.Certificate
+	// CA is the cluster CA the server's certificate must chain to.
+	CA *x509.Certificate
+	// Role and Name are what the certificate carries.
+	Role Role
+	Name string
+}
+
+func newIdentity(cert *x509.Certificate, key crypto.Signer, ca *x509.Certificate) (*Identity, error) {
+	if !publicKeysEqual(cert.PublicKey, key.Public()) {
+		return nil, errors.New("certificate does not match private key")
+	}
+	if !ca.IsCA {
+		return nil, errors.New("CA certificate is not a CA")
+	}
+	if err := cert.CheckSignatureFrom(ca); err != nil {
+		return nil, fmt.Errorf("certificate %q is not signed by the CA certificate: %w", cert.Subject.CommonName, err)
+	}
+	role, name, err := RoleOf(cert)
+	if err != nil {
+		return nil, err
+	}
+	return &Identity{
+		Certificate: tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert},
+		CA:          ca,
+		Role:        role,
+		Name:        name,
+	}, nil
+}
+
+// LoadNodeIdentity loads the node certificate, key and CA that Join stored
+// in dir.
+func LoadNodeIdentity(dir string) (*Identity, error) {
+	id, err := loadIdentity(filepath.Join(dir, NodeCertFile), filepath.Join(dir, NodeKeyFile), filepath.Join(dir, CACertFile))
+	if err != nil {
+		return nil, fmt.Errorf("load node identity from %s: %w (join the cluster again with a new token if the files are lost)", dir, err)
+	}
+	if id.Role != RoleNode {
+		return nil, fmt.Errorf("load node identity from %s: %s carries role %q, not node", dir, NodeCertFile, id.Role)
+	}
+	return id, nil
+}
+
+func loadIdentity(certPath, keyPath, caPath string) (*Identity, error) {
+	cert, err := readCertFile(certPath)
+	if err != nil {
+		return nil, err
+	}
+	key, err := readKeyFile(keyPath)
+	if err != nil {
+		return nil, err
+	}
+	ca, err := readCertFile(caPath)
+	if err != nil {
+		return nil, err
+	}
+	id, err := newIdentity(cert, key, ca)
+	if err != nil {
+		return nil, fmt.Errorf("%s, %s, %s: %w", certPath, keyPath, caPath, err)
+	}
+	return id, nil
+}
+
+// saveIdentity writes id's certificate, key and CA to the given paths,
+// refusing to replace an existing key or certificate. An existing CA file is
+// reused when it holds the same certificate.
+func saveIdentity(id *Identity, certPath, keyPath, caPath string) error {
+	for _, p := range []string{certPath, keyPath} {
+		have, err := exists(p)
+		if err != nil {
+			return err
+		}
+		if have {
+			return fmt.Errorf("%s already exists; refusing to overwrite it: move it aside first", p)
+		}
+	}
+	caPEM := certPEM(id.CA.Raw)
+	if old, err := os.ReadFile(caPath); err == nil {
+		if !bytes.Equal(old, caPEM) {
+			return fmt.Errorf("%s already exists and holds another CA; refusing to overwrite it: move it aside first", caPath)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("read %s: %w", caPath, err)
+	} else if err := writeFileNew(caPath, caPEM, 0o644); err != nil {
+		return err
+	}
+	signer, ok := id.Certificate.PrivateKey.(crypto.Signer)
+	if !ok {
+		return fmt.Errorf("private key of type %T cannot be stored", id.Certificate.PrivateKey)
+	}
+	kp, err := keyPEM(signer)
+	if err != nil {
+		return err
+	}
+	if err := writeFileNew(keyPath, kp, 0o600); err != nil {
+		return err
+	}
+	return writeFileNew(certPath, certPEM(id.Certificate.Certificate[0]), 0o644)
+}
+
+// ClientConfig is a gpuctl client's configuration file: the server to dial
+// and the files of its identity. Relative paths are relative to the file.
+type ClientConfig struct {
+	Server string `yaml:"server"`
+	CA     string `yaml:"ca"`
+	Cert   string `yaml:"cert"`
+	Key    string `yaml:"key"`
+}
+
+// WriteClientConfig writes a client config at path (YAML) for dialing
+// server with id, storing the identity next to it as <base>.crt, <base>.key
+// and ca.crt, where <base> is the config file's name without extension. It
+// refuses to overwrite an existing config, certificate or key.
+func WriteClientConfig(path, server string, id *Identity) error {
+	if _, _, err := splitServer(server); err != nil {
+		return fmt.Errorf("write client config %s: %w", path, err)
+	}
+	dir := filepath.Dir(path)
+	base := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+	cfg := ClientConfig{Server: server, CA: CACertFile, Cert: base + ".crt", Key: base + ".key"}
+	have, err := exists(path)
+	if err != nil {
+		return err
+	}
+	if have {
+		return fmt.Errorf("write client config: %s already exists; refusing to overwrite it", path)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("write client config %s: %w", path, err)
+	}
+	if err := saveIdentity(id, filepath.Join(dir, cfg.Cert), filepath.Join(dir, cfg.Key), filepath.Join(dir, cfg.CA)); err != nil {
+		return fmt.Errorf("write client config %s: %w", path, err)
+	}
+	data, err := yaml.Marshal(&cfg)
+	if err != nil {
+		return fmt.Errorf("write client config %s: %w", path, err)
+	}
+	if err := writeFileNew(path, data, 0o600); err != nil {
+		return fmt.Errorf("write client config: %w", err)
+	}
+	return nil
+}
+
+// LoadClientConfig reads a client config file and the identity it names.
+// The returned config's paths are resolved against the file's directory.
+func LoadClientConfig(path string) (*ClientConfig, *Identity, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("load client config: %w", err)
+	}
+	cfg, err := parseClientConfig(data, filepath.Dir(path))
+	if err != nil {
+		return nil, nil, fmt.Errorf("client config %s: %w", path, err)
+	}
+	id, err := loadIdentity(cfg.Cert, cfg.Key, cfg.CA)
+	if err != nil {
+		return nil, nil, fmt.Errorf("client config %s: %w", path, err)
+	}
+	if !id.Role.IsClient() {
+		return nil, nil, fmt.Errorf("client config %s: %s carries role %q, not a client role", path, cfg.Cert, id.Role)
+	}
+	return cfg, id, nil
+}
+
+// parseClientConfig decodes a client config strictly and resolves relative
+// paths against dir.
+func parseClientConfig(data []byte, dir string) (*ClientConfig, error) {
+	var cfg ClientConfig
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil {
+		return nil, fmt.Errorf("parse YAML (want keys server, ca, cert, key): %w", err)
+	}
+	if _, _, err := splitServer(cfg.Server); err != nil {
+		return nil, err
+	}
+	for _, f := range []struct {
+		key string
+		val *string
+	}{{"ca", &cfg.CA}, {"cert", &cfg.Cert}, {"key", &cfg.Key}} {
+		if strings.TrimSpace(*f.val) == "" {
+			return nil, fmt.Errorf("%s: missing; give the path of the %s file", f.key, f.key)
+		}
+		if !filepath.IsAbs(*f.val) {
+			*f.val = filepath.Join(dir, *f.val)
+		}
+	}
+	return &cfg, nil
+}

@@ -1,0 +1,374 @@
+package transport
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/quic-go/quic-go"
+)
+
+// ErrListenerClosed is returned by Accept once the listener is closed.
+var ErrListenerClosed = errors.New("listener closed")
+
+const (
+	// maxAcceptFailures consecutive errors from the QUIC listener end the
+	// accept loop; each is followed by a growing pause.
+	maxAcceptFailures = 10
+	acceptQueue       = 64
+	// acceptQueueTimeout is how long a verified connection waits for the
+	// caller's Accept before it is turned away as busy.
+	acceptQueueTimeout = 10 * time.Second
+	maxConcurrentJoins = 16
+	joinTimeout        = 15 * time.Second
+)
+
+// JoinInfo describes a node asking to join, for ListenConfig.OnJoin.
+type JoinInfo struct {
+	Node    string
+	Remote  net.Addr
+	TokenID string
+	Version *api.Version
+}
+
+// ListenConfig tunes Listen. The zero value is usable.
+type ListenConfig struct {
+	Logger *slog.Logger
+	// OnJoin, when set, is called after a join token has been verified and
+	// before the node certificate is issued; an error refuses the join and
+	// its text is sent to the node.
+	OnJoin func(ctx context.Context, info JoinInfo) error
+}
+
+// Listener accepts node and client connections on one UDP port and serves
+// joins itself.
+type Listener struct {
+	auth   *Authority
+	log    *slog.Logger
+	onJoin func(context.Context, JoinInfo) error
+	udp    *net.UDPConn
+	tr     *quic.Transport
+	ql     *quic.Listener
+
+	conns   chan *Conn
+	done    chan struct{}
+	joinSem chan struct{}
+	wg      sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
+
+	mu      sync.Mutex
+	live    map[*quic.Conn]struct{}
+	loopErr error
+	closed  bool
+}
+
+// Listen serves the node, client and join protocols on the UDP address
+// addr (e.g. ":7443" or "127.0.0.1:0") until ctx is done or Close is
+// called.
+func Listen(ctx context.Context, addr string, auth *Authority, cfg ListenConfig) (*Listener, error) {
+	uaddr, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	udp, err := net.ListenUDP("udp", uaddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	l := &Listener{
+		auth:    auth,
+		log:     cfg.Logger,
+		onJoin:  cfg.OnJoin,
+		udp:     udp,
+		conns:   make(chan *Conn, acceptQueue),
+		done:    make(chan struct{}),
+		joinSem: make(chan struct{}, maxConcurrentJoins),
+		live:    map[*quic.Conn]struct{}{},
+	}
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
+	}
+	l.tr = &quic.Transport{Conn: udp, StatelessResetKey: auth.statelessResetKey()}
+	l.ql, err = l.tr.Listen(serverTLS(auth), quicConfig)
+	if err != nil {
+		l.tr.Close()
+		udp.Close()
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	l.wg.Add(1)
+	go l.acceptLoop()
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	go func() {
+		<-l.done
+		stop()
+	}()
+	l.log.Info("listening", "addr", l.Addr().String(), "ca_sha256", auth.CAHash())
+	return l, nil
+}
+
+// statelessResetKey is derived from the join secret so that it survives a
+// restart: peers of a restarted server learn at once that their connection
+// is gone instead of waiting for the idle timeout.
+func (a *Authority) statelessResetKey() *quic.StatelessResetKey {
+	a.mu.RLock()
+	m := hmac.New(sha256.New, a.secret)
+	a.mu.RUnlock()
+	m.Write([]byte("gpuctl quic stateless reset"))
+	var k quic.StatelessResetKey
+	copy(k[:], m.Sum(nil))
+	return &k
+}
+
+// Addr returns the UDP address the listener is bound to.
+func (l *Listener) Addr() net.Addr { return l.udp.LocalAddr() }
+
+// Accept returns the next verified node or client connection. Joins never
+// reach it.
+func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("accept: %w", ctx.Err())
+	case <-l.done:
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.loopErr != nil {
+			return nil, l.loopErr
+		}
+		return nil, ErrListenerClosed
+	}
+}
+
+// Close stops accepting, closes every connection handed out or still being
+// verified with CodeShutdown, and releases the UDP port.
+func (l *Listener) Close() error {
+	l.closeOnce.Do(func() {
+		l.shutdown(nil)
+		l.wg.Wait()
+		// Connections still queued for Accept were never handed out.
+		for {
+			select {
+			case c := <-l.conns:
+				c.qc.CloseWithError(CodeShutdown, "server shutting down")
+				continue
+			default:
+			}
+			break
+		}
+		l.tr.Close()
+		if err := l.udp.Close(); err != nil {
+			l.closeErr = fmt.Errorf("close listener %s: %w", l.Addr(), err)
+		}
+	})
+	return l.closeErr
+}
+
+func (l *Listener) shutdown(loopErr error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	l.closed = true
+	l.loopErr = loopErr
+	live := make([]*quic.Conn, 0, len(l.live))
+	for qc := range l.live {
+		live = append(live, qc)
+	}
+	l.mu.Unlock()
+	close(l.done)
+	l.ql.Close()
+	for _, qc := range live {
+		qc.CloseWithError(CodeShutdown, "server shutting down")
+	}
+}
+
+func (l *Listener) track(qc *quic.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.live[qc] = struct{}{}
+	context.AfterFunc(qc.Context(), func() {
+		l.mu.Lock()
+		delete(l.live, qc)
+		l.mu.Unlock()
+	})
+	return true
+}
+
+func (l *Listener) acceptLoop() {
+	defer l.wg.Done()
+	failures := 0
+	for {
+		qc, err := l.ql.Accept(context.Background())
+		if err != nil {
+			select {
+			case <-l.done:
+				return
+			default:
+			}
+			if errors.Is(err, quic.ErrServerClosed) {
+				l.shutdown(fmt.Errorf("accept on %s: %w", l.Addr(), err))
+				return
+			}
+			failures++
+			l.log.Warn("accept failed", "err", err, "failures", failures)
+			if failures >= maxAcceptFailures {
+				l.shutdown(fmt.Errorf("accept on %s: %d failures in a row, last: %w", l.Addr(), failures, err))
+				return
+			}
+			pause := min(10*time.Millisecond<<failures, 2*time.Second)
+			select {
+			case <-time.After(pause):
+			case <-l.done:
+				return
+			}
+			continue
+		}
+		failures = 0
+		if !l.track(qc) {
+			qc.CloseWithError(CodeShutdown, "server shutting down")
+			return
+		}
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			l.handle(qc)
+		}()
+	}
+}
+
+func (l *Listener) handle(qc *quic.Conn) {
+	state := qc.ConnectionState().TLS
+	alpn := state.NegotiatedProtocol
+	log := l.log.With("remote", qc.RemoteAddr().String(), "alpn", alpn)
+	if alpn == ALPNJoin {
+		l.serveJoin(qc, log)
+		return
+	}
+	c, err := l.verify(alpn, state.PeerCertificates)
+	if err != nil {
+		log.Warn("refused peer", "err", err)
+		qc.CloseWithError(CodeRefused, err.Error())
+		return
+	}
+	c.qc = qc
+	log.Debug("peer connected", "role", c.role, "name", c.name)
+	timer := time.NewTimer(acceptQueueTimeout)
+	defer timer.Stop()
+	select {
+	case l.conns <- c:
+	case <-l.done:
+		qc.CloseWithError(CodeShutdown, "server shutting down")
+	case <-timer.C:
+		log.Warn("no Accept for verified peer; turning it away", "name", c.name)
+		qc.CloseWithError(CodeBusy, "server busy: try again shortly")
+	}
+}
+
+// verify checks the client certificate against the cluster CA and the role
+// the ALPN requires.
+func (l *Listener) verify(alpn string, chain []*x509.Certificate) (*Conn, error) {
+	role, name, err := l.auth.VerifyPeer(chain)
+	if err != nil {
+		return nil, err
+	}
+	switch alpn {
+	case ALPNNode:
+		if role != RoleNode {
+			return nil, fmt.Errorf("a %s certificate (%q) cannot connect as a node: a node needs the node certificate it gets by joining with a token", role, name)
+		}
+	case ALPNClient:
+		if !role.IsClient() {
+			return nil, fmt.Errorf("a %s certificate (%q) cannot connect as a gpuctl client: use a client config (viewer, operator or admin) from the cluster admin", role, name)
+		}
+	default:
+		return nil, fmt.Errorf("unknown application protocol %q", alpn)
+	}
+	return &Conn{role: role, name: name, alpn: alpn}, nil
+}
+
+func (l *Listener) serveJoin(qc *quic.Conn, log *slog.Logger) {
+	select {
+	case l.joinSem <- struct{}{}:
+		defer func() { <-l.joinSem }()
+	default:
+		qc.CloseWithError(CodeBusy, "server busy with other joins: try again shortly")
+		return
+	}
+	ctx, cancel := context.WithTimeout(qc.Context(), joinTimeout)
+	defer cancel()
+	s, err := qc.AcceptStream(ctx)
+	if err != nil {
+		log.Warn("join: no request", "err", err)
+		qc.CloseWithError(CodeProtocol, "no join request received")
+		return
+	}
+	deadline, _ := ctx.Deadline()
+	s.SetDeadline(deadline)
+	var req api.JoinRequest
+	if err := api.NewFrameReader(s).Read(&req); err != nil {
+		log.Warn("join: bad request", "err", err)
+		qc.CloseWithError(CodeProtocol, "join: unreadable request: "+err.Error())
+		return
+	}
+	resp := l.join(ctx, qc.RemoteAddr(), &req)
+	if resp.Error != "" {
+		log.Warn("join refused", "node", req.GetNodeName(), "err", resp.Error)
+	} else {
+		log.Info("node joined", "node", req.GetNodeName())
+	}
+	if err := api.WriteFrame(s, resp); err != nil {
+		log.Warn("join: send answer", "err", err)
+		qc.CloseWithError(CodeProtocol, "join: send answer failed")
+		return
+	}
+	s.Close()
+	// The node closes the connection once it has the answer; closing first
+	// could drop the answer still in flight.
+	<-ctx.Done()
+	qc.CloseWithError(CodeNoError, "join done")
+}
+
+func (l *Listener) join(ctx context.Context, remote net.Addr, req *api.JoinRequest) *api.JoinResponse {
+	refuse := func(format string, args ...any) *api.JoinResponse {
+		return &api.JoinResponse{Error: fmt.Sprintf(format, args...)}
+	}
+	if err := api.CheckVersion(req.GetVersion()); err != nil {
+		return refuse("%v", err)
+	}
+	if err := l.auth.VerifyToken(req.GetToken()); err != nil {
+		return refuse("%v", err)
+	}
+	if err := ValidateName(req.GetNodeName()); err != nil {
+		return refuse("node %v", err)
+	}
+	pub, err := x509.ParsePKIXPublicKey(req.GetPublicKeyDer())
+	if err != nil {
+		return refuse("public key: %v", err)
+	}
+	if l.onJoin != nil {
+		tok, _ := ParseToken(req.GetToken())
+		info := JoinInfo{Node: req.GetNodeName(), Remote: remote, TokenID: tok.ID, Version: req.GetVersion()}
+		if err := l.onJoin(ctx, info); err != nil {
+			return refuse("%v", err)
+		}
+	}
+	cert, err := l.auth.IssueNode(pub, req.GetNodeName())
+	if err != nil {
+		return refuse("%v", err)
+	}
+	return &api.JoinResponse{CertDer: cert.Raw, CaCertDer: l.auth.CACert().Raw}
+}
