@@ -95,6 +95,7 @@ func New(cfg Config, p *Probes) (*Agent, error) {
 	}
 	a.metrics = newMetrics(cfg.Name, a.events.len)
 	a.exec = NewExecutor(a.log, cfg.Name, filepath.Join(cfg.DataDir, "logs"), a.events.add)
+	a.exec.BeforeLaunch = p.prepareLaunch
 	return a, nil
 }
 

@@ -42,6 +42,9 @@ type Executor struct {
 	node    string
 	logDir  string
 	onEvent func(*api.Event)
+	// BeforeLaunch, when set, runs before a job's ranks start (nodemon
+	// attaches its NCCL probes to the libraries the command links).
+	BeforeLaunch func(*api.LaunchRanks)
 
 	mu    sync.Mutex
 	ranks map[string]map[int32]*rankProc // job → rank → process
@@ -61,6 +64,9 @@ func (x *Executor) Launch(l *api.LaunchRanks) error {
 	}
 	if _, err := exec.LookPath(l.GetCommand()[0]); err != nil {
 		return fmt.Errorf("launch %s: command %q not found on node %s: %w", l.GetJob(), l.GetCommand()[0], x.node, err)
+	}
+	if x.BeforeLaunch != nil {
+		x.BeforeLaunch(l)
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"time"
@@ -38,6 +40,9 @@ type ProbeOptions struct {
 	// empty means real NVML.
 	Sim  string
 	EBPF EBPFMode
+	// OnlyLaunched traces only the processes nodemon launched for this node
+	// (GPUCTL_NODE), for hosts shared by several nodemons.
+	OnlyLaunched bool
 	// RDMARoot is the sysfs tree of RDMA devices, default /sys/class/infiniband.
 	RDMARoot string
 }
@@ -85,6 +90,9 @@ func OpenProbes(opts ProbeOptions, log *slog.Logger) (*Probes, error) {
 		return p, nil
 	}
 	procs := nccl.NewProcTable("/proc", opts.Node)
+	if opts.OnlyLaunched {
+		procs = nccl.NewStrictProcTable("/proc", opts.Node)
+	}
 	var errs []error
 	if t, err := nccl.New(log, nccl.Options{Procs: procs}); err != nil {
 		errs = append(errs, err)
@@ -144,6 +152,31 @@ func (p *Probes) inject(f *api.InjectFault) error {
 		return errors.New("fault injection needs a simulated host (nodemon --sim)")
 	}
 	return p.sim.Inject(int(f.GetGpuIndex()), f.GetKind())
+}
+
+// prepareLaunch attaches the NCCL probe to the libraries a job's command
+// links, before its ranks start.
+func (p *Probes) prepareLaunch(l *api.LaunchRanks) {
+	if p.nccl == nil || len(l.GetCommand()) == 0 {
+		return
+	}
+	exe, err := exec.LookPath(l.GetCommand()[0])
+	if err != nil {
+		return
+	}
+	ldPath := l.GetEnv()["LD_LIBRARY_PATH"]
+	if ldPath == "" {
+		ldPath = os.Getenv("LD_LIBRARY_PATH")
+	}
+	libs, err := neededNCCL(exe, ldPath)
+	if err != nil {
+		p.log.Warn("find NCCL libraries of job command", "job", l.GetJob(), "err", err)
+	}
+	for _, lib := range libs {
+		if err := p.nccl.AttachLibrary(lib); err != nil {
+			p.log.Warn("attach NCCL probe", "lib", lib, "err", err)
+		}
+	}
 }
 
 // run samples every interval and hands each batch to emit, forwards GPU events into eq, and

@@ -37,6 +37,9 @@ func (s *Server) serveClient(ctx context.Context, conn *transport.Conn) {
 
 // minRole is the least role allowed to make each request.
 func minRole(req *api.ClientRequest) transport.Role {
+	if r, ok := jobMinRole(req); ok {
+		return r
+	}
 	switch req.Body.(type) {
 	case *api.ClientRequest_CreateToken, *api.ClientRequest_InjectFault:
 		return transport.RoleAdmin
@@ -95,6 +98,9 @@ func (s *Server) handleRequest(ctx context.Context, conn *transport.Conn, st *tr
 		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_InjectFault{InjectFault: &api.InjectFaultResponse{}}})
 	case *api.ClientRequest_Observe:
 		return s.observe(ctx, st, b.Observe)
+	case *api.ClientRequest_SubmitJob, *api.ClientRequest_ListJobs, *api.ClientRequest_CancelJob,
+		*api.ClientRequest_AssignJob, *api.ClientRequest_Rebalance:
+		return st.Send(s.jobs.handle(ctx, conn.Name(), &req))
 	}
 	return fail("unknown request: this server speaks gpuctl protocol v%d.%d; upgrade it if the client is newer", api.ProtocolMajor, api.ProtocolMinor)
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/store"
 	"github.com/gpuctl/gpuctl/transport"
 )
@@ -37,6 +38,9 @@ type Config struct {
 	ObserveHistory int
 	// DetectEvery is the failure detector's period, default 100 ms.
 	DetectEvery time.Duration
+	// Policy is the scheduling policy (scheduler.PolicyNames), default
+	// DefaultPolicy.
+	Policy string
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -50,6 +54,7 @@ type Server struct {
 	auth  *transport.Authority
 	store store.Store
 	st    *state
+	jobs  *jobManager
 	ln    *transport.Listener
 	cmdID atomic.Uint64
 	wg    sync.WaitGroup
@@ -82,6 +87,13 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Policy == "" {
+		cfg.Policy = DefaultPolicy
+	}
+	policy, err := scheduler.PolicyByName(cfg.Policy)
+	if err != nil {
+		return nil, fmt.Errorf("serve: --policy: %w", err)
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("serve: create data dir: %w", err)
 	}
@@ -99,7 +111,15 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	host, _ := os.Hostname()
-	return &Server{cfg: cfg, log: cfg.Log, name: host, auth: auth, store: st, st: state}, nil
+	srv := &Server{cfg: cfg, log: cfg.Log, name: host, auth: auth, store: st, st: state}
+	srv.jobs, err = newJobManager(jobConfig{Policy: policy, CheckpointRoot: filepath.Join(cfg.DataDir, "checkpoints")},
+		cfg.Log.With("part", "jobs"), st, srv, state.listNodes, cfg.Now)
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	state.onEvent = srv.jobs.onEvent
+	return srv, nil
 }
 
 // Listen binds the UDP port and writes admin.yaml if it is missing. Call
@@ -164,6 +184,11 @@ func (s *Server) Serve(ctx context.Context) error {
 		defer s.wg.Done()
 		s.detect(ctx)
 	}()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.jobs.run(ctx)
+	}()
 	for {
 		conn, err := s.ln.Accept(ctx)
 		if err != nil {
@@ -222,3 +247,6 @@ func (s *Server) Nodes() []*api.NodeStatus { return s.st.listNodes() }
 
 // Collectives returns the per-rank NCCL aggregates of job ("" = all).
 func (s *Server) Collectives(job string) []*api.CollectiveStat { return s.st.listCollectives(job, "") }
+
+// Jobs returns every job, oldest first.
+func (s *Server) Jobs() []*api.Job { return s.jobs.list("") }

@@ -147,7 +147,7 @@ func (c *Cluster) StartNode(name, token string) error {
 	}
 	idx, _ := strconv.Atoi(name[len("node-"):])
 	args := []string{"--server", c.Server.Addr().String(), "--name", name, "--data-dir", dir, "--sim", c.opts.Sim,
-		"--heartbeat", c.opts.Heartbeat.String(), "--ebpf", c.opts.EBPF,
+		"--heartbeat", c.opts.Heartbeat.String(), "--ebpf", c.opts.EBPF, "--trace-scope", "node",
 		"--label", "rack=rack-" + strconv.Itoa(idx/2), "--label", "switch=leaf-" + strconv.Itoa(idx/4),
 		"--log-file", filepath.Join(dir, "nodemon.log")}
 	if token != "" {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/gpuctl/gpuctl/controlplane"
 	"github.com/gpuctl/gpuctl/logging"
+	"github.com/gpuctl/gpuctl/scheduler"
 )
 
 func init() { subcommands = append(subcommands, newServeCmd) }
@@ -52,6 +54,7 @@ certificate and admin.yaml (a client config with an admin certificate) in
 	f.StringVar(&cfg.Listen, "listen", ":7443", "UDP address to listen on")
 	f.StringSliceVar(&cfg.ExtraNames, "server-name", nil, "extra DNS name or IP for the server certificate (repeatable)")
 	f.StringVar(&cfg.AdvertiseAddr, "advertise", "", "server address written into admin.yaml (default: the bound address)")
+	f.StringVar(&cfg.Policy, "policy", controlplane.DefaultPolicy, "scheduling policy: "+strings.Join(scheduler.PolicyNames(), ", "))
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFile, "log-file", "", "log to this file instead of stderr")
 	return cmd

@@ -33,6 +33,7 @@ func newRootCmd() *cobra.Command {
 	var (
 		cfg                agent.Config
 		sim, ebpf, metrics string
+		scope              string
 		labels             []string
 		logLevel, logFile  string
 	)
@@ -61,7 +62,10 @@ func newRootCmd() *cobra.Command {
 			if cfg.Name == "" {
 				cfg.Name, _ = os.Hostname()
 			}
-			probes, err := agent.OpenProbes(agent.ProbeOptions{Node: cfg.Name, Sim: sim, EBPF: mode}, log)
+			if scope != "host" && scope != "node" {
+				return fmt.Errorf("--trace-scope %q: use host or node", scope)
+			}
+			probes, err := agent.OpenProbes(agent.ProbeOptions{Node: cfg.Name, Sim: sim, EBPF: mode, OnlyLaunched: scope == "node"}, log)
 			if err != nil {
 				return err
 			}
@@ -96,6 +100,7 @@ func newRootCmd() *cobra.Command {
 	f.DurationVar(&cfg.Heartbeat, "heartbeat", time.Second, "heartbeat interval; the server marks the node down after two missed")
 	f.StringSliceVar(&labels, "label", nil, "topology label KEY=VALUE (repeatable), e.g. --label rack=r1 --label switch=s1")
 	f.StringVar(&ebpf, "ebpf", "auto", "eBPF tracing: auto (use where the kernel allows), required, or off")
+	f.StringVar(&scope, "trace-scope", "host", "trace every NCCL process on the host, or only the ranks nodemon launched for this node (node; for hosts shared by several nodemons)")
 	f.StringVar(&metrics, "metrics-addr", "", "serve Prometheus metrics on this TCP address, e.g. 127.0.0.1:9400")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFile, "log-file", "", "log to this file instead of stderr")

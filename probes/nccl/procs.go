@@ -22,6 +22,8 @@ const (
 type ProcTable struct {
 	root string
 	node string
+	// strict reports only processes whose GPUCTL_NODE is node.
+	strict bool
 
 	mu    sync.Mutex
 	cache map[uint32]procEntry
@@ -41,6 +43,15 @@ func NewProcTable(root, node string) *ProcTable {
 	return &ProcTable{root: root, node: node, cache: make(map[uint32]procEntry)}
 }
 
+// NewStrictProcTable is NewProcTable that also leaves out processes with no
+// GPUCTL_NODE at all: on a host shared by several nodemons (the demo, tests)
+// only the ranks a nodemon launched are its own.
+func NewStrictProcTable(root, node string) *ProcTable {
+	p := NewProcTable(root, node)
+	p.strict = node != ""
+	return p
+}
+
 // Lookup returns pid's job and rank (-1 when RANK is unset or not a number)
 // and whether to report it. A process that cannot be read (it exited, or
 // lives in a pid namespace this one cannot see) is reported with no job and
@@ -55,14 +66,14 @@ func (p *ProcTable) Lookup(pid uint32) (job string, rank int32, keep bool) {
 	dir := filepath.Join(p.root, strconv.FormatUint(uint64(pid), 10))
 	environ, err := os.ReadFile(filepath.Join(dir, "environ"))
 	if err != nil {
-		return "", -1, true
+		return "", -1, !p.strict
 	}
 	start, err := procStartTime(dir)
 	if err != nil {
-		return "", -1, true
+		return "", -1, !p.strict
 	}
 	env := parseEnviron(environ)
-	e = procEntry{start: start, job: env.job, rank: env.rank, keep: p.node == "" || env.node == "" || env.node == p.node}
+	e = procEntry{start: start, job: env.job, rank: env.rank, keep: p.node == "" || env.node == p.node || env.node == "" && !p.strict}
 	p.mu.Lock()
 	p.cache[pid] = e
 	p.mu.Unlock()

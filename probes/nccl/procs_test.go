@@ -114,6 +114,20 @@ func TestProcTable(t *testing.T) {
 			t.Errorf("Lookup(%d) = %q, %d, %v; want %q, %d, %v", tc.pid, job, rank, keep, tc.job, tc.rank, tc.keep)
 		}
 	}
+	strict := NewStrictProcTable(root, "node-a")
+	for _, tc := range []struct {
+		pid  uint32
+		keep bool
+	}{
+		{10, true},  // launched for this node
+		{11, false}, // another node's
+		{12, false}, // launched by nobody: another test's, on a shared host
+		{13, false}, // unreadable
+	} {
+		if _, _, keep := strict.Lookup(tc.pid); keep != tc.keep {
+			t.Errorf("strict Lookup(%d) keep = %v, want %v", tc.pid, keep, tc.keep)
+		}
+	}
 	if !p.alive(10, 10) || p.alive(10, 99) {
 		t.Error("alive disagrees with the task directories")
 	}

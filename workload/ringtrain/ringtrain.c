@@ -483,14 +483,32 @@ int main(int argc, char **argv) {
   if (o.steps > 0 && resume >= o.steps)
     fail(2, "resume step %ld is not before --steps %ld; nothing to do", resume, o.steps);
 
-  ncclUniqueId id;
-  ncclComm_t comm;
+  /* Two communicators, as training frameworks keep a separate group for
+   * control traffic: `comm` carries exactly one gradient all-reduce per
+   * step, `ctrl` the resume agreement, the per-step signal vote and the
+   * checkpoint barrier. Its rendezvous is at MASTER_PORT+1. */
+  ncclUniqueId id, ctrl_id;
+  ncclComm_t comm, ctrl;
   NCCLCHECK(ncclGetUniqueId(&id));
   NCCLCHECK(ncclCommInitRank(&comm, world, id, rank));
+  {
+    const char *mp = getenv("MASTER_PORT");
+    long port = 0;
+    if (!mp || parse_long(mp, &port) < 0 || port < 1 || port >= 65535)
+      fail(2, "MASTER_PORT=%s must be a TCP port below 65535 (the control group uses MASTER_PORT+1)",
+           mp ? mp : "");
+    char saved[16], next[16];
+    snprintf(saved, sizeof saved, "%ld", port);
+    snprintf(next, sizeof next, "%ld", port + 1);
+    setenv("MASTER_PORT", next, 1);
+    NCCLCHECK(ncclGetUniqueId(&ctrl_id));
+    setenv("MASTER_PORT", saved, 1);
+  }
+  NCCLCHECK(ncclCommInitRank(&ctrl, world, ctrl_id, rank));
 
   /* Every rank must resume from the same step. */
   int64_t agree[2] = {resume, -resume}, agreed[2];
-  NCCLCHECK(ncclAllReduce(agree, agreed, 2, ncclInt64, ncclMax, comm, NULL));
+  NCCLCHECK(ncclAllReduce(agree, agreed, 2, ncclInt64, ncclMax, ctrl, NULL));
   if (agreed[0] != -agreed[1])
     fail(1, "ranks disagree on the resume step (this rank: %ld from %s; range %lld..%lld); "
             "set GPUCTL_RESUME_STEP on every rank",
@@ -512,7 +530,7 @@ int main(int argc, char **argv) {
 
     /* Agree on signals: any rank asked means every rank acts this step. */
     int32_t flags[2] = {stop_requested, ckpt_requested}, any[2];
-    NCCLCHECK(ncclAllReduce(flags, any, 2, ncclInt32, ncclMax, comm, NULL));
+    NCCLCHECK(ncclAllReduce(flags, any, 2, ncclInt32, ncclMax, ctrl, NULL));
     if (any[1]) ckpt_requested = 0;
 
     uint64_t digest = checksum(state, words);
@@ -523,7 +541,7 @@ int main(int argc, char **argv) {
     int want_ckpt = any[1] || (o.ckpt_interval > 0 && step % o.ckpt_interval == 0);
     if (want_ckpt) {
       if (ckdir)
-        checkpoint(comm, ckdir, step, rank, world, state, o.state_bytes);
+        checkpoint(ctrl, ckdir, step, rank, world, state, o.state_bytes);
       else
         fprintf(stderr, "ringtrain rank %d (%s): checkpoint at step %ld skipped: "
                         "GPUCTL_CHECKPOINT_DIR is not set\n",
@@ -536,6 +554,7 @@ int main(int argc, char **argv) {
   }
   if (step > o.steps && o.steps > 0) step = o.steps;
   out("stop step=%ld reason=%s\n", step, reason);
+  ncclCommDestroy(ctrl);
   ncclCommDestroy(comm);
   free(buf);
   free(state);

@@ -1,0 +1,55 @@
+package client
+
+import (
+	"context"
+
+	"github.com/gpuctl/gpuctl/api"
+)
+
+// SubmitJob submits a job file (YAML text); with req.DryRun it only shows
+// the plan and where the job would be placed now.
+func (c *Client) SubmitJob(ctx context.Context, req *api.SubmitJobRequest) (*api.SubmitJobResponse, error) {
+	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_SubmitJob{SubmitJob: req}})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetSubmitJob(), nil
+}
+
+// Jobs lists jobs, oldest first; job (an id or a name) narrows the list,
+// "" lists all.
+func (c *Client) Jobs(ctx context.Context, job string) ([]*api.Job, error) {
+	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_ListJobs{ListJobs: &api.ListJobsRequest{Job: job}}})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetListJobs().GetJobs(), nil
+}
+
+// CancelJob cancels a job by id or name and returns it as it now stands.
+func (c *Client) CancelJob(ctx context.Context, job string) (*api.Job, error) {
+	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_CancelJob{CancelJob: &api.CancelJobRequest{Job: job}}})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetCancelJob().GetJob(), nil
+}
+
+// AssignJob starts a pending job on exactly the named nodes.
+func (c *Client) AssignJob(ctx context.Context, job string, nodes []string) (*api.Job, error) {
+	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_AssignJob{AssignJob: &api.AssignJobRequest{Job: job, Nodes: nodes}}})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetAssignJob().GetJob(), nil
+}
+
+// Rebalance returns the server's rebalance plan; with apply it also starts
+// the moves (checkpoint, stop, relaunch, one job at a time).
+func (c *Client) Rebalance(ctx context.Context, apply bool, maxMoves uint32) (*api.RebalanceResponse, error) {
+	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_Rebalance{Rebalance: &api.RebalanceRequest{Apply: apply, MaxMoves: maxMoves}}})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetRebalance(), nil
+}

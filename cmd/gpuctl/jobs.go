@@ -1,0 +1,282 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/client"
+	"github.com/gpuctl/gpuctl/jobspec"
+	"github.com/gpuctl/gpuctl/views"
+)
+
+func init() {
+	subcommands = append(subcommands, newSubmitCmd, newJobsCmd, newCancelCmd, newAssignCmd, newRebalanceCmd)
+}
+
+// submitFlags are gpuctl submit's options.
+type submitFlags struct {
+	config string
+	file   string
+	dryRun bool
+	hold   bool
+	output string
+	spec   jobspec.Flags
+}
+
+func newSubmitCmd() *cobra.Command {
+	var f submitFlags
+	cmd := &cobra.Command{
+		Use:   "submit (-f job.yaml | --name N --gpus G [flags] -- CMD ARGS...)",
+		Short: "Submit a training job, or show where it would run with --dry-run",
+		Long: `submit queues a job from a job file or from flags; the command after -- is what every
+rank runs. It prints the job id. --dry-run shows the parallel plan and the placement the
+scheduler would choose now, without queueing the job. --hold queues it for a manual
+'gpuctl assign' instead of the scheduler.`,
+		Example: `  gpuctl submit -f job.yaml
+  gpuctl submit --name ring --nodes 2 --gpus-per-node 4 -- /opt/ringtrain --steps 1000
+  gpuctl submit --name llama --gpus 64 --model llama2-70b --dry-run -- python train.py`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runSubmit(cmd, &f, args)
+		},
+	}
+	fl := cmd.Flags()
+	addConfigFlag(cmd, &f.config)
+	fl.StringVarP(&f.file, "file", "f", "", "job file (YAML)")
+	fl.BoolVar(&f.dryRun, "dry-run", false, "show the plan and placement without submitting")
+	fl.BoolVar(&f.hold, "hold", false, "queue the job for `gpuctl assign` rather than the scheduler")
+	fl.StringVarP(&f.output, "output", "o", "table", "output format: table or json")
+	s := &f.spec
+	fl.StringVar(&s.Name, "name", "", "job name (a DNS label)")
+	fl.StringVar(&s.Tenant, "tenant", "", "tenant (fair-share account)")
+	fl.StringVar(&s.Queue, "queue", "", "queue")
+	fl.IntVar(&s.Priority, "priority", 0, "priority, -1000..1000, higher first")
+	fl.IntVar(&s.GPUs, "gpus", 0, "total GPUs")
+	fl.IntVar(&s.Nodes, "nodes", 0, "whole nodes (with --gpus-per-node)")
+	fl.IntVar(&s.GPUsPerNode, "gpus-per-node", 0, "GPUs on each node")
+	fl.StringVar(&s.GPUModel, "gpu", "", "GPU model (h100, a100-80gb, …)")
+	fl.StringVar(&s.Model, "model", "", "model preset, for the planner")
+	fl.IntVar(&s.GlobalBatch, "global-batch", 0, "global batch in sequences")
+	fl.IntVar(&s.MicroBatch, "micro-batch", 0, "micro-batch size")
+	fl.IntVar(&s.TP, "tp", 0, "tensor parallelism")
+	fl.IntVar(&s.PP, "pp", 0, "pipeline parallelism")
+	fl.IntVar(&s.DP, "dp", 0, "data parallelism")
+	fl.StringVar(&s.CheckpointDir, "checkpoint-dir", "", "checkpoint dir (GPUCTL_CHECKPOINT_DIR); makes the job preemptible and movable")
+	fl.DurationVar(&s.CheckpointInterval, "checkpoint-interval", 0, "checkpoint interval")
+	fl.DurationVar(&s.EstimatedRuntime, "estimated-runtime", 0, "runtime estimate, for backfill and sjf")
+	fl.StringArrayVar(&s.Env, "env", nil, "KEY=VALUE added to every rank's environment (repeatable)")
+	fl.IntSliceVar(&s.ElasticDataParallel, "elastic-dp", nil, "other data-parallel sizes the job accepts")
+	return cmd
+}
+
+// submitRequest builds the request from a job file or the flags.
+func submitRequest(cmd *cobra.Command, f *submitFlags, args []string) (*api.SubmitJobRequest, error) {
+	req := &api.SubmitJobRequest{DryRun: f.dryRun, Hold: f.hold}
+	dash := cmd.ArgsLenAtDash()
+	if f.file != "" {
+		if len(args) > 0 {
+			return nil, errors.New("submit: give the command in the job file or after --, not both")
+		}
+		for _, name := range []string{"name", "gpus", "nodes", "gpus-per-node", "tp", "pp", "dp", "model"} {
+			if cmd.Flags().Changed(name) {
+				return nil, fmt.Errorf("submit: --%s and -f both describe the job: put it in the file", name)
+			}
+		}
+		data, err := os.ReadFile(f.file)
+		if err != nil {
+			return nil, fmt.Errorf("submit: %w", err)
+		}
+		// Checked here too so mistakes show with file and line before any
+		// connection is made.
+		if _, err := jobspec.Parse(f.file, data); err != nil {
+			return nil, err
+		}
+		req.SpecYaml, req.Source = string(data), f.file
+		return req, nil
+	}
+	if dash < 0 || dash >= len(args) {
+		if len(args) > 0 {
+			return nil, fmt.Errorf("submit: put the command after --: gpuctl submit [flags] -- %s", strings.Join(args, " "))
+		}
+		return nil, errors.New("submit: give a job file with -f, or the command after --")
+	}
+	f.spec.Command = args[dash:]
+	spec, err := jobspec.FromFlags(f.spec)
+	if err != nil {
+		return nil, err
+	}
+	data, err := yaml.Marshal(spec)
+	if err != nil {
+		return nil, fmt.Errorf("submit: encode job: %w", err)
+	}
+	req.SpecYaml, req.Source = string(data), "flags"
+	return req, nil
+}
+
+func runSubmit(cmd *cobra.Command, f *submitFlags, args []string) error {
+	format, err := views.ParseFormat(f.output)
+	if err != nil || format == views.Wide {
+		return fmt.Errorf("submit: unknown output %q: use table or json", f.output)
+	}
+	req, err := submitRequest(cmd, f, args)
+	if err != nil {
+		return err
+	}
+	c, err := dial(cmd.Context(), f.config)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	resp, err := c.SubmitJob(cmd.Context(), req)
+	if err != nil {
+		return err
+	}
+	w := cmd.OutOrStdout()
+	switch {
+	case f.dryRun:
+		return views.DryRun(w, format, resp)
+	case format == views.JSON:
+		return views.Jobs(w, format, []*api.Job{resp.GetJob()}, time.Now())
+	}
+	// The id alone on stdout, so scripts can capture it.
+	_, err = fmt.Fprintln(w, resp.GetJob().GetId())
+	return err
+}
+
+func newJobsCmd() *cobra.Command {
+	var v viewFlags
+	cmd := &cobra.Command{
+		Use:   "jobs [JOB]",
+		Short: "List jobs with their state, plan, placement and why pending ones wait",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key := ""
+			if len(args) == 1 {
+				key = args[0]
+			}
+			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, f views.Format) error {
+				jobs, err := c.Jobs(ctx, key)
+				if err != nil {
+					return err
+				}
+				if key != "" && len(jobs) == 0 {
+					return fmt.Errorf("unknown job %q: `gpuctl jobs` lists them", key)
+				}
+				return views.Jobs(w, f, jobs, time.Now())
+			})
+		},
+	}
+	v.add(cmd)
+	return cmd
+}
+
+func newCancelCmd() *cobra.Command {
+	var config string
+	cmd := &cobra.Command{
+		Use:   "cancel JOB",
+		Short: "Cancel a job: SIGTERM to its ranks (SIGKILL after a grace period)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := dial(cmd.Context(), config)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			j, err := c.CancelJob(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s %s: %s\n", j.GetId(), views.JobStateName(j.GetState()), j.GetReason())
+			return err
+		},
+	}
+	addConfigFlag(cmd, &config)
+	return cmd
+}
+
+func newAssignCmd() *cobra.Command {
+	var (
+		config string
+		nodes  []string
+	)
+	cmd := &cobra.Command{
+		Use:   "assign JOB --nodes a,b",
+		Short: "Start a pending job on exactly the named nodes",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(nodes) == 0 {
+				return errors.New("assign: name the nodes with --nodes a,b")
+			}
+			c, err := dial(cmd.Context(), config)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			j, err := c.AssignJob(cmd.Context(), args[0], nodes)
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "%s running (attempt %d) on:\n", j.GetId(), j.GetAttempt())
+			v := views.JobFromAPI(j)
+			for _, n := range v.Placement {
+				gpus := make([]string, len(n.GPUs))
+				for i, g := range n.GPUs {
+					gpus[i] = fmt.Sprint(g)
+				}
+				fmt.Fprintf(w, "  %s  gpus %s\n", n.Node, strings.Join(gpus, ","))
+			}
+			return nil
+		},
+	}
+	addConfigFlag(cmd, &config)
+	cmd.Flags().StringSliceVar(&nodes, "nodes", nil, "nodes to place the job on, comma-separated")
+	return cmd
+}
+
+func newRebalanceCmd() *cobra.Command {
+	var (
+		config, output string
+		apply          bool
+		maxMoves       uint32
+	)
+	cmd := &cobra.Command{
+		Use:   "rebalance [--apply]",
+		Short: "Plan (or with --apply carry out) moves that pack running jobs tighter",
+		Long: `rebalance asks the placer for checkpoint-restarts of running jobs that lower the
+packing cost (fewer fragmented nodes, switches and racks spanned). Only jobs that
+checkpoint (their job names a checkpoint dir) are moved. Without --apply it only shows
+the plan. With --apply each job in turn is asked to checkpoint (SIGUSR1), stopped once
+its checkpoint lands, and relaunched on its new GPUs with GPUCTL_RESUME_STEP set.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			format, err := views.ParseFormat(output)
+			if err != nil || format == views.Wide {
+				return fmt.Errorf("rebalance: unknown output %q: use table or json", output)
+			}
+			c, err := dial(cmd.Context(), config)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			r, err := c.Rebalance(cmd.Context(), apply, maxMoves)
+			if err != nil {
+				return err
+			}
+			return views.Rebalance(cmd.OutOrStdout(), format, r)
+		},
+	}
+	addConfigFlag(cmd, &config)
+	cmd.Flags().BoolVar(&apply, "apply", false, "carry out the moves")
+	cmd.Flags().Uint32Var(&maxMoves, "max-moves", 0, "most moves to plan (default: the server's, 8)")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	return cmd
+}
