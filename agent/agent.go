@@ -315,7 +315,7 @@ func (a *Agent) execute(c *api.Command) error {
 	case *api.Command_Signal:
 		return a.exec.Signal(b.Signal)
 	case *api.Command_InjectFault:
-		return a.probes.inject(b.InjectFault)
+		return a.probes.Inject(b.InjectFault)
 	}
 	return fmt.Errorf("unknown command %T: upgrade nodemon to the server's release", c.Body)
 }

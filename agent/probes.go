@@ -147,7 +147,8 @@ func (p *Probes) simProfile() string {
 	return p.sim.Profile()
 }
 
-func (p *Probes) inject(f *api.InjectFault) error {
+// Inject injects a fault into a simulated host's GPU.
+func (p *Probes) Inject(f *api.InjectFault) error {
 	if p.sim == nil {
 		return errors.New("fault injection needs a simulated host (nodemon --sim)")
 	}

@@ -35,8 +35,8 @@ type jobConfig struct {
 	Policy scheduler.Policy
 	// Every is the scheduling period, default 1 s; changes also kick a pass.
 	Every time.Duration
-	// PortBase and PortRange bound the MASTER_PORTs handed to jobs,
-	// default 29500 and 1000.
+	// PortBase and PortRange bound the ports handed to jobs (a pair each,
+	// MASTER_PORT and MASTER_PORT+1), default 29500 and 1000.
 	PortBase, PortRange int
 	// CheckpointRoot holds <job>/ for jobs that name no checkpoint dir.
 	CheckpointRoot string
@@ -796,7 +796,9 @@ func readLatest(dir string) (int64, bool) {
 
 // portLocked picks the attempt's MASTER_PORT: a hash of job and attempt
 // into the configured range, stepping past ports of jobs still holding
-// ranks, so a relaunch never meets its predecessor's listener.
+// ranks, so a relaunch never meets its predecessor's listener. Each job
+// gets a pair, MASTER_PORT and MASTER_PORT+1, since trainers (ringtrain
+// among them) meet on a second communicator at the next port.
 func (m *jobManager) portLocked(id string, attempt uint32) uint32 {
 	used := map[int]bool{}
 	for _, en := range m.jobs {
@@ -804,16 +806,17 @@ func (m *jobManager) portLocked(id string, attempt uint32) uint32 {
 			used[int(en.job.GetMasterPort())] = true
 		}
 	}
+	pairs := max(m.cfg.PortRange/2, 1)
 	h := fnv.New32a()
 	fmt.Fprintf(h, "%s/%d", id, attempt)
-	off := int(h.Sum32() % uint32(m.cfg.PortRange))
-	for i := range m.cfg.PortRange {
-		p := m.cfg.PortBase + (off+i)%m.cfg.PortRange
+	off := int(h.Sum32() % uint32(pairs))
+	for i := range pairs {
+		p := m.cfg.PortBase + 2*((off+i)%pairs)
 		if !used[p] {
 			return uint32(p)
 		}
 	}
-	return uint32(m.cfg.PortBase + off)
+	return uint32(m.cfg.PortBase + 2*off)
 }
 
 // addrOf is the address ranks dial for node: the host its nodemon

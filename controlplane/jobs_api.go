@@ -245,6 +245,17 @@ func (m *jobManager) rebalance(req *api.RebalanceRequest) (*api.RebalanceRespons
 	if maxMoves <= 0 {
 		maxMoves = m.cfg.MaxMoves
 	}
+	if req.GetApply() {
+		busy := len(m.moves) > 0
+		for _, en := range m.jobs {
+			if en.job.GetStopping() == api.JobStop_JOB_STOP_MOVE {
+				busy = true
+			}
+		}
+		if busy {
+			return nil, errors.New("a rebalance is already moving jobs; wait until `gpuctl jobs` shows none moving, then plan again")
+		}
+	}
 	snap := m.snapshotLocked(m.now())
 	plan := scheduler.Rebalance(&snap, maxMoves)
 	out := &api.RebalanceResponse{Before: packingOf(plan.Before), After: packingOf(plan.After)}
@@ -254,15 +265,6 @@ func (m *jobManager) rebalance(req *api.RebalanceRequest) (*api.RebalanceRespons
 	}
 	if !req.GetApply() || len(plan.Moves) == 0 {
 		return out, nil
-	}
-	busy := len(m.moves) > 0
-	for _, en := range m.jobs {
-		if en.job.GetStopping() == api.JobStop_JOB_STOP_MOVE {
-			busy = true
-		}
-	}
-	if busy {
-		return nil, errors.New("a rebalance is already moving jobs; wait until `gpuctl jobs` shows none moving, then plan again")
 	}
 	m.moves = plan.Moves
 	out.Applied = true

@@ -13,6 +13,10 @@ import (
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
 )
 
+// unmanaged is the job the scheduler sees on a GPU that runs processes
+// gpuctl did not launch.
+const unmanaged = "(unmanaged)"
+
 func splitHost(addr string) (string, string, error) { return net.SplitHostPort(addr) }
 
 // schedNodeState maps a node's status to the scheduler's view: only a
@@ -68,11 +72,18 @@ func (m *jobManager) snapshotLocked(now time.Time) scheduler.Snapshot {
 		}
 		alloc[node][gpu] = id
 	}
+	// ours holds every pid gpuctl launched, live or not: a GPU sample may
+	// still list a rank that has just exited.
+	ours := map[string]map[uint32]bool{}
 	entries := m.sortedLocked()
 	for _, en := range entries {
 		j := en.job
 		for _, jn := range j.GetPlacement() {
+			if ours[jn.GetNode()] == nil {
+				ours[jn.GetNode()] = map[uint32]bool{}
+			}
 			for _, r := range jn.GetRanks() {
+				ours[jn.GetNode()][r.GetPid()] = true
 				if !r.GetExited() {
 					hold(jn.GetNode(), r.GetGpu(), j.GetId())
 				}
@@ -93,7 +104,18 @@ func (m *jobManager) snapshotLocked(now time.Time) scheduler.Snapshot {
 				node.GPUModel = gpuProfile(g.GetInfo().GetModel())
 			}
 			idx := g.GetInfo().GetIndex()
-			node.GPUs = append(node.GPUs, scheduler.GPU{Index: int(idx), Healthy: g.GetHealthy(), Job: alloc[name][idx]})
+			job := alloc[name][idx]
+			if job == "" {
+				// A process gpuctl did not start (a job launched around it)
+				// makes the GPU busy all the same.
+				for _, p := range g.GetLast().GetProcesses() {
+					if !ours[name][p.GetPid()] {
+						job = unmanaged
+						break
+					}
+				}
+			}
+			node.GPUs = append(node.GPUs, scheduler.GPU{Index: int(idx), Healthy: g.GetHealthy(), Job: job})
 		}
 		snap.Nodes = append(snap.Nodes, node)
 	}
@@ -349,7 +371,12 @@ func pick(c bool, a, b string) string {
 func assignError(pe *scheduler.PlacementError, r *scheduler.JobRequest, nodes []string) error {
 	var parts []string
 	for _, v := range pe.Nodes {
-		parts = append(parts, fmt.Sprintf("%s: %s (%d usable free GPUs)", v.Node, v.Reason, v.Free))
+		switch v.Reason {
+		case scheduler.ReasonAllocated, scheduler.ReasonUnhealthyGPUs, scheduler.ReasonNodeTooSmall:
+			parts = append(parts, fmt.Sprintf("%s: %s (%d usable free GPUs)", v.Node, v.Reason, v.Free))
+		default:
+			parts = append(parts, fmt.Sprintf("%s: %s", v.Node, v.Reason))
+		}
 	}
 	what := placementReason(pe, r)
 	if len(parts) > 0 {

@@ -18,7 +18,7 @@ import (
 
 // binaries returns nodemon and ringtrain, building them when the Makefile
 // did not say where they are.
-func binaries(t *testing.T) (nodemon, ringtrain string) {
+func binaries(t testing.TB) (nodemon, ringtrain string) {
 	t.Helper()
 	root, err := filepath.Abs("..")
 	if err != nil {

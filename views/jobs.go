@@ -293,7 +293,11 @@ func DryRun(w io.Writer, f Format, r *api.SubmitJobResponse) error {
 	}
 	fmt.Fprintf(w, "job %s: %d GPUs, plan %s (%s)\n", v.Name, v.GPUs, planText(v.Plan), planSourceText(v.Plan.Source))
 	if v.Plan.StepSeconds > 0 {
-		fmt.Fprintf(w, "predicted: %.2f s/step, MFU %.1f%%, %s per GPU\n", v.Plan.StepSeconds, 100*v.Plan.MFU, Bytes(uint64(v.Plan.MemPerGPUBytes)))
+		fmt.Fprintf(w, "predicted: %.2f s/step, MFU %.1f%%", v.Plan.StepSeconds, 100*v.Plan.MFU)
+		if v.Plan.MemPerGPUBytes > 0 {
+			fmt.Fprintf(w, ", %s per GPU", Bytes(uint64(v.Plan.MemPerGPUBytes)))
+		}
+		fmt.Fprintln(w)
 	}
 	if len(v.Placement) > 0 {
 		fmt.Fprintln(w, "would run on:")
@@ -367,7 +371,7 @@ func Rebalance(w io.Writer, f Format, r *api.RebalanceResponse) error {
 	}
 	fmt.Fprintf(w, "packing cost %g → %g (before: %s; after: %s)\n", before.Cost, after.Cost, packingText(before), packingText(after))
 	if r.GetApplied() {
-		fmt.Fprintf(w, "moving %d jobs one at a time: checkpoint (SIGUSR1), stop, relaunch resuming from the checkpoint; follow with `gpuctl jobs --watch`\n", len(moves))
+		fmt.Fprintf(w, "moving %d job(s) one at a time: checkpoint (SIGUSR1), stop, relaunch resuming from the checkpoint; follow with `gpuctl jobs --watch`\n", len(moves))
 	} else {
 		fmt.Fprintln(w, "dry run: add --apply to move them")
 	}
