@@ -170,7 +170,7 @@ func (m *jobManager) cancel(key, who string) (*api.Job, error) {
 	if live := liveRanks(j); live > 0 {
 		j.Stopping = api.JobStop_JOB_STOP_CANCEL
 		j.StopSinceUnixNano, j.TermSentUnixNano = now.UnixNano(), 0
-		j.Reason += fmt.Sprintf("; stopping %d ranks", live)
+		m.log.Info("stopping cancelled job's ranks", "job", j.GetId(), "live", live)
 	} else {
 		j.Stopping = api.JobStop_JOB_STOP_NONE
 	}

@@ -499,7 +499,7 @@ func TestCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if j.GetState() != api.JobState_JOB_STATE_CANCELLED || j.GetStopping() != api.JobStop_JOB_STOP_CANCEL || j.GetReason() != "cancelled by alice; stopping 4 ranks" {
+	if j.GetState() != api.JobState_JOB_STATE_CANCELLED || j.GetStopping() != api.JobStop_JOB_STOP_CANCEL || j.GetReason() != "cancelled by alice" {
 		t.Fatalf("state %s stopping %s reason %q", stateName(j.GetState()), j.GetStopping(), j.GetReason())
 	}
 	if stored, _ := h.st.Job(id); stored.GetState() != api.JobState_JOB_STATE_CANCELLED {

@@ -58,6 +58,11 @@ func (s *Server) serveNode(ctx context.Context, conn *transport.Conn) {
 	conn.CloseWithError(transport.CodeNoError, "session ended")
 	wg.Wait()
 	ns.failPending("node disconnected: " + reason)
+	if ctx.Err() != nil {
+		// The server is stopping, not the node failing: a restarted server
+		// starts every node down until it reconnects anyway.
+		return
+	}
 	s.st.disconnected(ns.name, ns, reason, s.now())
 	log.Info("node disconnected", "reason", reason)
 }

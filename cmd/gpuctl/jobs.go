@@ -32,8 +32,10 @@ type submitFlags struct {
 	spec   jobspec.Flags
 }
 
-func newSubmitCmd() *cobra.Command {
-	var f submitFlags
+func newSubmitCmd() *cobra.Command { return submitCmd(&submitFlags{}) }
+
+// submitCmd is gpuctl submit with its flags bound to f.
+func submitCmd(f *submitFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "submit (-f job.yaml | --name N --gpus G [flags] -- CMD ARGS...)",
 		Short: "Submit a training job, or show where it would run with --dry-run",
@@ -45,7 +47,7 @@ scheduler would choose now, without queueing the job. --hold queues it for a man
   gpuctl submit --name ring --nodes 2 --gpus-per-node 4 -- /opt/ringtrain --steps 1000
   gpuctl submit --name llama --gpus 64 --model llama2-70b --dry-run -- python train.py`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runSubmit(cmd, &f, args)
+			return runSubmit(cmd, f, args)
 		},
 	}
 	fl := cmd.Flags()
@@ -194,7 +196,19 @@ func newCancelCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s %s: %s\n", j.GetId(), views.JobStateName(j.GetState()), j.GetReason())
+			msg := fmt.Sprintf("%s %s: %s", j.GetId(), views.JobStateName(j.GetState()), j.GetReason())
+			live := 0
+			for _, n := range views.JobFromAPI(j).Placement {
+				for _, r := range n.Ranks {
+					if !r.Exited {
+						live++
+					}
+				}
+			}
+			if live > 0 {
+				msg += fmt.Sprintf(" (SIGTERM to %d ranks, SIGKILL after a grace period)", live)
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), msg)
 			return err
 		},
 	}
