@@ -232,6 +232,8 @@ func (m *jobManager) onEvent(e *api.Event) {
 		m.rankExited(e)
 	case api.EventKind_EVENT_KIND_NODE_DOWN:
 		m.nodeDown(e.GetNode(), e.GetMessage())
+	case api.EventKind_EVENT_KIND_NODE_UP:
+		m.nodeUp(e.GetNode())
 	}
 }
 
@@ -320,7 +322,7 @@ func (m *jobManager) nodeDown(node, why string) {
 			}
 			for _, r := range jn.GetRanks() {
 				if !r.GetExited() {
-					r.Exited, r.ExitCode, r.Signal = true, -1, "node down"
+					r.Exited, r.ExitCode, r.Signal = true, -1, lostRank
 					hit = true
 				}
 			}
@@ -334,6 +336,36 @@ func (m *jobManager) nodeDown(node, why string) {
 		m.persistLocked(en)
 	}
 	m.poke()
+}
+
+// lostRank marks a rank given up with its node: not seen to exit, so its
+// pid may still show on the node's GPUs when the node returns.
+const lostRank = "node down"
+
+// nodeUp kills what may be left of ranks given up when the node went down:
+// their jobs have moved on, and the GPUs must not run two jobs.
+func (m *jobManager) nodeUp(node string) {
+	m.mu.Lock()
+	var jobs []string
+	for _, en := range m.sortedLocked() {
+		for _, jn := range en.job.GetPlacement() {
+			if jn.GetNode() != node {
+				continue
+			}
+			for _, r := range jn.GetRanks() {
+				if r.GetSignal() == lostRank && !slices.Contains(jobs, en.job.GetId()) {
+					jobs = append(jobs, en.job.GetId())
+				}
+			}
+		}
+	}
+	m.mu.Unlock()
+	for _, id := range jobs {
+		errs := m.fanOut(context.Background(), []string{node}, func(string) *api.Command {
+			return &api.Command{Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: id, Signal: "SIGKILL"}}}
+		})
+		m.log.Info("killed ranks left from before the node went down", "job", id, "node", node, "err", errs[node])
+	}
 }
 
 // failLocked records that a running job broke. This is where recovery

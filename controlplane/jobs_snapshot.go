@@ -72,8 +72,9 @@ func (m *jobManager) snapshotLocked(now time.Time) scheduler.Snapshot {
 		}
 		alloc[node][gpu] = id
 	}
-	// ours holds every pid gpuctl launched, live or not: a GPU sample may
-	// still list a rank that has just exited.
+	// ours holds every pid gpuctl launched, live or not (a GPU sample may
+	// still list a rank that has just exited), except ranks given up with
+	// their node: if those still run when it returns, their GPUs are busy.
 	ours := map[string]map[uint32]bool{}
 	entries := m.sortedLocked()
 	for _, en := range entries {
@@ -83,7 +84,9 @@ func (m *jobManager) snapshotLocked(now time.Time) scheduler.Snapshot {
 				ours[jn.GetNode()] = map[uint32]bool{}
 			}
 			for _, r := range jn.GetRanks() {
-				ours[jn.GetNode()][r.GetPid()] = true
+				if r.GetSignal() != lostRank {
+					ours[jn.GetNode()][r.GetPid()] = true
+				}
 				if !r.GetExited() {
 					hold(jn.GetNode(), r.GetGpu(), j.GetId())
 				}

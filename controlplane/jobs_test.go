@@ -420,6 +420,23 @@ func TestExitTransitions(t *testing.T) {
 			if got := signals(h.nodes.take()); !slices.Equal(got, c.term) {
 				t.Errorf("signals %v, want %v", got, c.term)
 			}
+			if c.name == "node down" {
+				// The node returns: leftovers of the failed job are killed
+				// there, and GPUs still showing them count as busy.
+				h.m.onEvent(&api.Event{Node: "n1", Kind: api.EventKind_EVENT_KIND_NODE_UP})
+				if got := signals(h.nodes.take()); !slices.Equal(got, []string{"n1:SIGKILL"}) {
+					t.Errorf("on return: signals %v", got)
+				}
+				h.nodes.mu.Lock()
+				h.nodes.nodes[1].Gpus[0].Last = &api.GPUSample{Processes: []*api.GPUProcess{{Pid: 1002}}}
+				h.nodes.mu.Unlock()
+				h.m.mu.Lock()
+				snap := h.m.snapshotLocked(h.clock.now())
+				h.m.mu.Unlock()
+				if g := snap.Nodes[1].GPUs[0]; g.Job != unmanaged {
+					t.Errorf("GPU 0 of n1 still runs a lost rank but is held by %q", g.Job)
+				}
+			}
 			if c.want == api.JobState_JOB_STATE_FAILED {
 				h.exitAll(id, -1)
 				h.reconcile()

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/controlplane"
 )
 
@@ -64,6 +64,8 @@ type Cluster struct {
 	Config string
 	// NodeNames are the nodes in start order.
 	NodeNames []string
+	// JobID is the demo job's id once submitted.
+	JobID string
 
 	cancel  context.CancelFunc
 	served  chan error
@@ -201,41 +203,46 @@ func (c *Cluster) waitReady(ctx context.Context, limit time.Duration) error {
 	}
 }
 
-// launchJob starts ringtrain across the first JobNodes nodes.
+// launchJob submits ringtrain across JobNodes nodes to the job manager,
+// like an operator's `gpuctl submit`, and waits until it runs.
 func (c *Cluster) launchJob(ctx context.Context) error {
-	port, err := freeTCPPort()
+	cl, err := client.Dial(ctx, c.Config)
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
-	world := c.opts.JobNodes * c.opts.RanksPerNode
-	cmdline := []string{c.opts.Ringtrain, "--steps", "0", "--compute-ms", strconv.Itoa(c.opts.ComputeMS),
-		"--bytes", c.opts.Bytes, "--ckpt-interval", strconv.Itoa(c.opts.CkptInterval)}
-	ckpt := filepath.Join(c.opts.DataDir, "checkpoints", JobName)
-	for n := 0; n < c.opts.JobNodes; n++ {
-		var ranks []*api.RankSpec
-		for l := 0; l < c.opts.RanksPerNode; l++ {
-			ranks = append(ranks, &api.RankSpec{Rank: int32(n*c.opts.RanksPerNode + l), LocalRank: int32(l), Gpus: []uint32{uint32(l)}})
-		}
-		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := c.Server.Command(lctx, c.NodeNames[n], &api.Command{Body: &api.Command_Launch{Launch: &api.LaunchRanks{
-			Job: JobName, Attempt: 1, Command: cmdline, Ranks: ranks, WorldSize: int32(world),
-			MasterAddr: "127.0.0.1", MasterPort: uint32(port), CheckpointDir: ckpt,
-		}}})
-		cancel()
-		if err != nil {
-			return fmt.Errorf("demo: launch %s on %s: %w", JobName, c.NodeNames[n], err)
-		}
-	}
-	return nil
-}
-
-func freeTCPPort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	defer cl.Close()
+	spec := fmt.Sprintf(`name: %s
+nodes: %d
+gpus_per_node: %d
+command: [%q, --steps, "0", --compute-ms, "%d", --bytes, %q, --ckpt-interval, "%d"]
+checkpoint:
+  dir: %q
+restart_policy: replace-node
+`, JobName, c.opts.JobNodes, c.opts.RanksPerNode, c.opts.Ringtrain, c.opts.ComputeMS, c.opts.Bytes, c.opts.CkptInterval,
+		filepath.Join(c.opts.DataDir, "checkpoints", JobName))
+	resp, err := cl.SubmitJob(ctx, &api.SubmitJobRequest{SpecYaml: spec, Source: "demo job"})
 	if err != nil {
-		return 0, err
+		return fmt.Errorf("demo: submit %s: %w", JobName, err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	c.JobID = resp.GetJob().GetId()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		jobs, err := cl.Jobs(ctx, c.JobID)
+		if err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		if len(jobs) == 1 && jobs[0].GetState() == api.JobState_JOB_STATE_RUNNING {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("demo: job %s not running after 30s: %v", c.JobID, jobs)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // Stop stops every nodemon (which stops its ranks), then the server.

@@ -117,12 +117,16 @@ func TestDemoClusterEndToEnd(t *testing.T) {
 	// printed with the all-reduce calls eBPF counted on its training
 	// communicator.
 	time.Sleep(3 * time.Second)
-	for _, node := range c.NodeNames[:opts.JobNodes] {
-		if err := c.Server.Command(ctx, node, &api.Command{Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: JobName, Signal: "SIGTERM"}}}); err != nil {
+	jobs, err := cl.Jobs(ctx, c.JobID)
+	if err != nil || len(jobs) != 1 || len(jobs[0].GetPlacement()) != opts.JobNodes {
+		t.Fatalf("demo job: %v, %v", jobs, err)
+	}
+	job := jobs[0]
+	for _, jn := range job.GetPlacement() {
+		if err := c.Server.Command(ctx, jn.GetNode(), &api.Command{Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: c.JobID, Signal: "SIGTERM"}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	steps := map[int32]uint64{}
 	poll(t, 20*time.Second, "ranks exit", func() error {
 		evs, err := cl.Events(ctx, &api.ListEventsRequest{})
 		if err != nil {
@@ -130,7 +134,7 @@ func TestDemoClusterEndToEnd(t *testing.T) {
 		}
 		exits := 0
 		for _, e := range evs {
-			if e.GetKind() == api.EventKind_EVENT_KIND_PROCESS_EXIT && e.GetJob() == JobName {
+			if e.GetKind() == api.EventKind_EVENT_KIND_PROCESS_EXIT && e.GetJob() == c.JobID {
 				if e.GetExitCode() != 0 {
 					return fmt.Errorf("rank %d exited %d %s", e.GetRank(), e.GetExitCode(), e.GetSignal())
 				}
@@ -142,10 +146,11 @@ func TestDemoClusterEndToEnd(t *testing.T) {
 		}
 		return nil
 	})
-	for n, node := range c.NodeNames[:opts.JobNodes] {
-		for l := 0; l < opts.RanksPerNode; l++ {
-			rank := int32(n*opts.RanksPerNode + l)
-			steps[rank] = countSteps(t, filepath.Join(c.opts.DataDir, "nodes", node, "logs", JobName, fmt.Sprintf("rank-%d.log", rank)))
+	steps := map[int32]uint64{}
+	for _, jn := range job.GetPlacement() {
+		for _, r := range jn.GetRanks() {
+			rank := r.GetRank()
+			steps[rank] = countSteps(t, filepath.Join(c.opts.DataDir, "nodes", jn.GetNode(), "logs", c.JobID, fmt.Sprintf("rank-%d.log", rank)))
 			if steps[rank] < 5 {
 				t.Fatalf("rank %d printed only %d steps", rank, steps[rank])
 			}
@@ -155,7 +160,7 @@ func TestDemoClusterEndToEnd(t *testing.T) {
 		t.Log("not root: eBPF tracing is off, collective counts not checked")
 	} else {
 		poll(t, 5*time.Second, "traced all-reduces equal printed steps", func() error {
-			cs, err := cl.Collectives(ctx, JobName, "")
+			cs, err := cl.Collectives(ctx, c.JobID, "")
 			if err != nil {
 				return err
 			}

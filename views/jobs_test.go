@@ -19,7 +19,7 @@ func sampleJobs() []*api.Job {
 			{Node: "node-01", Gpus: []uint32{0, 1}, Ranks: []*api.JobRank{{Rank: 2, Gpu: 0, Pid: 5150}, {Rank: 3, LocalRank: 1, Gpu: 1}}},
 		}}
 	pending := &api.Job{Id: "j-4d5e6f", Name: "huge", State: api.JobState_JOB_STATE_PENDING,
-		Plan: &api.JobPlan{Tp: 8, Pp: 4, Dp: 2, MicroBatch: 1, NumMicroBatches: 64, Source: "planner", StepSeconds: 12.5, Mfu: 0.41},
+		Plan:          &api.JobPlan{Tp: 8, Pp: 4, Dp: 2, MicroBatch: 1, NumMicroBatches: 64, Source: "planner", StepSeconds: 12.5, Mfu: 0.41},
 		PendingReason: "needs 64 GPUs on 8 nodes of 8; 3 nodes down, 1 node cordoned", SubmitUnixNano: now.Add(-30 * time.Second).UnixNano()}
 	failed := &api.Job{Id: "j-777777", Name: "crash", State: api.JobState_JOB_STATE_FAILED, Stopping: api.JobStop_JOB_STOP_FAILED,
 		Plan: &api.JobPlan{Tp: 1, Pp: 1, Dp: 2, Source: "gpus"}, Attempt: 1, Reason: "rank 1 on node-02 (pid 77) exited with code 1",
@@ -81,7 +81,7 @@ func TestJobsJSONContract(t *testing.T) {
 
 func TestDryRunFormats(t *testing.T) {
 	fits := &api.SubmitJobResponse{Job: &api.Job{Id: "dry-run", Name: "ring", State: api.JobState_JOB_STATE_PENDING,
-		Plan: &api.JobPlan{Tp: 2, Pp: 1, Dp: 2, MicroBatch: 1, Source: "planner", StepSeconds: 1.25, Mfu: 0.42, MemPerGpuBytes: 40 << 30},
+		Plan:      &api.JobPlan{Tp: 2, Pp: 1, Dp: 2, MicroBatch: 1, Source: "planner", StepSeconds: 1.25, Mfu: 0.42, MemPerGpuBytes: 40 << 30},
 		Placement: sampleJobs()[0].GetPlacement()}}
 	waits := &api.SubmitJobResponse{Job: sampleJobs()[1], QueuedAhead: 2}
 	for _, f := range []Format{Table, JSON} {

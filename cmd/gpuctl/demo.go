@@ -106,7 +106,7 @@ func printViews(done <-chan struct{}, w io.Writer, c *demo.Cluster) error {
 			return err
 		}
 		fmt.Fprintln(w)
-		if err := views.Collectives(w, views.Table, c.Server.Collectives(demo.JobName), now); err != nil {
+		if err := views.Collectives(w, views.Table, c.Server.Collectives(c.JobID), now); err != nil {
 			return err
 		}
 		select {
