@@ -116,6 +116,11 @@ const (
 	EventKind_EVENT_KIND_PROBE        EventKind = 9
 	EventKind_EVENT_KIND_CORDON       EventKind = 10
 	EventKind_EVENT_KIND_JOB          EventKind = 11
+	// A rank's checkpoint completed (step, bytes, seconds set).
+	EventKind_EVENT_KIND_CHECKPOINT EventKind = 12
+	// A job-level happening: stall declared/cleared, recovery step.
+	EventKind_EVENT_KIND_STALL    EventKind = 13
+	EventKind_EVENT_KIND_RECOVERY EventKind = 14
 )
 
 // Enum value maps for EventKind.
@@ -133,6 +138,9 @@ var (
 		9:  "EVENT_KIND_PROBE",
 		10: "EVENT_KIND_CORDON",
 		11: "EVENT_KIND_JOB",
+		12: "EVENT_KIND_CHECKPOINT",
+		13: "EVENT_KIND_STALL",
+		14: "EVENT_KIND_RECOVERY",
 	}
 	EventKind_value = map[string]int32{
 		"EVENT_KIND_UNSPECIFIED":  0,
@@ -147,6 +155,9 @@ var (
 		"EVENT_KIND_PROBE":        9,
 		"EVENT_KIND_CORDON":       10,
 		"EVENT_KIND_JOB":          11,
+		"EVENT_KIND_CHECKPOINT":   12,
+		"EVENT_KIND_STALL":        13,
+		"EVENT_KIND_RECOVERY":     14,
 	}
 )
 
@@ -1067,8 +1078,11 @@ type NodeRegistration struct {
 	AgentVersion        string `protobuf:"bytes,8,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
 	DriverVersion       string `protobuf:"bytes,9,opt,name=driver_version,json=driverVersion,proto3" json:"driver_version,omitempty"`
 	CudaVersion         string `protobuf:"bytes,10,opt,name=cuda_version,json=cudaVersion,proto3" json:"cuda_version,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Ranks already running when nodemon (re)connects, so a restarted
+	// server or nodemon picks them up instead of starting them again.
+	Running       []*RankStatus `protobuf:"bytes,11,rep,name=running,proto3" json:"running,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeRegistration) Reset() {
@@ -1169,6 +1183,13 @@ func (x *NodeRegistration) GetCudaVersion() string {
 		return x.CudaVersion
 	}
 	return ""
+}
+
+func (x *NodeRegistration) GetRunning() []*RankStatus {
+	if x != nil {
+		return x.Running
+	}
+	return nil
 }
 
 type ECCCounts struct {
@@ -1934,8 +1955,13 @@ type Telemetry struct {
 	LostCollectives uint64 `protobuf:"varint,6,opt,name=lost_collectives,json=lostCollectives,proto3" json:"lost_collectives,omitempty"`
 	LostNetEvents   uint64 `protobuf:"varint,7,opt,name=lost_net_events,json=lostNetEvents,proto3" json:"lost_net_events,omitempty"`
 	DroppedBatches  uint64 `protobuf:"varint,8,opt,name=dropped_batches,json=droppedBatches,proto3" json:"dropped_batches,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Calls in progress at the time of the batch (in_progress set), for
+	// stall detection; replaces the previous batch's set.
+	InFlight []*CollectiveRecord `protobuf:"bytes,9,rep,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// Every live rank nodemon launched on this node.
+	Ranks         []*RankStatus `protobuf:"bytes,10,rep,name=ranks,proto3" json:"ranks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Telemetry) Reset() {
@@ -2024,6 +2050,20 @@ func (x *Telemetry) GetDroppedBatches() uint64 {
 	return 0
 }
 
+func (x *Telemetry) GetInFlight() []*CollectiveRecord {
+	if x != nil {
+		return x.InFlight
+	}
+	return nil
+}
+
+func (x *Telemetry) GetRanks() []*RankStatus {
+	if x != nil {
+		return x.Ranks
+	}
+	return nil
+}
+
 type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Per-node sequence number, assigned by nodemon; the server acknowledges
@@ -2041,14 +2081,20 @@ type Event struct {
 	XidClass XIDClass `protobuf:"varint,10,opt,name=xid_class,json=xidClass,proto3,enum=gpuctl.v1.XIDClass" json:"xid_class,omitempty"`
 	Count    uint32   `protobuf:"varint,11,opt,name=count,proto3" json:"count,omitempty"`
 	// Process events.
-	Pid           uint32            `protobuf:"varint,12,opt,name=pid,proto3" json:"pid,omitempty"`
-	ExitCode      int32             `protobuf:"varint,13,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
-	Signal        string            `protobuf:"bytes,14,opt,name=signal,proto3" json:"signal,omitempty"`
-	Job           string            `protobuf:"bytes,15,opt,name=job,proto3" json:"job,omitempty"`
-	Rank          int32             `protobuf:"varint,16,opt,name=rank,proto3" json:"rank,omitempty"`
-	Attrs         map[string]string `protobuf:"bytes,17,rep,name=attrs,proto3" json:"attrs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Pid      uint32            `protobuf:"varint,12,opt,name=pid,proto3" json:"pid,omitempty"`
+	ExitCode int32             `protobuf:"varint,13,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Signal   string            `protobuf:"bytes,14,opt,name=signal,proto3" json:"signal,omitempty"`
+	Job      string            `protobuf:"bytes,15,opt,name=job,proto3" json:"job,omitempty"`
+	Rank     int32             `protobuf:"varint,16,opt,name=rank,proto3" json:"rank,omitempty"`
+	Attrs    map[string]string `protobuf:"bytes,17,rep,name=attrs,proto3" json:"attrs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Checkpoint events: the step saved, bytes written, seconds it took.
+	Step    int64   `protobuf:"varint,18,opt,name=step,proto3" json:"step,omitempty"`
+	Bytes   uint64  `protobuf:"varint,19,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Seconds float64 `protobuf:"fixed64,20,opt,name=seconds,proto3" json:"seconds,omitempty"`
+	// Recovery events: how long the step took.
+	DurationSeconds float64 `protobuf:"fixed64,21,opt,name=duration_seconds,json=durationSeconds,proto3" json:"duration_seconds,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Event) Reset() {
@@ -2198,6 +2244,34 @@ func (x *Event) GetAttrs() map[string]string {
 		return x.Attrs
 	}
 	return nil
+}
+
+func (x *Event) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *Event) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *Event) GetSeconds() float64 {
+	if x != nil {
+		return x.Seconds
+	}
+	return 0
+}
+
+func (x *Event) GetDurationSeconds() float64 {
+	if x != nil {
+		return x.DurationSeconds
+	}
+	return 0
 }
 
 type EventAck struct {
@@ -2587,6 +2661,76 @@ func (x *SignalRanks) GetRanks() []int32 {
 	return nil
 }
 
+// ReadLogs asks a node for part of one rank's log.
+type ReadLogs struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Rank  int32                  `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	// Byte offset to read from; negative means that many bytes before the end.
+	Offset        int64  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	MaxBytes      uint32 `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadLogs) Reset() {
+	*x = ReadLogs{}
+	mi := &file_gpuctl_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadLogs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadLogs) ProtoMessage() {}
+
+func (x *ReadLogs) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadLogs.ProtoReflect.Descriptor instead.
+func (*ReadLogs) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ReadLogs) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *ReadLogs) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *ReadLogs) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ReadLogs) GetMaxBytes() uint32 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
 type Command struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2595,6 +2739,7 @@ type Command struct {
 	//	*Command_Launch
 	//	*Command_Signal
 	//	*Command_InjectFault
+	//	*Command_ReadLogs
 	Body          isCommand_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2602,7 +2747,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_gpuctl_proto_msgTypes[23]
+	mi := &file_gpuctl_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2614,7 +2759,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[23]
+	mi := &file_gpuctl_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2627,7 +2772,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{23}
+	return file_gpuctl_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Command) GetId() uint64 {
@@ -2671,6 +2816,15 @@ func (x *Command) GetInjectFault() *InjectFault {
 	return nil
 }
 
+func (x *Command) GetReadLogs() *ReadLogs {
+	if x != nil {
+		if x, ok := x.Body.(*Command_ReadLogs); ok {
+			return x.ReadLogs
+		}
+	}
+	return nil
+}
+
 type isCommand_Body interface {
 	isCommand_Body()
 }
@@ -2687,23 +2841,32 @@ type Command_InjectFault struct {
 	InjectFault *InjectFault `protobuf:"bytes,4,opt,name=inject_fault,json=injectFault,proto3,oneof"`
 }
 
+type Command_ReadLogs struct {
+	ReadLogs *ReadLogs `protobuf:"bytes,5,opt,name=read_logs,json=readLogs,proto3,oneof"`
+}
+
 func (*Command_Launch) isCommand_Body() {}
 
 func (*Command_Signal) isCommand_Body() {}
 
 func (*Command_InjectFault) isCommand_Body() {}
 
+func (*Command_ReadLogs) isCommand_Body() {}
+
 type CommandAck struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Error string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// ReadLogs: the bytes read and the offset after them.
+	Data          []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	NextOffset    int64  `protobuf:"varint,4,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CommandAck) Reset() {
 	*x = CommandAck{}
-	mi := &file_gpuctl_proto_msgTypes[24]
+	mi := &file_gpuctl_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2715,7 +2878,7 @@ func (x *CommandAck) String() string {
 func (*CommandAck) ProtoMessage() {}
 
 func (x *CommandAck) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[24]
+	mi := &file_gpuctl_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2728,7 +2891,7 @@ func (x *CommandAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandAck.ProtoReflect.Descriptor instead.
 func (*CommandAck) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{24}
+	return file_gpuctl_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CommandAck) GetId() uint64 {
@@ -2743,6 +2906,132 @@ func (x *CommandAck) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *CommandAck) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *CommandAck) GetNextOffset() int64 {
+	if x != nil {
+		return x.NextOffset
+	}
+	return 0
+}
+
+// RankStatus is what a node knows of one live rank it launched.
+type RankStatus struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Job     string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Attempt uint32                 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Rank    int32                  `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	Pid     uint32                 `protobuf:"varint,4,opt,name=pid,proto3" json:"pid,omitempty"`
+	// Process state from /proc: R running, S sleeping, D disk, T stopped, Z zombie.
+	ProcState string `protobuf:"bytes,5,opt,name=proc_state,json=procState,proto3" json:"proc_state,omitempty"`
+	// CPU seconds used so far.
+	CpuSeconds float64 `protobuf:"fixed64,6,opt,name=cpu_seconds,json=cpuSeconds,proto3" json:"cpu_seconds,omitempty"`
+	// Last `step N` the rank printed, and the last checkpoint step seen.
+	Step               int64 `protobuf:"varint,7,opt,name=step,proto3" json:"step,omitempty"`
+	LastCheckpointStep int64 `protobuf:"varint,8,opt,name=last_checkpoint_step,json=lastCheckpointStep,proto3" json:"last_checkpoint_step,omitempty"`
+	StepUnixNano       int64 `protobuf:"varint,9,opt,name=step_unix_nano,json=stepUnixNano,proto3" json:"step_unix_nano,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *RankStatus) Reset() {
+	*x = RankStatus{}
+	mi := &file_gpuctl_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RankStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RankStatus) ProtoMessage() {}
+
+func (x *RankStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RankStatus.ProtoReflect.Descriptor instead.
+func (*RankStatus) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *RankStatus) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *RankStatus) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *RankStatus) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *RankStatus) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *RankStatus) GetProcState() string {
+	if x != nil {
+		return x.ProcState
+	}
+	return ""
+}
+
+func (x *RankStatus) GetCpuSeconds() float64 {
+	if x != nil {
+		return x.CpuSeconds
+	}
+	return 0
+}
+
+func (x *RankStatus) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *RankStatus) GetLastCheckpointStep() int64 {
+	if x != nil {
+		return x.LastCheckpointStep
+	}
+	return 0
+}
+
+func (x *RankStatus) GetStepUnixNano() int64 {
+	if x != nil {
+		return x.StepUnixNano
+	}
+	return 0
 }
 
 // AgentMessage is what nodemon sends on its control and event streams.
@@ -2763,7 +3052,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_gpuctl_proto_msgTypes[25]
+	mi := &file_gpuctl_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2775,7 +3064,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[25]
+	mi := &file_gpuctl_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2788,7 +3077,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{25}
+	return file_gpuctl_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *AgentMessage) GetBody() isAgentMessage_Body {
@@ -2907,7 +3196,7 @@ type ServerMessage struct {
 
 func (x *ServerMessage) Reset() {
 	*x = ServerMessage{}
-	mi := &file_gpuctl_proto_msgTypes[26]
+	mi := &file_gpuctl_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2919,7 +3208,7 @@ func (x *ServerMessage) String() string {
 func (*ServerMessage) ProtoMessage() {}
 
 func (x *ServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[26]
+	mi := &file_gpuctl_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2932,7 +3221,7 @@ func (x *ServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerMessage.ProtoReflect.Descriptor instead.
 func (*ServerMessage) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{26}
+	return file_gpuctl_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ServerMessage) GetBody() isServerMessage_Body {
@@ -3003,7 +3292,7 @@ type GPUStatus struct {
 
 func (x *GPUStatus) Reset() {
 	*x = GPUStatus{}
-	mi := &file_gpuctl_proto_msgTypes[27]
+	mi := &file_gpuctl_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3015,7 +3304,7 @@ func (x *GPUStatus) String() string {
 func (*GPUStatus) ProtoMessage() {}
 
 func (x *GPUStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[27]
+	mi := &file_gpuctl_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3028,7 +3317,7 @@ func (x *GPUStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUStatus.ProtoReflect.Descriptor instead.
 func (*GPUStatus) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{27}
+	return file_gpuctl_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GPUStatus) GetInfo() *GPUInfo {
@@ -3077,7 +3366,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_gpuctl_proto_msgTypes[28]
+	mi := &file_gpuctl_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3089,7 +3378,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[28]
+	mi := &file_gpuctl_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3102,7 +3391,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{28}
+	return file_gpuctl_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *NodeStatus) GetRegistration() *NodeRegistration {
@@ -3195,7 +3484,7 @@ type CollectiveStat struct {
 
 func (x *CollectiveStat) Reset() {
 	*x = CollectiveStat{}
-	mi := &file_gpuctl_proto_msgTypes[29]
+	mi := &file_gpuctl_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3207,7 +3496,7 @@ func (x *CollectiveStat) String() string {
 func (*CollectiveStat) ProtoMessage() {}
 
 func (x *CollectiveStat) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[29]
+	mi := &file_gpuctl_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3220,7 +3509,7 @@ func (x *CollectiveStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectiveStat.ProtoReflect.Descriptor instead.
 func (*CollectiveStat) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{29}
+	return file_gpuctl_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CollectiveStat) GetNode() string {
@@ -3308,7 +3597,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[30]
+	mi := &file_gpuctl_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3320,7 +3609,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[30]
+	mi := &file_gpuctl_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3333,7 +3622,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{30}
+	return file_gpuctl_proto_rawDescGZIP(), []int{32}
 }
 
 type ListNodesResponse struct {
@@ -3345,7 +3634,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[31]
+	mi := &file_gpuctl_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3357,7 +3646,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[31]
+	mi := &file_gpuctl_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3370,7 +3659,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{31}
+	return file_gpuctl_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeStatus {
@@ -3391,7 +3680,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[32]
+	mi := &file_gpuctl_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3403,7 +3692,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[32]
+	mi := &file_gpuctl_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3416,7 +3705,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{32}
+	return file_gpuctl_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListEventsRequest) GetNode() string {
@@ -3449,7 +3738,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[33]
+	mi := &file_gpuctl_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3461,7 +3750,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[33]
+	mi := &file_gpuctl_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3474,7 +3763,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{33}
+	return file_gpuctl_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -3494,7 +3783,7 @@ type ListCollectivesRequest struct {
 
 func (x *ListCollectivesRequest) Reset() {
 	*x = ListCollectivesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[34]
+	mi := &file_gpuctl_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3506,7 +3795,7 @@ func (x *ListCollectivesRequest) String() string {
 func (*ListCollectivesRequest) ProtoMessage() {}
 
 func (x *ListCollectivesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[34]
+	mi := &file_gpuctl_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3519,7 +3808,7 @@ func (x *ListCollectivesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCollectivesRequest.ProtoReflect.Descriptor instead.
 func (*ListCollectivesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{34}
+	return file_gpuctl_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListCollectivesRequest) GetJob() string {
@@ -3545,7 +3834,7 @@ type ListCollectivesResponse struct {
 
 func (x *ListCollectivesResponse) Reset() {
 	*x = ListCollectivesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[35]
+	mi := &file_gpuctl_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3557,7 +3846,7 @@ func (x *ListCollectivesResponse) String() string {
 func (*ListCollectivesResponse) ProtoMessage() {}
 
 func (x *ListCollectivesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[35]
+	mi := &file_gpuctl_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3570,7 +3859,7 @@ func (x *ListCollectivesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCollectivesResponse.ProtoReflect.Descriptor instead.
 func (*ListCollectivesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{35}
+	return file_gpuctl_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListCollectivesResponse) GetCollectives() []*CollectiveStat {
@@ -3590,7 +3879,7 @@ type GPUHistoryRequest struct {
 
 func (x *GPUHistoryRequest) Reset() {
 	*x = GPUHistoryRequest{}
-	mi := &file_gpuctl_proto_msgTypes[36]
+	mi := &file_gpuctl_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3602,7 +3891,7 @@ func (x *GPUHistoryRequest) String() string {
 func (*GPUHistoryRequest) ProtoMessage() {}
 
 func (x *GPUHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[36]
+	mi := &file_gpuctl_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3615,7 +3904,7 @@ func (x *GPUHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHistoryRequest.ProtoReflect.Descriptor instead.
 func (*GPUHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{36}
+	return file_gpuctl_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GPUHistoryRequest) GetNode() string {
@@ -3641,7 +3930,7 @@ type GPUHistoryResponse struct {
 
 func (x *GPUHistoryResponse) Reset() {
 	*x = GPUHistoryResponse{}
-	mi := &file_gpuctl_proto_msgTypes[37]
+	mi := &file_gpuctl_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3653,7 +3942,7 @@ func (x *GPUHistoryResponse) String() string {
 func (*GPUHistoryResponse) ProtoMessage() {}
 
 func (x *GPUHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[37]
+	mi := &file_gpuctl_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3666,7 +3955,7 @@ func (x *GPUHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHistoryResponse.ProtoReflect.Descriptor instead.
 func (*GPUHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{37}
+	return file_gpuctl_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GPUHistoryResponse) GetSamples() []*GPUSample {
@@ -3694,7 +3983,7 @@ type ObserveFilter struct {
 
 func (x *ObserveFilter) Reset() {
 	*x = ObserveFilter{}
-	mi := &file_gpuctl_proto_msgTypes[38]
+	mi := &file_gpuctl_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3706,7 +3995,7 @@ func (x *ObserveFilter) String() string {
 func (*ObserveFilter) ProtoMessage() {}
 
 func (x *ObserveFilter) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[38]
+	mi := &file_gpuctl_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3719,7 +4008,7 @@ func (x *ObserveFilter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveFilter.ProtoReflect.Descriptor instead.
 func (*ObserveFilter) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{38}
+	return file_gpuctl_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ObserveFilter) GetNode() string {
@@ -3805,7 +4094,7 @@ type ObserveRequest struct {
 
 func (x *ObserveRequest) Reset() {
 	*x = ObserveRequest{}
-	mi := &file_gpuctl_proto_msgTypes[39]
+	mi := &file_gpuctl_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3817,7 +4106,7 @@ func (x *ObserveRequest) String() string {
 func (*ObserveRequest) ProtoMessage() {}
 
 func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[39]
+	mi := &file_gpuctl_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3830,7 +4119,7 @@ func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveRequest.ProtoReflect.Descriptor instead.
 func (*ObserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{39}
+	return file_gpuctl_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ObserveRequest) GetFilter() *ObserveFilter {
@@ -3875,7 +4164,7 @@ type ObserveItem struct {
 
 func (x *ObserveItem) Reset() {
 	*x = ObserveItem{}
-	mi := &file_gpuctl_proto_msgTypes[40]
+	mi := &file_gpuctl_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3887,7 +4176,7 @@ func (x *ObserveItem) String() string {
 func (*ObserveItem) ProtoMessage() {}
 
 func (x *ObserveItem) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[40]
+	mi := &file_gpuctl_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3900,7 +4189,7 @@ func (x *ObserveItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveItem.ProtoReflect.Descriptor instead.
 func (*ObserveItem) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{40}
+	return file_gpuctl_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ObserveItem) GetNode() string {
@@ -3966,7 +4255,7 @@ type ObserveBatch struct {
 
 func (x *ObserveBatch) Reset() {
 	*x = ObserveBatch{}
-	mi := &file_gpuctl_proto_msgTypes[41]
+	mi := &file_gpuctl_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3978,7 +4267,7 @@ func (x *ObserveBatch) String() string {
 func (*ObserveBatch) ProtoMessage() {}
 
 func (x *ObserveBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[41]
+	mi := &file_gpuctl_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3991,7 +4280,7 @@ func (x *ObserveBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveBatch.ProtoReflect.Descriptor instead.
 func (*ObserveBatch) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{41}
+	return file_gpuctl_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ObserveBatch) GetItems() []*ObserveItem {
@@ -4032,7 +4321,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[42]
+	mi := &file_gpuctl_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4044,7 +4333,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[42]
+	mi := &file_gpuctl_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4057,7 +4346,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{42}
+	return file_gpuctl_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CreateTokenRequest) GetTtlSeconds() int64 {
@@ -4084,7 +4373,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[43]
+	mi := &file_gpuctl_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4096,7 +4385,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[43]
+	mi := &file_gpuctl_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4109,7 +4398,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{43}
+	return file_gpuctl_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -4136,7 +4425,7 @@ type InjectFaultRequest struct {
 
 func (x *InjectFaultRequest) Reset() {
 	*x = InjectFaultRequest{}
-	mi := &file_gpuctl_proto_msgTypes[44]
+	mi := &file_gpuctl_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4148,7 +4437,7 @@ func (x *InjectFaultRequest) String() string {
 func (*InjectFaultRequest) ProtoMessage() {}
 
 func (x *InjectFaultRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[44]
+	mi := &file_gpuctl_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4161,7 +4450,7 @@ func (x *InjectFaultRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFaultRequest.ProtoReflect.Descriptor instead.
 func (*InjectFaultRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{44}
+	return file_gpuctl_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *InjectFaultRequest) GetNode() string {
@@ -4186,7 +4475,7 @@ type InjectFaultResponse struct {
 
 func (x *InjectFaultResponse) Reset() {
 	*x = InjectFaultResponse{}
-	mi := &file_gpuctl_proto_msgTypes[45]
+	mi := &file_gpuctl_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4198,7 +4487,7 @@ func (x *InjectFaultResponse) String() string {
 func (*InjectFaultResponse) ProtoMessage() {}
 
 func (x *InjectFaultResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[45]
+	mi := &file_gpuctl_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4211,7 +4500,7 @@ func (x *InjectFaultResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFaultResponse.ProtoReflect.Descriptor instead.
 func (*InjectFaultResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{45}
+	return file_gpuctl_proto_rawDescGZIP(), []int{47}
 }
 
 type ClientRequest struct {
@@ -4230,6 +4519,11 @@ type ClientRequest struct {
 	//	*ClientRequest_CancelJob
 	//	*ClientRequest_AssignJob
 	//	*ClientRequest_Rebalance
+	//	*ClientRequest_ListStalls
+	//	*ClientRequest_Cordon
+	//	*ClientRequest_CheckpointJob
+	//	*ClientRequest_RestartJob
+	//	*ClientRequest_Logs
 	Body          isClientRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -4237,7 +4531,7 @@ type ClientRequest struct {
 
 func (x *ClientRequest) Reset() {
 	*x = ClientRequest{}
-	mi := &file_gpuctl_proto_msgTypes[46]
+	mi := &file_gpuctl_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4249,7 +4543,7 @@ func (x *ClientRequest) String() string {
 func (*ClientRequest) ProtoMessage() {}
 
 func (x *ClientRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[46]
+	mi := &file_gpuctl_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4262,7 +4556,7 @@ func (x *ClientRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientRequest.ProtoReflect.Descriptor instead.
 func (*ClientRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{46}
+	return file_gpuctl_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ClientRequest) GetBody() isClientRequest_Body {
@@ -4380,6 +4674,51 @@ func (x *ClientRequest) GetRebalance() *RebalanceRequest {
 	return nil
 }
 
+func (x *ClientRequest) GetListStalls() *ListStallsRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_ListStalls); ok {
+			return x.ListStalls
+		}
+	}
+	return nil
+}
+
+func (x *ClientRequest) GetCordon() *CordonRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_Cordon); ok {
+			return x.Cordon
+		}
+	}
+	return nil
+}
+
+func (x *ClientRequest) GetCheckpointJob() *CheckpointJobRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_CheckpointJob); ok {
+			return x.CheckpointJob
+		}
+	}
+	return nil
+}
+
+func (x *ClientRequest) GetRestartJob() *RestartJobRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_RestartJob); ok {
+			return x.RestartJob
+		}
+	}
+	return nil
+}
+
+func (x *ClientRequest) GetLogs() *LogsRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_Logs); ok {
+			return x.Logs
+		}
+	}
+	return nil
+}
+
 type isClientRequest_Body interface {
 	isClientRequest_Body()
 }
@@ -4432,6 +4771,26 @@ type ClientRequest_Rebalance struct {
 	Rebalance *RebalanceRequest `protobuf:"bytes,24,opt,name=rebalance,proto3,oneof"`
 }
 
+type ClientRequest_ListStalls struct {
+	ListStalls *ListStallsRequest `protobuf:"bytes,25,opt,name=list_stalls,json=listStalls,proto3,oneof"`
+}
+
+type ClientRequest_Cordon struct {
+	Cordon *CordonRequest `protobuf:"bytes,26,opt,name=cordon,proto3,oneof"`
+}
+
+type ClientRequest_CheckpointJob struct {
+	CheckpointJob *CheckpointJobRequest `protobuf:"bytes,27,opt,name=checkpoint_job,json=checkpointJob,proto3,oneof"`
+}
+
+type ClientRequest_RestartJob struct {
+	RestartJob *RestartJobRequest `protobuf:"bytes,28,opt,name=restart_job,json=restartJob,proto3,oneof"`
+}
+
+type ClientRequest_Logs struct {
+	Logs *LogsRequest `protobuf:"bytes,29,opt,name=logs,proto3,oneof"`
+}
+
 func (*ClientRequest_ListNodes) isClientRequest_Body() {}
 
 func (*ClientRequest_ListEvents) isClientRequest_Body() {}
@@ -4456,6 +4815,16 @@ func (*ClientRequest_AssignJob) isClientRequest_Body() {}
 
 func (*ClientRequest_Rebalance) isClientRequest_Body() {}
 
+func (*ClientRequest_ListStalls) isClientRequest_Body() {}
+
+func (*ClientRequest_Cordon) isClientRequest_Body() {}
+
+func (*ClientRequest_CheckpointJob) isClientRequest_Body() {}
+
+func (*ClientRequest_RestartJob) isClientRequest_Body() {}
+
+func (*ClientRequest_Logs) isClientRequest_Body() {}
+
 type ClientResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Set when the request failed; says what was wrong and what to do.
@@ -4474,6 +4843,11 @@ type ClientResponse struct {
 	//	*ClientResponse_CancelJob
 	//	*ClientResponse_AssignJob
 	//	*ClientResponse_Rebalance
+	//	*ClientResponse_ListStalls
+	//	*ClientResponse_Cordon
+	//	*ClientResponse_CheckpointJob
+	//	*ClientResponse_RestartJob
+	//	*ClientResponse_Logs
 	Body          isClientResponse_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -4481,7 +4855,7 @@ type ClientResponse struct {
 
 func (x *ClientResponse) Reset() {
 	*x = ClientResponse{}
-	mi := &file_gpuctl_proto_msgTypes[47]
+	mi := &file_gpuctl_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4493,7 +4867,7 @@ func (x *ClientResponse) String() string {
 func (*ClientResponse) ProtoMessage() {}
 
 func (x *ClientResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[47]
+	mi := &file_gpuctl_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4506,7 +4880,7 @@ func (x *ClientResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientResponse.ProtoReflect.Descriptor instead.
 func (*ClientResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{47}
+	return file_gpuctl_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ClientResponse) GetError() string {
@@ -4631,6 +5005,51 @@ func (x *ClientResponse) GetRebalance() *RebalanceResponse {
 	return nil
 }
 
+func (x *ClientResponse) GetListStalls() *ListStallsResponse {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_ListStalls); ok {
+			return x.ListStalls
+		}
+	}
+	return nil
+}
+
+func (x *ClientResponse) GetCordon() *CordonResponse {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_Cordon); ok {
+			return x.Cordon
+		}
+	}
+	return nil
+}
+
+func (x *ClientResponse) GetCheckpointJob() *CheckpointJobResponse {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_CheckpointJob); ok {
+			return x.CheckpointJob
+		}
+	}
+	return nil
+}
+
+func (x *ClientResponse) GetRestartJob() *RestartJobResponse {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_RestartJob); ok {
+			return x.RestartJob
+		}
+	}
+	return nil
+}
+
+func (x *ClientResponse) GetLogs() *LogsChunk {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_Logs); ok {
+			return x.Logs
+		}
+	}
+	return nil
+}
+
 type isClientResponse_Body interface {
 	isClientResponse_Body()
 }
@@ -4683,6 +5102,26 @@ type ClientResponse_Rebalance struct {
 	Rebalance *RebalanceResponse `protobuf:"bytes,24,opt,name=rebalance,proto3,oneof"`
 }
 
+type ClientResponse_ListStalls struct {
+	ListStalls *ListStallsResponse `protobuf:"bytes,25,opt,name=list_stalls,json=listStalls,proto3,oneof"`
+}
+
+type ClientResponse_Cordon struct {
+	Cordon *CordonResponse `protobuf:"bytes,26,opt,name=cordon,proto3,oneof"`
+}
+
+type ClientResponse_CheckpointJob struct {
+	CheckpointJob *CheckpointJobResponse `protobuf:"bytes,27,opt,name=checkpoint_job,json=checkpointJob,proto3,oneof"`
+}
+
+type ClientResponse_RestartJob struct {
+	RestartJob *RestartJobResponse `protobuf:"bytes,28,opt,name=restart_job,json=restartJob,proto3,oneof"`
+}
+
+type ClientResponse_Logs struct {
+	Logs *LogsChunk `protobuf:"bytes,29,opt,name=logs,proto3,oneof"`
+}
+
 func (*ClientResponse_ListNodes) isClientResponse_Body() {}
 
 func (*ClientResponse_ListEvents) isClientResponse_Body() {}
@@ -4707,6 +5146,16 @@ func (*ClientResponse_AssignJob) isClientResponse_Body() {}
 
 func (*ClientResponse_Rebalance) isClientResponse_Body() {}
 
+func (*ClientResponse_ListStalls) isClientResponse_Body() {}
+
+func (*ClientResponse_Cordon) isClientResponse_Body() {}
+
+func (*ClientResponse_CheckpointJob) isClientResponse_Body() {}
+
+func (*ClientResponse_RestartJob) isClientResponse_Body() {}
+
+func (*ClientResponse_Logs) isClientResponse_Body() {}
+
 // JobPlan is the parallel layout a job runs with.
 type JobPlan struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -4730,7 +5179,7 @@ type JobPlan struct {
 
 func (x *JobPlan) Reset() {
 	*x = JobPlan{}
-	mi := &file_gpuctl_proto_msgTypes[48]
+	mi := &file_gpuctl_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4742,7 +5191,7 @@ func (x *JobPlan) String() string {
 func (*JobPlan) ProtoMessage() {}
 
 func (x *JobPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[48]
+	mi := &file_gpuctl_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4755,7 +5204,7 @@ func (x *JobPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobPlan.ProtoReflect.Descriptor instead.
 func (*JobPlan) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{48}
+	return file_gpuctl_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *JobPlan) GetTp() int32 {
@@ -4845,7 +5294,7 @@ type JobRank struct {
 
 func (x *JobRank) Reset() {
 	*x = JobRank{}
-	mi := &file_gpuctl_proto_msgTypes[49]
+	mi := &file_gpuctl_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4857,7 +5306,7 @@ func (x *JobRank) String() string {
 func (*JobRank) ProtoMessage() {}
 
 func (x *JobRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[49]
+	mi := &file_gpuctl_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4870,7 +5319,7 @@ func (x *JobRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobRank.ProtoReflect.Descriptor instead.
 func (*JobRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{49}
+	return file_gpuctl_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *JobRank) GetRank() int32 {
@@ -4934,7 +5383,7 @@ type JobNode struct {
 
 func (x *JobNode) Reset() {
 	*x = JobNode{}
-	mi := &file_gpuctl_proto_msgTypes[50]
+	mi := &file_gpuctl_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4946,7 +5395,7 @@ func (x *JobNode) String() string {
 func (*JobNode) ProtoMessage() {}
 
 func (x *JobNode) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[50]
+	mi := &file_gpuctl_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4959,7 +5408,7 @@ func (x *JobNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobNode.ProtoReflect.Descriptor instead.
 func (*JobNode) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{50}
+	return file_gpuctl_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *JobNode) GetNode() string {
@@ -5027,13 +5476,27 @@ type Job struct {
 	Preemptions uint32     `protobuf:"varint,30,opt,name=preemptions,proto3" json:"preemptions,omitempty"`
 	// GPU-seconds of service received by earlier attempts.
 	AttainedGpuSeconds float64 `protobuf:"fixed64,31,opt,name=attained_gpu_seconds,json=attainedGpuSeconds,proto3" json:"attained_gpu_seconds,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Recovery counters: steps redone after restarts, seconds not running
+	// since the first start, useful step seconds, energy of the job's GPUs.
+	LostSteps       int64   `protobuf:"varint,32,opt,name=lost_steps,json=lostSteps,proto3" json:"lost_steps,omitempty"`
+	DowntimeSeconds float64 `protobuf:"fixed64,33,opt,name=downtime_seconds,json=downtimeSeconds,proto3" json:"downtime_seconds,omitempty"`
+	UsefulSeconds   float64 `protobuf:"fixed64,34,opt,name=useful_seconds,json=usefulSeconds,proto3" json:"useful_seconds,omitempty"`
+	EnergyJoules    float64 `protobuf:"fixed64,35,opt,name=energy_joules,json=energyJoules,proto3" json:"energy_joules,omitempty"`
+	// Measured mean checkpoint seconds, and the Young–Daly interval
+	// sqrt(2·C·MTBF) advised from it and the cluster's failure rate.
+	CheckpointSeconds                float64 `protobuf:"fixed64,36,opt,name=checkpoint_seconds,json=checkpointSeconds,proto3" json:"checkpoint_seconds,omitempty"`
+	AdvisedCheckpointIntervalSeconds float64 `protobuf:"fixed64,37,opt,name=advised_checkpoint_interval_seconds,json=advisedCheckpointIntervalSeconds,proto3" json:"advised_checkpoint_interval_seconds,omitempty"`
+	// Nodes a restart must avoid (gpuctl restart --exclude, failed nodes).
+	Exclude []string `protobuf:"bytes,38,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	// A stall is currently declared on the job.
+	Stalled       bool `protobuf:"varint,39,opt,name=stalled,proto3" json:"stalled,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_gpuctl_proto_msgTypes[51]
+	mi := &file_gpuctl_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5045,7 +5508,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[51]
+	mi := &file_gpuctl_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5058,7 +5521,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{51}
+	return file_gpuctl_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Job) GetId() string {
@@ -5278,6 +5741,62 @@ func (x *Job) GetAttainedGpuSeconds() float64 {
 	return 0
 }
 
+func (x *Job) GetLostSteps() int64 {
+	if x != nil {
+		return x.LostSteps
+	}
+	return 0
+}
+
+func (x *Job) GetDowntimeSeconds() float64 {
+	if x != nil {
+		return x.DowntimeSeconds
+	}
+	return 0
+}
+
+func (x *Job) GetUsefulSeconds() float64 {
+	if x != nil {
+		return x.UsefulSeconds
+	}
+	return 0
+}
+
+func (x *Job) GetEnergyJoules() float64 {
+	if x != nil {
+		return x.EnergyJoules
+	}
+	return 0
+}
+
+func (x *Job) GetCheckpointSeconds() float64 {
+	if x != nil {
+		return x.CheckpointSeconds
+	}
+	return 0
+}
+
+func (x *Job) GetAdvisedCheckpointIntervalSeconds() float64 {
+	if x != nil {
+		return x.AdvisedCheckpointIntervalSeconds
+	}
+	return 0
+}
+
+func (x *Job) GetExclude() []string {
+	if x != nil {
+		return x.Exclude
+	}
+	return nil
+}
+
+func (x *Job) GetStalled() bool {
+	if x != nil {
+		return x.Stalled
+	}
+	return false
+}
+
 type SubmitJobRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	SpecYaml string                 `protobuf:"bytes,1,opt,name=spec_yaml,json=specYaml,proto3" json:"spec_yaml,omitempty"`
@@ -5292,7 +5811,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[52]
+	mi := &file_gpuctl_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5304,7 +5823,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[52]
+	mi := &file_gpuctl_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5317,7 +5836,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{52}
+	return file_gpuctl_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *SubmitJobRequest) GetSpecYaml() string {
@@ -5361,7 +5880,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[53]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5373,7 +5892,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[53]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5386,7 +5905,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{53}
+	return file_gpuctl_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *SubmitJobResponse) GetJob() *Job {
@@ -5413,7 +5932,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5425,7 +5944,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5438,7 +5957,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{54}
+	return file_gpuctl_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListJobsRequest) GetJob() string {
@@ -5457,7 +5976,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5469,7 +5988,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5482,7 +6001,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{55}
+	return file_gpuctl_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -5501,7 +6020,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5513,7 +6032,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5526,7 +6045,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{56}
+	return file_gpuctl_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CancelJobRequest) GetJob() string {
@@ -5545,7 +6064,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5557,7 +6076,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5570,7 +6089,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{57}
+	return file_gpuctl_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -5590,7 +6109,7 @@ type AssignJobRequest struct {
 
 func (x *AssignJobRequest) Reset() {
 	*x = AssignJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5602,7 +6121,7 @@ func (x *AssignJobRequest) String() string {
 func (*AssignJobRequest) ProtoMessage() {}
 
 func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5615,7 +6134,7 @@ func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobRequest.ProtoReflect.Descriptor instead.
 func (*AssignJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{58}
+	return file_gpuctl_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *AssignJobRequest) GetJob() string {
@@ -5641,7 +6160,7 @@ type AssignJobResponse struct {
 
 func (x *AssignJobResponse) Reset() {
 	*x = AssignJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5653,7 +6172,7 @@ func (x *AssignJobResponse) String() string {
 func (*AssignJobResponse) ProtoMessage() {}
 
 func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5666,7 +6185,7 @@ func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobResponse.ProtoReflect.Descriptor instead.
 func (*AssignJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{59}
+	return file_gpuctl_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *AssignJobResponse) GetJob() *Job {
@@ -5688,7 +6207,7 @@ type Packing struct {
 
 func (x *Packing) Reset() {
 	*x = Packing{}
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5700,7 +6219,7 @@ func (x *Packing) String() string {
 func (*Packing) ProtoMessage() {}
 
 func (x *Packing) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5713,7 +6232,7 @@ func (x *Packing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Packing.ProtoReflect.Descriptor instead.
 func (*Packing) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{60}
+	return file_gpuctl_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *Packing) GetFragmentedNodes() int32 {
@@ -5757,7 +6276,7 @@ type RebalanceMove struct {
 
 func (x *RebalanceMove) Reset() {
 	*x = RebalanceMove{}
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5769,7 +6288,7 @@ func (x *RebalanceMove) String() string {
 func (*RebalanceMove) ProtoMessage() {}
 
 func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5782,7 +6301,7 @@ func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceMove.ProtoReflect.Descriptor instead.
 func (*RebalanceMove) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{61}
+	return file_gpuctl_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RebalanceMove) GetJob() string {
@@ -5831,7 +6350,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5843,7 +6362,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5856,7 +6375,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{62}
+	return file_gpuctl_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *RebalanceRequest) GetApply() bool {
@@ -5886,7 +6405,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5898,7 +6417,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5911,7 +6430,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{63}
+	return file_gpuctl_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *RebalanceResponse) GetMoves() []*RebalanceMove {
@@ -5940,6 +6459,701 @@ func (x *RebalanceResponse) GetApplied() bool {
 		return x.Applied
 	}
 	return false
+}
+
+type StalledRank struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rank  int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Node  string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	Pid   uint32                 `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
+	Op    NCCLOp                 `protobuf:"varint,4,opt,name=op,proto3,enum=gpuctl.v1.NCCLOp" json:"op,omitempty"`
+	// Last completed collective seq on the communicator, or the seq it sits in.
+	Seq           uint64 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`
+	InCall        bool   `protobuf:"varint,6,opt,name=in_call,json=inCall,proto3" json:"in_call,omitempty"`
+	ProcState     string `protobuf:"bytes,7,opt,name=proc_state,json=procState,proto3" json:"proc_state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StalledRank) Reset() {
+	*x = StalledRank{}
+	mi := &file_gpuctl_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StalledRank) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StalledRank) ProtoMessage() {}
+
+func (x *StalledRank) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StalledRank.ProtoReflect.Descriptor instead.
+func (*StalledRank) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *StalledRank) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *StalledRank) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *StalledRank) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *StalledRank) GetOp() NCCLOp {
+	if x != nil {
+		return x.Op
+	}
+	return NCCLOp_NCCL_OP_UNSPECIFIED
+}
+
+func (x *StalledRank) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *StalledRank) GetInCall() bool {
+	if x != nil {
+		return x.InCall
+	}
+	return false
+}
+
+func (x *StalledRank) GetProcState() string {
+	if x != nil {
+		return x.ProcState
+	}
+	return ""
+}
+
+// Stall is an NCCL stall of one communicator of a job: its ranks disagree
+// on the collective sequence number, or all sit inside one collective,
+// for longer than the job's stall threshold.
+type Stall struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Comm          uint64                 `protobuf:"varint,2,opt,name=comm,proto3" json:"comm,omitempty"`
+	LaggingRanks  []*StalledRank         `protobuf:"bytes,3,rep,name=lagging_ranks,json=laggingRanks,proto3" json:"lagging_ranks,omitempty"`
+	WaitingRanks  []*StalledRank         `protobuf:"bytes,4,rep,name=waiting_ranks,json=waitingRanks,proto3" json:"waiting_ranks,omitempty"`
+	SinceUnixNano int64                  `protobuf:"varint,5,opt,name=since_unix_nano,json=sinceUnixNano,proto3" json:"since_unix_nano,omitempty"`
+	ThresholdNs   int64                  `protobuf:"varint,6,opt,name=threshold_ns,json=thresholdNs,proto3" json:"threshold_ns,omitempty"`
+	Diagnosis     string                 `protobuf:"bytes,7,opt,name=diagnosis,proto3" json:"diagnosis,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Stall) Reset() {
+	*x = Stall{}
+	mi := &file_gpuctl_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Stall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Stall) ProtoMessage() {}
+
+func (x *Stall) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Stall.ProtoReflect.Descriptor instead.
+func (*Stall) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *Stall) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *Stall) GetComm() uint64 {
+	if x != nil {
+		return x.Comm
+	}
+	return 0
+}
+
+func (x *Stall) GetLaggingRanks() []*StalledRank {
+	if x != nil {
+		return x.LaggingRanks
+	}
+	return nil
+}
+
+func (x *Stall) GetWaitingRanks() []*StalledRank {
+	if x != nil {
+		return x.WaitingRanks
+	}
+	return nil
+}
+
+func (x *Stall) GetSinceUnixNano() int64 {
+	if x != nil {
+		return x.SinceUnixNano
+	}
+	return 0
+}
+
+func (x *Stall) GetThresholdNs() int64 {
+	if x != nil {
+		return x.ThresholdNs
+	}
+	return 0
+}
+
+func (x *Stall) GetDiagnosis() string {
+	if x != nil {
+		return x.Diagnosis
+	}
+	return ""
+}
+
+type ListStallsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListStallsRequest) Reset() {
+	*x = ListStallsRequest{}
+	mi := &file_gpuctl_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListStallsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListStallsRequest) ProtoMessage() {}
+
+func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListStallsRequest.ProtoReflect.Descriptor instead.
+func (*ListStallsRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *ListStallsRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+type ListStallsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stalls        []*Stall               `protobuf:"bytes,1,rep,name=stalls,proto3" json:"stalls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListStallsResponse) Reset() {
+	*x = ListStallsResponse{}
+	mi := &file_gpuctl_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListStallsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListStallsResponse) ProtoMessage() {}
+
+func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListStallsResponse.ProtoReflect.Descriptor instead.
+func (*ListStallsResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *ListStallsResponse) GetStalls() []*Stall {
+	if x != nil {
+		return x.Stalls
+	}
+	return nil
+}
+
+type CordonRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// cordon, uncordon or drain.
+	Action        string `protobuf:"bytes,2,opt,name=action,proto3" json:"action,omitempty"`
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CordonRequest) Reset() {
+	*x = CordonRequest{}
+	mi := &file_gpuctl_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CordonRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CordonRequest) ProtoMessage() {}
+
+func (x *CordonRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CordonRequest.ProtoReflect.Descriptor instead.
+func (*CordonRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *CordonRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *CordonRequest) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *CordonRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type CordonResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          *NodeStatus            `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CordonResponse) Reset() {
+	*x = CordonResponse{}
+	mi := &file_gpuctl_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CordonResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CordonResponse) ProtoMessage() {}
+
+func (x *CordonResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CordonResponse.ProtoReflect.Descriptor instead.
+func (*CordonResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *CordonResponse) GetNode() *NodeStatus {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+type CheckpointJobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointJobRequest) Reset() {
+	*x = CheckpointJobRequest{}
+	mi := &file_gpuctl_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointJobRequest) ProtoMessage() {}
+
+func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointJobRequest.ProtoReflect.Descriptor instead.
+func (*CheckpointJobRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *CheckpointJobRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+type CheckpointJobResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           *Job                   `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointJobResponse) Reset() {
+	*x = CheckpointJobResponse{}
+	mi := &file_gpuctl_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointJobResponse) ProtoMessage() {}
+
+func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointJobResponse.ProtoReflect.Descriptor instead.
+func (*CheckpointJobResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *CheckpointJobResponse) GetJob() *Job {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+type RestartJobRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// "latest" (default) or a step number.
+	FromCheckpoint string   `protobuf:"bytes,2,opt,name=from_checkpoint,json=fromCheckpoint,proto3" json:"from_checkpoint,omitempty"`
+	Exclude        []string `protobuf:"bytes,3,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RestartJobRequest) Reset() {
+	*x = RestartJobRequest{}
+	mi := &file_gpuctl_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestartJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestartJobRequest) ProtoMessage() {}
+
+func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestartJobRequest.ProtoReflect.Descriptor instead.
+func (*RestartJobRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *RestartJobRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *RestartJobRequest) GetFromCheckpoint() string {
+	if x != nil {
+		return x.FromCheckpoint
+	}
+	return ""
+}
+
+func (x *RestartJobRequest) GetExclude() []string {
+	if x != nil {
+		return x.Exclude
+	}
+	return nil
+}
+
+type RestartJobResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           *Job                   `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestartJobResponse) Reset() {
+	*x = RestartJobResponse{}
+	mi := &file_gpuctl_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestartJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestartJobResponse) ProtoMessage() {}
+
+func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestartJobResponse.ProtoReflect.Descriptor instead.
+func (*RestartJobResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *RestartJobResponse) GetJob() *Job {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+type LogsRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Job    string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Rank   int32                  `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	Follow bool                   `protobuf:"varint,3,opt,name=follow,proto3" json:"follow,omitempty"`
+	// Start this many bytes before the end (0: from the start).
+	TailBytes     uint32 `protobuf:"varint,4,opt,name=tail_bytes,json=tailBytes,proto3" json:"tail_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogsRequest) Reset() {
+	*x = LogsRequest{}
+	mi := &file_gpuctl_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogsRequest) ProtoMessage() {}
+
+func (x *LogsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
+func (*LogsRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *LogsRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *LogsRequest) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *LogsRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
+func (x *LogsRequest) GetTailBytes() uint32 {
+	if x != nil {
+		return x.TailBytes
+	}
+	return 0
+}
+
+type LogsChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	Node          string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogsChunk) Reset() {
+	*x = LogsChunk{}
+	mi := &file_gpuctl_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogsChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogsChunk) ProtoMessage() {}
+
+func (x *LogsChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogsChunk.ProtoReflect.Descriptor instead.
+func (*LogsChunk) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *LogsChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *LogsChunk) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
 }
 
 var File_gpuctl_proto protoreflect.FileDescriptor
@@ -5987,7 +7201,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1d\n" +
 	"\n" +
 	"speed_mbps\x18\x03 \x01(\x04R\tspeedMbps\x12\x14\n" +
-	"\x05addrs\x18\x04 \x03(\tR\x05addrs\"\xce\x03\n" +
+	"\x05addrs\x18\x04 \x03(\tR\x05addrs\"\xff\x03\n" +
 	"\x10NodeRegistration\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\bhostname\x18\x02 \x01(\tR\bhostname\x12&\n" +
@@ -6000,7 +7214,8 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\ragent_version\x18\b \x01(\tR\fagentVersion\x12%\n" +
 	"\x0edriver_version\x18\t \x01(\tR\rdriverVersion\x12!\n" +
 	"\fcuda_version\x18\n" +
-	" \x01(\tR\vcudaVersion\x1a9\n" +
+	" \x01(\tR\vcudaVersion\x12/\n" +
+	"\arunning\x18\v \x03(\v2\x15.gpuctl.v1.RankStatusR\arunning\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd3\x01\n" +
@@ -6087,7 +7302,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\bcounters\x18\x04 \x03(\v2'.gpuctl.v1.RDMAPortSample.CountersEntryR\bcounters\x1a;\n" +
 	"\rCountersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xf5\x02\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xdc\x03\n" +
 	"\tTelemetry\x12$\n" +
 	"\x0etime_unix_nano\x18\x01 \x01(\x03R\ftimeUnixNano\x12(\n" +
 	"\x04gpus\x18\x02 \x03(\v2\x14.gpuctl.v1.GPUSampleR\x04gpus\x12=\n" +
@@ -6096,7 +7311,10 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04rdma\x18\x05 \x03(\v2\x19.gpuctl.v1.RDMAPortSampleR\x04rdma\x12)\n" +
 	"\x10lost_collectives\x18\x06 \x01(\x04R\x0flostCollectives\x12&\n" +
 	"\x0flost_net_events\x18\a \x01(\x04R\rlostNetEvents\x12'\n" +
-	"\x0fdropped_batches\x18\b \x01(\x04R\x0edroppedBatches\"\xb4\x04\n" +
+	"\x0fdropped_batches\x18\b \x01(\x04R\x0edroppedBatches\x128\n" +
+	"\tin_flight\x18\t \x03(\v2\x1b.gpuctl.v1.CollectiveRecordR\binFlight\x12+\n" +
+	"\x05ranks\x18\n" +
+	" \x03(\v2\x15.gpuctl.v1.RankStatusR\x05ranks\"\xa3\x05\n" +
 	"\x05Event\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12$\n" +
@@ -6115,7 +7333,11 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x06signal\x18\x0e \x01(\tR\x06signal\x12\x10\n" +
 	"\x03job\x18\x0f \x01(\tR\x03job\x12\x12\n" +
 	"\x04rank\x18\x10 \x01(\x05R\x04rank\x121\n" +
-	"\x05attrs\x18\x11 \x03(\v2\x1b.gpuctl.v1.Event.AttrsEntryR\x05attrs\x1a8\n" +
+	"\x05attrs\x18\x11 \x03(\v2\x1b.gpuctl.v1.Event.AttrsEntryR\x05attrs\x12\x12\n" +
+	"\x04step\x18\x12 \x01(\x03R\x04step\x12\x14\n" +
+	"\x05bytes\x18\x13 \x01(\x04R\x05bytes\x12\x18\n" +
+	"\aseconds\x18\x14 \x01(\x01R\aseconds\x12)\n" +
+	"\x10duration_seconds\x18\x15 \x01(\x01R\x0fdurationSeconds\x1a8\n" +
 	"\n" +
 	"AttrsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -6155,17 +7377,39 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\vSignalRanks\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\tR\x06signal\x12\x14\n" +
-	"\x05ranks\x18\x03 \x03(\x05R\x05ranks\"\xc2\x01\n" +
+	"\x05ranks\x18\x03 \x03(\x05R\x05ranks\"e\n" +
+	"\bReadLogs\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
+	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x1b\n" +
+	"\tmax_bytes\x18\x04 \x01(\rR\bmaxBytes\"\xf6\x01\n" +
 	"\aCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x120\n" +
 	"\x06launch\x18\x02 \x01(\v2\x16.gpuctl.v1.LaunchRanksH\x00R\x06launch\x120\n" +
 	"\x06signal\x18\x03 \x01(\v2\x16.gpuctl.v1.SignalRanksH\x00R\x06signal\x12;\n" +
-	"\finject_fault\x18\x04 \x01(\v2\x16.gpuctl.v1.InjectFaultH\x00R\vinjectFaultB\x06\n" +
-	"\x04body\"2\n" +
+	"\finject_fault\x18\x04 \x01(\v2\x16.gpuctl.v1.InjectFaultH\x00R\vinjectFault\x122\n" +
+	"\tread_logs\x18\x05 \x01(\v2\x13.gpuctl.v1.ReadLogsH\x00R\breadLogsB\x06\n" +
+	"\x04body\"g\n" +
 	"\n" +
 	"CommandAck\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\xcb\x02\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x1f\n" +
+	"\vnext_offset\x18\x04 \x01(\x03R\n" +
+	"nextOffset\"\x8a\x02\n" +
+	"\n" +
+	"RankStatus\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\x05R\x04rank\x12\x10\n" +
+	"\x03pid\x18\x04 \x01(\rR\x03pid\x12\x1d\n" +
+	"\n" +
+	"proc_state\x18\x05 \x01(\tR\tprocState\x12\x1f\n" +
+	"\vcpu_seconds\x18\x06 \x01(\x01R\n" +
+	"cpuSeconds\x12\x12\n" +
+	"\x04step\x18\a \x01(\x03R\x04step\x120\n" +
+	"\x14last_checkpoint_step\x18\b \x01(\x03R\x12lastCheckpointStep\x12$\n" +
+	"\x0estep_unix_nano\x18\t \x01(\x03R\fstepUnixNano\"\xcb\x02\n" +
 	"\fAgentMessage\x12(\n" +
 	"\x05hello\x18\x01 \x01(\v2\x10.gpuctl.v1.HelloH\x00R\x05hello\x129\n" +
 	"\bregister\x18\x02 \x01(\v2\x1b.gpuctl.v1.NodeRegistrationH\x00R\bregister\x124\n" +
@@ -6270,7 +7514,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x12InjectFaultRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
 	"\x05fault\x18\x02 \x01(\v2\x16.gpuctl.v1.InjectFaultR\x05fault\"\x15\n" +
-	"\x13InjectFaultResponse\"\x98\x06\n" +
+	"\x13InjectFaultResponse\"\xc6\b\n" +
 	"\rClientRequest\x12<\n" +
 	"\n" +
 	"list_nodes\x18\x01 \x01(\v2\x1b.gpuctl.v1.ListNodesRequestH\x00R\tlistNodes\x12?\n" +
@@ -6289,8 +7533,15 @@ const file_gpuctl_proto_rawDesc = "" +
 	"cancel_job\x18\x16 \x01(\v2\x1b.gpuctl.v1.CancelJobRequestH\x00R\tcancelJob\x12<\n" +
 	"\n" +
 	"assign_job\x18\x17 \x01(\v2\x1b.gpuctl.v1.AssignJobRequestH\x00R\tassignJob\x12;\n" +
-	"\trebalance\x18\x18 \x01(\v2\x1b.gpuctl.v1.RebalanceRequestH\x00R\trebalanceB\x06\n" +
-	"\x04body\"\xb8\x06\n" +
+	"\trebalance\x18\x18 \x01(\v2\x1b.gpuctl.v1.RebalanceRequestH\x00R\trebalance\x12?\n" +
+	"\vlist_stalls\x18\x19 \x01(\v2\x1c.gpuctl.v1.ListStallsRequestH\x00R\n" +
+	"listStalls\x122\n" +
+	"\x06cordon\x18\x1a \x01(\v2\x18.gpuctl.v1.CordonRequestH\x00R\x06cordon\x12H\n" +
+	"\x0echeckpoint_job\x18\x1b \x01(\v2\x1f.gpuctl.v1.CheckpointJobRequestH\x00R\rcheckpointJob\x12?\n" +
+	"\vrestart_job\x18\x1c \x01(\v2\x1c.gpuctl.v1.RestartJobRequestH\x00R\n" +
+	"restartJob\x12,\n" +
+	"\x04logs\x18\x1d \x01(\v2\x16.gpuctl.v1.LogsRequestH\x00R\x04logsB\x06\n" +
+	"\x04body\"\xe8\b\n" +
 	"\x0eClientResponse\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error\x12=\n" +
 	"\n" +
@@ -6310,7 +7561,14 @@ const file_gpuctl_proto_rawDesc = "" +
 	"cancel_job\x18\x16 \x01(\v2\x1c.gpuctl.v1.CancelJobResponseH\x00R\tcancelJob\x12=\n" +
 	"\n" +
 	"assign_job\x18\x17 \x01(\v2\x1c.gpuctl.v1.AssignJobResponseH\x00R\tassignJob\x12<\n" +
-	"\trebalance\x18\x18 \x01(\v2\x1c.gpuctl.v1.RebalanceResponseH\x00R\trebalanceB\x06\n" +
+	"\trebalance\x18\x18 \x01(\v2\x1c.gpuctl.v1.RebalanceResponseH\x00R\trebalance\x12@\n" +
+	"\vlist_stalls\x18\x19 \x01(\v2\x1d.gpuctl.v1.ListStallsResponseH\x00R\n" +
+	"listStalls\x123\n" +
+	"\x06cordon\x18\x1a \x01(\v2\x19.gpuctl.v1.CordonResponseH\x00R\x06cordon\x12I\n" +
+	"\x0echeckpoint_job\x18\x1b \x01(\v2 .gpuctl.v1.CheckpointJobResponseH\x00R\rcheckpointJob\x12@\n" +
+	"\vrestart_job\x18\x1c \x01(\v2\x1d.gpuctl.v1.RestartJobResponseH\x00R\n" +
+	"restartJob\x12*\n" +
+	"\x04logs\x18\x1d \x01(\v2\x14.gpuctl.v1.LogsChunkH\x00R\x04logsB\x06\n" +
 	"\x04body\"\xa5\x02\n" +
 	"\aJobPlan\x12\x0e\n" +
 	"\x02tp\x18\x01 \x01(\x05R\x02tp\x12\x0e\n" +
@@ -6337,7 +7595,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\aJobNode\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12(\n" +
-	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xd4\b\n" +
+	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\x9c\v\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -6375,7 +7633,16 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\vmove_target\x18\x1d \x03(\v2\x12.gpuctl.v1.JobNodeR\n" +
 	"moveTarget\x12 \n" +
 	"\vpreemptions\x18\x1e \x01(\rR\vpreemptions\x120\n" +
-	"\x14attained_gpu_seconds\x18\x1f \x01(\x01R\x12attainedGpuSeconds\"t\n" +
+	"\x14attained_gpu_seconds\x18\x1f \x01(\x01R\x12attainedGpuSeconds\x12\x1d\n" +
+	"\n" +
+	"lost_steps\x18  \x01(\x03R\tlostSteps\x12)\n" +
+	"\x10downtime_seconds\x18! \x01(\x01R\x0fdowntimeSeconds\x12%\n" +
+	"\x0euseful_seconds\x18\" \x01(\x01R\rusefulSeconds\x12#\n" +
+	"\renergy_joules\x18# \x01(\x01R\fenergyJoules\x12-\n" +
+	"\x12checkpoint_seconds\x18$ \x01(\x01R\x11checkpointSeconds\x12M\n" +
+	"#advised_checkpoint_interval_seconds\x18% \x01(\x01R advisedCheckpointIntervalSeconds\x12\x18\n" +
+	"\aexclude\x18& \x03(\tR\aexclude\x12\x18\n" +
+	"\astalled\x18' \x01(\bR\astalled\"t\n" +
 	"\x10SubmitJobRequest\x12\x1b\n" +
 	"\tspec_yaml\x18\x01 \x01(\tR\bspecYaml\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x17\n" +
@@ -6416,7 +7683,53 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x05moves\x18\x01 \x03(\v2\x18.gpuctl.v1.RebalanceMoveR\x05moves\x12*\n" +
 	"\x06before\x18\x02 \x01(\v2\x12.gpuctl.v1.PackingR\x06before\x12(\n" +
 	"\x05after\x18\x03 \x01(\v2\x12.gpuctl.v1.PackingR\x05after\x12\x18\n" +
-	"\aapplied\x18\x04 \x01(\bR\aapplied*\x88\x02\n" +
+	"\aapplied\x18\x04 \x01(\bR\aapplied\"\xb4\x01\n" +
+	"\vStalledRank\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x10\n" +
+	"\x03pid\x18\x03 \x01(\rR\x03pid\x12!\n" +
+	"\x02op\x18\x04 \x01(\x0e2\x11.gpuctl.v1.NCCLOpR\x02op\x12\x10\n" +
+	"\x03seq\x18\x05 \x01(\x04R\x03seq\x12\x17\n" +
+	"\ain_call\x18\x06 \x01(\bR\x06inCall\x12\x1d\n" +
+	"\n" +
+	"proc_state\x18\a \x01(\tR\tprocState\"\x90\x02\n" +
+	"\x05Stall\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
+	"\x04comm\x18\x02 \x01(\x04R\x04comm\x12;\n" +
+	"\rlagging_ranks\x18\x03 \x03(\v2\x16.gpuctl.v1.StalledRankR\flaggingRanks\x12;\n" +
+	"\rwaiting_ranks\x18\x04 \x03(\v2\x16.gpuctl.v1.StalledRankR\fwaitingRanks\x12&\n" +
+	"\x0fsince_unix_nano\x18\x05 \x01(\x03R\rsinceUnixNano\x12!\n" +
+	"\fthreshold_ns\x18\x06 \x01(\x03R\vthresholdNs\x12\x1c\n" +
+	"\tdiagnosis\x18\a \x01(\tR\tdiagnosis\"%\n" +
+	"\x11ListStallsRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\">\n" +
+	"\x12ListStallsResponse\x12(\n" +
+	"\x06stalls\x18\x01 \x03(\v2\x10.gpuctl.v1.StallR\x06stalls\"S\n" +
+	"\rCordonRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
+	"\x06action\x18\x02 \x01(\tR\x06action\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\";\n" +
+	"\x0eCordonResponse\x12)\n" +
+	"\x04node\x18\x01 \x01(\v2\x15.gpuctl.v1.NodeStatusR\x04node\"(\n" +
+	"\x14CheckpointJobRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\"9\n" +
+	"\x15CheckpointJobResponse\x12 \n" +
+	"\x03job\x18\x01 \x01(\v2\x0e.gpuctl.v1.JobR\x03job\"h\n" +
+	"\x11RestartJobRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12'\n" +
+	"\x0ffrom_checkpoint\x18\x02 \x01(\tR\x0efromCheckpoint\x12\x18\n" +
+	"\aexclude\x18\x03 \x03(\tR\aexclude\"6\n" +
+	"\x12RestartJobResponse\x12 \n" +
+	"\x03job\x18\x01 \x01(\v2\x0e.gpuctl.v1.JobR\x03job\"j\n" +
+	"\vLogsRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
+	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x16\n" +
+	"\x06follow\x18\x03 \x01(\bR\x06follow\x12\x1d\n" +
+	"\n" +
+	"tail_bytes\x18\x04 \x01(\rR\ttailBytes\"3\n" +
+	"\tLogsChunk\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node*\x88\x02\n" +
 	"\x06NCCLOp\x12\x17\n" +
 	"\x13NCCL_OP_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12NCCL_OP_ALL_REDUCE\x10\x01\x12\x16\n" +
@@ -6429,7 +7742,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x13NCCL_OP_GROUP_START\x10\b\x12\x15\n" +
 	"\x11NCCL_OP_GROUP_END\x10\t\x12\x1a\n" +
 	"\x16NCCL_OP_COMM_INIT_RANK\x10\n" +
-	"*\xad\x02\n" +
+	"*\xf7\x02\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eEVENT_KIND_XID\x10\x01\x12\x12\n" +
@@ -6443,7 +7756,10 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x10EVENT_KIND_PROBE\x10\t\x12\x15\n" +
 	"\x11EVENT_KIND_CORDON\x10\n" +
 	"\x12\x12\n" +
-	"\x0eEVENT_KIND_JOB\x10\v*d\n" +
+	"\x0eEVENT_KIND_JOB\x10\v\x12\x19\n" +
+	"\x15EVENT_KIND_CHECKPOINT\x10\f\x12\x14\n" +
+	"\x10EVENT_KIND_STALL\x10\r\x12\x17\n" +
+	"\x13EVENT_KIND_RECOVERY\x10\x0e*d\n" +
 	"\bSeverity\x12\x18\n" +
 	"\x14SEVERITY_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSEVERITY_INFO\x10\x01\x12\x14\n" +
@@ -6498,7 +7814,7 @@ func file_gpuctl_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
+var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 82)
 var file_gpuctl_proto_goTypes = []any{
 	(NCCLOp)(0),                     // 0: gpuctl.v1.NCCLOp
 	(EventKind)(0),                  // 1: gpuctl.v1.EventKind
@@ -6531,149 +7847,184 @@ var file_gpuctl_proto_goTypes = []any{
 	(*RankSpec)(nil),                // 28: gpuctl.v1.RankSpec
 	(*LaunchRanks)(nil),             // 29: gpuctl.v1.LaunchRanks
 	(*SignalRanks)(nil),             // 30: gpuctl.v1.SignalRanks
-	(*Command)(nil),                 // 31: gpuctl.v1.Command
-	(*CommandAck)(nil),              // 32: gpuctl.v1.CommandAck
-	(*AgentMessage)(nil),            // 33: gpuctl.v1.AgentMessage
-	(*ServerMessage)(nil),           // 34: gpuctl.v1.ServerMessage
-	(*GPUStatus)(nil),               // 35: gpuctl.v1.GPUStatus
-	(*NodeStatus)(nil),              // 36: gpuctl.v1.NodeStatus
-	(*CollectiveStat)(nil),          // 37: gpuctl.v1.CollectiveStat
-	(*ListNodesRequest)(nil),        // 38: gpuctl.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),       // 39: gpuctl.v1.ListNodesResponse
-	(*ListEventsRequest)(nil),       // 40: gpuctl.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),      // 41: gpuctl.v1.ListEventsResponse
-	(*ListCollectivesRequest)(nil),  // 42: gpuctl.v1.ListCollectivesRequest
-	(*ListCollectivesResponse)(nil), // 43: gpuctl.v1.ListCollectivesResponse
-	(*GPUHistoryRequest)(nil),       // 44: gpuctl.v1.GPUHistoryRequest
-	(*GPUHistoryResponse)(nil),      // 45: gpuctl.v1.GPUHistoryResponse
-	(*ObserveFilter)(nil),           // 46: gpuctl.v1.ObserveFilter
-	(*ObserveRequest)(nil),          // 47: gpuctl.v1.ObserveRequest
-	(*ObserveItem)(nil),             // 48: gpuctl.v1.ObserveItem
-	(*ObserveBatch)(nil),            // 49: gpuctl.v1.ObserveBatch
-	(*CreateTokenRequest)(nil),      // 50: gpuctl.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),     // 51: gpuctl.v1.CreateTokenResponse
-	(*InjectFaultRequest)(nil),      // 52: gpuctl.v1.InjectFaultRequest
-	(*InjectFaultResponse)(nil),     // 53: gpuctl.v1.InjectFaultResponse
-	(*ClientRequest)(nil),           // 54: gpuctl.v1.ClientRequest
-	(*ClientResponse)(nil),          // 55: gpuctl.v1.ClientResponse
-	(*JobPlan)(nil),                 // 56: gpuctl.v1.JobPlan
-	(*JobRank)(nil),                 // 57: gpuctl.v1.JobRank
-	(*JobNode)(nil),                 // 58: gpuctl.v1.JobNode
-	(*Job)(nil),                     // 59: gpuctl.v1.Job
-	(*SubmitJobRequest)(nil),        // 60: gpuctl.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),       // 61: gpuctl.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 62: gpuctl.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 63: gpuctl.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),        // 64: gpuctl.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),       // 65: gpuctl.v1.CancelJobResponse
-	(*AssignJobRequest)(nil),        // 66: gpuctl.v1.AssignJobRequest
-	(*AssignJobResponse)(nil),       // 67: gpuctl.v1.AssignJobResponse
-	(*Packing)(nil),                 // 68: gpuctl.v1.Packing
-	(*RebalanceMove)(nil),           // 69: gpuctl.v1.RebalanceMove
-	(*RebalanceRequest)(nil),        // 70: gpuctl.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),       // 71: gpuctl.v1.RebalanceResponse
-	nil,                             // 72: gpuctl.v1.NodeRegistration.LabelsEntry
-	nil,                             // 73: gpuctl.v1.RDMAPortSample.CountersEntry
-	nil,                             // 74: gpuctl.v1.Event.AttrsEntry
-	nil,                             // 75: gpuctl.v1.LaunchRanks.EnvEntry
+	(*ReadLogs)(nil),                // 31: gpuctl.v1.ReadLogs
+	(*Command)(nil),                 // 32: gpuctl.v1.Command
+	(*CommandAck)(nil),              // 33: gpuctl.v1.CommandAck
+	(*RankStatus)(nil),              // 34: gpuctl.v1.RankStatus
+	(*AgentMessage)(nil),            // 35: gpuctl.v1.AgentMessage
+	(*ServerMessage)(nil),           // 36: gpuctl.v1.ServerMessage
+	(*GPUStatus)(nil),               // 37: gpuctl.v1.GPUStatus
+	(*NodeStatus)(nil),              // 38: gpuctl.v1.NodeStatus
+	(*CollectiveStat)(nil),          // 39: gpuctl.v1.CollectiveStat
+	(*ListNodesRequest)(nil),        // 40: gpuctl.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),       // 41: gpuctl.v1.ListNodesResponse
+	(*ListEventsRequest)(nil),       // 42: gpuctl.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),      // 43: gpuctl.v1.ListEventsResponse
+	(*ListCollectivesRequest)(nil),  // 44: gpuctl.v1.ListCollectivesRequest
+	(*ListCollectivesResponse)(nil), // 45: gpuctl.v1.ListCollectivesResponse
+	(*GPUHistoryRequest)(nil),       // 46: gpuctl.v1.GPUHistoryRequest
+	(*GPUHistoryResponse)(nil),      // 47: gpuctl.v1.GPUHistoryResponse
+	(*ObserveFilter)(nil),           // 48: gpuctl.v1.ObserveFilter
+	(*ObserveRequest)(nil),          // 49: gpuctl.v1.ObserveRequest
+	(*ObserveItem)(nil),             // 50: gpuctl.v1.ObserveItem
+	(*ObserveBatch)(nil),            // 51: gpuctl.v1.ObserveBatch
+	(*CreateTokenRequest)(nil),      // 52: gpuctl.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),     // 53: gpuctl.v1.CreateTokenResponse
+	(*InjectFaultRequest)(nil),      // 54: gpuctl.v1.InjectFaultRequest
+	(*InjectFaultResponse)(nil),     // 55: gpuctl.v1.InjectFaultResponse
+	(*ClientRequest)(nil),           // 56: gpuctl.v1.ClientRequest
+	(*ClientResponse)(nil),          // 57: gpuctl.v1.ClientResponse
+	(*JobPlan)(nil),                 // 58: gpuctl.v1.JobPlan
+	(*JobRank)(nil),                 // 59: gpuctl.v1.JobRank
+	(*JobNode)(nil),                 // 60: gpuctl.v1.JobNode
+	(*Job)(nil),                     // 61: gpuctl.v1.Job
+	(*SubmitJobRequest)(nil),        // 62: gpuctl.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),       // 63: gpuctl.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 64: gpuctl.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 65: gpuctl.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),        // 66: gpuctl.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),       // 67: gpuctl.v1.CancelJobResponse
+	(*AssignJobRequest)(nil),        // 68: gpuctl.v1.AssignJobRequest
+	(*AssignJobResponse)(nil),       // 69: gpuctl.v1.AssignJobResponse
+	(*Packing)(nil),                 // 70: gpuctl.v1.Packing
+	(*RebalanceMove)(nil),           // 71: gpuctl.v1.RebalanceMove
+	(*RebalanceRequest)(nil),        // 72: gpuctl.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),       // 73: gpuctl.v1.RebalanceResponse
+	(*StalledRank)(nil),             // 74: gpuctl.v1.StalledRank
+	(*Stall)(nil),                   // 75: gpuctl.v1.Stall
+	(*ListStallsRequest)(nil),       // 76: gpuctl.v1.ListStallsRequest
+	(*ListStallsResponse)(nil),      // 77: gpuctl.v1.ListStallsResponse
+	(*CordonRequest)(nil),           // 78: gpuctl.v1.CordonRequest
+	(*CordonResponse)(nil),          // 79: gpuctl.v1.CordonResponse
+	(*CheckpointJobRequest)(nil),    // 80: gpuctl.v1.CheckpointJobRequest
+	(*CheckpointJobResponse)(nil),   // 81: gpuctl.v1.CheckpointJobResponse
+	(*RestartJobRequest)(nil),       // 82: gpuctl.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),      // 83: gpuctl.v1.RestartJobResponse
+	(*LogsRequest)(nil),             // 84: gpuctl.v1.LogsRequest
+	(*LogsChunk)(nil),               // 85: gpuctl.v1.LogsChunk
+	nil,                             // 86: gpuctl.v1.NodeRegistration.LabelsEntry
+	nil,                             // 87: gpuctl.v1.RDMAPortSample.CountersEntry
+	nil,                             // 88: gpuctl.v1.Event.AttrsEntry
+	nil,                             // 89: gpuctl.v1.LaunchRanks.EnvEntry
 }
 var file_gpuctl_proto_depIdxs = []int32{
-	8,  // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
-	8,  // 1: gpuctl.v1.Welcome.version:type_name -> gpuctl.v1.Version
-	8,  // 2: gpuctl.v1.JoinRequest.version:type_name -> gpuctl.v1.Version
-	13, // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
-	14, // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
-	15, // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
-	72, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
-	17, // 7: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
-	18, // 8: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
-	0,  // 9: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
-	73, // 10: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
-	19, // 11: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
-	20, // 12: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
-	21, // 13: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
-	22, // 14: gpuctl.v1.Telemetry.rdma:type_name -> gpuctl.v1.RDMAPortSample
-	1,  // 15: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
-	2,  // 16: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
-	3,  // 17: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
-	74, // 18: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
-	4,  // 19: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
-	75, // 20: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
-	28, // 21: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
-	29, // 22: gpuctl.v1.Command.launch:type_name -> gpuctl.v1.LaunchRanks
-	30, // 23: gpuctl.v1.Command.signal:type_name -> gpuctl.v1.SignalRanks
-	27, // 24: gpuctl.v1.Command.inject_fault:type_name -> gpuctl.v1.InjectFault
-	9,  // 25: gpuctl.v1.AgentMessage.hello:type_name -> gpuctl.v1.Hello
-	16, // 26: gpuctl.v1.AgentMessage.register:type_name -> gpuctl.v1.NodeRegistration
-	26, // 27: gpuctl.v1.AgentMessage.heartbeat:type_name -> gpuctl.v1.Heartbeat
-	32, // 28: gpuctl.v1.AgentMessage.command_ack:type_name -> gpuctl.v1.CommandAck
-	24, // 29: gpuctl.v1.AgentMessage.event:type_name -> gpuctl.v1.Event
-	23, // 30: gpuctl.v1.AgentMessage.telemetry:type_name -> gpuctl.v1.Telemetry
-	10, // 31: gpuctl.v1.ServerMessage.welcome:type_name -> gpuctl.v1.Welcome
-	31, // 32: gpuctl.v1.ServerMessage.command:type_name -> gpuctl.v1.Command
-	25, // 33: gpuctl.v1.ServerMessage.event_ack:type_name -> gpuctl.v1.EventAck
-	14, // 34: gpuctl.v1.GPUStatus.info:type_name -> gpuctl.v1.GPUInfo
-	19, // 35: gpuctl.v1.GPUStatus.last:type_name -> gpuctl.v1.GPUSample
-	16, // 36: gpuctl.v1.NodeStatus.registration:type_name -> gpuctl.v1.NodeRegistration
-	5,  // 37: gpuctl.v1.NodeStatus.state:type_name -> gpuctl.v1.NodeState
-	35, // 38: gpuctl.v1.NodeStatus.gpus:type_name -> gpuctl.v1.GPUStatus
-	0,  // 39: gpuctl.v1.CollectiveStat.op:type_name -> gpuctl.v1.NCCLOp
-	36, // 40: gpuctl.v1.ListNodesResponse.nodes:type_name -> gpuctl.v1.NodeStatus
-	24, // 41: gpuctl.v1.ListEventsResponse.events:type_name -> gpuctl.v1.Event
-	37, // 42: gpuctl.v1.ListCollectivesResponse.collectives:type_name -> gpuctl.v1.CollectiveStat
-	19, // 43: gpuctl.v1.GPUHistoryResponse.samples:type_name -> gpuctl.v1.GPUSample
-	0,  // 44: gpuctl.v1.ObserveFilter.op:type_name -> gpuctl.v1.NCCLOp
-	46, // 45: gpuctl.v1.ObserveRequest.filter:type_name -> gpuctl.v1.ObserveFilter
-	20, // 46: gpuctl.v1.ObserveItem.collective:type_name -> gpuctl.v1.CollectiveRecord
-	21, // 47: gpuctl.v1.ObserveItem.flow:type_name -> gpuctl.v1.NetFlowSample
-	48, // 48: gpuctl.v1.ObserveBatch.items:type_name -> gpuctl.v1.ObserveItem
-	27, // 49: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
-	38, // 50: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
-	40, // 51: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
-	42, // 52: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
-	44, // 53: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
-	47, // 54: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
-	50, // 55: gpuctl.v1.ClientRequest.create_token:type_name -> gpuctl.v1.CreateTokenRequest
-	52, // 56: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
-	60, // 57: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
-	62, // 58: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
-	64, // 59: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
-	66, // 60: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
-	70, // 61: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
-	39, // 62: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
-	41, // 63: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
-	43, // 64: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
-	45, // 65: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
-	49, // 66: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
-	51, // 67: gpuctl.v1.ClientResponse.create_token:type_name -> gpuctl.v1.CreateTokenResponse
-	53, // 68: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
-	61, // 69: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
-	63, // 70: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
-	65, // 71: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
-	67, // 72: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
-	71, // 73: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
-	57, // 74: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
-	56, // 75: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
-	6,  // 76: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
-	58, // 77: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
-	7,  // 78: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
-	58, // 79: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
-	59, // 80: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
-	59, // 81: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
-	59, // 82: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
-	59, // 83: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
-	58, // 84: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
-	58, // 85: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
-	68, // 86: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
-	68, // 87: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
-	69, // 88: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
-	68, // 89: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
-	68, // 90: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
-	91, // [91:91] is the sub-list for method output_type
-	91, // [91:91] is the sub-list for method input_type
-	91, // [91:91] is the sub-list for extension type_name
-	91, // [91:91] is the sub-list for extension extendee
-	0,  // [0:91] is the sub-list for field type_name
+	8,   // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
+	8,   // 1: gpuctl.v1.Welcome.version:type_name -> gpuctl.v1.Version
+	8,   // 2: gpuctl.v1.JoinRequest.version:type_name -> gpuctl.v1.Version
+	13,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
+	14,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
+	15,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
+	86,  // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
+	34,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
+	17,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
+	18,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
+	0,   // 10: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
+	87,  // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
+	19,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
+	20,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
+	21,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
+	22,  // 15: gpuctl.v1.Telemetry.rdma:type_name -> gpuctl.v1.RDMAPortSample
+	20,  // 16: gpuctl.v1.Telemetry.in_flight:type_name -> gpuctl.v1.CollectiveRecord
+	34,  // 17: gpuctl.v1.Telemetry.ranks:type_name -> gpuctl.v1.RankStatus
+	1,   // 18: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
+	2,   // 19: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
+	3,   // 20: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
+	88,  // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
+	4,   // 22: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
+	89,  // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
+	28,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
+	29,  // 25: gpuctl.v1.Command.launch:type_name -> gpuctl.v1.LaunchRanks
+	30,  // 26: gpuctl.v1.Command.signal:type_name -> gpuctl.v1.SignalRanks
+	27,  // 27: gpuctl.v1.Command.inject_fault:type_name -> gpuctl.v1.InjectFault
+	31,  // 28: gpuctl.v1.Command.read_logs:type_name -> gpuctl.v1.ReadLogs
+	9,   // 29: gpuctl.v1.AgentMessage.hello:type_name -> gpuctl.v1.Hello
+	16,  // 30: gpuctl.v1.AgentMessage.register:type_name -> gpuctl.v1.NodeRegistration
+	26,  // 31: gpuctl.v1.AgentMessage.heartbeat:type_name -> gpuctl.v1.Heartbeat
+	33,  // 32: gpuctl.v1.AgentMessage.command_ack:type_name -> gpuctl.v1.CommandAck
+	24,  // 33: gpuctl.v1.AgentMessage.event:type_name -> gpuctl.v1.Event
+	23,  // 34: gpuctl.v1.AgentMessage.telemetry:type_name -> gpuctl.v1.Telemetry
+	10,  // 35: gpuctl.v1.ServerMessage.welcome:type_name -> gpuctl.v1.Welcome
+	32,  // 36: gpuctl.v1.ServerMessage.command:type_name -> gpuctl.v1.Command
+	25,  // 37: gpuctl.v1.ServerMessage.event_ack:type_name -> gpuctl.v1.EventAck
+	14,  // 38: gpuctl.v1.GPUStatus.info:type_name -> gpuctl.v1.GPUInfo
+	19,  // 39: gpuctl.v1.GPUStatus.last:type_name -> gpuctl.v1.GPUSample
+	16,  // 40: gpuctl.v1.NodeStatus.registration:type_name -> gpuctl.v1.NodeRegistration
+	5,   // 41: gpuctl.v1.NodeStatus.state:type_name -> gpuctl.v1.NodeState
+	37,  // 42: gpuctl.v1.NodeStatus.gpus:type_name -> gpuctl.v1.GPUStatus
+	0,   // 43: gpuctl.v1.CollectiveStat.op:type_name -> gpuctl.v1.NCCLOp
+	38,  // 44: gpuctl.v1.ListNodesResponse.nodes:type_name -> gpuctl.v1.NodeStatus
+	24,  // 45: gpuctl.v1.ListEventsResponse.events:type_name -> gpuctl.v1.Event
+	39,  // 46: gpuctl.v1.ListCollectivesResponse.collectives:type_name -> gpuctl.v1.CollectiveStat
+	19,  // 47: gpuctl.v1.GPUHistoryResponse.samples:type_name -> gpuctl.v1.GPUSample
+	0,   // 48: gpuctl.v1.ObserveFilter.op:type_name -> gpuctl.v1.NCCLOp
+	48,  // 49: gpuctl.v1.ObserveRequest.filter:type_name -> gpuctl.v1.ObserveFilter
+	20,  // 50: gpuctl.v1.ObserveItem.collective:type_name -> gpuctl.v1.CollectiveRecord
+	21,  // 51: gpuctl.v1.ObserveItem.flow:type_name -> gpuctl.v1.NetFlowSample
+	50,  // 52: gpuctl.v1.ObserveBatch.items:type_name -> gpuctl.v1.ObserveItem
+	27,  // 53: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
+	40,  // 54: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
+	42,  // 55: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
+	44,  // 56: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
+	46,  // 57: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
+	49,  // 58: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
+	52,  // 59: gpuctl.v1.ClientRequest.create_token:type_name -> gpuctl.v1.CreateTokenRequest
+	54,  // 60: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
+	62,  // 61: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
+	64,  // 62: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
+	66,  // 63: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
+	68,  // 64: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
+	72,  // 65: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
+	76,  // 66: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
+	78,  // 67: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
+	80,  // 68: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
+	82,  // 69: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
+	84,  // 70: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
+	41,  // 71: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
+	43,  // 72: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
+	45,  // 73: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
+	47,  // 74: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
+	51,  // 75: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
+	53,  // 76: gpuctl.v1.ClientResponse.create_token:type_name -> gpuctl.v1.CreateTokenResponse
+	55,  // 77: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
+	63,  // 78: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
+	65,  // 79: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
+	67,  // 80: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
+	69,  // 81: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
+	73,  // 82: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
+	77,  // 83: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
+	79,  // 84: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
+	81,  // 85: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
+	83,  // 86: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
+	85,  // 87: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
+	59,  // 88: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
+	58,  // 89: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
+	6,   // 90: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
+	60,  // 91: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
+	7,   // 92: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
+	60,  // 93: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
+	61,  // 94: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
+	61,  // 95: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
+	61,  // 96: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
+	61,  // 97: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
+	60,  // 98: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
+	60,  // 99: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
+	70,  // 100: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
+	70,  // 101: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
+	71,  // 102: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
+	70,  // 103: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
+	70,  // 104: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
+	0,   // 105: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
+	74,  // 106: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
+	74,  // 107: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
+	75,  // 108: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
+	38,  // 109: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
+	61,  // 110: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
+	61,  // 111: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
+	112, // [112:112] is the sub-list for method output_type
+	112, // [112:112] is the sub-list for method input_type
+	112, // [112:112] is the sub-list for extension type_name
+	112, // [112:112] is the sub-list for extension extendee
+	0,   // [0:112] is the sub-list for field type_name
 }
 
 func init() { file_gpuctl_proto_init() }
@@ -6681,12 +8032,13 @@ func file_gpuctl_proto_init() {
 	if File_gpuctl_proto != nil {
 		return
 	}
-	file_gpuctl_proto_msgTypes[23].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[24].OneofWrappers = []any{
 		(*Command_Launch)(nil),
 		(*Command_Signal)(nil),
 		(*Command_InjectFault)(nil),
+		(*Command_ReadLogs)(nil),
 	}
-	file_gpuctl_proto_msgTypes[25].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[27].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Register)(nil),
 		(*AgentMessage_Heartbeat)(nil),
@@ -6694,16 +8046,16 @@ func file_gpuctl_proto_init() {
 		(*AgentMessage_Event)(nil),
 		(*AgentMessage_Telemetry)(nil),
 	}
-	file_gpuctl_proto_msgTypes[26].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[28].OneofWrappers = []any{
 		(*ServerMessage_Welcome)(nil),
 		(*ServerMessage_Command)(nil),
 		(*ServerMessage_EventAck)(nil),
 	}
-	file_gpuctl_proto_msgTypes[40].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[42].OneofWrappers = []any{
 		(*ObserveItem_Collective)(nil),
 		(*ObserveItem_Flow)(nil),
 	}
-	file_gpuctl_proto_msgTypes[46].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[48].OneofWrappers = []any{
 		(*ClientRequest_ListNodes)(nil),
 		(*ClientRequest_ListEvents)(nil),
 		(*ClientRequest_ListCollectives)(nil),
@@ -6716,8 +8068,13 @@ func file_gpuctl_proto_init() {
 		(*ClientRequest_CancelJob)(nil),
 		(*ClientRequest_AssignJob)(nil),
 		(*ClientRequest_Rebalance)(nil),
+		(*ClientRequest_ListStalls)(nil),
+		(*ClientRequest_Cordon)(nil),
+		(*ClientRequest_CheckpointJob)(nil),
+		(*ClientRequest_RestartJob)(nil),
+		(*ClientRequest_Logs)(nil),
 	}
-	file_gpuctl_proto_msgTypes[47].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[49].OneofWrappers = []any{
 		(*ClientResponse_ListNodes)(nil),
 		(*ClientResponse_ListEvents)(nil),
 		(*ClientResponse_ListCollectives)(nil),
@@ -6730,6 +8087,11 @@ func file_gpuctl_proto_init() {
 		(*ClientResponse_CancelJob)(nil),
 		(*ClientResponse_AssignJob)(nil),
 		(*ClientResponse_Rebalance)(nil),
+		(*ClientResponse_ListStalls)(nil),
+		(*ClientResponse_Cordon)(nil),
+		(*ClientResponse_CheckpointJob)(nil),
+		(*ClientResponse_RestartJob)(nil),
+		(*ClientResponse_Logs)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -6737,7 +8099,7 @@ func file_gpuctl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuctl_proto_rawDesc), len(file_gpuctl_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   68,
+			NumMessages:   82,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
