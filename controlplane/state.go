@@ -22,6 +22,11 @@ type nodeEntry struct {
 	lastBeat  time.Time
 	heartbeat time.Duration
 	history   map[uint32]*ring[*api.GPUSample]
+	// inFlight and ranks are the node's latest view of calls in progress
+	// and of the ranks it launched, replaced by every telemetry batch that
+	// carries them.
+	inFlight []*api.CollectiveRecord
+	ranks    []*api.RankStatus
 	// session is the node's live connection; nil while disconnected.
 	session *nodeSession
 }
@@ -248,6 +253,11 @@ func (s *state) ingest(name string, t *api.Telemetry, now time.Time) {
 		}
 		h.push(smp)
 	}
+	if t.InFlight != nil || t.Ranks != nil || len(t.GetGpus()) > 0 {
+		// Batches that sample the host carry the full current sets, even
+		// when empty; flush-only batches (traced calls alone) do not.
+		e.inFlight, e.ranks = t.GetInFlight(), t.GetRanks()
+	}
 	for _, c := range t.GetCollectives() {
 		if c.GetInProgress() {
 			continue
@@ -428,4 +438,39 @@ func (s *state) session(node string) (*nodeSession, error) {
 		return nil, fmt.Errorf("node %q is not connected (state %s)", node, e.status.State.Short())
 	}
 	return e.session, nil
+}
+
+// NodeRanks is one node's live ranks of a job and its calls in progress.
+type NodeRanks struct {
+	Node     string
+	Ranks    []*api.RankStatus
+	InFlight []*api.CollectiveRecord
+}
+
+// jobRanks returns, per connected node, the live ranks of job (all jobs
+// when job is "") and the calls those ranks have in progress.
+func (s *state) jobRanks(job string) []NodeRanks {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []NodeRanks
+	for name, e := range s.nodes {
+		nr := NodeRanks{Node: name}
+		pids := map[uint32]bool{}
+		for _, r := range e.ranks {
+			if job == "" || r.GetJob() == job {
+				nr.Ranks = append(nr.Ranks, r)
+				pids[r.GetPid()] = true
+			}
+		}
+		for _, c := range e.inFlight {
+			if pids[c.GetPid()] || job != "" && c.GetJob() == job {
+				nr.InFlight = append(nr.InFlight, c)
+			}
+		}
+		if len(nr.Ranks) > 0 || len(nr.InFlight) > 0 {
+			out = append(out, nr)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	return out
 }
