@@ -73,3 +73,20 @@ func (s Severity) Short() string {
 func (c XIDClass) Short() string {
 	return strings.ToLower(strings.TrimPrefix(c.String(), "XID_CLASS_"))
 }
+
+// Action says in words what the class asks the operator to do.
+func (c XIDClass) Action() string {
+	switch c {
+	case XIDClass_XID_CLASS_NONE:
+		return "no action needed"
+	case XIDClass_XID_CLASS_RESTART_APP:
+		return "restart the application"
+	case XIDClass_XID_CLASS_RESET_GPU:
+		return "reset the GPU"
+	case XIDClass_XID_CLASS_REBOOT_NODE:
+		return "reboot the node"
+	case XIDClass_XID_CLASS_HARDWARE:
+		return "inspect the hardware"
+	}
+	return "action unknown"
+}

@@ -336,7 +336,7 @@ func applyHealth(n *api.NodeStatus, e *api.Event) {
 	case api.EventKind_EVENT_KIND_XID:
 		switch e.GetXidClass() {
 		case api.XIDClass_XID_CLASS_RESET_GPU, api.XIDClass_XID_CLASS_REBOOT_NODE, api.XIDClass_XID_CLASS_HARDWARE:
-			reason = fmt.Sprintf("XID %d (%s)", e.GetXid(), xidClassText(e.GetXidClass()))
+			reason = fmt.Sprintf("XID %d (%s)", e.GetXid(), e.GetXidClass().Action())
 		}
 	case api.EventKind_EVENT_KIND_ECC:
 		if e.GetSeverity() == api.Severity_SEVERITY_CRITICAL {
@@ -353,20 +353,6 @@ func applyHealth(n *api.NodeStatus, e *api.Event) {
 			g.Healthy, g.UnhealthyReason = false, reason
 		}
 	}
-}
-
-func xidClassText(c api.XIDClass) string {
-	switch c {
-	case api.XIDClass_XID_CLASS_RESTART_APP:
-		return "restart the application"
-	case api.XIDClass_XID_CLASS_RESET_GPU:
-		return "reset the GPU"
-	case api.XIDClass_XID_CLASS_REBOOT_NODE:
-		return "reboot the node"
-	case api.XIDClass_XID_CLASS_HARDWARE:
-		return "hardware fault"
-	}
-	return "informational"
 }
 
 // listNodes returns copies of every node's status, sorted by name.

@@ -2,7 +2,6 @@ package demo
 
 import (
 	"context"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/gpuctl/gpuctl/agent"
 	"github.com/gpuctl/gpuctl/api"
-	"github.com/gpuctl/gpuctl/controlplane"
 	"github.com/gpuctl/gpuctl/store"
 )
 
@@ -97,35 +95,15 @@ func TestNoFalseDownUnderPacketLoss(t *testing.T) {
 		t.Skip("15 s soak")
 	}
 	dataDir := t.TempDir()
-	srv, err := controlplane.New(controlplane.Config{DataDir: dataDir, Listen: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := srv.Listen(ctx); err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan struct{})
-	go func() { srv.Serve(ctx); close(served) }()
-	t.Cleanup(func() { cancel(); <-served })
+	srv, stop := runServer(t, dataDir, "127.0.0.1:0")
+	t.Cleanup(stop)
 	relay := newLossyRelay(t, srv.Addr().String(), 0.20)
 
 	token, _, err := srv.Authority().CreateToken(time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	probes, err := agent.OpenProbes(agent.ProbeOptions{Node: "lossy", Sim: "dgx-h100", EBPF: agent.EBPFOff}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := agent.New(agent.Config{Server: relay.addr(), Token: token, Name: "lossy", DataDir: t.TempDir()}, probes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, acancel := context.WithCancel(context.Background())
-	agentDone := make(chan struct{})
-	go func() { a.Run(actx); close(agentDone) }()
-	t.Cleanup(func() { acancel(); <-agentDone })
+	runAgent(t, agent.Config{Server: relay.addr(), Token: token, Name: "lossy", DataDir: t.TempDir()})
 
 	ready := func() bool {
 		for _, n := range srv.Nodes() {
@@ -148,8 +126,7 @@ func TestNoFalseDownUnderPacketLoss(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	cancel()
-	<-served
+	stop()
 	st, err := store.OpenBolt(dataDir + "/state.db")
 	if err != nil {
 		t.Fatal(err)

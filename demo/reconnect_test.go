@@ -1,9 +1,7 @@
 package demo
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"path/filepath"
 	"testing"
 	"time"
@@ -20,41 +18,14 @@ import (
 // exactly once, and the telemetry it could not buffer is counted.
 func TestNodeRidesOutServerRestart(t *testing.T) {
 	dataDir := t.TempDir()
-	startServer := func(addr string) (*controlplane.Server, func()) {
-		s, err := controlplane.New(controlplane.Config{DataDir: dataDir, Listen: addr})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		if err := s.Listen(ctx); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() {
-			s.Serve(ctx)
-			close(done)
-		}()
-		return s, func() { cancel(); <-done }
-	}
-	srv, stop := startServer("127.0.0.1:0")
+	srv, stop := runServer(t, dataDir, "127.0.0.1:0")
 	addr := srv.Addr().String()
 	token, _, err := srv.Authority().CreateToken(time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	probes, err := agent.OpenProbes(agent.ProbeOptions{Node: "r1", Sim: "dgx-h100", EBPF: agent.EBPFOff}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := agent.New(agent.Config{Server: addr, Token: token, Name: "r1", DataDir: t.TempDir(),
-		Interval: 50 * time.Millisecond, Heartbeat: 100 * time.Millisecond, TelemetryBuffer: 3}, probes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, acancel := context.WithCancel(context.Background())
-	agentDone := make(chan struct{})
-	go func() { a.Run(actx); close(agentDone) }()
-	t.Cleanup(func() { acancel(); <-agentDone })
+	probes := runAgent(t, agent.Config{Server: addr, Token: token, Name: "r1", DataDir: t.TempDir(),
+		Interval: 50 * time.Millisecond, Heartbeat: 100 * time.Millisecond, TelemetryBuffer: 3})
 
 	waitNode := func(s *controlplane.Server, what string, ok func(*api.NodeStatus) bool) {
 		t.Helper()
@@ -75,7 +46,7 @@ func TestNodeRidesOutServerRestart(t *testing.T) {
 	}
 	time.Sleep(time.Second) // 20 samples against a buffer of 3
 
-	srv2, stop2 := startServer(addr)
+	srv2, stop2 := runServer(t, dataDir, addr)
 	t.Cleanup(stop2)
 	waitNode(srv2, "r1 back with GPU 2 unhealthy and drops counted", func(n *api.NodeStatus) bool {
 		return n.GetState() == api.NodeState_NODE_STATE_READY && !n.GetGpus()[2].GetHealthy() && n.GetDroppedBatches() > 0

@@ -77,24 +77,7 @@ func DescribeXID(code uint32) string {
 	if !ok {
 		return fmt.Sprintf("Xid %d (not in the catalog; check NVIDIA's Xid documentation)", code)
 	}
-	return fmt.Sprintf("Xid %d: %s (%s)", code, e.desc, classAction(e.class))
-}
-
-// classAction says in words what a class asks the operator to do.
-func classAction(c api.XIDClass) string {
-	switch c {
-	case api.XIDClass_XID_CLASS_NONE:
-		return "no action needed"
-	case api.XIDClass_XID_CLASS_RESTART_APP:
-		return "restart the application"
-	case api.XIDClass_XID_CLASS_RESET_GPU:
-		return "reset the GPU"
-	case api.XIDClass_XID_CLASS_REBOOT_NODE:
-		return "reboot the node"
-	case api.XIDClass_XID_CLASS_HARDWARE:
-		return "inspect the hardware"
-	}
-	return "action unknown"
+	return fmt.Sprintf("Xid %d: %s (%s)", code, e.desc, e.class.Action())
 }
 
 // severityOf maps a resolution class to an event severity: anything that
