@@ -21,7 +21,7 @@ func Open() (nvml.Interface, error) {
 	case nvml.SUCCESS:
 		return lib, nil
 	case nvml.ERROR_LIBRARY_NOT_FOUND:
-		return nil, fmt.Errorf("open NVML: %w (%w); run with a simulated host (--sim-profile) or install the NVIDIA driver", ErrNoNVML, ret)
+		return nil, fmt.Errorf("open NVML: %w (%w)", ErrNoNVML, ret)
 	case nvml.ERROR_DRIVER_NOT_LOADED:
 		return nil, fmt.Errorf("open NVML: %w (%w); load the nvidia kernel module (modprobe nvidia)", ErrNoNVML, ret)
 	default:
