@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/transport"
@@ -41,7 +42,14 @@ type Config struct {
 	Labels map[string]string
 	// TelemetryBuffer bounds the batches kept while disconnected, default 600.
 	TelemetryBuffer int
-	Log             *slog.Logger
+	// LogMaxBytes and LogKeep set rank log rotation, default 64 MiB and 3
+	// rotated files.
+	LogMaxBytes int64
+	LogKeep     int
+	// CgroupRoot is the cgroup v2 mount for job cgroups, default
+	// /sys/fs/cgroup; "off" turns them off.
+	CgroupRoot string
+	Log        *slog.Logger
 }
 
 // Agent is a running nodemon.
@@ -94,7 +102,14 @@ func New(cfg Config, p *Probes) (*Agent, error) {
 		events:    newEventQueue(100_000),
 	}
 	a.metrics = newMetrics(cfg.Name, a.events.len)
-	a.exec = NewExecutor(a.log, cfg.Name, filepath.Join(cfg.DataDir, "logs"), a.events.add)
+	x, err := NewExecutor(ExecutorOptions{
+		Node: cfg.Name, DataDir: cfg.DataDir, OnEvent: a.events.add, Log: a.log,
+		LogMaxBytes: cfg.LogMaxBytes, LogKeep: cfg.LogKeep, CgroupRoot: cfg.CgroupRoot,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nodemon: %w", err)
+	}
+	a.exec = x
 	a.exec.BeforeLaunch = p.prepareLaunch
 	return a, nil
 }
@@ -124,6 +139,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}()
 	defer func() {
 		a.exec.StopAll(10 * time.Second)
+		a.exec.Close()
 		wg.Wait()
 	}()
 	d, err := transport.NewDialer(a.log)
@@ -180,6 +196,8 @@ func (a *Agent) identity(ctx context.Context) (*transport.Identity, error) {
 	return id, nil
 }
 
+// registration describes the node; the ranks running change, so each
+// session fills them in (sessionRegistration).
 func (a *Agent) registration() (*api.NodeRegistration, error) {
 	gpus, driver, cuda, err := a.probes.inventory()
 	if err != nil {
@@ -193,8 +211,16 @@ func (a *Agent) registration() (*api.NodeRegistration, error) {
 	}, nil
 }
 
+// sessionRegistration is base with the ranks running now, launched and
+// adopted, so a (re)connect tells the server what runs here.
+func (a *Agent) sessionRegistration(base *api.NodeRegistration) *api.NodeRegistration {
+	reg := proto.Clone(base).(*api.NodeRegistration)
+	reg.Running = a.exec.RankStatuses()
+	return reg
+}
+
 // session runs one connection to the server until it fails.
-func (a *Agent) session(ctx context.Context, d *transport.Dialer, id *transport.Identity, reg *api.NodeRegistration) error {
+func (a *Agent) session(ctx context.Context, d *transport.Dialer, id *transport.Identity, base *api.NodeRegistration) error {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	conn, err := d.DialNode(dctx, a.cfg.Server, id)
 	cancel()
@@ -204,7 +230,7 @@ func (a *Agent) session(ctx context.Context, d *transport.Dialer, id *transport.
 	defer conn.Close()
 	sctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
-	control, err := a.handshake(sctx, conn, reg)
+	control, err := a.handshake(sctx, conn, a.sessionRegistration(base))
 	if err != nil {
 		return err
 	}
@@ -298,7 +324,7 @@ func (a *Agent) commands(ctx context.Context, control *transport.Stream, send fu
 			continue
 		}
 		ack := &api.CommandAck{Id: c.GetId()}
-		if err := a.execute(c); err != nil {
+		if err := a.execute(c, ack); err != nil {
 			ack.Error = err.Error()
 			a.log.Warn("command failed", "id", c.GetId(), "err", err)
 		}
@@ -308,8 +334,13 @@ func (a *Agent) commands(ctx context.Context, control *transport.Stream, send fu
 	}
 }
 
-func (a *Agent) execute(c *api.Command) error {
+// execute carries out c; what it answers besides success goes into ack.
+func (a *Agent) execute(c *api.Command, ack *api.CommandAck) error {
 	switch b := c.Body.(type) {
+	case *api.Command_ReadLogs:
+		data, next, err := a.exec.ReadLogs(b.ReadLogs)
+		ack.Data, ack.NextOffset = data, next
+		return err
 	case *api.Command_Launch:
 		return a.exec.Launch(b.Launch)
 	case *api.Command_Signal:

@@ -80,7 +80,7 @@ func OpenProbes(opts ProbeOptions, log *slog.Logger) (*Probes, error) {
 	} else {
 		l, err := nvmlprobe.Open()
 		if err != nil {
-			return nil, fmt.Errorf("%w\nnodemon needs NVML (libnvidia-ml.so.1 from the NVIDIA driver) or a simulated host: --sim %s",
+			return nil, fmt.Errorf("%w: install the NVIDIA driver (it provides libnvidia-ml.so.1), or run a simulated host with --sim %s",
 				err, strings.Join(nvmlprobe.Profiles(), "|"))
 		}
 		lib = l
@@ -180,9 +180,11 @@ func (p *Probes) prepareLaunch(l *api.LaunchRanks) {
 	}
 }
 
-// run samples every interval and hands each batch to emit, forwards GPU events into eq, and
-// flushes traced calls and flows more often so `gpuctl observe -f` stays
-// close to live.
+// run samples every interval and hands each batch to emit, forwards GPU
+// events into eq, and flushes traced calls and flows more often so
+// `gpuctl observe -f` stays close to live. Sampling batches carry every
+// live rank's status and the NCCL calls in flight; flush batches carry
+// the calls in flight when there are any, for stall detection.
 func (p *Probes) run(ctx context.Context, interval time.Duration, x *Executor, emit func(*api.Telemetry), eq *eventQueue) {
 	for _, e := range p.startup {
 		eq.add(e)
@@ -205,6 +207,7 @@ func (p *Probes) run(ctx context.Context, interval time.Duration, x *Executor, e
 	tick := time.NewTicker(flush)
 	defer tick.Stop()
 	var lastSample, lastScan time.Time
+	var ranks []*api.RankStatus // as of the last sample
 	for {
 		now := time.Now()
 		t := &api.Telemetry{TimeUnixNano: now.UnixNano()}
@@ -233,13 +236,29 @@ func (p *Probes) run(ctx context.Context, interval time.Duration, x *Executor, e
 		p.mu.Lock()
 		t.Collectives, p.calls = p.calls, nil
 		p.mu.Unlock()
+		var inFlight []*api.CollectiveRecord
+		if p.nccl != nil {
+			var err error
+			if inFlight, err = p.nccl.InFlight(); err != nil {
+				p.log.Debug("read NCCL calls in flight", "err", err)
+			}
+		}
+		if len(t.Gpus) > 0 {
+			// A sampling batch carries the full current sets, even empty.
+			ranks = x.RankStatuses()
+			t.Ranks, t.InFlight = ranks, inFlight
+		} else if len(inFlight) > 0 {
+			// The server replaces both sets from any batch that carries
+			// one, so the ranks of the last sample travel along.
+			t.Ranks, t.InFlight = ranks, inFlight
+		}
 		if p.nccl != nil {
 			t.LostCollectives = p.nccl.Lost()
 		}
 		if p.net != nil {
 			t.LostNetEvents = p.net.Lost()
 		}
-		if len(t.Gpus) > 0 || len(t.Collectives) > 0 || len(t.Flows) > 0 {
+		if len(t.Gpus) > 0 || len(t.Collectives) > 0 || len(t.Flows) > 0 || len(t.InFlight) > 0 {
 			emit(t)
 		}
 		select {

@@ -5489,7 +5489,12 @@ type Job struct {
 	// Nodes a restart must avoid (gpuctl restart --exclude, failed nodes).
 	Exclude []string `protobuf:"bytes,38,rep,name=exclude,proto3" json:"exclude,omitempty"`
 	// A stall is currently declared on the job.
-	Stalled       bool `protobuf:"varint,39,opt,name=stalled,proto3" json:"stalled,omitempty"`
+	Stalled bool `protobuf:"varint,39,opt,name=stalled,proto3" json:"stalled,omitempty"`
+	// When the first attempt started; goodput and downtime count from it.
+	FirstStartUnixNano int64 `protobuf:"varint,40,opt,name=first_start_unix_nano,json=firstStartUnixNano,proto3" json:"first_start_unix_nano,omitempty"`
+	// Checkpoints the job's ranks reported (CHECKPOINT events);
+	// checkpoint_seconds is their mean.
+	Checkpoints   uint32 `protobuf:"varint,41,opt,name=checkpoints,proto3" json:"checkpoints,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5795,6 +5800,20 @@ func (x *Job) GetStalled() bool {
 		return x.Stalled
 	}
 	return false
+}
+
+func (x *Job) GetFirstStartUnixNano() int64 {
+	if x != nil {
+		return x.FirstStartUnixNano
+	}
+	return 0
+}
+
+func (x *Job) GetCheckpoints() uint32 {
+	if x != nil {
+		return x.Checkpoints
+	}
+	return 0
 }
 
 type SubmitJobRequest struct {
@@ -6799,8 +6818,10 @@ func (x *CordonRequest) GetReason() string {
 }
 
 type CordonResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          *NodeStatus            `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  *NodeStatus            `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Drain: every job with live ranks on the node and what becomes of it.
+	Jobs          []*DrainedJob `protobuf:"bytes,2,rep,name=jobs,proto3" json:"jobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6842,6 +6863,84 @@ func (x *CordonResponse) GetNode() *NodeStatus {
 	return nil
 }
 
+func (x *CordonResponse) GetJobs() []*DrainedJob {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
+// DrainedJob is a job a drain found on the node.
+type DrainedJob struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// Queued to move: checkpoint, stop, relaunch on `to`.
+	Moving bool     `protobuf:"varint,2,opt,name=moving,proto3" json:"moving,omitempty"`
+	To     []string `protobuf:"bytes,3,rep,name=to,proto3" json:"to,omitempty"`
+	// Why it stays on the node, when it does.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainedJob) Reset() {
+	*x = DrainedJob{}
+	mi := &file_gpuctl_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainedJob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainedJob) ProtoMessage() {}
+
+func (x *DrainedJob) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainedJob.ProtoReflect.Descriptor instead.
+func (*DrainedJob) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *DrainedJob) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *DrainedJob) GetMoving() bool {
+	if x != nil {
+		return x.Moving
+	}
+	return false
+}
+
+func (x *DrainedJob) GetTo() []string {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+func (x *DrainedJob) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type CheckpointJobRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
@@ -6851,7 +6950,7 @@ type CheckpointJobRequest struct {
 
 func (x *CheckpointJobRequest) Reset() {
 	*x = CheckpointJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6863,7 +6962,7 @@ func (x *CheckpointJobRequest) String() string {
 func (*CheckpointJobRequest) ProtoMessage() {}
 
 func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6876,7 +6975,7 @@ func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{72}
+	return file_gpuctl_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *CheckpointJobRequest) GetJob() string {
@@ -6895,7 +6994,7 @@ type CheckpointJobResponse struct {
 
 func (x *CheckpointJobResponse) Reset() {
 	*x = CheckpointJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6907,7 +7006,7 @@ func (x *CheckpointJobResponse) String() string {
 func (*CheckpointJobResponse) ProtoMessage() {}
 
 func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6920,7 +7019,7 @@ func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{73}
+	return file_gpuctl_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *CheckpointJobResponse) GetJob() *Job {
@@ -6942,7 +7041,7 @@ type RestartJobRequest struct {
 
 func (x *RestartJobRequest) Reset() {
 	*x = RestartJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6954,7 +7053,7 @@ func (x *RestartJobRequest) String() string {
 func (*RestartJobRequest) ProtoMessage() {}
 
 func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6967,7 +7066,7 @@ func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobRequest.ProtoReflect.Descriptor instead.
 func (*RestartJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{74}
+	return file_gpuctl_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *RestartJobRequest) GetJob() string {
@@ -7000,7 +7099,7 @@ type RestartJobResponse struct {
 
 func (x *RestartJobResponse) Reset() {
 	*x = RestartJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7012,7 +7111,7 @@ func (x *RestartJobResponse) String() string {
 func (*RestartJobResponse) ProtoMessage() {}
 
 func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7025,7 +7124,7 @@ func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobResponse.ProtoReflect.Descriptor instead.
 func (*RestartJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{75}
+	return file_gpuctl_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *RestartJobResponse) GetJob() *Job {
@@ -7048,7 +7147,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7060,7 +7159,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7073,7 +7172,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{76}
+	return file_gpuctl_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *LogsRequest) GetJob() string {
@@ -7114,7 +7213,7 @@ type LogsChunk struct {
 
 func (x *LogsChunk) Reset() {
 	*x = LogsChunk{}
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7126,7 +7225,7 @@ func (x *LogsChunk) String() string {
 func (*LogsChunk) ProtoMessage() {}
 
 func (x *LogsChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7139,7 +7238,7 @@ func (x *LogsChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsChunk.ProtoReflect.Descriptor instead.
 func (*LogsChunk) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{77}
+	return file_gpuctl_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *LogsChunk) GetData() []byte {
@@ -7595,7 +7694,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\aJobNode\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12(\n" +
-	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\x9c\v\n" +
+	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xf1\v\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -7642,7 +7741,9 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x12checkpoint_seconds\x18$ \x01(\x01R\x11checkpointSeconds\x12M\n" +
 	"#advised_checkpoint_interval_seconds\x18% \x01(\x01R advisedCheckpointIntervalSeconds\x12\x18\n" +
 	"\aexclude\x18& \x03(\tR\aexclude\x12\x18\n" +
-	"\astalled\x18' \x01(\bR\astalled\"t\n" +
+	"\astalled\x18' \x01(\bR\astalled\x121\n" +
+	"\x15first_start_unix_nano\x18( \x01(\x03R\x12firstStartUnixNano\x12 \n" +
+	"\vcheckpoints\x18) \x01(\rR\vcheckpoints\"t\n" +
 	"\x10SubmitJobRequest\x12\x1b\n" +
 	"\tspec_yaml\x18\x01 \x01(\tR\bspecYaml\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x17\n" +
@@ -7708,9 +7809,16 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\rCordonRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\";\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"f\n" +
 	"\x0eCordonResponse\x12)\n" +
-	"\x04node\x18\x01 \x01(\v2\x15.gpuctl.v1.NodeStatusR\x04node\"(\n" +
+	"\x04node\x18\x01 \x01(\v2\x15.gpuctl.v1.NodeStatusR\x04node\x12)\n" +
+	"\x04jobs\x18\x02 \x03(\v2\x15.gpuctl.v1.DrainedJobR\x04jobs\"^\n" +
+	"\n" +
+	"DrainedJob\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
+	"\x06moving\x18\x02 \x01(\bR\x06moving\x12\x0e\n" +
+	"\x02to\x18\x03 \x03(\tR\x02to\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"(\n" +
 	"\x14CheckpointJobRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\"9\n" +
 	"\x15CheckpointJobResponse\x12 \n" +
@@ -7814,7 +7922,7 @@ func file_gpuctl_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 82)
+var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
 var file_gpuctl_proto_goTypes = []any{
 	(NCCLOp)(0),                     // 0: gpuctl.v1.NCCLOp
 	(EventKind)(0),                  // 1: gpuctl.v1.EventKind
@@ -7896,16 +8004,17 @@ var file_gpuctl_proto_goTypes = []any{
 	(*ListStallsResponse)(nil),      // 77: gpuctl.v1.ListStallsResponse
 	(*CordonRequest)(nil),           // 78: gpuctl.v1.CordonRequest
 	(*CordonResponse)(nil),          // 79: gpuctl.v1.CordonResponse
-	(*CheckpointJobRequest)(nil),    // 80: gpuctl.v1.CheckpointJobRequest
-	(*CheckpointJobResponse)(nil),   // 81: gpuctl.v1.CheckpointJobResponse
-	(*RestartJobRequest)(nil),       // 82: gpuctl.v1.RestartJobRequest
-	(*RestartJobResponse)(nil),      // 83: gpuctl.v1.RestartJobResponse
-	(*LogsRequest)(nil),             // 84: gpuctl.v1.LogsRequest
-	(*LogsChunk)(nil),               // 85: gpuctl.v1.LogsChunk
-	nil,                             // 86: gpuctl.v1.NodeRegistration.LabelsEntry
-	nil,                             // 87: gpuctl.v1.RDMAPortSample.CountersEntry
-	nil,                             // 88: gpuctl.v1.Event.AttrsEntry
-	nil,                             // 89: gpuctl.v1.LaunchRanks.EnvEntry
+	(*DrainedJob)(nil),              // 80: gpuctl.v1.DrainedJob
+	(*CheckpointJobRequest)(nil),    // 81: gpuctl.v1.CheckpointJobRequest
+	(*CheckpointJobResponse)(nil),   // 82: gpuctl.v1.CheckpointJobResponse
+	(*RestartJobRequest)(nil),       // 83: gpuctl.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),      // 84: gpuctl.v1.RestartJobResponse
+	(*LogsRequest)(nil),             // 85: gpuctl.v1.LogsRequest
+	(*LogsChunk)(nil),               // 86: gpuctl.v1.LogsChunk
+	nil,                             // 87: gpuctl.v1.NodeRegistration.LabelsEntry
+	nil,                             // 88: gpuctl.v1.RDMAPortSample.CountersEntry
+	nil,                             // 89: gpuctl.v1.Event.AttrsEntry
+	nil,                             // 90: gpuctl.v1.LaunchRanks.EnvEntry
 }
 var file_gpuctl_proto_depIdxs = []int32{
 	8,   // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
@@ -7914,12 +8023,12 @@ var file_gpuctl_proto_depIdxs = []int32{
 	13,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
 	14,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
 	15,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
-	86,  // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
+	87,  // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
 	34,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
 	17,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
 	18,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
 	0,   // 10: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
-	87,  // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
+	88,  // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
 	19,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
 	20,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
 	21,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
@@ -7929,9 +8038,9 @@ var file_gpuctl_proto_depIdxs = []int32{
 	1,   // 18: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
 	2,   // 19: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
 	3,   // 20: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
-	88,  // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
+	89,  // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
 	4,   // 22: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
-	89,  // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
+	90,  // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
 	28,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
 	29,  // 25: gpuctl.v1.Command.launch:type_name -> gpuctl.v1.LaunchRanks
 	30,  // 26: gpuctl.v1.Command.signal:type_name -> gpuctl.v1.SignalRanks
@@ -7976,9 +8085,9 @@ var file_gpuctl_proto_depIdxs = []int32{
 	72,  // 65: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
 	76,  // 66: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
 	78,  // 67: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
-	80,  // 68: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
-	82,  // 69: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
-	84,  // 70: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
+	81,  // 68: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
+	83,  // 69: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
+	85,  // 70: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
 	41,  // 71: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
 	43,  // 72: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
 	45,  // 73: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
@@ -7993,9 +8102,9 @@ var file_gpuctl_proto_depIdxs = []int32{
 	73,  // 82: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
 	77,  // 83: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
 	79,  // 84: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
-	81,  // 85: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
-	83,  // 86: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
-	85,  // 87: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
+	82,  // 85: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
+	84,  // 86: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
+	86,  // 87: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
 	59,  // 88: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
 	58,  // 89: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
 	6,   // 90: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
@@ -8018,13 +8127,14 @@ var file_gpuctl_proto_depIdxs = []int32{
 	74,  // 107: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
 	75,  // 108: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
 	38,  // 109: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
-	61,  // 110: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
-	61,  // 111: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
-	112, // [112:112] is the sub-list for method output_type
-	112, // [112:112] is the sub-list for method input_type
-	112, // [112:112] is the sub-list for extension type_name
-	112, // [112:112] is the sub-list for extension extendee
-	0,   // [0:112] is the sub-list for field type_name
+	80,  // 110: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
+	61,  // 111: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
+	61,  // 112: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
+	113, // [113:113] is the sub-list for method output_type
+	113, // [113:113] is the sub-list for method input_type
+	113, // [113:113] is the sub-list for extension type_name
+	113, // [113:113] is the sub-list for extension extendee
+	0,   // [0:113] is the sub-list for field type_name
 }
 
 func init() { file_gpuctl_proto_init() }
@@ -8099,7 +8209,7 @@ func file_gpuctl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuctl_proto_rawDesc), len(file_gpuctl_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   82,
+			NumMessages:   83,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

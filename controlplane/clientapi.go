@@ -43,6 +43,8 @@ func minRole(req *api.ClientRequest) transport.Role {
 	switch req.Body.(type) {
 	case *api.ClientRequest_CreateToken, *api.ClientRequest_InjectFault:
 		return transport.RoleAdmin
+	case *api.ClientRequest_Cordon:
+		return transport.RoleOperator
 	}
 	return transport.RoleViewer
 }
@@ -98,8 +100,23 @@ func (s *Server) handleRequest(ctx context.Context, conn *transport.Conn, st *tr
 		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_InjectFault{InjectFault: &api.InjectFaultResponse{}}})
 	case *api.ClientRequest_Observe:
 		return s.observe(ctx, st, b.Observe)
+	case *api.ClientRequest_ListStalls:
+		stalls, err := s.Stalls(b.ListStalls.GetJob())
+		if err != nil {
+			return fail("%v", err)
+		}
+		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_ListStalls{ListStalls: &api.ListStallsResponse{Stalls: stalls}}})
+	case *api.ClientRequest_Cordon:
+		r, err := s.cordon(b.Cordon)
+		if err != nil {
+			return fail("%s %s: %v", b.Cordon.GetAction(), b.Cordon.GetNode(), err)
+		}
+		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_Cordon{Cordon: r}})
+	case *api.ClientRequest_Logs:
+		return s.logs(ctx, st, b.Logs)
 	case *api.ClientRequest_SubmitJob, *api.ClientRequest_ListJobs, *api.ClientRequest_CancelJob,
-		*api.ClientRequest_AssignJob, *api.ClientRequest_Rebalance:
+		*api.ClientRequest_AssignJob, *api.ClientRequest_Rebalance,
+		*api.ClientRequest_CheckpointJob, *api.ClientRequest_RestartJob:
 		return st.Send(s.jobs.handle(ctx, conn.Name(), &req))
 	}
 	return fail("unknown request: this server speaks gpuctl protocol v%d.%d; upgrade it if the client is newer", api.ProtocolMajor, api.ProtocolMinor)

@@ -53,6 +53,22 @@ type jobConfig struct {
 	// MaxExplained bounds how many pending jobs per pass get a placer
 	// explanation, default 64; the rest read "queued".
 	MaxExplained int
+	// ValidateCommand is the short all-reduce run on nodes new to a
+	// recovering job before it lands there (one rank per node); empty
+	// skips it, leaving NVML health as the only check.
+	ValidateCommand []string
+	// ValidateTimeout bounds a validation gang, default 30 s.
+	ValidateTimeout time.Duration
+	// MaxValidations bounds the validation rounds of one recovery, default 3.
+	MaxValidations int
+	// RecoveryKillAfter is how long a recovering job's surviving ranks
+	// have after SIGTERM before SIGKILL, default 5 s: they are stuck in a
+	// collective with a dead peer, not saving anything.
+	RecoveryKillAfter time.Duration
+	// ReconnectGrace is added to twice a node's heartbeat to bound how long
+	// a disconnected node may hold live ranks (after a server restart,
+	// before it reconnects) until it counts as down; default 5 s.
+	ReconnectGrace time.Duration
 }
 
 func (c *jobConfig) defaults() {
@@ -83,6 +99,18 @@ func (c *jobConfig) defaults() {
 	if c.MaxExplained <= 0 {
 		c.MaxExplained = 64
 	}
+	if c.ValidateTimeout <= 0 {
+		c.ValidateTimeout = 30 * time.Second
+	}
+	if c.MaxValidations <= 0 {
+		c.MaxValidations = 3
+	}
+	if c.RecoveryKillAfter <= 0 {
+		c.RecoveryKillAfter = 5 * time.Second
+	}
+	if c.ReconnectGrace <= 0 {
+		c.ReconnectGrace = 5 * time.Second
+	}
 }
 
 // commander sends one command to a node and waits for its ack; the Server
@@ -97,6 +125,12 @@ type jobEntry struct {
 	// spec is nil only for a stored job whose file no longer parses; such
 	// a job is failed on load.
 	spec *jobspec.Spec
+	// resume, when resumeSet, is the step the next start resumes from
+	// (recovery decided it); otherwise the latest checkpoint is used.
+	resume    int64
+	resumeSet bool
+	// killSent is set once a stop has sent SIGKILL.
+	killSent bool
 }
 
 // jobManager owns jobs: it persists them, runs the scheduler over live
@@ -112,10 +146,26 @@ type jobManager struct {
 	now   func() time.Time
 	kick  chan struct{}
 
+	// ranks returns the live rank statuses nodes report (state.jobRanks).
+	ranks func(job string) []NodeRanks
+	// cordon takes a failed node out of scheduling; nil when the server
+	// cannot.
+	cordon func(node, reason string) error
+	// loadedAt is when the manager loaded the store: nodes holding ranks
+	// must reconnect within their grace of it.
+	loadedAt time.Time
+
 	mu   sync.Mutex
 	jobs map[string]*jobEntry
 	// moves are the rebalance moves not yet begun; they run one at a time.
 	moves []scheduler.Move
+	// recs are the recoveries in progress, vals the validation gangs.
+	recs map[string]*recovery
+	vals map[string]*validation
+	prog map[string]*jobProgress
+	// later holds side effects decided outside reconcile (event handlers),
+	// carried out by the next pass.
+	later []action
 }
 
 // newJobManager loads every stored job. A job whose stored file no longer
@@ -123,8 +173,9 @@ type jobManager struct {
 // silently dropped.
 func newJobManager(cfg jobConfig, log *slog.Logger, st store.Store, cmd commander, nodes func() []*api.NodeStatus, now func() time.Time) (*jobManager, error) {
 	cfg.defaults()
-	m := &jobManager{cfg: cfg, log: log, store: st, cmd: cmd, nodes: nodes, now: now,
-		kick: make(chan struct{}, 1), jobs: map[string]*jobEntry{}}
+	m := &jobManager{cfg: cfg, log: log, store: st, cmd: cmd, nodes: nodes, now: now, loadedAt: now(),
+		kick: make(chan struct{}, 1), jobs: map[string]*jobEntry{},
+		recs: map[string]*recovery{}, vals: map[string]*validation{}, prog: map[string]*jobProgress{}}
 	stored, err := st.Jobs()
 	if err != nil {
 		return nil, fmt.Errorf("load jobs: %w", err)
@@ -135,8 +186,14 @@ func newJobManager(cfg jobConfig, log *slog.Logger, st store.Store, cmd commande
 		if err == nil {
 			en.spec = spec
 		} else if !terminal(j.GetState()) {
-			m.failLocked(en, fmt.Sprintf("stored job file no longer parses: %v", err), now())
+			m.finalFailLocked(en, fmt.Sprintf("stored job file no longer parses: %v", err), now())
 			m.persistLocked(en)
+		}
+		if en.spec != nil && j.GetState() == api.JobState_JOB_STATE_RECOVERING {
+			// The recovery restarts from its first step: stop what is
+			// left, choose nodes, validate, relaunch.
+			m.recs[j.GetId()] = &recovery{failure: scheduler.Failure{Kind: scheduler.FailRankExit}, reason: strings.TrimPrefix(j.GetReason(), "recovering: "),
+				since: now(), stepAt: j.GetStep(), resume: -1, cordon: map[string]string{}}
 		}
 		m.jobs[j.GetId()] = en
 	}
@@ -232,8 +289,13 @@ func (m *jobManager) onEvent(e *api.Event) {
 		m.rankExited(e)
 	case api.EventKind_EVENT_KIND_NODE_DOWN:
 		m.nodeDown(e.GetNode(), e.GetMessage())
-	case api.EventKind_EVENT_KIND_NODE_UP:
+	case api.EventKind_EVENT_KIND_NODE_UP, api.EventKind_EVENT_KIND_NODE_JOINED:
 		m.nodeUp(e.GetNode())
+		m.reconcileRegistration(e.GetNode())
+	case api.EventKind_EVENT_KIND_CHECKPOINT:
+		m.checkpointed(e)
+	case api.EventKind_EVENT_KIND_XID, api.EventKind_EVENT_KIND_ECC, api.EventKind_EVENT_KIND_GPU_LOST:
+		m.gpuFault(e)
 	}
 }
 
@@ -258,6 +320,9 @@ func (m *jobManager) rankStarted(e *api.Event) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.validationEventLocked(e) {
+		return
+	}
 	en := m.jobs[e.GetJob()]
 	if en == nil {
 		return
@@ -275,6 +340,10 @@ func (m *jobManager) rankStarted(e *api.Event) {
 func (m *jobManager) rankExited(e *api.Event) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.validationEventLocked(e) {
+		m.poke()
+		return
+	}
 	en := m.jobs[e.GetJob()]
 	if en == nil {
 		return
@@ -289,7 +358,8 @@ func (m *jobManager) rankExited(e *api.Event) {
 	if j.GetState() == api.JobState_JOB_STATE_RUNNING && j.GetStopping() == api.JobStop_JOB_STOP_NONE {
 		switch {
 		case e.GetExitCode() != 0 || e.GetSignal() != "":
-			m.failLocked(en, fmt.Sprintf("rank %d on %s (pid %d) %s", e.GetRank(), e.GetNode(), e.GetPid(), describeExit(e.GetExitCode(), e.GetSignal())), now)
+			m.failLocked(en, scheduler.Failure{Kind: scheduler.FailRankExit},
+				fmt.Sprintf("rank %d on %s (pid %d) %s", e.GetRank(), e.GetNode(), e.GetPid(), describeExit(e.GetExitCode(), e.GetSignal())), now)
 		case liveRanks(j) == 0:
 			j.State = api.JobState_JOB_STATE_SUCCEEDED
 			j.EndUnixNano = now.UnixNano()
@@ -312,7 +382,16 @@ func describeExit(code int32, signal string) string {
 func (m *jobManager) nodeDown(node, why string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.now()
+	m.nodeDownLocked(node, why, m.now())
+	m.poke()
+}
+
+func (m *jobManager) nodeDownLocked(node, why string, now time.Time) {
+	for _, v := range m.vals {
+		if r := v.ranks[node]; r != nil && !r.exited {
+			r.exited, r.code, r.err = true, -1, "node went down ("+why+")"
+		}
+	}
 	for _, en := range m.sortedLocked() {
 		j := en.job
 		hit := false
@@ -330,12 +409,15 @@ func (m *jobManager) nodeDown(node, why string) {
 		if !hit {
 			continue
 		}
-		if j.GetState() == api.JobState_JOB_STATE_RUNNING && j.GetStopping() == api.JobStop_JOB_STOP_NONE {
-			m.failLocked(en, fmt.Sprintf("node %s went down (%s)", node, why), now)
+		f := scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: []string{node}}
+		reason := fmt.Sprintf("node %s went down (%s)", node, why)
+		switch {
+		case j.GetState() == api.JobState_JOB_STATE_RUNNING && j.GetStopping() == api.JobStop_JOB_STOP_NONE,
+			j.GetState() == api.JobState_JOB_STATE_RECOVERING:
+			m.failLocked(en, f, reason, now)
 		}
 		m.persistLocked(en)
 	}
-	m.poke()
 }
 
 // lostRank marks a rank given up with its node: not seen to exit, so its
@@ -368,26 +450,6 @@ func (m *jobManager) nodeUp(node string) {
 	}
 }
 
-// failLocked records that a running job broke. This is where recovery
-// (restart in place, swap in a spare, shrink) will act on the job's
-// restart policy; today every failure is final: the job fails and its
-// remaining ranks are stopped, since a gang with a dead rank hangs in its
-// next collective.
-func (m *jobManager) failLocked(en *jobEntry, reason string, now time.Time) {
-	j := en.job
-	j.State = api.JobState_JOB_STATE_FAILED
-	j.Reason = reason
-	j.EndUnixNano = now.UnixNano()
-	j.MoveTarget = nil
-	if liveRanks(j) > 0 {
-		j.Stopping = api.JobStop_JOB_STOP_FAILED
-		j.StopSinceUnixNano, j.TermSentUnixNano = now.UnixNano(), 0
-	} else {
-		j.Stopping = api.JobStop_JOB_STOP_NONE
-	}
-	m.log.Warn("job failed", "job", j.GetId(), "attempt", j.GetAttempt(), "reason", reason)
-}
-
 // --------------------------------------------------------------- the loop
 
 // action is a side effect decided under the lock and carried out after.
@@ -398,11 +460,14 @@ type action func(ctx context.Context)
 func (m *jobManager) reconcile(ctx context.Context) {
 	m.mu.Lock()
 	now := m.now()
-	var acts []action
+	acts := m.later
+	m.later = nil
+	m.lostNodesLocked(now)
 	acts = append(acts, m.stopsLocked(now)...)
+	acts = append(acts, m.recoveriesLocked(ctx, now)...)
 	acts = append(acts, m.movesLocked(now)...)
 	acts = append(acts, m.scheduleLocked(now)...)
-	m.progressLocked()
+	acts = append(acts, m.metricsLocked(now)...)
 	m.mu.Unlock()
 	for _, a := range acts {
 		a(ctx)
@@ -461,14 +526,23 @@ func (m *jobManager) stopsLocked(now time.Time) []action {
 				term = step > j.GetStopCheckpointStep() || now.Sub(time.Unix(0, j.GetStopSinceUnixNano())) >= grace
 			}
 			if term {
+				en.killSent = false
 				j.TermSentUnixNano = now.UnixNano()
 				acts = append(acts, m.signalAction(j, "SIGTERM"))
 				changed = true
 			}
-		} else if now.Sub(time.Unix(0, j.GetTermSentUnixNano())) >= m.cfg.KillAfter {
-			m.log.Warn("ranks outlived SIGTERM; killing", "job", j.GetId(), "live", liveRanks(j))
+		} else if grace := m.killAfter(j); now.Sub(time.Unix(0, j.GetTermSentUnixNano())) >= grace {
+			if en.killSent {
+				// SIGKILL cannot be ignored: a rank still counted live a
+				// grace after it is one its node no longer has (its exit
+				// was lost with a restarted nodemon).
+				m.giveUpRanksLocked(en)
+			} else {
+				m.log.Warn("ranks outlived SIGTERM; killing", "job", j.GetId(), "live", liveRanks(j))
+				acts = append(acts, m.signalAction(j, "SIGKILL"))
+				en.killSent = true
+			}
 			j.TermSentUnixNano = now.UnixNano()
-			acts = append(acts, m.signalAction(j, "SIGKILL"))
 			changed = true
 		}
 		if changed {
@@ -478,9 +552,44 @@ func (m *jobManager) stopsLocked(now time.Time) []action {
 	return acts
 }
 
+// killAfter is how long a stopping job's ranks have after SIGTERM.
+func (m *jobManager) killAfter(j *api.Job) time.Duration {
+	if j.GetState() == api.JobState_JOB_STATE_RECOVERING {
+		return m.cfg.RecoveryKillAfter
+	}
+	return m.cfg.KillAfter
+}
+
+// giveUpRanksLocked marks exited the ranks a SIGKILL and a grace did not
+// account for. A rank on a connected node that is still counted live then
+// is one its nodemon no longer knows (the exit was lost when it restarted).
+func (m *jobManager) giveUpRanksLocked(en *jobEntry) {
+	j := en.job
+	connected := map[string]bool{}
+	for _, n := range m.nodes() {
+		connected[n.GetRegistration().GetName()] = n.GetConnected()
+	}
+	var gone []string
+	for _, jn := range j.GetPlacement() {
+		if !connected[jn.GetNode()] {
+			// Its ranks may still run there: they count gone only with
+			// the node (lostNodesLocked).
+			continue
+		}
+		for _, r := range jn.GetRanks() {
+			if !r.GetExited() {
+				r.Exited, r.ExitCode, r.Signal = true, -1, "unaccounted after SIGKILL"
+				gone = append(gone, fmt.Sprintf("%s rank %d (pid %d)", jn.GetNode(), r.GetRank(), r.GetPid()))
+			}
+		}
+	}
+	m.log.Warn("ranks unaccounted for a grace after SIGKILL; counting them gone", "job", j.GetId(), "ranks", gone)
+}
+
 // finishStopLocked moves a job whose ranks are all gone to its next state.
 func (m *jobManager) finishStopLocked(en *jobEntry, now time.Time) []action {
 	j := en.job
+	en.killSent = false
 	stop := j.GetStopping()
 	j.Stopping, j.TermSentUnixNano, j.StopSinceUnixNano = api.JobStop_JOB_STOP_NONE, 0, 0
 	var acts []action
@@ -676,7 +785,7 @@ func (m *jobManager) scheduleLocked(now time.Time) []action {
 		case scheduler.Reserve:
 			reserve = &d
 		case scheduler.Reject:
-			m.failLocked(en, "rejected by the scheduler: "+d.Err.Error(), now)
+			m.finalFailLocked(en, "rejected by the scheduler: "+d.Err.Error(), now)
 			m.persistLocked(en)
 		}
 	}
@@ -699,13 +808,19 @@ func (m *jobManager) startLocked(en *jobEntry, pl scheduler.Placement, now time.
 	j.MasterAddr = m.addrOf(pl.Ranks[0].Node)
 	j.MasterPort = m.portLocked(j.GetId(), j.GetAttempt())
 	j.ResumeStep = 0
-	if j.GetAttempt() > 1 {
-		if step, ok := readLatest(j.GetCheckpointDir()); ok && step > 0 {
-			j.ResumeStep = step
-		}
+	switch {
+	case en.resumeSet:
+		j.ResumeStep = en.resume
+		en.resume, en.resumeSet = 0, false
+	case j.GetAttempt() > 1:
+		j.ResumeStep = m.resumeStepLocked(en)
 	}
 	j.State = api.JobState_JOB_STATE_RUNNING
 	j.StartUnixNano = now.UnixNano()
+	if j.GetFirstStartUnixNano() == 0 {
+		j.FirstStartUnixNano = now.UnixNano()
+	}
+	j.Stalled = false
 	j.PendingReason, j.Hold = "", false
 	j.Stopping, j.TermSentUnixNano, j.StopSinceUnixNano, j.MoveTarget = api.JobStop_JOB_STOP_NONE, 0, 0, nil
 	j.Reason = fmt.Sprintf("attempt %d started on %s", j.GetAttempt(), strings.Join(pl.Nodes(), ","))
@@ -764,7 +879,12 @@ func (m *jobManager) launchFailed(id string, attempt uint32, errs map[string]err
 		}
 	}
 	if j.GetState() == api.JobState_JOB_STATE_RUNNING && j.GetStopping() == api.JobStop_JOB_STOP_NONE {
-		m.failLocked(en, "launch failed on "+strings.Join(msgs, "; "), m.now())
+		var refused []string
+		for node := range errs {
+			refused = append(refused, node)
+		}
+		slices.Sort(refused)
+		m.failLocked(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: refused}, "launch failed on "+strings.Join(msgs, "; "), m.now())
 	}
 	m.persistLocked(en)
 	m.poke()
@@ -792,22 +912,6 @@ func (m *jobManager) preemptLocked(en *jobEntry, d scheduler.Preempt, now time.T
 	}
 	m.log.Info("preempting job", "job", j.GetId(), "for", d.For, "signal", sig)
 	return m.signalAction(j, sig)
-}
-
-// progressLocked reads each running job's checkpoint marker. The server
-// reads it from the checkpoint dir, which works where the server shares
-// the nodes' filesystem (one machine, or a shared checkpoint volume).
-func (m *jobManager) progressLocked() {
-	for _, en := range m.jobs {
-		j := en.job
-		if j.GetState() != api.JobState_JOB_STATE_RUNNING {
-			continue
-		}
-		if step, ok := readLatest(j.GetCheckpointDir()); ok && step != j.GetLastCheckpointStep() {
-			j.LastCheckpointStep = step
-			m.persistLocked(en)
-		}
-	}
 }
 
 // readLatest returns the step in a checkpoint dir's `latest` marker.

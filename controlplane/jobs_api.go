@@ -32,7 +32,8 @@ func jobMinRole(req *api.ClientRequest) (transport.Role, bool) {
 			return transport.RoleViewer, true
 		}
 		return transport.RoleOperator, true
-	case *api.ClientRequest_CancelJob, *api.ClientRequest_AssignJob:
+	case *api.ClientRequest_CancelJob, *api.ClientRequest_AssignJob,
+		*api.ClientRequest_CheckpointJob, *api.ClientRequest_RestartJob:
 		return transport.RoleOperator, true
 	}
 	return "", false
@@ -63,6 +64,14 @@ func (m *jobManager) handle(ctx context.Context, who string, req *api.ClientRequ
 		var r *api.RebalanceResponse
 		r, err = m.rebalance(b.Rebalance)
 		resp.Body = &api.ClientResponse_Rebalance{Rebalance: r}
+	case *api.ClientRequest_CheckpointJob:
+		var j *api.Job
+		j, err = m.checkpoint(ctx, b.CheckpointJob.GetJob())
+		resp.Body = &api.ClientResponse_CheckpointJob{CheckpointJob: &api.CheckpointJobResponse{Job: j}}
+	case *api.ClientRequest_RestartJob:
+		var j *api.Job
+		j, err = m.restart(b.RestartJob.GetJob(), b.RestartJob.GetFromCheckpoint(), b.RestartJob.GetExclude(), who)
+		resp.Body = &api.ClientResponse_RestartJob{RestartJob: &api.RestartJobResponse{Job: j}}
 	default:
 		err = fmt.Errorf("not a job request: %T", req.Body)
 	}

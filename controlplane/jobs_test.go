@@ -380,6 +380,8 @@ func TestStartPersistsThenLaunches(t *testing.T) {
 }
 
 func TestExitTransitions(t *testing.T) {
+	// restart_policy none: failures are final (recovery has its own tests).
+	const noRestart = " (not restarted: restart_policy is none)"
 	cases := []struct {
 		name   string
 		act    func(h *harness, id string)
@@ -390,13 +392,13 @@ func TestExitTransitions(t *testing.T) {
 	}{
 		{"all exit 0", func(h *harness, id string) { h.exitAll(id, 0) }, api.JobState_JOB_STATE_SUCCEEDED, "all 4 ranks exited with code 0", nil},
 		{"one exits 1", func(h *harness, id string) { h.exit(id, "n1", 3, 1, "") }, api.JobState_JOB_STATE_FAILED,
-			"rank 3 on n1 (pid 1003) exited with code 1", []string{"n0:SIGTERM", "n1:SIGTERM"}},
+			"rank 3 on n1 (pid 1003) exited with code 1" + noRestart, []string{"n0:SIGTERM", "n1:SIGTERM"}},
 		{"one killed", func(h *harness, id string) { h.exit(id, "n0", 0, -1, "SIGKILL") }, api.JobState_JOB_STATE_FAILED,
-			"rank 0 on n0 (pid 1000) was killed by SIGKILL", []string{"n0:SIGTERM", "n1:SIGTERM"}},
+			"rank 0 on n0 (pid 1000) was killed by SIGKILL" + noRestart, []string{"n0:SIGTERM", "n1:SIGTERM"}},
 		{"node down", func(h *harness, id string) {
 			h.m.onEvent(&api.Event{Node: "n1", Kind: api.EventKind_EVENT_KIND_NODE_DOWN, Message: "no heartbeat for 3s"})
 		},
-			api.JobState_JOB_STATE_FAILED, "node n1 went down (no heartbeat for 3s)", []string{"n0:SIGTERM"}},
+			api.JobState_JOB_STATE_FAILED, "node n1 went down (no heartbeat for 3s)" + noRestart, []string{"n0:SIGTERM"}},
 		{"stale pid ignored", func(h *harness, id string) {
 			h.m.onEvent(&api.Event{Node: "n0", Kind: api.EventKind_EVENT_KIND_PROCESS_EXIT, Job: id, Rank: 0, Pid: 77, ExitCode: 1})
 		}, api.JobState_JOB_STATE_RUNNING, "attempt 1 started on n0,n1", nil},
@@ -407,7 +409,7 @@ func TestExitTransitions(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			h := newHarness(t, DefaultPolicy, threeNodes()...)
-			id := h.submit(ringSpec("ring", 2, 2, ""), false)
+			id := h.submit(ringSpec("ring", 2, 2, "restart_policy: none\n"), false)
 			h.reconcile()
 			h.started(id)
 			h.nodes.take()

@@ -25,7 +25,7 @@ type nodeSession struct {
 	control *transport.Stream
 
 	mu      sync.Mutex
-	pending map[uint64]chan string // command id → error text ("" = ok)
+	pending map[uint64]chan *api.CommandAck // command id → the node's answer
 	closed  bool
 }
 
@@ -36,7 +36,7 @@ func (ns *nodeSession) close(reason string) {
 
 // serveNode runs a node's session until its connection ends.
 func (s *Server) serveNode(ctx context.Context, conn *transport.Conn) {
-	ns := &nodeSession{srv: s, conn: conn, name: conn.Name(), pending: map[uint64]chan string{}}
+	ns := &nodeSession{srv: s, conn: conn, name: conn.Name(), pending: map[uint64]chan *api.CommandAck{}}
 	log := s.log.With("node", ns.name, "remote", conn.RemoteAddr().String())
 	if err := ns.handshake(ctx); err != nil {
 		log.Warn("node handshake failed", "err", err)
@@ -135,7 +135,7 @@ func (ns *nodeSession) readControl() error {
 		case *api.AgentMessage_CommandAck:
 			ns.mu.Lock()
 			if ch, ok := ns.pending[b.CommandAck.GetId()]; ok {
-				ch <- b.CommandAck.GetError()
+				ch <- b.CommandAck
 				delete(ns.pending, b.CommandAck.GetId())
 			}
 			ns.mu.Unlock()
@@ -202,11 +202,18 @@ func (ns *nodeSession) readEvents(st *transport.Stream, log interface{ Warn(stri
 
 // command sends c to the node and waits for its acknowledgement.
 func (ns *nodeSession) command(ctx context.Context, c *api.Command) error {
-	ch := make(chan string, 1)
+	_, err := ns.commandAck(ctx, c)
+	return err
+}
+
+// commandAck sends c to the node and returns its acknowledgement, which
+// carries the data of commands that read (ReadLogs).
+func (ns *nodeSession) commandAck(ctx context.Context, c *api.Command) (*api.CommandAck, error) {
+	ch := make(chan *api.CommandAck, 1)
 	ns.mu.Lock()
 	if ns.closed {
 		ns.mu.Unlock()
-		return fmt.Errorf("node %s disconnected", ns.name)
+		return nil, fmt.Errorf("node %s disconnected", ns.name)
 	}
 	ns.pending[c.GetId()] = ch
 	ns.mu.Unlock()
@@ -214,19 +221,19 @@ func (ns *nodeSession) command(ctx context.Context, c *api.Command) error {
 		ns.mu.Lock()
 		delete(ns.pending, c.GetId())
 		ns.mu.Unlock()
-		return fmt.Errorf("send command to %s: %w", ns.name, err)
+		return nil, fmt.Errorf("send command to %s: %w", ns.name, err)
 	}
 	select {
-	case msg := <-ch:
-		if msg != "" {
-			return fmt.Errorf("node %s: %s", ns.name, msg)
+	case ack := <-ch:
+		if msg := ack.GetError(); msg != "" {
+			return nil, fmt.Errorf("node %s: %s", ns.name, msg)
 		}
-		return nil
+		return ack, nil
 	case <-ctx.Done():
 		ns.mu.Lock()
 		delete(ns.pending, c.GetId())
 		ns.mu.Unlock()
-		return fmt.Errorf("command to %s: %w", ns.name, ctx.Err())
+		return nil, fmt.Errorf("command to %s: %w", ns.name, ctx.Err())
 	}
 }
 
@@ -235,7 +242,7 @@ func (ns *nodeSession) failPending(reason string) {
 	defer ns.mu.Unlock()
 	ns.closed = true
 	for id, ch := range ns.pending {
-		ch <- reason
+		ch <- &api.CommandAck{Id: id, Error: reason}
 		delete(ns.pending, id)
 	}
 }

@@ -38,9 +38,15 @@ type Config struct {
 	ObserveHistory int
 	// DetectEvery is the failure detector's period, default 100 ms.
 	DetectEvery time.Duration
+	// StallEvery is the NCCL stall detector's period, default 250 ms.
+	StallEvery time.Duration
 	// Policy is the scheduling policy (scheduler.PolicyNames), default
 	// DefaultPolicy.
 	Policy string
+	// ValidateCommand is the short all-reduce a recovering job's new nodes
+	// run first, one rank per node (e.g. ringtrain --steps 3 --compute-ms 0
+	// --bytes 1M); empty skips it.
+	ValidateCommand []string
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -58,6 +64,11 @@ type Server struct {
 	ln    *transport.Listener
 	cmdID atomic.Uint64
 	wg    sync.WaitGroup
+	// stalls is the NCCL stall detector's state (stalls.go).
+	stalls *stallDetector
+	// onStall, when set, is called once for every stall when it is first
+	// declared, on a goroutine of its own, with a copy of the stall.
+	onStall func(*api.Stall)
 }
 
 // AdminConfigPath is the client configuration gpuctl serve writes for the
@@ -80,6 +91,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.DetectEvery <= 0 {
 		cfg.DetectEvery = 100 * time.Millisecond
+	}
+	if cfg.StallEvery <= 0 {
+		cfg.StallEvery = 250 * time.Millisecond
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -111,12 +125,18 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	host, _ := os.Hostname()
-	srv := &Server{cfg: cfg, log: cfg.Log, name: host, auth: auth, store: st, st: state}
-	srv.jobs, err = newJobManager(jobConfig{Policy: policy, CheckpointRoot: filepath.Join(cfg.DataDir, "checkpoints")},
+	srv := &Server{cfg: cfg, log: cfg.Log, name: host, auth: auth, store: st, st: state, stalls: newStallDetector()}
+	srv.jobs, err = newJobManager(jobConfig{Policy: policy, CheckpointRoot: filepath.Join(cfg.DataDir, "checkpoints"),
+		ValidateCommand: cfg.ValidateCommand},
 		cfg.Log.With("part", "jobs"), st, srv, state.listNodes, cfg.Now)
 	if err != nil {
 		st.Close()
 		return nil, fmt.Errorf("serve: %w", err)
+	}
+	srv.jobs.ranks = state.jobRanks
+	srv.onStall = srv.jobs.stalled
+	if c, ok := any(srv).(cordoner); ok {
+		srv.jobs.cordon = c.Cordon
 	}
 	state.onEvent = srv.jobs.onEvent
 	return srv, nil
@@ -189,6 +209,11 @@ func (s *Server) Serve(ctx context.Context) error {
 		defer s.wg.Done()
 		s.jobs.run(ctx)
 	}()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.watchStalls(ctx)
+	}()
 	for {
 		conn, err := s.ln.Accept(ctx)
 		if err != nil {
@@ -240,6 +265,17 @@ func (s *Server) Command(ctx context.Context, node string, c *api.Command) error
 	}
 	c.Id = s.cmdID.Add(1)
 	return sess.command(ctx, c)
+}
+
+// CommandAck sends a command to a connected node and returns its ack,
+// which carries what a reading command (ReadLogs) read.
+func (s *Server) CommandAck(ctx context.Context, node string, c *api.Command) (*api.CommandAck, error) {
+	sess, err := s.st.session(node)
+	if err != nil {
+		return nil, err
+	}
+	c.Id = s.cmdID.Add(1)
+	return sess.commandAck(ctx, c)
 }
 
 // Nodes returns the live state of every known node.

@@ -29,6 +29,9 @@ type nodeEntry struct {
 	ranks    []*api.RankStatus
 	// session is the node's live connection; nil while disconnected.
 	session *nodeSession
+	// down is set while the node is lost (silent or disconnected). It is
+	// kept apart from status.State so that a cordon outlives an outage.
+	down bool
 }
 
 type collKey struct {
@@ -76,7 +79,7 @@ func newState(log *slog.Logger, st store.Store, historyLen, observeHistory int) 
 		if n.State == api.NodeState_NODE_STATE_READY {
 			n.State = api.NodeState_NODE_STATE_DOWN
 		}
-		s.nodes[n.GetRegistration().GetName()] = &nodeEntry{status: n, history: map[uint32]*ring[*api.GPUSample]{}}
+		s.nodes[n.GetRegistration().GetName()] = &nodeEntry{status: n, history: map[uint32]*ring[*api.GPUSample]{}, down: true}
 	}
 	return s, nil
 }
@@ -110,6 +113,7 @@ func (s *state) register(reg *api.NodeRegistration, remote string, sess *nodeSes
 	}
 	e.status = st
 	e.session = sess
+	e.down = false
 	e.lastBeat = now
 	e.heartbeat = time.Duration(reg.GetHeartbeatIntervalMs()) * time.Millisecond
 	if e.heartbeat <= 0 {
@@ -148,7 +152,7 @@ func (s *state) heartbeat(name string, now time.Time) {
 	if e, ok := s.nodes[name]; ok {
 		e.lastBeat = now
 		e.status.LastSeenUnixNano = now.UnixNano()
-		if e.status.State == api.NodeState_NODE_STATE_DOWN && e.session != nil {
+		if e.down && e.session != nil {
 			s.setStateLocked(name, e, api.NodeState_NODE_STATE_READY, "heartbeats resumed", now)
 		}
 	}
@@ -174,7 +178,7 @@ func (s *state) checkHeartbeats(now time.Time) []string {
 	defer s.mu.Unlock()
 	var down []string
 	for name, e := range s.nodes {
-		if e.status.State == api.NodeState_NODE_STATE_DOWN || e.lastBeat.IsZero() {
+		if e.down || e.lastBeat.IsZero() {
 			continue
 		}
 		if silent := now.Sub(e.lastBeat); silent > 2*e.heartbeat {
@@ -190,11 +194,12 @@ func (s *state) checkHeartbeats(now time.Time) []string {
 // nodes keep that state (their cordon outlives an outage) but still log it.
 func (s *state) setStateLocked(name string, e *nodeEntry, to api.NodeState, reason string, now time.Time) {
 	from := e.status.State
-	if from == to {
+	down := to == api.NodeState_NODE_STATE_DOWN
+	if e.down == down {
 		return
 	}
-	cordoned := from == api.NodeState_NODE_STATE_CORDONED || from == api.NodeState_NODE_STATE_DRAINING
-	if !(cordoned && to == api.NodeState_NODE_STATE_READY) {
+	e.down = down
+	if !cordonedState(from) {
 		e.status.State = to
 	}
 	if err := s.store.PutNode(e.status); err != nil {
@@ -206,6 +211,12 @@ func (s *state) setStateLocked(name string, e *nodeEntry, to api.NodeState, reas
 	}
 	s.log.Info("node state", "node", name, "from", from, "to", to, "reason", reason)
 	s.raiseLocked(&api.Event{Node: name, TimeUnixNano: now.UnixNano(), Kind: kind, Severity: sev, Message: reason})
+}
+
+// cordonedState reports whether a node in state st takes no new work by
+// an operator's (or recovery's) decision.
+func cordonedState(st api.NodeState) bool {
+	return st == api.NodeState_NODE_STATE_CORDONED || st == api.NodeState_NODE_STATE_DRAINING
 }
 
 // raiseLocked persists a server-side event; a store failure is logged,

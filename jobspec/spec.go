@@ -29,6 +29,22 @@ const (
 // RestartPolicies lists the accepted policies.
 var RestartPolicies = []RestartPolicy{RestartInPlace, ReplaceNode, Shrink, NoRestart}
 
+// StallRecovery says what gpuctl does when it declares the job stalled.
+type StallRecovery string
+
+// Stall recovery modes.
+const (
+	// StallManual reports the stall and leaves the job to the operator
+	// (`gpuctl restart JOB --exclude NODE`).
+	StallManual StallRecovery = "manual"
+	// StallAuto restarts the job from its last checkpoint without the
+	// lagging ranks' nodes, under its restart policy.
+	StallAuto StallRecovery = "auto"
+)
+
+// StallRecoveries lists the accepted stall recovery modes.
+var StallRecoveries = []StallRecovery{StallManual, StallAuto}
+
 // Defaults applied to fields a job leaves out.
 const (
 	DefaultGPUsPerNode        = 8
@@ -69,6 +85,8 @@ type Spec struct {
 	// StallThreshold is how long collectives may make no progress before
 	// the job counts as hung.
 	StallThreshold time.Duration `yaml:"stall_threshold,omitempty" json:"stall_threshold,omitempty"`
+	// StallRecovery is manual (default) or auto.
+	StallRecovery StallRecovery `yaml:"stall_recovery,omitempty" json:"stall_recovery,omitempty"`
 	RestartPolicy  RestartPolicy `yaml:"restart_policy,omitempty" json:"restart_policy,omitempty"`
 	// MaxRestarts bounds automatic restarts; nil means DefaultMaxRestarts.
 	MaxRestarts *int         `yaml:"max_restarts,omitempty" json:"max_restarts,omitempty"`
@@ -115,6 +133,10 @@ type CheckpointSpec struct {
 	Interval time.Duration `yaml:"interval,omitempty" json:"interval,omitempty"`
 	// Dir is exported to ranks as GPUCTL_CHECKPOINT_DIR.
 	Dir string `yaml:"dir,omitempty" json:"dir,omitempty"`
+	// IntervalAuto is set when the job gave a dir but no interval: the
+	// server then asks for checkpoints (SIGUSR1) at the Young–Daly interval
+	// it advises, and Interval holds the default only for planning.
+	IntervalAuto bool `yaml:"-" json:"-"`
 }
 
 // ElasticSpec lists the data-parallel sizes the job may run at.
@@ -159,6 +181,10 @@ func (s *Spec) ApplyDefaults() {
 	}
 	if s.Checkpoint.Dir != "" && s.Checkpoint.Interval == 0 {
 		s.Checkpoint.Interval = DefaultCheckpointInterval
+		s.Checkpoint.IntervalAuto = true
+	}
+	if s.StallRecovery == "" {
+		s.StallRecovery = StallManual
 	}
 }
 

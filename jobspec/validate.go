@@ -327,6 +327,12 @@ func (s *Spec) validateRecovery(c *checker, tr costmodel.Training, hasModel bool
 		}
 		c.add("restart_policy", "%q: use one of %s", s.RestartPolicy, strings.Join(names, ", "))
 	}
+	if !slices.Contains(StallRecoveries, s.StallRecovery) {
+		c.add("stall_recovery", "%q: use manual or auto", s.StallRecovery)
+	}
+	if s.StallRecovery == StallAuto && s.RestartPolicy == NoRestart {
+		c.add("stall_recovery", "auto contradicts restart_policy none: a stalled job can only be restarted")
+	}
 	if s.MaxRestarts != nil {
 		switch {
 		case *s.MaxRestarts < 0:

@@ -104,7 +104,30 @@ func newRootCmd() *cobra.Command {
 	f.StringVar(&metrics, "metrics-addr", "", "serve Prometheus metrics on this TCP address, e.g. 127.0.0.1:9400")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFile, "log-file", "", "log to this file instead of stderr")
+	f.Int64Var(&cfg.LogMaxBytes, "rank-log-max-bytes", agent.DefaultLogMaxBytes, "rotate a rank's log past this size")
+	f.IntVar(&cfg.LogKeep, "rank-log-keep", agent.DefaultLogKeep, "rotated files kept of each rank's log")
+	f.StringVar(&cfg.CgroupRoot, "cgroup-root", agent.DefaultCgroupRoot, "cgroup v2 mount where each job's ranks get a cgroup (gpuctl/<job>/rank-<R>), or off")
+	cmd.AddCommand(newShimCmd())
 	return cmd
+}
+
+// newShimCmd is the process nodemon runs each rank under (see
+// agent.RunShim); it is not meant to be run by hand.
+func newShimCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:                agent.ShimCommand + " --log FILE --status FILE -- COMMAND [ARG...]",
+		Short:              "run one rank: copy its output into a rotating log and record its exit status (nodemon runs this)",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		SilenceUsage:       true,
+		SilenceErrors:      true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if code := agent.RunShim(args, os.Stderr); code != 0 {
+				os.Exit(code)
+			}
+			return nil
+		},
+	}
 }
 
 func parseLabels(in []string) (map[string]string, error) {

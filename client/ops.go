@@ -1,0 +1,64 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/transport"
+)
+
+// ListStalls lists the NCCL stalls declared now; job (an id or a name)
+// narrows the list, "" lists every job's.
+func (c *Client) ListStalls(ctx context.Context, job string) ([]*api.Stall, error) {
+	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_ListStalls{ListStalls: &api.ListStallsRequest{Job: job}}})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetListStalls().GetStalls(), nil
+}
+
+// Cordon applies action (cordon, uncordon or drain) to node with reason,
+// and returns the node's new status and, for a drain, its jobs' fate.
+func (c *Client) Cordon(ctx context.Context, node, action, reason string) (*api.CordonResponse, error) {
+	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_Cordon{Cordon: &api.CordonRequest{Node: node, Action: action, Reason: reason}}})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetCordon(), nil
+}
+
+// Logs streams a rank's log to fn: what is there, then with req.Follow
+// what the rank writes next, until the job ends, ctx ends or fn returns
+// an error.
+func (c *Client) Logs(ctx context.Context, req *api.LogsRequest, fn func(*api.LogsChunk) error) error {
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.conn.OpenStream(lctx, transport.StreamRequest)
+	if err != nil {
+		return fmt.Errorf("open logs stream: %w", err)
+	}
+	defer st.CloseWrite()
+	if err := st.Send(&api.ClientRequest{Body: &api.ClientRequest_Logs{Logs: req}}); err != nil {
+		return fmt.Errorf("send logs request: %w", err)
+	}
+	stop := context.AfterFunc(lctx, func() { st.Cancel(0) })
+	defer stop()
+	for {
+		var resp api.ClientResponse
+		if err := st.Recv(&resp); err != nil {
+			if ctx.Err() != nil || errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("logs: %w", err)
+		}
+		if resp.GetError() != "" {
+			return errors.New(resp.GetError())
+		}
+		if err := fn(resp.GetLogs()); err != nil {
+			return err
+		}
+	}
+}

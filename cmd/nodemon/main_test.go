@@ -1,0 +1,69 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestParseLabels(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      []string
+		want    map[string]string
+		wantErr bool
+	}{
+		{"none", nil, map[string]string{}, false},
+		{"two", []string{"rack=r1", "switch=s1"}, map[string]string{"rack": "r1", "switch": "s1"}, false},
+		{"empty value", []string{"zone="}, map[string]string{"zone": ""}, false},
+		{"value with =", []string{"k=a=b"}, map[string]string{"k": "a=b"}, false},
+		{"no =", []string{"rack"}, nil, true},
+		{"no key", []string{"=x"}, nil, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseLabels(tc.in)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
+			}
+			if !tc.wantErr && len(got) != len(tc.want) {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+			for k, v := range tc.want {
+				if got[k] != v {
+					t.Fatalf("got %v, want %v", got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+// TestRankShimSubcommand runs the hidden subcommand nodemon re-executes
+// itself with for every rank: the rank's output lands in the log and its
+// real exit status in the status file.
+func TestRankShimSubcommand(t *testing.T) {
+	dir := t.TempDir()
+	logf, status := filepath.Join(dir, "rank-0.log"), filepath.Join(dir, "rank-0.status")
+	cmd := newRootCmd()
+	cmd.SetArgs([]string{"rank-shim", "--log", logf, "--status", status, "--", "/bin/sh", "-c", "echo step 1 loss=1; exit 7"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := os.ReadFile(logf)
+	if !strings.Contains(string(out), "\nstep 1 loss=1\n") {
+		t.Fatalf("log lacks the rank's output:\n%s", out)
+	}
+	b, err := os.ReadFile(status)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		RankPID  int `json:"rank_pid"`
+		ExitCode int `json:"exit_code"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil || st.ExitCode != 7 || st.RankPID <= 0 {
+		t.Fatalf("status file %s (err %v), want exit code 7", b, err)
+	}
+}

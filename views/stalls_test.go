@@ -1,0 +1,81 @@
+package views
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+)
+
+func sampleStalls() []*api.Stall {
+	return []*api.Stall{
+		{Job: "j-1a2b3c", Comm: 0x55d0c0ffee00, SinceUnixNano: now.Add(-5200 * time.Millisecond).UnixNano(), ThresholdNs: int64(3 * time.Second),
+			LaggingRanks: []*api.StalledRank{{Rank: 2, Node: "node-01", Pid: 4242, Op: api.NCCLOp_NCCL_OP_ALL_REDUCE, Seq: 41, ProcState: "T"}},
+			WaitingRanks: []*api.StalledRank{
+				{Rank: 0, Node: "node-00", Pid: 4100, Op: api.NCCLOp_NCCL_OP_ALL_REDUCE, Seq: 42, InCall: true, ProcState: "S"},
+				{Rank: 1, Node: "node-00", Pid: 4101, Op: api.NCCLOp_NCCL_OP_ALL_REDUCE, Seq: 42, InCall: true, ProcState: "S"},
+				{Rank: 3, Node: "node-01", Pid: 4243, Op: api.NCCLOp_NCCL_OP_ALL_REDUCE, Seq: 42, InCall: true, ProcState: "S"}},
+			Diagnosis: "rank 2 (node-01 pid 4242) is stopped (SIGSTOP?) after allreduce seq 41; ranks 0,1,3 wait in allreduce seq 42 for 5.2s"},
+		{Job: "j-4d5e6f", Comm: 0x7f00, SinceUnixNano: now.Add(-90 * time.Second).UnixNano(), ThresholdNs: int64(time.Minute),
+			WaitingRanks: []*api.StalledRank{
+				{Rank: 0, Node: "node-02", Pid: 77, Op: api.NCCLOp_NCCL_OP_ALL_GATHER, Seq: 7, InCall: true, ProcState: "S"},
+				{Rank: 1, Node: "node-03", Pid: 78, Op: api.NCCLOp_NCCL_OP_ALL_GATHER, Seq: 7, InCall: true, ProcState: "S"}},
+			Diagnosis: "all 2 ranks wait in allgather seq 7 for 1m30s and none is stopped or idle: suspect the network between them or a hung GPU"},
+	}
+}
+
+func TestStallsFormats(t *testing.T) {
+	for _, f := range []Format{Table, Wide, JSON} {
+		t.Run(string(f), func(t *testing.T) {
+			var b bytes.Buffer
+			if err := Stalls(&b, f, sampleStalls(), now); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, b.Bytes())
+		})
+	}
+}
+
+func TestStallsJSONContract(t *testing.T) {
+	var b bytes.Buffer
+	if err := Stalls(&b, JSON, sampleStalls(), now); err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Stalls []map[string]any `json:"stalls"`
+	}
+	if err := json.Unmarshal(b.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Stalls) != 2 {
+		t.Fatalf("%d stalls", len(doc.Stalls))
+	}
+	s := doc.Stalls[0]
+	for _, k := range []string{"job", "comm", "lagging_ranks", "waiting_ranks", "since", "diagnosis", "threshold_seconds", "stalled_seconds"} {
+		if _, ok := s[k]; !ok {
+			t.Errorf("stall lacks %q", k)
+		}
+	}
+	lag := s["lagging_ranks"].([]any)[0].(map[string]any)
+	for k, want := range map[string]any{"rank": 2.0, "node": "node-01", "pid": 4242.0, "op": "allreduce", "seq": 41.0, "in_call": false, "proc_state": "T"} {
+		if lag[k] != want {
+			t.Errorf("lagging_ranks[0].%s = %v, want %v", k, lag[k], want)
+		}
+	}
+	if w := s["waiting_ranks"].([]any); len(w) != 3 || w[2] != 3.0 {
+		t.Errorf("waiting_ranks %v, want [0 1 3]", w)
+	}
+	if s["threshold_seconds"] != 3.0 || s["stalled_seconds"] != 5.2 {
+		t.Errorf("threshold_seconds %v stalled_seconds %v", s["threshold_seconds"], s["stalled_seconds"])
+	}
+	// A job without stalls still gets a list, never null.
+	b.Reset()
+	if err := Stalls(&b, JSON, nil, now); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.String(); got != "{\n  \"stalls\": []\n}\n" {
+		t.Errorf("empty: %q", got)
+	}
+}
