@@ -48,6 +48,9 @@ type jobConfig struct {
 	KillAfter time.Duration
 	// CommandTimeout bounds one command to one node, default 10 s.
 	CommandTimeout time.Duration
+	// SignalTimeout bounds a signal fan-out, default 2 s: stops resend, and
+	// a failed node must not hold up the scheduling pass.
+	SignalTimeout time.Duration
 	// MaxMoves bounds a rebalance plan, default 8.
 	MaxMoves int
 	// MaxExplained bounds how many pending jobs per pass get a placer
@@ -92,6 +95,9 @@ func (c *jobConfig) defaults() {
 	}
 	if c.CommandTimeout <= 0 {
 		c.CommandTimeout = 10 * time.Second
+	}
+	if c.SignalTimeout <= 0 {
+		c.SignalTimeout = 2 * time.Second
 	}
 	if c.MaxMoves <= 0 {
 		c.MaxMoves = 8
@@ -674,6 +680,10 @@ func (m *jobManager) signalAction(j *api.Job, sig string) action {
 		}
 	}
 	return func(ctx context.Context) {
+		// A node that does not ack soon is likely the one that failed; the
+		// stop timers send again, so the pass need not wait long for it.
+		ctx, cancel := context.WithTimeout(ctx, m.cfg.SignalTimeout)
+		defer cancel()
 		errs := m.fanOut(ctx, nodes, func(node string) *api.Command {
 			return &api.Command{Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: id, Signal: sig}}}
 		})

@@ -171,10 +171,17 @@ func (m *jobManager) finalFailLocked(en *jobEntry, reason string, now time.Time)
 func (m *jobManager) failLocked(en *jobEntry, f scheduler.Failure, reason string, now time.Time) {
 	j := en.job
 	if rec := m.recs[j.GetId()]; rec != nil {
-		// Another failure while recovering: its nodes are avoided too.
+		// Another failure while recovering: its nodes are avoided too,
+		// and a node or GPU failure explains a rank exit seen first.
+		if f.Kind != scheduler.FailRankExit && rec.failure.Kind == scheduler.FailRankExit {
+			rec.failure.Kind = f.Kind
+		}
 		for _, n := range f.Nodes {
 			if !slices.Contains(rec.failure.Nodes, n) {
 				rec.failure.Nodes = append(rec.failure.Nodes, n)
+			}
+			if f.Kind != scheduler.FailRankExit && !slices.Contains(j.Exclude, n) {
+				j.Exclude = append(j.Exclude, n)
 			}
 		}
 		m.noteCordonsLocked(rec, f, reason)
@@ -218,7 +225,7 @@ func (m *jobManager) failLocked(en *jobEntry, f scheduler.Failure, reason string
 		j.Stopping = api.JobStop_JOB_STOP_FAILED
 		j.StopSinceUnixNano, j.TermSentUnixNano = now.UnixNano(), 0
 	}
-	m.recoveryEvent(j, api.Severity_SEVERITY_WARNING, 0, "failure detected at step %d: %s; stopping %d live ranks", j.GetStep(), reason, liveRanks(j))
+	m.recoveryEvent(j, api.Severity_SEVERITY_WARNING, 0, "failure detected (last reported step %d): %s; stopping %d live ranks", j.GetStep(), reason, liveRanks(j))
 }
 
 // noteCordonsLocked queues the failed nodes a failure makes unfit: down
@@ -300,6 +307,16 @@ func (m *jobManager) recoveriesLocked(ctx context.Context, now time.Time) []acti
 		}
 		acts = append(acts, m.cordonsLocked(j, rec)...)
 		if liveRanks(j) > 0 {
+			// The survivors' last reports say how far the job got.
+			if m.ranks != nil {
+				for _, nr := range m.ranks(j.GetId()) {
+					for _, r := range nr.Ranks {
+						if r.GetAttempt() == j.GetAttempt() && r.GetStep() > rec.stepAt {
+							rec.stepAt = r.GetStep()
+						}
+					}
+				}
+			}
 			continue
 		}
 		if rec.stoppedAt.IsZero() {

@@ -83,9 +83,10 @@ func TestRecoveryReplacesDownNode(t *testing.T) {
 		t.Fatalf("placed on %v", got)
 	}
 	// Ranks report step 13 with checkpoint 10 complete on every rank.
+	placed := h.job(id).GetPlacement()
 	h.m.ranks = func(string) []NodeRanks {
 		var out []NodeRanks
-		for _, jn := range h.job(id).GetPlacement() {
+		for _, jn := range placed {
 			nr := NodeRanks{Node: jn.GetNode()}
 			for _, r := range jn.GetRanks() {
 				nr.Ranks = append(nr.Ranks, &api.RankStatus{Job: id, Attempt: 1, Rank: r.GetRank(), Pid: r.GetPid(), Step: 13, LastCheckpointStep: 10})
@@ -167,7 +168,7 @@ func TestRecoveryReplacesDownNode(t *testing.T) {
 		t.Errorf("downtime %.2fs, want %.2fs", j.GetDowntimeSeconds(), want)
 	}
 	evs := strings.Join(h.recoveryEvents(id), "\n")
-	for _, want := range []string{"failure detected at step 13: node n1 went down", "cordoned n1", "every rank of attempt 1 has exited",
+	for _, want := range []string{"failure detected (last reported step 13): node n1 went down", "cordoned n1", "every rank of attempt 1 has exited",
 		"decided to replace nodes", "validation " + id + "-validate-2 passed", "attempt 2 running on n0,n2 from step 10 (3 steps lost"} {
 		if !strings.Contains(evs, want) {
 			t.Errorf("no recovery event says %q in:\n%s", want, evs)
@@ -319,14 +320,15 @@ func TestOperatorRestartAndCheckpoint(t *testing.T) {
 	h.reconcile()
 	h.started(id)
 	h.nodes.take()
+	on := nodesOf(h.job(id))[0]
 	if _, err := h.m.checkpoint(t.Context(), id); err != nil {
 		t.Fatal(err)
 	}
-	if got := signals(h.nodes.take()); !slices.Equal(got, []string{"n0:SIGUSR1"}) {
+	if got := signals(h.nodes.take()); !slices.Equal(got, []string{on + ":SIGUSR1"}) {
 		t.Errorf("checkpoint sent %v", got)
 	}
 	writeLatest(t, ckpt, 20)
-	if _, err := h.m.restart(id, "7", []string{"n0"}, "ops"); err == nil || !strings.Contains(err.Error(), "no checkpoint of step 7") {
+	if _, err := h.m.restart(id, "7", []string{on}, "ops"); err == nil || !strings.Contains(err.Error(), "no checkpoint of step 7") {
 		t.Fatalf("restart from a missing step: %v", err)
 	}
 	if err := mkdirStep(ckpt, 7); err != nil {
@@ -344,7 +346,7 @@ func TestOperatorRestartAndCheckpoint(t *testing.T) {
 			t.Errorf("restart %q %v: %v, want %q", bad.from, ex, err, bad.want)
 		}
 	}
-	j, err := h.m.restart(id, "7", []string{"n0"}, "ops")
+	j, err := h.m.restart(id, "7", []string{on}, "ops")
 	if err != nil || j.GetState() != api.JobState_JOB_STATE_RECOVERING {
 		t.Fatalf("restart: %v %v", j.GetState(), err)
 	}
@@ -353,8 +355,8 @@ func TestOperatorRestartAndCheckpoint(t *testing.T) {
 	h.nodes.take()
 	h.reconcile()
 	cmds := launches(h.nodes.take())
-	if len(cmds) != 1 || cmds[0].node == "n0" || cmds[0].cmd.GetLaunch().GetResumeStep() != 7 {
-		t.Fatalf("relaunch %v, want one node other than n0 resuming from 7", cmds)
+	if len(cmds) != 1 || cmds[0].node == on || cmds[0].cmd.GetLaunch().GetResumeStep() != 7 {
+		t.Fatalf("relaunch %v, want one node other than %s resuming from 7", cmds, on)
 	}
 	if _, err := h.m.restart("nope", "", nil, "ops"); err == nil {
 		t.Error("restart of an unknown job succeeded")

@@ -99,7 +99,8 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	srv, err := controlplane.New(controlplane.Config{
 		DataDir: filepath.Join(opts.DataDir, "server"), Listen: "127.0.0.1:0",
-		Log: slog.New(slog.NewTextHandler(srvLog, nil)),
+		Log:             slog.New(slog.NewTextHandler(srvLog, nil)),
+		ValidateCommand: []string{opts.Ringtrain, "--steps", "3", "--compute-ms", "0", "--bytes", "1M"},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("demo: %w", err)

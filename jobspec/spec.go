@@ -87,7 +87,7 @@ type Spec struct {
 	StallThreshold time.Duration `yaml:"stall_threshold,omitempty" json:"stall_threshold,omitempty"`
 	// StallRecovery is manual (default) or auto.
 	StallRecovery StallRecovery `yaml:"stall_recovery,omitempty" json:"stall_recovery,omitempty"`
-	RestartPolicy  RestartPolicy `yaml:"restart_policy,omitempty" json:"restart_policy,omitempty"`
+	RestartPolicy RestartPolicy `yaml:"restart_policy,omitempty" json:"restart_policy,omitempty"`
 	// MaxRestarts bounds automatic restarts; nil means DefaultMaxRestarts.
 	MaxRestarts *int         `yaml:"max_restarts,omitempty" json:"max_restarts,omitempty"`
 	Elastic     *ElasticSpec `yaml:"elastic,omitempty" json:"elastic,omitempty"`

@@ -36,10 +36,23 @@ type JobJSON struct {
 	Step          int64         `json:"step"`
 	LastCkptStep  int64         `json:"last_checkpoint_step"`
 	Goodput       float64       `json:"goodput"`
-	GPUSeconds    float64       `json:"attained_gpu_seconds"`
-	Submitted     time.Time     `json:"submitted"`
-	Started       *time.Time    `json:"started"`
-	Ended         *time.Time    `json:"ended"`
+	// Recovery counters: steps redone, seconds not running since the
+	// first start, useful step seconds, energy of the job's GPUs.
+	LostSteps       int64   `json:"lost_steps"`
+	DowntimeSeconds float64 `json:"downtime_seconds"`
+	UsefulSeconds   float64 `json:"useful_seconds"`
+	EnergyJoules    float64 `json:"energy_joules"`
+	// Checkpoints reported, their mean seconds, and the Young–Daly interval
+	// advised from it and the cluster's failure rate.
+	Checkpoints         uint32     `json:"checkpoints"`
+	CheckpointSeconds   float64    `json:"checkpoint_seconds"`
+	AdvisedCkptInterval float64    `json:"advised_checkpoint_interval_seconds"`
+	Exclude             []string   `json:"exclude,omitempty"`
+	Stalled             bool       `json:"stalled,omitempty"`
+	GPUSeconds          float64    `json:"attained_gpu_seconds"`
+	Submitted           time.Time  `json:"submitted"`
+	Started             *time.Time `json:"started"`
+	Ended               *time.Time `json:"ended"`
 }
 
 // PlanJSON is a job's parallel layout.
@@ -149,6 +162,9 @@ func JobFromAPI(j *api.Job) JobJSON {
 		Attempt: j.GetAttempt(), Restarts: j.GetRestarts(), Preemptions: j.GetPreemptions(),
 		Placement: jobNodesJSON(j.GetPlacement()), CheckpointDir: j.GetCheckpointDir(), ResumeStep: j.GetResumeStep(),
 		Step: j.GetStep(), LastCkptStep: j.GetLastCheckpointStep(), Goodput: j.GetGoodput(),
+		LostSteps: j.GetLostSteps(), DowntimeSeconds: j.GetDowntimeSeconds(), UsefulSeconds: j.GetUsefulSeconds(),
+		EnergyJoules: j.GetEnergyJoules(), Checkpoints: j.GetCheckpoints(), CheckpointSeconds: j.GetCheckpointSeconds(),
+		AdvisedCkptInterval: j.GetAdvisedCheckpointIntervalSeconds(), Exclude: j.GetExclude(), Stalled: j.GetStalled(),
 		GPUSeconds: j.GetAttainedGpuSeconds(), Submitted: timeOf(j.GetSubmitUnixNano()),
 		Started: timePtr(j.GetStartUnixNano()), Ended: timePtr(j.GetEndUnixNano()),
 	}
@@ -233,7 +249,7 @@ func Jobs(w io.Writer, f Format, jobs []*api.Job, now time.Time) error {
 	header := []string{"ID", "NAME", "STATE", "GPUS", "PLAN", "NODES", "ATTEMPT", "AGE", "REASON"}
 	if f == Wide {
 		header = []string{"ID", "NAME", "TENANT", "PRIO", "STATE", "GPUS", "PLAN", "NODES", "PIDS", "ATTEMPT",
-			"RESTARTS", "CKPT", "MASTER", "SUBMITTED", "REASON"}
+			"RESTARTS", "CKPT", "LOST", "GOODPUT", "ADV-CKPT", "MASTER", "SUBMITTED", "REASON"}
 	}
 	var rows [][]string
 	for _, j := range jobs {
@@ -257,6 +273,7 @@ func Jobs(w io.Writer, f Format, jobs []*api.Job, now time.Time) error {
 			rows = append(rows, []string{v.ID, v.Name, tenant, strconv.Itoa(int(v.Priority)), stateText(v),
 				strconv.Itoa(v.GPUs), planText(v.Plan), nodeList(v.Placement), pidList(v.Placement),
 				strconv.Itoa(int(v.Attempt)), strconv.Itoa(int(v.Restarts)), strconv.FormatInt(v.LastCkptStep, 10),
+				strconv.FormatInt(v.LostSteps, 10), percent(v.Goodput), seconds(v.AdvisedCkptInterval),
 				master, v.Submitted.Format(time.RFC3339), reason})
 			continue
 		}
@@ -380,4 +397,20 @@ func Rebalance(w io.Writer, f Format, r *api.RebalanceResponse) error {
 
 func packingText(p PackingJSON) string {
 	return fmt.Sprintf("%d fragmented nodes, %d extra switches, %d extra racks", p.FragmentedNodes, p.ExtraSwitches, p.ExtraRacks)
+}
+
+// percent formats a fraction as a percentage, "-" when unknown (0).
+func percent(f float64) string {
+	if f <= 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(100*f, 'f', 1, 64) + "%"
+}
+
+// seconds formats a duration in seconds, rounded, "-" when unknown (0).
+func seconds(s float64) string {
+	if s <= 0 {
+		return "-"
+	}
+	return (time.Duration(s) * time.Second).String()
 }

@@ -32,7 +32,7 @@ func TestSubmitRequest(t *testing.T) {
 					Checkpoint:     jobspec.CheckpointSpec{Dir: "/ckpt/ring", Interval: 10 * 60e9},
 					Elastic:        &jobspec.ElasticSpec{DataParallel: []int{8, 4}},
 					RestartPolicy:  jobspec.RestartInPlace,
-					StallThreshold: jobspec.DefaultStallThreshold}
+					StallThreshold: jobspec.DefaultStallThreshold, StallRecovery: jobspec.StallManual}
 				if !reflect.DeepEqual(s, want) {
 					t.Errorf("got  %+v\nwant %+v", s, want)
 				}

@@ -20,6 +20,7 @@ func newServeCmd() *cobra.Command {
 	var (
 		cfg               controlplane.Config
 		logLevel, logFile string
+		validate          string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -35,6 +36,7 @@ certificate and admin.yaml (a client config with an admin certificate) in
 			}
 			defer closer.Close()
 			cfg.Log = log
+			cfg.ValidateCommand = strings.Fields(validate)
 			srv, err := controlplane.New(cfg)
 			if err != nil {
 				return err
@@ -55,6 +57,7 @@ certificate and admin.yaml (a client config with an admin certificate) in
 	f.StringSliceVar(&cfg.ExtraNames, "server-name", nil, "extra DNS name or IP for the server certificate (repeatable)")
 	f.StringVar(&cfg.AdvertiseAddr, "advertise", "", "server address written into admin.yaml (default: the bound address)")
 	f.StringVar(&cfg.Policy, "policy", controlplane.DefaultPolicy, "scheduling policy: "+strings.Join(scheduler.PolicyNames(), ", "))
+	f.StringVar(&validate, "validate-command", "", "short all-reduce that nodes new to a recovering job run first, one rank per node\n(e.g. \"ringtrain --steps 3 --compute-ms 0 --bytes 1M\"); empty: NVML health only")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFile, "log-file", "", "log to this file instead of stderr")
 	return cmd
