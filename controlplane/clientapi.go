@@ -72,7 +72,14 @@ func (s *Server) handleRequest(ctx context.Context, conn *transport.Conn, st *tr
 		}
 		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_ListEvents{ListEvents: &api.ListEventsResponse{Events: evs}}})
 	case *api.ClientRequest_ListCollectives:
-		cs := s.st.listCollectives(b.ListCollectives.GetJob(), b.ListCollectives.GetNode())
+		job := b.ListCollectives.GetJob()
+		if job != "" && s.jobs != nil {
+			// Accept a job's name as well as its id; ranks carry the id.
+			if j, err := s.jobs.lookup(job); err == nil {
+				job = j.GetId()
+			}
+		}
+		cs := s.st.listCollectives(job, b.ListCollectives.GetNode())
 		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_ListCollectives{ListCollectives: &api.ListCollectivesResponse{Collectives: cs}}})
 	case *api.ClientRequest_GpuHistory:
 		h, err := s.st.gpuHistory(b.GpuHistory.GetNode(), uint32(b.GpuHistory.GetGpuIndex()))

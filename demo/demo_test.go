@@ -160,11 +160,16 @@ func TestDemoClusterEndToEnd(t *testing.T) {
 		t.Log("not root: eBPF tracing is off, collective counts not checked")
 	} else {
 		poll(t, 5*time.Second, "traced all-reduces equal printed steps", func() error {
-			cs, err := cl.Collectives(ctx, c.JobID, "")
-			if err != nil {
-				return err
+			for _, key := range []string{c.JobID, JobName} { // by id and by name
+				cs, err := cl.Collectives(ctx, key, "")
+				if err != nil {
+					return err
+				}
+				if err := checkTrainingCalls(cs, steps); err != nil {
+					return fmt.Errorf("--job %s: %w", key, err)
+				}
 			}
-			return checkTrainingCalls(cs, steps)
+			return nil
 		})
 	}
 
