@@ -133,6 +133,8 @@ var ckptLine = regexp.MustCompile(`(?m)^checkpoint step=(\d+) bytes=\d+ seconds=
 // as a one-rank job: its steps and checkpoints are followed, a nodemon
 // crash and restart adopts it without restarting it, and its clean stop
 // is reported once with its real exit status.
+var stepLineRE = regexp.MustCompile(`(?m)^step (\d+) `)
+
 func TestRingtrainProgressCheckpointsAndAdoption(t *testing.T) {
 	bin := ringtrain(t)
 	dir := t.TempDir()
@@ -197,5 +199,11 @@ func TestRingtrainProgressCheckpointsAndAdoption(t *testing.T) {
 	}
 	if n := len(first.events.match(isExit("rt", 0))) + len(second.events.match(isExit("rt", 0))); n != 1 {
 		t.Fatalf("%d exit events, want 1", n)
+	}
+	// The exit carries the last step the rank printed.
+	if steps := stepLineRE.FindAllStringSubmatch(string(out), -1); len(steps) == 0 {
+		t.Fatalf("no step lines in the rank log:\n%s", out)
+	} else if last, _ := strconv.ParseInt(steps[len(steps)-1][1], 10, 64); exit.Step != last {
+		t.Errorf("exit event step %d, want the last printed step %d", exit.Step, last)
 	}
 }

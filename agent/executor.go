@@ -430,6 +430,9 @@ func (x *Executor) exitEvent(p *rankProc, now time.Time, shimSignal string) *api
 		TimeUnixNano: now.UnixNano(), Kind: api.EventKind_EVENT_KIND_PROCESS_EXIT, Severity: api.Severity_SEVERITY_INFO,
 		Pid: uint32(r.PID), Job: r.Job, Rank: r.Rank, Attrs: map[string]string{"attempt": strconv.Itoa(int(r.Attempt))},
 	}
+	p.mu.Lock()
+	ev.Step = p.parser.step
+	p.mu.Unlock()
 	st, err := readShimStatus(r.StatusPath)
 	switch {
 	case err == nil && st.Signal != "":

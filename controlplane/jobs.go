@@ -360,6 +360,14 @@ func (m *jobManager) rankExited(e *api.Event) {
 		return
 	}
 	r.Exited, r.ExitCode, r.Signal = true, e.GetExitCode(), e.GetSignal()
+	// The exit carries the last step the rank printed, fresher than the
+	// last rank status: it bounds the steps a restart loses.
+	if e.GetStep() > j.GetStep() {
+		j.Step = e.GetStep()
+	}
+	if rec := m.recs[j.GetId()]; rec != nil && e.GetStep() > rec.stepAt {
+		rec.stepAt = e.GetStep()
+	}
 	now := m.now()
 	if j.GetState() == api.JobState_JOB_STATE_RUNNING && j.GetStopping() == api.JobStop_JOB_STOP_NONE {
 		switch {

@@ -147,10 +147,7 @@ func Collectives(w io.Writer, f Format, cs []*api.CollectiveStat, now time.Time)
 		}
 		return writeJSON(w, doc)
 	}
-	header := []string{"NODE", "JOB", "RANK", "PID", "OP", "SEQ", "CALLS", "BYTES", "IN CALL", "AVG", "LAST"}
-	if f == Wide {
-		header = append(header, "COMM")
-	}
+	header := []string{"NODE", "JOB", "RANK", "PID", "COMM", "OP", "SEQ", "CALLS", "BYTES", "IN CALL", "AVG", "LAST"}
 	var rows [][]string
 	for _, c := range cs {
 		v := CollectiveFromAPI(c)
@@ -158,12 +155,9 @@ func Collectives(w io.Writer, f Format, cs []*api.CollectiveStat, now time.Time)
 		if v.Calls > 0 {
 			avg = fmtDuration(time.Duration(v.InCallSeconds / float64(v.Calls) * 1e9))
 		}
-		row := []string{v.Node, dash(v.Job), strconv.Itoa(int(v.Rank)), strconv.Itoa(int(v.PID)), v.Op,
+		row := []string{v.Node, dash(v.Job), strconv.Itoa(int(v.Rank)), strconv.Itoa(int(v.PID)), v.Comm, v.Op,
 			strconv.FormatUint(v.Seq, 10), strconv.FormatUint(v.Calls, 10), Bytes(v.Bytes),
 			fmtDuration(time.Duration(v.InCallSeconds * 1e9)), avg, age(now, v.Last)}
-		if f == Wide {
-			row = append(row, v.Comm)
-		}
 		rows = append(rows, row)
 	}
 	return table(w, header, rows)
