@@ -5173,8 +5173,15 @@ type JobPlan struct {
 	StepSeconds    float64 `protobuf:"fixed64,8,opt,name=step_seconds,json=stepSeconds,proto3" json:"step_seconds,omitempty"`
 	Mfu            float64 `protobuf:"fixed64,9,opt,name=mfu,proto3" json:"mfu,omitempty"`
 	MemPerGpuBytes int64   `protobuf:"varint,10,opt,name=mem_per_gpu_bytes,json=memPerGpuBytes,proto3" json:"mem_per_gpu_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Fed back from the running job: its measured seconds per step, and the
+	// efficiency (fraction of peak) that makes the cost model predict it;
+	// 0 until measured, or when the job has no model section.
+	MeasuredStepSeconds  float64 `protobuf:"fixed64,11,opt,name=measured_step_seconds,json=measuredStepSeconds,proto3" json:"measured_step_seconds,omitempty"`
+	CalibratedEfficiency float64 `protobuf:"fixed64,12,opt,name=calibrated_efficiency,json=calibratedEfficiency,proto3" json:"calibrated_efficiency,omitempty"`
+	// Why calibration failed, when it did (the figures it points at).
+	CalibrationNote string `protobuf:"bytes,13,opt,name=calibration_note,json=calibrationNote,proto3" json:"calibration_note,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *JobPlan) Reset() {
@@ -5275,6 +5282,27 @@ func (x *JobPlan) GetMemPerGpuBytes() int64 {
 		return x.MemPerGpuBytes
 	}
 	return 0
+}
+
+func (x *JobPlan) GetMeasuredStepSeconds() float64 {
+	if x != nil {
+		return x.MeasuredStepSeconds
+	}
+	return 0
+}
+
+func (x *JobPlan) GetCalibratedEfficiency() float64 {
+	if x != nil {
+		return x.CalibratedEfficiency
+	}
+	return 0
+}
+
+func (x *JobPlan) GetCalibrationNote() string {
+	if x != nil {
+		return x.CalibrationNote
+	}
+	return ""
 }
 
 // JobRank is one rank of a job's current attempt.
@@ -7668,7 +7696,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\vrestart_job\x18\x1c \x01(\v2\x1d.gpuctl.v1.RestartJobResponseH\x00R\n" +
 	"restartJob\x12*\n" +
 	"\x04logs\x18\x1d \x01(\v2\x14.gpuctl.v1.LogsChunkH\x00R\x04logsB\x06\n" +
-	"\x04body\"\xa5\x02\n" +
+	"\x04body\"\xb9\x03\n" +
 	"\aJobPlan\x12\x0e\n" +
 	"\x02tp\x18\x01 \x01(\x05R\x02tp\x12\x0e\n" +
 	"\x02pp\x18\x02 \x01(\x05R\x02pp\x12\x0e\n" +
@@ -7681,7 +7709,10 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\fstep_seconds\x18\b \x01(\x01R\vstepSeconds\x12\x10\n" +
 	"\x03mfu\x18\t \x01(\x01R\x03mfu\x12)\n" +
 	"\x11mem_per_gpu_bytes\x18\n" +
-	" \x01(\x03R\x0ememPerGpuBytes\"\xad\x01\n" +
+	" \x01(\x03R\x0ememPerGpuBytes\x122\n" +
+	"\x15measured_step_seconds\x18\v \x01(\x01R\x13measuredStepSeconds\x123\n" +
+	"\x15calibrated_efficiency\x18\f \x01(\x01R\x14calibratedEfficiency\x12)\n" +
+	"\x10calibration_note\x18\r \x01(\tR\x0fcalibrationNote\"\xad\x01\n" +
 	"\aJobRank\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x1d\n" +
 	"\n" +

@@ -22,27 +22,11 @@ const (
 // describes its model, else plain data parallelism over its GPUs.
 func planFor(s *jobspec.Spec) (*api.JobPlan, error) {
 	gpus := s.TotalGPUs()
-	m, tr, hasModel, err := s.CostModel()
+	cfg, hasModel, err := costConfig(s)
 	if err != nil {
-		return nil, fmt.Errorf("job %s: model: %w", s.Name, err)
+		return nil, err
 	}
-	hwName := s.GPUModel
-	if hwName == "" {
-		hwName = "h100"
-	}
-	hw, err := costmodel.LookupHardware(hwName)
-	if err != nil {
-		return nil, fmt.Errorf("job %s: gpu_model: %w", s.Name, err)
-	}
-	if s.GPUsPerNode > 0 && s.GPUsPerNode < hw.GPUsPerNode {
-		// Tensor parallelism stays inside the GPUs the job takes per node.
-		hw.GPUsPerNode = s.GPUsPerNode
-	}
-	tun := costmodel.DefaultTunables()
-	if s.Checkpoint.Interval > 0 {
-		tun.CheckpointInterval = s.Checkpoint.Interval
-	}
-	cfg := costmodel.Config{Model: m, Hardware: hw, Training: tr, Tunables: tun}
+	m, hw, tr, tun := cfg.Model, cfg.Hardware, cfg.Training, cfg.Tunables
 	if p, ok := s.FixedPlan(); ok {
 		out := &api.JobPlan{Tp: int32(p.TP), Pp: int32(p.PP), Dp: int32(p.DP), MicroBatch: int32(p.MicroBatch),
 			NumMicroBatches: int32(p.NumMicroBatches), VirtualStages: int32(p.VirtualStages), Source: planFixed}
@@ -70,6 +54,57 @@ func planFor(s *jobspec.Spec) (*api.JobPlan, error) {
 		NumMicroBatches: int32(best.NumMicroBatches), VirtualStages: int32(best.VirtualStages), Source: planPlanner}
 	predict(out, best)
 	return out, nil
+}
+
+// costConfig is the cost model's view of a job: its model, the hardware of
+// the GPUs it asks for, its training settings and the default tunables.
+func costConfig(s *jobspec.Spec) (costmodel.Config, bool, error) {
+	m, tr, hasModel, err := s.CostModel()
+	if err != nil {
+		return costmodel.Config{}, false, fmt.Errorf("job %s: model: %w", s.Name, err)
+	}
+	hwName := s.GPUModel
+	if hwName == "" {
+		hwName = "h100"
+	}
+	hw, err := costmodel.LookupHardware(hwName)
+	if err != nil {
+		return costmodel.Config{}, false, fmt.Errorf("job %s: gpu_model: %w", s.Name, err)
+	}
+	if s.GPUsPerNode > 0 && s.GPUsPerNode < hw.GPUsPerNode {
+		// Tensor parallelism stays inside the GPUs the job takes per node.
+		hw.GPUsPerNode = s.GPUsPerNode
+	}
+	tun := costmodel.DefaultTunables()
+	if s.Checkpoint.Interval > 0 {
+		tun.CheckpointInterval = s.Checkpoint.Interval
+	}
+	return costmodel.Config{Model: m, Hardware: hw, Training: tr, Tunables: tun}, hasModel, nil
+}
+
+// minCalibrationSteps is how many steps an attempt must have run before
+// its measured pace calibrates the cost model.
+const minCalibrationSteps = 3
+
+// calibrate feeds a running job's measured seconds per step back into the
+// cost model: the efficiency that makes the model predict what the job
+// really does, which `gpuctl plan --measured-step` can then reuse.
+func calibrate(s *jobspec.Spec, p *api.JobPlan, measured float64) {
+	if s == nil || p == nil || measured <= 0 {
+		return
+	}
+	p.MeasuredStepSeconds = measured
+	cfg, hasModel, err := costConfig(s)
+	if err != nil || !hasModel {
+		return
+	}
+	plan := costmodel.Plan{TP: int(p.GetTp()), PP: int(p.GetPp()), DP: int(p.GetDp()), MicroBatch: int(p.GetMicroBatch()),
+		NumMicroBatches: int(p.GetNumMicroBatches()), VirtualStages: int(p.GetVirtualStages())}
+	if err := cfg.Calibrate(plan, measured); err != nil {
+		p.CalibratedEfficiency, p.CalibrationNote = 0, err.Error()
+		return
+	}
+	p.CalibratedEfficiency, p.CalibrationNote = cfg.Tunables.Efficiency, ""
 }
 
 func predict(p *api.JobPlan, ev costmodel.Evaluation) {

@@ -792,6 +792,13 @@ func (m *jobManager) metricsLocked(now time.Time) []action {
 			}
 		}
 		p.at, p.step = now, j.GetStep()
+		if p.attemptSteps >= minCalibrationSteps && j.GetPlan() != nil {
+			measured := p.attemptUseful / float64(p.attemptSteps)
+			if before := j.GetPlan().GetMeasuredStepSeconds(); before == 0 || math.Abs(measured-before) > 0.01*before {
+				calibrate(en.spec, j.Plan, measured)
+				changed = true
+			}
+		}
 		// Energy: deltas of the NVML energy counter of the job's GPUs.
 		for _, jn := range j.GetPlacement() {
 			n := nodes[jn.GetNode()]

@@ -67,6 +67,10 @@ type PlanJSON struct {
 	StepSeconds     float64 `json:"predicted_step_seconds,omitempty"`
 	MFU             float64 `json:"predicted_mfu,omitempty"`
 	MemPerGPUBytes  int64   `json:"predicted_mem_per_gpu_bytes,omitempty"`
+	// Measured on the running job and fed back into the cost model.
+	MeasuredStepSeconds  float64 `json:"measured_step_seconds,omitempty"`
+	CalibratedEfficiency float64 `json:"calibrated_efficiency,omitempty"`
+	CalibrationNote      string  `json:"calibration_note,omitempty"`
 }
 
 // JobNodeJSON is the part of a placement on one node.
@@ -157,7 +161,9 @@ func JobFromAPI(j *api.Job) JobJSON {
 		PendingReason: j.GetPendingReason(), Reason: j.GetReason(), Hold: j.GetHold(),
 		Plan: PlanJSON{TP: p.GetTp(), PP: p.GetPp(), DP: p.GetDp(), MicroBatch: p.GetMicroBatch(),
 			NumMicroBatches: p.GetNumMicroBatches(), VirtualStages: p.GetVirtualStages(), Source: p.GetSource(),
-			StepSeconds: p.GetStepSeconds(), MFU: p.GetMfu(), MemPerGPUBytes: p.GetMemPerGpuBytes()},
+			StepSeconds: p.GetStepSeconds(), MFU: p.GetMfu(), MemPerGPUBytes: p.GetMemPerGpuBytes(),
+			MeasuredStepSeconds: p.GetMeasuredStepSeconds(), CalibratedEfficiency: p.GetCalibratedEfficiency(),
+			CalibrationNote: p.GetCalibrationNote()},
 		GPUs:    int(p.GetTp() * p.GetPp() * p.GetDp()),
 		Attempt: j.GetAttempt(), Restarts: j.GetRestarts(), Preemptions: j.GetPreemptions(),
 		Placement: jobNodesJSON(j.GetPlacement()), CheckpointDir: j.GetCheckpointDir(), ResumeStep: j.GetResumeStep(),
