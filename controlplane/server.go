@@ -63,7 +63,9 @@ type Server struct {
 	jobs  *jobManager
 	ln    *transport.Listener
 	cmdID atomic.Uint64
-	wg    sync.WaitGroup
+	// stallPass serialises stall detector passes with stall listings.
+	stallPass sync.Mutex
+	wg        sync.WaitGroup
 	// stalls is the NCCL stall detector's state (stalls.go).
 	stalls *stallDetector
 	// onStall, when set, is called once for every stall when it is first

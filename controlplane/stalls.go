@@ -580,6 +580,10 @@ func (s *Server) watchStalls(ctx context.Context) {
 // declared or cleared, keep Job.stalled in step, and hand new stalls to
 // the recovery hook.
 func (s *Server) checkStalls(now time.Time) {
+	// A listing sees a pass whole: a stall shows once its event is stored
+	// and its job marked, never before.
+	s.stallPass.Lock()
+	defer s.stallPass.Unlock()
 	jobs := s.jobs.stallJobs()
 	s.st.fillStallRanks(jobs)
 	changes := s.stalls.update(now, jobs)
@@ -629,6 +633,8 @@ func (s *state) raise(e *api.Event) {
 // Stalls returns the NCCL stalls declared now, of one job (id or name) or
 // of every job when job is "".
 func (s *Server) Stalls(job string) ([]*api.Stall, error) {
+	s.stallPass.Lock()
+	defer s.stallPass.Unlock()
 	if job == "" {
 		return s.stalls.list(""), nil
 	}
