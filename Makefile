@@ -1,7 +1,10 @@
 # gpuctl build. `make demo` runs the embedded default; `make test` is what CI runs.
 GO        ?= go
 export CGO_CFLAGS := -Wno-deprecated-declarations
-GOTEST    ?= $(GO) test -count=1 -timeout 30m
+# One package at a time: the integration tests run real servers, nodemons
+# and ranks with timing bounds (node down within 3 s, stall named within
+# threshold + 2 s) that two packages at once on a 2-core machine would blur.
+GOTEST    ?= $(GO) test -count=1 -p 1 -timeout 30m
 PKGS      := ./...
 
 .PHONY: all build workload test bench generate check-generated demo lint clean
