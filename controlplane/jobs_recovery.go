@@ -959,8 +959,16 @@ func (m *jobManager) restart(key, from string, exclude []string, who string) (*a
 	case j.GetState() != api.JobState_JOB_STATE_RUNNING:
 		return nil, fmt.Errorf("job %s is %s: only a running or failed job can be restarted", j.GetId(), stateName(j.GetState()))
 	}
-	prev := proto.Clone(j).(*api.Job)
 	now := m.now()
+	// A restart the scheduler cannot place is refused before any rank is
+	// touched: the job keeps running where it is.
+	snap := m.snapshotLocked(now)
+	req := m.recoverRequest(en, scheduler.Failure{Kind: scheduler.FailManual})
+	req.Failure.Exclude = append(req.Failure.Exclude, exclude...)
+	if d := scheduler.Recover(&snap, &req); d.Action == scheduler.GiveUp {
+		return nil, fmt.Errorf("restart %s refused, the job is left as it is: %s", j.GetId(), d.Reason)
+	}
+	prev := proto.Clone(j).(*api.Job)
 	reason := "restart requested by " + who
 	if len(exclude) > 0 {
 		reason += " excluding " + strings.Join(exclude, ",")

@@ -346,6 +346,17 @@ func TestOperatorRestartAndCheckpoint(t *testing.T) {
 			t.Errorf("restart %q %v: %v, want %q", bad.from, ex, err, bad.want)
 		}
 	}
+	// A restart nowhere to go is refused before any rank is touched.
+	all := []string{"n0", "n1", "n2"}
+	if _, err := h.m.restart(id, "latest", all, "ops"); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("restart excluding every node: %v, want it refused", err)
+	}
+	if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RUNNING {
+		t.Fatalf("after a refused restart the job is %s (%s), want it left running", stateName(j.GetState()), j.GetReason())
+	}
+	if got := signals(h.nodes.take()); len(got) != 0 {
+		t.Fatalf("a refused restart signalled ranks: %v", got)
+	}
 	j, err := h.m.restart(id, "7", []string{on}, "ops")
 	if err != nil || j.GetState() != api.JobState_JOB_STATE_RECOVERING {
 		t.Fatalf("restart: %v %v", j.GetState(), err)

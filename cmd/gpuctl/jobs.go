@@ -187,29 +187,26 @@ func newCancelCmd() *cobra.Command {
 		Short: "Cancel a job: SIGTERM to its ranks (SIGKILL after a grace period)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := dial(cmd.Context(), config)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			j, err := c.CancelJob(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			msg := fmt.Sprintf("%s %s: %s", j.GetId(), views.JobStateName(j.GetState()), j.GetReason())
-			live := 0
-			for _, n := range views.JobFromAPI(j).Placement {
-				for _, r := range n.Ranks {
-					if !r.Exited {
-						live++
+			return withClient(cmd, config, func(c *client.Client) error {
+				j, err := c.CancelJob(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				msg := fmt.Sprintf("%s %s: %s", j.GetId(), views.JobStateName(j.GetState()), j.GetReason())
+				live := 0
+				for _, n := range views.JobFromAPI(j).Placement {
+					for _, r := range n.Ranks {
+						if !r.Exited {
+							live++
+						}
 					}
 				}
-			}
-			if live > 0 {
-				msg += fmt.Sprintf(" (SIGTERM to %d ranks, SIGKILL after a grace period)", live)
-			}
-			_, err = fmt.Fprintln(cmd.OutOrStdout(), msg)
-			return err
+				if live > 0 {
+					msg += fmt.Sprintf(" (SIGTERM to %d ranks, SIGKILL after a grace period)", live)
+				}
+				_, err = fmt.Fprintln(cmd.OutOrStdout(), msg)
+				return err
+			})
 		},
 	}
 	addConfigFlag(cmd, &config)
@@ -229,26 +226,23 @@ func newAssignCmd() *cobra.Command {
 			if len(nodes) == 0 {
 				return errors.New("assign: name the nodes with --nodes a,b")
 			}
-			c, err := dial(cmd.Context(), config)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			j, err := c.AssignJob(cmd.Context(), args[0], nodes)
-			if err != nil {
-				return err
-			}
-			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "%s running (attempt %d) on:\n", j.GetId(), j.GetAttempt())
-			v := views.JobFromAPI(j)
-			for _, n := range v.Placement {
-				gpus := make([]string, len(n.GPUs))
-				for i, g := range n.GPUs {
-					gpus[i] = fmt.Sprint(g)
+			return withClient(cmd, config, func(c *client.Client) error {
+				j, err := c.AssignJob(cmd.Context(), args[0], nodes)
+				if err != nil {
+					return err
 				}
-				fmt.Fprintf(w, "  %s  gpus %s\n", n.Node, strings.Join(gpus, ","))
-			}
-			return nil
+				w := cmd.OutOrStdout()
+				fmt.Fprintf(w, "%s running (attempt %d) on:\n", j.GetId(), j.GetAttempt())
+				v := views.JobFromAPI(j)
+				for _, n := range v.Placement {
+					gpus := make([]string, len(n.GPUs))
+					for i, g := range n.GPUs {
+						gpus[i] = fmt.Sprint(g)
+					}
+					fmt.Fprintf(w, "  %s  gpus %s\n", n.Node, strings.Join(gpus, ","))
+				}
+				return nil
+			})
 		},
 	}
 	addConfigFlag(cmd, &config)
@@ -276,16 +270,13 @@ its checkpoint lands, and relaunched on its new GPUs with GPUCTL_RESUME_STEP set
 			if err != nil || format == views.Wide {
 				return fmt.Errorf("rebalance: unknown output %q: use table or json", output)
 			}
-			c, err := dial(cmd.Context(), config)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			r, err := c.Rebalance(cmd.Context(), apply, maxMoves)
-			if err != nil {
-				return err
-			}
-			return views.Rebalance(cmd.OutOrStdout(), format, r)
+			return withClient(cmd, config, func(c *client.Client) error {
+				r, err := c.Rebalance(cmd.Context(), apply, maxMoves)
+				if err != nil {
+					return err
+				}
+				return views.Rebalance(cmd.OutOrStdout(), format, r)
+			})
 		},
 	}
 	addConfigFlag(cmd, &config)

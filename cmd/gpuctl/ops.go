@@ -60,16 +60,13 @@ func newNodeActionCmd(action string) *cobra.Command {
 		Short: nodeActionHelp[action],
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := dial(cmd.Context(), config)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			r, err := c.Cordon(cmd.Context(), args[0], action, reason)
-			if err != nil {
-				return err
-			}
-			return writeNodeAction(cmd.OutOrStdout(), action, r)
+			return withClient(cmd, config, func(c *client.Client) error {
+				r, err := c.Cordon(cmd.Context(), args[0], action, reason)
+				if err != nil {
+					return err
+				}
+				return writeNodeAction(cmd.OutOrStdout(), action, r)
+			})
 		},
 	}
 	addConfigFlag(cmd, &config)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/views"
 )
 
@@ -28,21 +29,22 @@ all-reduce first), and relaunches every rank with GPUCTL_RESUME_STEP set to
 the checkpoint. Follow it with ` + "`gpuctl jobs JOB`" + ` and ` + "`gpuctl events`" + `.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := dial(cmd.Context(), config)
-			if err != nil {
+			return withClient(cmd, config, func(c *client.Client) error {
+				j, err := c.RestartJob(cmd.Context(), args[0], from, exclude)
+				if err != nil {
+					return err
+				}
+				state, reason := views.JobStateName(j.GetState()), j.GetReason()
+				msg := fmt.Sprintf("%s %s: %s", j.GetId(), state, reason)
+				if strings.HasPrefix(reason, state+":") {
+					msg = j.GetId() + " " + reason
+				}
+				if len(j.GetExclude()) > 0 {
+					msg += "; avoiding " + strings.Join(j.GetExclude(), ",")
+				}
+				_, err = fmt.Fprintln(cmd.OutOrStdout(), msg)
 				return err
-			}
-			defer c.Close()
-			j, err := c.RestartJob(cmd.Context(), args[0], from, exclude)
-			if err != nil {
-				return err
-			}
-			msg := fmt.Sprintf("%s %s: %s", j.GetId(), views.JobStateName(j.GetState()), j.GetReason())
-			if len(j.GetExclude()) > 0 {
-				msg += "; avoiding " + strings.Join(j.GetExclude(), ",")
-			}
-			_, err = fmt.Fprintln(cmd.OutOrStdout(), msg)
-			return err
+			})
 		},
 	}
 	addConfigFlag(cmd, &config)
@@ -58,18 +60,15 @@ func newCheckpointCmd() *cobra.Command {
 		Short: "Ask every rank of a running job to checkpoint now (SIGUSR1)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := dial(cmd.Context(), config)
-			if err != nil {
+			return withClient(cmd, config, func(c *client.Client) error {
+				j, err := c.CheckpointJob(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s: SIGUSR1 sent to its ranks; last complete checkpoint step %d, into %s\n",
+					j.GetId(), j.GetLastCheckpointStep(), j.GetCheckpointDir())
 				return err
-			}
-			defer c.Close()
-			j, err := c.CheckpointJob(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s: SIGUSR1 sent to its ranks; last complete checkpoint step %d, into %s\n",
-				j.GetId(), j.GetLastCheckpointStep(), j.GetCheckpointDir())
-			return err
+			})
 		},
 	}
 	addConfigFlag(cmd, &config)

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/client"
 )
 
 func init() { subcommands = append(subcommands, newTokenCmd, newFaultCmd) }
@@ -23,18 +24,15 @@ func newTokenCmd() *cobra.Command {
 		Short: "Make a join token: nodemon --server ADDR --token TOKEN",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := dial(cmd.Context(), config)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			tok, exp, err := c.CreateToken(cmd.Context(), ttl)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), tok)
-			fmt.Fprintf(cmd.ErrOrStderr(), "valid until %s\n", exp.Format(time.RFC3339))
-			return nil
+			return withClient(cmd, config, func(c *client.Client) error {
+				tok, exp, err := c.CreateToken(cmd.Context(), ttl)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), tok)
+				fmt.Fprintf(cmd.ErrOrStderr(), "valid until %s\n", exp.Format(time.RFC3339))
+				return nil
+			})
 		},
 	}
 	addConfigFlag(create, &config)
@@ -66,12 +64,9 @@ func newFaultCmd() *cobra.Command {
 			if !ok {
 				return fmt.Errorf("unknown fault %q: use xid79, xid48, ecc, thermal, gpu-lost or clear", args[1])
 			}
-			c, err := dial(cmd.Context(), config)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			return c.InjectFault(cmd.Context(), args[0], &api.InjectFault{GpuIndex: gpu, Kind: kind})
+			return withClient(cmd, config, func(c *client.Client) error {
+				return c.InjectFault(cmd.Context(), args[0], &api.InjectFault{GpuIndex: gpu, Kind: kind})
+			})
 		},
 	}
 	addConfigFlag(cmd, &config)

@@ -47,6 +47,17 @@ func dial(ctx context.Context, flag string) (*client.Client, error) {
 	return client.Dial(ctx, path)
 }
 
+// withClient dials with the config named by config, $GPUCTL_CONFIG or the
+// default, runs f with the connection and closes it.
+func withClient(cmd *cobra.Command, config string, f func(c *client.Client) error) error {
+	c, err := dial(cmd.Context(), config)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return f(c)
+}
+
 // runView fetches and renders once, or repeatedly with --watch (clearing
 // the screen between tables; one JSON document per refresh).
 func (v *viewFlags) run(cmd *cobra.Command, render func(ctx context.Context, c *client.Client, w io.Writer, f views.Format) error) error {
