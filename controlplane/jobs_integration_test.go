@@ -105,24 +105,11 @@ func TestJobsOnRealNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real nodemon processes")
 	}
-	nodemon, ringtrain := clusterBinaries(t)
-	opts := demo.DefaultOptions()
-	opts.Nodes, opts.JobNodes, opts.EBPF = 3, 0, "off"
-	opts.Nodemon, opts.Ringtrain, opts.DataDir = nodemon, ringtrain, t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	began := time.Now()
-	c, err := demo.Start(ctx, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
-	cl, err := client.Dial(ctx, c.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
-	t.Logf("cluster up in %.1fs", time.Since(began).Seconds())
+	c, cl := realCluster(t, 3, "off")
+	ringtrain, dataDir := c.Options().Ringtrain, c.Options().DataDir
 
 	submit := func(spec string, hold bool) string {
 		t.Helper()
@@ -148,7 +135,7 @@ func TestJobsOnRealNodes(t *testing.T) {
 	j = waitJob(t, cl, ring, 20*time.Second, "succeeded", inState(api.JobState_JOB_STATE_SUCCEEDED))
 	for _, jn := range j.GetPlacement() {
 		for _, r := range jn.GetRanks() {
-			log := filepath.Join(opts.DataDir, "nodes", jn.GetNode(), "logs", ring, fmt.Sprintf("rank-%d.log", r.GetRank()))
+			log := filepath.Join(dataDir, "nodes", jn.GetNode(), "logs", ring, fmt.Sprintf("rank-%d.log", r.GetRank()))
 			b, err := os.ReadFile(log)
 			if err != nil {
 				t.Fatal(err)
@@ -188,7 +175,7 @@ func TestJobsOnRealNodes(t *testing.T) {
 
 	// Assign: the held job lands on exactly the named nodes.
 	want := []string{c.NodeNames[1], c.NodeNames[2]}
-	j, err = cl.AssignJob(ctx, pinned, []string{want[1], want[0]})
+	j, err := cl.AssignJob(ctx, pinned, []string{want[1], want[0]})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,4 +184,30 @@ func TestJobsOnRealNodes(t *testing.T) {
 	}
 	waitJob(t, cl, pinned, 15*time.Second, "succeeded", inState(api.JobState_JOB_STATE_SUCCEEDED))
 	t.Logf("whole test %.1fs", time.Since(began).Seconds())
+}
+
+// realCluster starts a control plane in this process and nodes real
+// nodemon processes on simulated DGX H100 hosts, with a client, all ended
+// with the test.
+func realCluster(t *testing.T, nodes int, ebpf string) (*demo.Cluster, *client.Client) {
+	t.Helper()
+	nodemon, ringtrain := clusterBinaries(t)
+	opts := demo.DefaultOptions()
+	opts.Nodes, opts.JobNodes, opts.EBPF = nodes, 0, ebpf
+	opts.Nodemon, opts.Ringtrain, opts.DataDir = nodemon, ringtrain, t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	began := time.Now()
+	c, err := demo.Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	cl, err := client.Dial(ctx, c.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	t.Logf("cluster of %d nodes up in %.1fs", nodes, time.Since(began).Seconds())
+	return c, cl
 }

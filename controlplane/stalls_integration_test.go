@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
-	"github.com/gpuctl/gpuctl/client"
-	"github.com/gpuctl/gpuctl/demo"
 )
 
 // poll calls ok until it returns nil or limit passes, then fails with its
@@ -47,26 +45,15 @@ func TestOpsOnRealNodes(t *testing.T) {
 	if !required && os.Geteuid() != 0 {
 		t.Skip("stall detection needs eBPF uprobes on the ranks' NCCL, which need root; run as root (GPUCTL_REQUIRE_EBPF=1 makes this a failure)")
 	}
-	nodemon, ringtrain := clusterBinaries(t)
-	opts := demo.DefaultOptions()
-	opts.Nodes, opts.JobNodes, opts.EBPF = 3, 0, "auto"
+	ebpf := "auto"
 	if required {
-		opts.EBPF = "required"
+		ebpf = "required"
 	}
-	opts.Nodemon, opts.Ringtrain, opts.DataDir = nodemon, ringtrain, t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	began := time.Now()
-	c, err := demo.Start(ctx, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
-	cl, err := client.Dial(ctx, c.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
+	c, cl := realCluster(t, 3, ebpf)
+	ringtrain := c.Options().Ringtrain
 	submit := func(spec string) string {
 		t.Helper()
 		r, err := cl.SubmitJob(ctx, &api.SubmitJobRequest{SpecYaml: spec, Source: "test"})
@@ -162,7 +149,7 @@ func TestOpsOnRealNodes(t *testing.T) {
 			}
 		}
 		if !required {
-			t.Skipf("no NCCL calls traced (eBPF off on this machine? see %s/nodes/*/nodemon.log)", opts.DataDir)
+			t.Skipf("no NCCL calls traced (eBPF off on this machine? see %s/nodes/*/nodemon.log)", c.Options().DataDir)
 		}
 		return fmt.Errorf("no traced allreduce among %d aggregates", len(cs))
 	})

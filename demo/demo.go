@@ -73,6 +73,9 @@ type Cluster struct {
 	nodemon map[string]*exec.Cmd
 }
 
+// Options returns the options the cluster runs with, defaults filled in.
+func (c *Cluster) Options() Options { return c.opts }
+
 // NodeName is the name of the i-th demo node.
 func NodeName(i int) string { return fmt.Sprintf("node-%02d", i) }
 

@@ -45,11 +45,12 @@ func ebpfMode() string {
 	return "auto"
 }
 
+// startCluster starts a demo cluster with opts (binaries and data dir
+// filled in) and a client of it, both ended with the test.
 func startCluster(t *testing.T, opts Options) (*Cluster, *client.Client) {
 	t.Helper()
 	opts.Nodemon, opts.Ringtrain = binaries(t)
 	opts.DataDir = t.TempDir()
-	opts.EBPF = ebpfMode()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	c, err := Start(ctx, opts)
@@ -85,6 +86,7 @@ func TestDemoClusterEndToEnd(t *testing.T) {
 	opts := DefaultOptions()
 	opts.ComputeMS = 30
 	opts.Bytes = "256K"
+	opts.EBPF = ebpfMode()
 	c, cl := startCluster(t, opts)
 	ctx := context.Background()
 

@@ -28,23 +28,8 @@ func recoveryCluster(t *testing.T, nodes int) (*Cluster, *client.Client) {
 		t.Skip("starts real nodemon and ringtrain processes")
 	}
 	opts := DefaultOptions()
-	opts.Nodes, opts.JobNodes = nodes, 0
-	opts.Nodemon, opts.Ringtrain = binaries(t)
-	opts.DataDir = t.TempDir()
-	opts.EBPF = "off"
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	c, err := Start(ctx, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
-	cl, err := client.Dial(ctx, c.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
-	return c, cl
+	opts.Nodes, opts.JobNodes, opts.EBPF = nodes, 0, "off"
+	return startCluster(t, opts)
 }
 
 // submitRing submits ringtrain, one rank on each of n nodes, checkpointing
@@ -462,22 +447,9 @@ func TestRecoverFromStall(t *testing.T) {
 		t.Skip("starts real nodemon and ringtrain processes")
 	}
 	opts := DefaultOptions()
-	opts.Nodes, opts.JobNodes = 3, 0
-	opts.Nodemon, opts.Ringtrain = binaries(t)
-	opts.DataDir = t.TempDir()
-	opts.EBPF = ebpfMode()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	c, err := Start(ctx, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
-	cl, err := client.Dial(ctx, c.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
+	opts.Nodes, opts.JobNodes, opts.EBPF = 3, 0, ebpfMode()
+	c, cl := startCluster(t, opts)
+	ctx := context.Background()
 	spec := fmt.Sprintf(`name: stalls
 nodes: 2
 gpus_per_node: 1
