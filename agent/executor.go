@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/procfs"
 )
 
 // signals nodemon accepts by name in SignalRanks.
@@ -354,7 +355,7 @@ func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string) (*rank
 		x.log.Warn("rank runs outside its cgroup", "job", job, "rank", rank, "err", h.CgroupError)
 		cgDir = ""
 	}
-	shimStat, _ := readProcStat(x.opts.ProcRoot, cmd.Process.Pid)
+	shimStat, _ := procfs.ReadStat(x.opts.ProcRoot, cmd.Process.Pid)
 	p := &rankProc{
 		rec: rankRecord{
 			Job: job, Attempt: l.GetAttempt(), Rank: rank, LocalRank: r.GetLocalRank(), GPUs: r.GetGpus(),
@@ -821,7 +822,7 @@ func (x *Executor) RankStatuses() []*api.RankStatus {
 	for _, p := range live {
 		p.pollLog(now)
 		st := &api.RankStatus{Job: p.rec.Job, Attempt: p.rec.Attempt, Rank: p.rec.Rank, Pid: uint32(p.rec.PID)}
-		if ps, err := readProcStat(x.opts.ProcRoot, p.rec.PID); err == nil && ps.StartTicks == p.rec.StartTicks {
+		if ps, err := procfs.ReadStat(x.opts.ProcRoot, p.rec.PID); err == nil && ps.StartTicks == p.rec.StartTicks {
 			st.ProcState, st.CpuSeconds = ps.State, ps.CPUSeconds()
 		}
 		p.mu.Lock()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/procfs"
 )
 
 type eventLog struct {
@@ -232,7 +233,7 @@ func TestStopEscalatesToSIGKILLForTheWholeGroup(t *testing.T) {
 		t.Fatalf("exit = %v, want SIGKILL after SIGTERM was ignored", ev)
 	}
 	eventually(t, "the rank's child gone", 5*time.Second, func() bool {
-		st, err := readProcStat("/proc", child)
+		st, err := procfs.ReadStat("/proc", child)
 		return err != nil || st.State == "Z" // a zombie waits for init to reap it
 	})
 }
@@ -454,7 +455,7 @@ func TestJobCgroupsV2(t *testing.T) {
 	}
 	e.events.waitFor(t, "exit", isExit("cgv2", 0))
 	eventually(t, "the child that left the process group killed", 5*time.Second, func() bool {
-		st, err := readProcStat("/proc", child)
+		st, err := procfs.ReadStat("/proc", child)
 		return err != nil || st.State == "Z"
 	})
 	eventually(t, "the job's cgroup removed", 5*time.Second, func() bool {

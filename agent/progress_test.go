@@ -10,56 +10,12 @@ import (
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/procfs"
 )
 
-func TestParseProcStat(t *testing.T) {
-	// Field layout of proc(5): pid (comm) state ppid pgrp session tty tpgid
-	// flags minflt cminflt majflt cmajflt utime stime cutime cstime prio
-	// nice threads itreal starttime …
-	line := func(comm, state string, utime, stime, start int) string {
-		return fmt.Sprintf("4242 (%s) %s 1 4242 4242 0 -1 4194560 100 0 0 0 %d %d 0 0 20 0 1 0 %d 1000 100 18446744073709551615\n",
-			comm, state, utime, stime, start)
-	}
-	tests := []struct {
-		name    string
-		in      string
-		want    procStat
-		wantErr string
-	}{
-		{"running", line("ringtrain", "R", 250, 50, 9000), procStat{PID: 4242, State: "R", PPID: 1, PGRP: 4242, UTime: 250, STime: 50, StartTicks: 9000}, ""},
-		{"name with spaces and parens", line("a) b (c", "S", 1, 2, 3), procStat{PID: 4242, State: "S", PPID: 1, PGRP: 4242, UTime: 1, STime: 2, StartTicks: 3}, ""},
-		{"zombie", line("sh", "Z", 0, 0, 7), procStat{PID: 4242, State: "Z", PPID: 1, PGRP: 4242, StartTicks: 7}, ""},
-		{"empty", "", procStat{}, "no (comm)"},
-		{"no closing paren", "12 (abc S 1", procStat{}, "no (comm)"},
-		{"bad pid", "x (abc) S 1 1 1", procStat{}, "bad pid"},
-		{"truncated", "12 (abc) S 1 1 1 0", procStat{}, "fields after the name"},
-		{"bad utime", strings.Replace(line("c", "R", 1, 2, 3), " 1 2 0 0 20", " x 2 0 0 20", 1), procStat{}, "field 14"},
-		{"two-letter state", line("c", "RS", 1, 2, 3), procStat{}, "not one letter"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseProcStat([]byte(tc.in))
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got != tc.want {
-				t.Fatalf("got %+v, want %+v", got, tc.want)
-			}
-		})
-	}
-	if s := (procStat{UTime: 250, STime: 50}); s.CPUSeconds() != 3 {
-		t.Fatalf("CPUSeconds = %v, want 3", s.CPUSeconds())
-	}
-}
-
-func TestReadProcStatOfThisProcess(t *testing.T) {
-	s, err := readProcStat("/proc", os.Getpid())
+// TestProcessAliveTellsReusedPIDs: processAlive matches the start time.
+func TestProcessAliveTellsReusedPIDs(t *testing.T) {
+	s, err := procfs.ReadStat("/proc", os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,21 +25,9 @@ func TestReadProcStatOfThisProcess(t *testing.T) {
 	if !processAlive("/proc", os.Getpid(), s.StartTicks) || processAlive("/proc", os.Getpid(), s.StartTicks+1) {
 		t.Fatal("processAlive does not tell this process from a reused pid")
 	}
-	if _, err := readProcStat("/proc", 1<<30); err == nil {
+	if _, err := procfs.ReadStat("/proc", 1<<30); err == nil {
 		t.Fatal("stat of a pid that cannot exist succeeded")
 	}
-}
-
-func FuzzParseProcStat(f *testing.F) {
-	f.Add([]byte("1 (init) S 0 1 1 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 9 10 11\n"))
-	f.Add([]byte("77 (a ) b) Z 1 77 77 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5\n"))
-	f.Add([]byte("2 ("))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		s, err := parseProcStat(b)
-		if err == nil && (s.PID <= 0 || len(s.State) != 1) {
-			t.Fatalf("accepted %q as %+v", b, s)
-		}
-	})
 }
 
 func TestLogParser(t *testing.T) {

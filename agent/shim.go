@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gpuctl/gpuctl/procfs"
 )
 
 // ShimCommand is the nodemon subcommand that runs one rank: nodemon
@@ -122,7 +124,7 @@ func RunShim(args []string, stderr io.Writer) int {
 		return fail("start %s: %v", argv[0], err)
 	}
 	pid := cmd.Process.Pid
-	st, err := readProcStat("/proc", pid)
+	st, err := procfs.ReadStat("/proc", pid)
 	if err != nil {
 		// Not reaped yet, so its /proc entry exists; this cannot fail short
 		// of /proc missing.

@@ -3,35 +3,20 @@ package demo
 import (
 	"context"
 	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpuctl/gpuctl/procfs"
 )
 
 // procCPU returns a process's user+system CPU time and resident memory.
 func procCPU(t testing.TB, pid int) (cpu time.Duration, rssBytes int64) {
 	t.Helper()
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	st, err := procfs.ReadStat("/proc", pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Fields after the command name, which is in parentheses.
-	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	const ticks = 100 // USER_HZ
-	status, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			kb, _ := strconv.ParseInt(strings.Fields(line)[1], 10, 64)
-			rssBytes = kb << 10
-		}
-	}
-	return time.Duration(ut+st) * time.Second / ticks, rssBytes
+	return time.Duration(st.CPUSeconds() * float64(time.Second)), int64(st.RSSPages) * int64(os.Getpagesize())
 }
 
 // BenchmarkNodemonFootprint runs one nodemon with a simulated 8-GPU host at

@@ -2,11 +2,12 @@ package nccl
 
 import (
 	"bytes"
-	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
+
+	"github.com/gpuctl/gpuctl/procfs"
 )
 
 // Environment variables that tie a process to gpuctl's view of it.
@@ -68,10 +69,11 @@ func (p *ProcTable) Lookup(pid uint32) (job string, rank int32, keep bool) {
 	if err != nil {
 		return "", -1, !p.strict
 	}
-	start, err := procStartTime(dir)
+	st, err := procfs.ReadStat(p.root, int(pid))
 	if err != nil {
 		return "", -1, !p.strict
 	}
+	start := st.StartTicks
 	env := parseEnviron(environ)
 	e = procEntry{start: start, job: env.job, rank: env.rank, keep: p.node == "" || env.node == p.node || env.node == "" && !p.strict}
 	p.mu.Lock()
@@ -89,8 +91,8 @@ func (p *ProcTable) Prune() {
 	}
 	p.mu.Unlock()
 	for pid, start := range pids {
-		now, err := procStartTime(filepath.Join(p.root, strconv.FormatUint(uint64(pid), 10)))
-		if err == nil && now == start {
+		now, err := procfs.ReadStat(p.root, int(pid))
+		if err == nil && now.StartTicks == start {
 			continue
 		}
 		p.mu.Lock()
@@ -143,30 +145,3 @@ func parseEnviron(b []byte) procEnv {
 	}
 	return env
 }
-
-// procStartTime reads field 22 (starttime) of dir/stat.
-func procStartTime(dir string) (uint64, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "stat"))
-	if err != nil {
-		return 0, err
-	}
-	return parseStatStart(b)
-}
-
-// parseStatStart extracts starttime from a /proc/PID/stat line. The command
-// name (field 2) is in parentheses and may itself hold spaces and ')', so
-// fields are counted from the last ')'.
-func parseStatStart(b []byte) (uint64, error) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, errStat
-	}
-	fields := bytes.Fields(b[i+1:])
-	// fields[0] is field 3 (state); starttime is field 22.
-	if len(fields) < 20 {
-		return 0, errStat
-	}
-	return strconv.ParseUint(string(fields[19]), 10, 64)
-}
-
-var errStat = errors.New("malformed /proc/PID/stat: want at least 22 fields after the command name")

@@ -1,7 +1,6 @@
 package nccl
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"testing"
@@ -42,40 +41,6 @@ func FuzzParseEnviron(f *testing.F) {
 	})
 }
 
-func TestParseStatStart(t *testing.T) {
-	rest := " S 1 1 1 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 1 0 424242 1000 10 18446744073709551615"
-	for _, tc := range []struct {
-		name string
-		in   string
-		want uint64
-		err  bool
-	}{
-		{"plain", "123 (ringtrain)" + rest, 424242, false},
-		{"name with spaces and parens", "123 (a) b (c)" + rest, 424242, false},
-		{"truncated", "123 (x) S 1 2", 0, true},
-		{"no command", "123 S 1", 0, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseStatStart([]byte(tc.in))
-			if (err != nil) != tc.err || got != tc.want {
-				t.Errorf("parseStatStart = %d, %v; want %d, error %v", got, err, tc.want, tc.err)
-			}
-		})
-	}
-}
-
-func FuzzParseStatStart(f *testing.F) {
-	f.Add([]byte("1 (init) S 0 1 1 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 99 1 2"))
-	f.Add([]byte(")"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		_, err := parseStatStart(b)
-		if err == nil && !bytes.Contains(b, []byte(")")) {
-			t.Fatalf("parseStatStart(%q) accepted a line with no command name", b)
-		}
-	})
-}
-
-// fakeProc writes a /proc/PID with the given environment and start time.
 func fakeProc(t *testing.T, root string, pid, env string, start string) {
 	t.Helper()
 	dir := filepath.Join(root, pid)

@@ -8,85 +8,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"syscall"
+
+	"github.com/gpuctl/gpuctl/procfs"
 )
-
-// clockTicks is USER_HZ, the unit of /proc/<pid>/stat times; Linux fixes it
-// at 100 on every architecture nodemon runs on.
-const clockTicks = 100
-
-// procStat is what the simulated host reads from /proc/<pid>/stat.
-type procStat struct {
-	state     byte
-	cpuTicks  uint64 // utime + stime
-	startTime uint64 // ticks after boot; tells a reused pid apart
-	rssPages  uint64
-}
 
 // errZombie marks a process that has exited but not been reaped.
 var errZombie = errors.New("process has exited")
-
-// parseStat decodes the content of /proc/<pid>/stat. The command name is in
-// parentheses and may itself hold spaces and parentheses, so fields are
-// counted from the last ')'.
-func parseStat(b []byte) (procStat, error) {
-	var st procStat
-	end := bytes.LastIndexByte(b, ')')
-	if end < 0 {
-		return st, errors.New("stat: no ')' closing the command name")
-	}
-	rest := b[end+1:]
-	// Fields after the name, numbered as in proc(5) from 3 (state).
-	var f [22][]byte
-	n := 0
-	for n < len(f) {
-		rest = bytes.TrimLeft(rest, " ")
-		if len(rest) == 0 {
-			break
-		}
-		i := bytes.IndexByte(rest, ' ')
-		if i < 0 {
-			i = len(rest)
-		}
-		f[n] = bytes.TrimRight(rest[:i], "\n")
-		rest = rest[i:]
-		n++
-	}
-	if n < len(f) {
-		return st, fmt.Errorf("stat: %d fields after the command name, want at least %d", n, len(f))
-	}
-	if c := f[0]; len(c) != 1 || !('A' <= c[0] && c[0] <= 'Z' || 'a' <= c[0] && c[0] <= 'z') {
-		return st, fmt.Errorf("stat: state %q is not one letter", f[0])
-	}
-	st.state = f[0][0]
-	var err error
-	var utime, stime uint64
-	if utime, err = parseUint(f[14-3], "utime"); err != nil {
-		return st, err
-	}
-	if stime, err = parseUint(f[15-3], "stime"); err != nil {
-		return st, err
-	}
-	st.cpuTicks = utime + stime
-	if st.startTime, err = parseUint(f[22-3], "starttime"); err != nil {
-		return st, err
-	}
-	rss, err := strconv.ParseInt(string(f[24-3]), 10, 64)
-	if err != nil {
-		return st, fmt.Errorf("stat: rss %q: %w", f[24-3], err)
-	}
-	if rss > 0 {
-		st.rssPages = uint64(rss)
-	}
-	return st, nil
-}
-
-func parseUint(b []byte, name string) (uint64, error) {
-	v, err := strconv.ParseUint(string(b), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("stat: %s %q: %w", name, b, err)
-	}
-	return v, nil
-}
 
 // procIO is what the simulated host reads from /proc/<pid>/io.
 type procIO struct {
@@ -136,16 +63,16 @@ func parseIO(b []byte) (procIO, error) {
 
 // readProc reads /proc/<pid>/stat and, where permitted, /proc/<pid>/io.
 // ioOK is false when the io file could not be read (another user's process).
-func readProc(root string, pid uint32, buf []byte) (st procStat, pio procIO, ioOK bool, err error) {
+func readProc(root string, pid uint32, buf []byte) (st procfs.Stat, pio procIO, ioOK bool, err error) {
 	dir := filepath.Join(root, strconv.FormatUint(uint64(pid), 10))
 	b, err := readInto(filepath.Join(dir, "stat"), buf)
 	if err != nil {
 		return st, pio, false, err
 	}
-	if st, err = parseStat(b); err != nil {
+	if st, err = procfs.ParseStat(b); err != nil {
 		return st, pio, false, fmt.Errorf("pid %d: %w", pid, err)
 	}
-	if st.state == 'Z' || st.state == 'X' {
+	if st.Exited() {
 		return st, pio, false, errZombie
 	}
 	b, err = readInto(filepath.Join(dir, "io"), buf)

@@ -23,38 +23,6 @@ func statLine(pid int, comm string, state byte, utime, stime, start uint64, rss 
 	return strings.Join(f, " ") + "\n"
 }
 
-func TestParseStat(t *testing.T) {
-	tests := []struct {
-		name    string
-		in      string
-		want    procStat
-		wantErr bool
-	}{
-		{"plain", statLine(42, "rank", 'R', 150, 50, 9000, 300), procStat{'R', 200, 9000, 300}, false},
-		{"name with spaces and parens", statLine(7, "a) (b c", 'S', 1, 2, 3, 4), procStat{'S', 3, 3, 4}, false},
-		{"zombie", statLine(7, "x", 'Z', 0, 0, 5, 0), procStat{'Z', 0, 5, 0}, false},
-		{"negative rss", statLine(7, "x", 'R', 1, 1, 5, -1), procStat{'R', 2, 5, 0}, false},
-		{"real kernel line", "1 (systemd) S 0 1 1 0 -1 4194560 50012 2938451 112 1417 122 269 6213 2384 20 0 1 0 27 22577152 3184 18446744073709551615 1 1 0 0 0 0 671173123 4096 1260 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
-			procStat{'S', 391, 27, 3184}, false},
-		{"no paren", "1 systemd S 0", procStat{}, true},
-		{"short", "1 (x) R 1 2 3", procStat{}, true},
-		{"bad utime", "1 (x) R" + strings.Repeat(" 0", 10) + " z 1" + strings.Repeat(" 0", 6) + " 1 0 1\n", procStat{}, true},
-		{"bad rss", "1 (x) R" + strings.Repeat(" 0", 10) + " 1 1" + strings.Repeat(" 0", 6) + " 1 0 q\n", procStat{}, true},
-		{"empty", "", procStat{}, true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseStat([]byte(tc.in))
-			if (err != nil) != tc.wantErr {
-				t.Fatalf("parseStat: err %v, want error %v", err, tc.wantErr)
-			}
-			if !tc.wantErr && got != tc.want {
-				t.Errorf("parseStat = %+v, want %+v", got, tc.want)
-			}
-		})
-	}
-}
-
 func TestParseIO(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -87,7 +55,7 @@ func TestReadProcSelf(t *testing.T) {
 	if err != nil {
 		t.Fatalf("read own /proc entry: %v", err)
 	}
-	if st.state == 0 || st.startTime == 0 || st.rssPages == 0 {
+	if st.State == "" || st.StartTicks == 0 || st.RSSPages == 0 {
 		t.Errorf("own stat looks empty: %+v", st)
 	}
 	if _, _, _, err := readProc(t.TempDir(), 1, nil); err == nil {
@@ -103,19 +71,6 @@ func TestReadProcSelf(t *testing.T) {
 	if _, _, _, err := readProc(filepath.Dir(dir), 9, nil); err != errZombie {
 		t.Errorf("zombie: err %v, want errZombie", err)
 	}
-}
-
-func FuzzParseStat(f *testing.F) {
-	f.Add([]byte(statLine(42, "rank", 'R', 150, 50, 9000, 300)))
-	f.Add([]byte(statLine(7, "a) (b c", 'S', 1, 2, 3, 4)))
-	f.Add([]byte("1 (x"))
-	f.Add([]byte(")"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		st, err := parseStat(b)
-		if err == nil && st.state == 0 {
-			t.Fatalf("parsed %q without a state", b)
-		}
-	})
 }
 
 func FuzzParseIO(f *testing.F) {

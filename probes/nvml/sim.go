@@ -20,6 +20,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/procfs"
 )
 
 // profile is the physical description of one simulated DGX model.
@@ -448,17 +449,18 @@ func (s *Sim) readProcLocked(pid uint32, cpuNow time.Time) bool {
 		return false
 	}
 	p, ok := s.procs[pid]
-	if !ok || p.startTime != st.startTime {
+	if !ok || p.startTime != st.StartTicks {
 		// First sight, or the pid now names another process.
-		s.procs[pid] = &simProc{startTime: st.startTime, cpuTicks: st.cpuTicks, cpuAt: cpuNow,
-			io: pio, ioOK: ioOK, rssBytes: st.rssPages * uint64(os.Getpagesize())}
+		s.procs[pid] = &simProc{startTime: st.StartTicks, cpuTicks: st.UTime + st.STime, cpuAt: cpuNow,
+			io: pio, ioOK: ioOK, rssBytes: st.RSSPages * uint64(os.Getpagesize())}
 		return true
 	}
-	p.rssBytes = st.rssPages * uint64(os.Getpagesize())
+	p.rssBytes = st.RSSPages * uint64(os.Getpagesize())
 	if el := cpuNow.Sub(p.cpuAt); el >= cpuWindow {
-		used := float64(st.cpuTicks-min(st.cpuTicks, p.cpuTicks)) / clockTicks
+		cpu := st.UTime + st.STime
+		used := float64(cpu-min(cpu, p.cpuTicks)) / procfs.ClockTicks
 		p.frac = used / el.Seconds()
-		p.cpuTicks, p.cpuAt = st.cpuTicks, cpuNow
+		p.cpuTicks, p.cpuAt = cpu, cpuNow
 	}
 	p.dio = procIO{}
 	if ioOK && p.ioOK {

@@ -16,6 +16,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/procfs"
 )
 
 // fakeClock is a model clock tests move by hand.
@@ -346,7 +347,7 @@ func TestModelFromFakeProc(t *testing.T) {
 			for i := 1; i <= 30; i++ {
 				// One CPU second per second; 20 MiB through sockets and
 				// 2 MiB to storage per second.
-				fp.set(pid, uint64(i)*clockTicks, rss, 0, uint64(i)*20<<20, 0, uint64(i)*2<<20)
+				fp.set(pid, uint64(i)*procfs.ClockTicks, rss, 0, uint64(i)*20<<20, 0, uint64(i)*2<<20)
 				got = step(t, s, clk)
 			}
 			wantPower := pr.idleW + (loadPower*pr.tdpW-pr.idleW)*0.5
@@ -492,7 +493,7 @@ func TestInjectedFaults(t *testing.T) {
 			}
 			step := func(t *testing.T, s *Sampler, clk *fakeClock) []*api.GPUSample {
 				t.Helper()
-				ticks += clockTicks
+				ticks += procfs.ClockTicks
 				fp.set(pid, ticks, 100, 0, 0, 0, 0)
 				return step(t, s, clk)
 			}
