@@ -535,12 +535,8 @@ func (x *Executor) saveLocked() {
 		return
 	}
 	f := ranksFile{Version: 1, Ranks: []rankRecord{}}
-	for _, job := range x.ranks {
-		for _, p := range job {
-			if !p.exited() {
-				f.Ranks = append(f.Ranks, p.rec)
-			}
-		}
+	for _, p := range x.liveLocked() {
+		f.Ranks = append(f.Ranks, p.rec)
 	}
 	sort.Slice(f.Ranks, func(i, j int) bool {
 		a, b := f.Ranks[i], f.Ranks[j]
@@ -568,14 +564,7 @@ func (x *Executor) monitor() {
 
 func (x *Executor) pollOnce(now time.Time) {
 	x.mu.Lock()
-	var live []*rankProc
-	for _, job := range x.ranks {
-		for _, p := range job {
-			if !p.exited() {
-				live = append(live, p)
-			}
-		}
-	}
+	live := x.liveLocked()
 	watches := map[string]*ckptWatch{}
 	for job, w := range x.ckpt {
 		watches[job] = w
@@ -764,17 +753,23 @@ func stopProcs(procs []*rankProc, grace, poll time.Duration) error {
 	return errors.Join(errs...)
 }
 
-// StopAll stops every live rank: SIGTERM, SIGKILL after grace.
-func (x *Executor) StopAll(grace time.Duration) {
-	x.mu.Lock()
-	var procs []*rankProc
+// liveLocked returns the ranks that have not exited; x.mu is held.
+func (x *Executor) liveLocked() []*rankProc {
+	var live []*rankProc
 	for _, job := range x.ranks {
 		for _, p := range job {
 			if !p.exited() {
-				procs = append(procs, p)
+				live = append(live, p)
 			}
 		}
 	}
+	return live
+}
+
+// StopAll stops every live rank: SIGTERM, SIGKILL after grace.
+func (x *Executor) StopAll(grace time.Duration) {
+	x.mu.Lock()
+	procs := x.liveLocked()
 	x.mu.Unlock()
 	if err := stopProcs(procs, grace, x.opts.Poll); err != nil {
 		x.log.Error("stop ranks", "err", err)
@@ -787,14 +782,9 @@ func (x *Executor) GPUProcesses() map[uint32][]uint32 {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	out := map[uint32][]uint32{}
-	for _, job := range x.ranks {
-		for _, p := range job {
-			if p.exited() {
-				continue
-			}
-			for _, g := range p.rec.GPUs {
-				out[g] = append(out[g], uint32(p.rec.PID))
-			}
+	for _, p := range x.liveLocked() {
+		for _, g := range p.rec.GPUs {
+			out[g] = append(out[g], uint32(p.rec.PID))
 		}
 	}
 	return out
@@ -805,14 +795,7 @@ func (x *Executor) GPUProcesses() map[uint32][]uint32 {
 func (x *Executor) RankStatuses() []*api.RankStatus {
 	now := time.Now()
 	x.mu.Lock()
-	var live []*rankProc
-	for _, job := range x.ranks {
-		for _, p := range job {
-			if !p.exited() {
-				live = append(live, p)
-			}
-		}
-	}
+	live := x.liveLocked()
 	x.mu.Unlock()
 	sort.Slice(live, func(i, j int) bool {
 		a, b := live[i].rec, live[j].rec
