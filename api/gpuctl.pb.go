@@ -121,6 +121,13 @@ const (
 	// A job-level happening: stall declared/cleared, recovery step.
 	EventKind_EVENT_KIND_STALL    EventKind = 13
 	EventKind_EVENT_KIND_RECOVERY EventKind = 14
+	// A mutating request: who (certificate or SSH key identity), what,
+	// and the result, in attrs who, request, result.
+	EventKind_EVENT_KIND_AUDIT EventKind = 15
+	// An elastic job changed size (shrink or grow), with its reason.
+	EventKind_EVENT_KIND_ELASTIC EventKind = 16
+	// A control-plane server took or lost leadership (HA).
+	EventKind_EVENT_KIND_LEADER EventKind = 17
 )
 
 // Enum value maps for EventKind.
@@ -141,6 +148,9 @@ var (
 		12: "EVENT_KIND_CHECKPOINT",
 		13: "EVENT_KIND_STALL",
 		14: "EVENT_KIND_RECOVERY",
+		15: "EVENT_KIND_AUDIT",
+		16: "EVENT_KIND_ELASTIC",
+		17: "EVENT_KIND_LEADER",
 	}
 	EventKind_value = map[string]int32{
 		"EVENT_KIND_UNSPECIFIED":  0,
@@ -158,6 +168,9 @@ var (
 		"EVENT_KIND_CHECKPOINT":   12,
 		"EVENT_KIND_STALL":        13,
 		"EVENT_KIND_RECOVERY":     14,
+		"EVENT_KIND_AUDIT":        15,
+		"EVENT_KIND_ELASTIC":      16,
+		"EVENT_KIND_LEADER":       17,
 	}
 )
 
@@ -360,14 +373,21 @@ func (FaultKind) EnumDescriptor() ([]byte, []int) {
 	return file_gpuctl_proto_rawDescGZIP(), []int{4}
 }
 
+// NodeState is a node's liveness. Whether it takes new work is apart from
+// it (NodeStatus.cordoned, draining), as Kubernetes shows
+// NotReady,SchedulingDisabled.
 type NodeState int32
 
 const (
 	NodeState_NODE_STATE_UNSPECIFIED NodeState = 0
 	NodeState_NODE_STATE_READY       NodeState = 1
-	NodeState_NODE_STATE_CORDONED    NodeState = 2
-	NodeState_NODE_STATE_DRAINING    NodeState = 3
-	NodeState_NODE_STATE_DOWN        NodeState = 4
+	// Not used since protocol v1.1: see NodeStatus.cordoned and draining.
+	//
+	// Deprecated: Marked as deprecated in gpuctl.proto.
+	NodeState_NODE_STATE_CORDONED NodeState = 2
+	// Deprecated: Marked as deprecated in gpuctl.proto.
+	NodeState_NODE_STATE_DRAINING NodeState = 3
+	NodeState_NODE_STATE_DOWN     NodeState = 4
 )
 
 // Enum value maps for NodeState.
@@ -534,6 +554,62 @@ func (x JobStop) Number() protoreflect.EnumNumber {
 // Deprecated: Use JobStop.Descriptor instead.
 func (JobStop) EnumDescriptor() ([]byte, []int) {
 	return file_gpuctl_proto_rawDescGZIP(), []int{7}
+}
+
+// WatchKind names what a watch follows.
+type WatchKind int32
+
+const (
+	WatchKind_WATCH_KIND_UNSPECIFIED WatchKind = 0
+	WatchKind_WATCH_KIND_NODES       WatchKind = 1
+	WatchKind_WATCH_KIND_JOBS        WatchKind = 2
+	WatchKind_WATCH_KIND_EVENTS      WatchKind = 3
+	WatchKind_WATCH_KIND_STALLS      WatchKind = 4
+)
+
+// Enum value maps for WatchKind.
+var (
+	WatchKind_name = map[int32]string{
+		0: "WATCH_KIND_UNSPECIFIED",
+		1: "WATCH_KIND_NODES",
+		2: "WATCH_KIND_JOBS",
+		3: "WATCH_KIND_EVENTS",
+		4: "WATCH_KIND_STALLS",
+	}
+	WatchKind_value = map[string]int32{
+		"WATCH_KIND_UNSPECIFIED": 0,
+		"WATCH_KIND_NODES":       1,
+		"WATCH_KIND_JOBS":        2,
+		"WATCH_KIND_EVENTS":      3,
+		"WATCH_KIND_STALLS":      4,
+	}
+)
+
+func (x WatchKind) Enum() *WatchKind {
+	p := new(WatchKind)
+	*p = x
+	return p
+}
+
+func (x WatchKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (WatchKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_gpuctl_proto_enumTypes[8].Descriptor()
+}
+
+func (WatchKind) Type() protoreflect.EnumType {
+	return &file_gpuctl_proto_enumTypes[8]
+}
+
+func (x WatchKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use WatchKind.Descriptor instead.
+func (WatchKind) EnumDescriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{8}
 }
 
 type Version struct {
@@ -3360,8 +3436,20 @@ type NodeStatus struct {
 	LostCollectives  uint64                 `protobuf:"varint,8,opt,name=lost_collectives,json=lostCollectives,proto3" json:"lost_collectives,omitempty"`
 	LostNetEvents    uint64                 `protobuf:"varint,9,opt,name=lost_net_events,json=lostNetEvents,proto3" json:"lost_net_events,omitempty"`
 	DroppedBatches   uint64                 `protobuf:"varint,10,opt,name=dropped_batches,json=droppedBatches,proto3" json:"dropped_batches,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Takes no new work (an operator's cordon or drain, or recovery's);
+	// cordon_reason says why. Both outlive an outage and a server restart.
+	Cordoned bool `protobuf:"varint,11,opt,name=cordoned,proto3" json:"cordoned,omitempty"`
+	// Cordoned, and its jobs are being moved elsewhere.
+	Draining bool `protobuf:"varint,12,opt,name=draining,proto3" json:"draining,omitempty"`
+	// Why the node is down, while state is down.
+	DownReason string `protobuf:"bytes,13,opt,name=down_reason,json=downReason,proto3" json:"down_reason,omitempty"`
+	// Set while the node is down: gpus[].last is the last sample it sent,
+	// not a live reading.
+	Stale bool `protobuf:"varint,14,opt,name=stale,proto3" json:"stale,omitempty"`
+	// When the node last changed between ready and down.
+	StateSinceUnixNano int64 `protobuf:"varint,15,opt,name=state_since_unix_nano,json=stateSinceUnixNano,proto3" json:"state_since_unix_nano,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -3460,6 +3548,41 @@ func (x *NodeStatus) GetLostNetEvents() uint64 {
 func (x *NodeStatus) GetDroppedBatches() uint64 {
 	if x != nil {
 		return x.DroppedBatches
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetCordoned() bool {
+	if x != nil {
+		return x.Cordoned
+	}
+	return false
+}
+
+func (x *NodeStatus) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+func (x *NodeStatus) GetDownReason() string {
+	if x != nil {
+		return x.DownReason
+	}
+	return ""
+}
+
+func (x *NodeStatus) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+func (x *NodeStatus) GetStateSinceUnixNano() int64 {
+	if x != nil {
+		return x.StateSinceUnixNano
 	}
 	return 0
 }
@@ -4524,6 +4647,8 @@ type ClientRequest struct {
 	//	*ClientRequest_CheckpointJob
 	//	*ClientRequest_RestartJob
 	//	*ClientRequest_Logs
+	//	*ClientRequest_Watch
+	//	*ClientRequest_ReleaseJob
 	Body          isClientRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -4719,6 +4844,24 @@ func (x *ClientRequest) GetLogs() *LogsRequest {
 	return nil
 }
 
+func (x *ClientRequest) GetWatch() *WatchRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_Watch); ok {
+			return x.Watch
+		}
+	}
+	return nil
+}
+
+func (x *ClientRequest) GetReleaseJob() *ReleaseJobRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_ReleaseJob); ok {
+			return x.ReleaseJob
+		}
+	}
+	return nil
+}
+
 type isClientRequest_Body interface {
 	isClientRequest_Body()
 }
@@ -4791,6 +4934,15 @@ type ClientRequest_Logs struct {
 	Logs *LogsRequest `protobuf:"bytes,29,opt,name=logs,proto3,oneof"`
 }
 
+type ClientRequest_Watch struct {
+	// 30-39: control plane (watch streams, job lifecycle).
+	Watch *WatchRequest `protobuf:"bytes,30,opt,name=watch,proto3,oneof"`
+}
+
+type ClientRequest_ReleaseJob struct {
+	ReleaseJob *ReleaseJobRequest `protobuf:"bytes,31,opt,name=release_job,json=releaseJob,proto3,oneof"`
+}
+
 func (*ClientRequest_ListNodes) isClientRequest_Body() {}
 
 func (*ClientRequest_ListEvents) isClientRequest_Body() {}
@@ -4825,6 +4977,10 @@ func (*ClientRequest_RestartJob) isClientRequest_Body() {}
 
 func (*ClientRequest_Logs) isClientRequest_Body() {}
 
+func (*ClientRequest_Watch) isClientRequest_Body() {}
+
+func (*ClientRequest_ReleaseJob) isClientRequest_Body() {}
+
 type ClientResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Set when the request failed; says what was wrong and what to do.
@@ -4848,6 +5004,8 @@ type ClientResponse struct {
 	//	*ClientResponse_CheckpointJob
 	//	*ClientResponse_RestartJob
 	//	*ClientResponse_Logs
+	//	*ClientResponse_Watch
+	//	*ClientResponse_ReleaseJob
 	Body          isClientResponse_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -5050,6 +5208,24 @@ func (x *ClientResponse) GetLogs() *LogsChunk {
 	return nil
 }
 
+func (x *ClientResponse) GetWatch() *WatchBatch {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_Watch); ok {
+			return x.Watch
+		}
+	}
+	return nil
+}
+
+func (x *ClientResponse) GetReleaseJob() *ReleaseJobResponse {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_ReleaseJob); ok {
+			return x.ReleaseJob
+		}
+	}
+	return nil
+}
+
 type isClientResponse_Body interface {
 	isClientResponse_Body()
 }
@@ -5122,6 +5298,14 @@ type ClientResponse_Logs struct {
 	Logs *LogsChunk `protobuf:"bytes,29,opt,name=logs,proto3,oneof"`
 }
 
+type ClientResponse_Watch struct {
+	Watch *WatchBatch `protobuf:"bytes,30,opt,name=watch,proto3,oneof"`
+}
+
+type ClientResponse_ReleaseJob struct {
+	ReleaseJob *ReleaseJobResponse `protobuf:"bytes,31,opt,name=release_job,json=releaseJob,proto3,oneof"`
+}
+
 func (*ClientResponse_ListNodes) isClientResponse_Body() {}
 
 func (*ClientResponse_ListEvents) isClientResponse_Body() {}
@@ -5155,6 +5339,10 @@ func (*ClientResponse_CheckpointJob) isClientResponse_Body() {}
 func (*ClientResponse_RestartJob) isClientResponse_Body() {}
 
 func (*ClientResponse_Logs) isClientResponse_Body() {}
+
+func (*ClientResponse_Watch) isClientResponse_Body() {}
+
+func (*ClientResponse_ReleaseJob) isClientResponse_Body() {}
 
 // JobPlan is the parallel layout a job runs with.
 type JobPlan struct {
@@ -5522,7 +5710,13 @@ type Job struct {
 	FirstStartUnixNano int64 `protobuf:"varint,40,opt,name=first_start_unix_nano,json=firstStartUnixNano,proto3" json:"first_start_unix_nano,omitempty"`
 	// Checkpoints the job's ranks reported (CHECKPOINT events);
 	// checkpoint_seconds is their mean.
-	Checkpoints   uint32 `protobuf:"varint,41,opt,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	Checkpoints uint32 `protobuf:"varint,41,opt,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	// Every launch so far, oldest first; the last is the current attempt
+	// while the job runs (as sacct lists a job's steps).
+	Attempts []*JobAttempt `protobuf:"bytes,42,rep,name=attempts,proto3" json:"attempts,omitempty"`
+	// Ranks of the job's full size (tp·pp·dp as submitted); an elastic job
+	// that shrank runs fewer until it grows back.
+	FullGpus      int32 `protobuf:"varint,43,opt,name=full_gpus,json=fullGpus,proto3" json:"full_gpus,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5844,21 +6038,176 @@ func (x *Job) GetCheckpoints() uint32 {
 	return 0
 }
 
+func (x *Job) GetAttempts() []*JobAttempt {
+	if x != nil {
+		return x.Attempts
+	}
+	return nil
+}
+
+func (x *Job) GetFullGpus() int32 {
+	if x != nil {
+		return x.FullGpus
+	}
+	return 0
+}
+
+// JobAttempt is one launch of a job.
+type JobAttempt struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Attempt       uint32                 `protobuf:"varint,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	StartUnixNano int64                  `protobuf:"varint,2,opt,name=start_unix_nano,json=startUnixNano,proto3" json:"start_unix_nano,omitempty"`
+	// 0 while the attempt runs.
+	EndUnixNano int64 `protobuf:"varint,3,opt,name=end_unix_nano,json=endUnixNano,proto3" json:"end_unix_nano,omitempty"`
+	// Why it ended: succeeded, the failure, cancel, preemption, move, resize.
+	EndReason string   `protobuf:"bytes,4,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
+	Nodes     []string `protobuf:"bytes,5,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Gpus      int32    `protobuf:"varint,6,opt,name=gpus,proto3" json:"gpus,omitempty"`
+	Dp        int32    `protobuf:"varint,7,opt,name=dp,proto3" json:"dp,omitempty"`
+	// The step it resumed from and the last step it reported.
+	ResumeStep int64 `protobuf:"varint,8,opt,name=resume_step,json=resumeStep,proto3" json:"resume_step,omitempty"`
+	LastStep   int64 `protobuf:"varint,9,opt,name=last_step,json=lastStep,proto3" json:"last_step,omitempty"`
+	// Steps it ran that the next attempt redid (past the checkpoint it
+	// resumed from).
+	LostSteps     int64   `protobuf:"varint,10,opt,name=lost_steps,json=lostSteps,proto3" json:"lost_steps,omitempty"`
+	GpuSeconds    float64 `protobuf:"fixed64,11,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	EnergyJoules  float64 `protobuf:"fixed64,12,opt,name=energy_joules,json=energyJoules,proto3" json:"energy_joules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobAttempt) Reset() {
+	*x = JobAttempt{}
+	mi := &file_gpuctl_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobAttempt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobAttempt) ProtoMessage() {}
+
+func (x *JobAttempt) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobAttempt.ProtoReflect.Descriptor instead.
+func (*JobAttempt) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *JobAttempt) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *JobAttempt) GetStartUnixNano() int64 {
+	if x != nil {
+		return x.StartUnixNano
+	}
+	return 0
+}
+
+func (x *JobAttempt) GetEndUnixNano() int64 {
+	if x != nil {
+		return x.EndUnixNano
+	}
+	return 0
+}
+
+func (x *JobAttempt) GetEndReason() string {
+	if x != nil {
+		return x.EndReason
+	}
+	return ""
+}
+
+func (x *JobAttempt) GetNodes() []string {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *JobAttempt) GetGpus() int32 {
+	if x != nil {
+		return x.Gpus
+	}
+	return 0
+}
+
+func (x *JobAttempt) GetDp() int32 {
+	if x != nil {
+		return x.Dp
+	}
+	return 0
+}
+
+func (x *JobAttempt) GetResumeStep() int64 {
+	if x != nil {
+		return x.ResumeStep
+	}
+	return 0
+}
+
+func (x *JobAttempt) GetLastStep() int64 {
+	if x != nil {
+		return x.LastStep
+	}
+	return 0
+}
+
+func (x *JobAttempt) GetLostSteps() int64 {
+	if x != nil {
+		return x.LostSteps
+	}
+	return 0
+}
+
+func (x *JobAttempt) GetGpuSeconds() float64 {
+	if x != nil {
+		return x.GpuSeconds
+	}
+	return 0
+}
+
+func (x *JobAttempt) GetEnergyJoules() float64 {
+	if x != nil {
+		return x.EnergyJoules
+	}
+	return 0
+}
+
 type SubmitJobRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	SpecYaml string                 `protobuf:"bytes,1,opt,name=spec_yaml,json=specYaml,proto3" json:"spec_yaml,omitempty"`
 	// Names the job file in error messages.
 	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
 	// Plan and place without submitting.
-	DryRun        bool `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
-	Hold          bool `protobuf:"varint,4,opt,name=hold,proto3" json:"hold,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DryRun bool `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	Hold   bool `protobuf:"varint,4,opt,name=hold,proto3" json:"hold,omitempty"`
+	// Set by the client once per submit: a retry after a lost answer
+	// carries the same key and gets the job the first try created.
+	IdempotencyKey string `protobuf:"bytes,5,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5870,7 +6219,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5883,7 +6232,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{54}
+	return file_gpuctl_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *SubmitJobRequest) GetSpecYaml() string {
@@ -5914,6 +6263,13 @@ func (x *SubmitJobRequest) GetHold() bool {
 	return false
 }
 
+func (x *SubmitJobRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
 type SubmitJobResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// For a dry run: the plan, the placement the scheduler would choose now
@@ -5927,7 +6283,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5939,7 +6295,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5952,7 +6308,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{55}
+	return file_gpuctl_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *SubmitJobResponse) GetJob() *Job {
@@ -5979,7 +6335,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5991,7 +6347,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6004,7 +6360,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{56}
+	return file_gpuctl_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListJobsRequest) GetJob() string {
@@ -6023,7 +6379,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6035,7 +6391,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6048,7 +6404,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{57}
+	return file_gpuctl_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -6067,7 +6423,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6079,7 +6435,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6092,7 +6448,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{58}
+	return file_gpuctl_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *CancelJobRequest) GetJob() string {
@@ -6100,6 +6456,95 @@ func (x *CancelJobRequest) GetJob() string {
 		return x.Job
 	}
 	return ""
+}
+
+// ReleaseJobRequest lets a held job (submitted with --hold) be scheduled.
+type ReleaseJobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseJobRequest) Reset() {
+	*x = ReleaseJobRequest{}
+	mi := &file_gpuctl_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseJobRequest) ProtoMessage() {}
+
+func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseJobRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseJobRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *ReleaseJobRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+type ReleaseJobResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           *Job                   `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseJobResponse) Reset() {
+	*x = ReleaseJobResponse{}
+	mi := &file_gpuctl_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseJobResponse) ProtoMessage() {}
+
+func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseJobResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseJobResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *ReleaseJobResponse) GetJob() *Job {
+	if x != nil {
+		return x.Job
+	}
+	return nil
 }
 
 type CancelJobResponse struct {
@@ -6111,7 +6556,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6123,7 +6568,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6136,7 +6581,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{59}
+	return file_gpuctl_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -6156,7 +6601,7 @@ type AssignJobRequest struct {
 
 func (x *AssignJobRequest) Reset() {
 	*x = AssignJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6168,7 +6613,7 @@ func (x *AssignJobRequest) String() string {
 func (*AssignJobRequest) ProtoMessage() {}
 
 func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6181,7 +6626,7 @@ func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobRequest.ProtoReflect.Descriptor instead.
 func (*AssignJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{60}
+	return file_gpuctl_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *AssignJobRequest) GetJob() string {
@@ -6207,7 +6652,7 @@ type AssignJobResponse struct {
 
 func (x *AssignJobResponse) Reset() {
 	*x = AssignJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6219,7 +6664,7 @@ func (x *AssignJobResponse) String() string {
 func (*AssignJobResponse) ProtoMessage() {}
 
 func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6232,7 +6677,7 @@ func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobResponse.ProtoReflect.Descriptor instead.
 func (*AssignJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{61}
+	return file_gpuctl_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *AssignJobResponse) GetJob() *Job {
@@ -6254,7 +6699,7 @@ type Packing struct {
 
 func (x *Packing) Reset() {
 	*x = Packing{}
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6266,7 +6711,7 @@ func (x *Packing) String() string {
 func (*Packing) ProtoMessage() {}
 
 func (x *Packing) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6279,7 +6724,7 @@ func (x *Packing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Packing.ProtoReflect.Descriptor instead.
 func (*Packing) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{62}
+	return file_gpuctl_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *Packing) GetFragmentedNodes() int32 {
@@ -6323,7 +6768,7 @@ type RebalanceMove struct {
 
 func (x *RebalanceMove) Reset() {
 	*x = RebalanceMove{}
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6335,7 +6780,7 @@ func (x *RebalanceMove) String() string {
 func (*RebalanceMove) ProtoMessage() {}
 
 func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6348,7 +6793,7 @@ func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceMove.ProtoReflect.Descriptor instead.
 func (*RebalanceMove) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{63}
+	return file_gpuctl_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RebalanceMove) GetJob() string {
@@ -6397,7 +6842,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_gpuctl_proto_msgTypes[64]
+	mi := &file_gpuctl_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6409,7 +6854,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[64]
+	mi := &file_gpuctl_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6422,7 +6867,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{64}
+	return file_gpuctl_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *RebalanceRequest) GetApply() bool {
@@ -6452,7 +6897,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_gpuctl_proto_msgTypes[65]
+	mi := &file_gpuctl_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6464,7 +6909,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[65]
+	mi := &file_gpuctl_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6477,7 +6922,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{65}
+	return file_gpuctl_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *RebalanceResponse) GetMoves() []*RebalanceMove {
@@ -6524,7 +6969,7 @@ type StalledRank struct {
 
 func (x *StalledRank) Reset() {
 	*x = StalledRank{}
-	mi := &file_gpuctl_proto_msgTypes[66]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6536,7 +6981,7 @@ func (x *StalledRank) String() string {
 func (*StalledRank) ProtoMessage() {}
 
 func (x *StalledRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[66]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6549,7 +6994,7 @@ func (x *StalledRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StalledRank.ProtoReflect.Descriptor instead.
 func (*StalledRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{66}
+	return file_gpuctl_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *StalledRank) GetRank() int32 {
@@ -6619,7 +7064,7 @@ type Stall struct {
 
 func (x *Stall) Reset() {
 	*x = Stall{}
-	mi := &file_gpuctl_proto_msgTypes[67]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6631,7 +7076,7 @@ func (x *Stall) String() string {
 func (*Stall) ProtoMessage() {}
 
 func (x *Stall) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[67]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6644,7 +7089,7 @@ func (x *Stall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stall.ProtoReflect.Descriptor instead.
 func (*Stall) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{67}
+	return file_gpuctl_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *Stall) GetJob() string {
@@ -6705,7 +7150,7 @@ type ListStallsRequest struct {
 
 func (x *ListStallsRequest) Reset() {
 	*x = ListStallsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6717,7 +7162,7 @@ func (x *ListStallsRequest) String() string {
 func (*ListStallsRequest) ProtoMessage() {}
 
 func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6730,7 +7175,7 @@ func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsRequest.ProtoReflect.Descriptor instead.
 func (*ListStallsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{68}
+	return file_gpuctl_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ListStallsRequest) GetJob() string {
@@ -6749,7 +7194,7 @@ type ListStallsResponse struct {
 
 func (x *ListStallsResponse) Reset() {
 	*x = ListStallsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6761,7 +7206,7 @@ func (x *ListStallsResponse) String() string {
 func (*ListStallsResponse) ProtoMessage() {}
 
 func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6774,7 +7219,7 @@ func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsResponse.ProtoReflect.Descriptor instead.
 func (*ListStallsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{69}
+	return file_gpuctl_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ListStallsResponse) GetStalls() []*Stall {
@@ -6796,7 +7241,7 @@ type CordonRequest struct {
 
 func (x *CordonRequest) Reset() {
 	*x = CordonRequest{}
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6808,7 +7253,7 @@ func (x *CordonRequest) String() string {
 func (*CordonRequest) ProtoMessage() {}
 
 func (x *CordonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6821,7 +7266,7 @@ func (x *CordonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonRequest.ProtoReflect.Descriptor instead.
 func (*CordonRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{70}
+	return file_gpuctl_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *CordonRequest) GetNode() string {
@@ -6856,7 +7301,7 @@ type CordonResponse struct {
 
 func (x *CordonResponse) Reset() {
 	*x = CordonResponse{}
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6868,7 +7313,7 @@ func (x *CordonResponse) String() string {
 func (*CordonResponse) ProtoMessage() {}
 
 func (x *CordonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6881,7 +7326,7 @@ func (x *CordonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonResponse.ProtoReflect.Descriptor instead.
 func (*CordonResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{71}
+	return file_gpuctl_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *CordonResponse) GetNode() *NodeStatus {
@@ -6913,7 +7358,7 @@ type DrainedJob struct {
 
 func (x *DrainedJob) Reset() {
 	*x = DrainedJob{}
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6925,7 +7370,7 @@ func (x *DrainedJob) String() string {
 func (*DrainedJob) ProtoMessage() {}
 
 func (x *DrainedJob) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6938,7 +7383,7 @@ func (x *DrainedJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainedJob.ProtoReflect.Descriptor instead.
 func (*DrainedJob) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{72}
+	return file_gpuctl_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *DrainedJob) GetJob() string {
@@ -6978,7 +7423,7 @@ type CheckpointJobRequest struct {
 
 func (x *CheckpointJobRequest) Reset() {
 	*x = CheckpointJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6990,7 +7435,7 @@ func (x *CheckpointJobRequest) String() string {
 func (*CheckpointJobRequest) ProtoMessage() {}
 
 func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7003,7 +7448,7 @@ func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{73}
+	return file_gpuctl_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *CheckpointJobRequest) GetJob() string {
@@ -7022,7 +7467,7 @@ type CheckpointJobResponse struct {
 
 func (x *CheckpointJobResponse) Reset() {
 	*x = CheckpointJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7034,7 +7479,7 @@ func (x *CheckpointJobResponse) String() string {
 func (*CheckpointJobResponse) ProtoMessage() {}
 
 func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7047,7 +7492,7 @@ func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{74}
+	return file_gpuctl_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *CheckpointJobResponse) GetJob() *Job {
@@ -7069,7 +7514,7 @@ type RestartJobRequest struct {
 
 func (x *RestartJobRequest) Reset() {
 	*x = RestartJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7081,7 +7526,7 @@ func (x *RestartJobRequest) String() string {
 func (*RestartJobRequest) ProtoMessage() {}
 
 func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7094,7 +7539,7 @@ func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobRequest.ProtoReflect.Descriptor instead.
 func (*RestartJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{75}
+	return file_gpuctl_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *RestartJobRequest) GetJob() string {
@@ -7127,7 +7572,7 @@ type RestartJobResponse struct {
 
 func (x *RestartJobResponse) Reset() {
 	*x = RestartJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7139,7 +7584,7 @@ func (x *RestartJobResponse) String() string {
 func (*RestartJobResponse) ProtoMessage() {}
 
 func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7152,7 +7597,7 @@ func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobResponse.ProtoReflect.Descriptor instead.
 func (*RestartJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{76}
+	return file_gpuctl_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *RestartJobResponse) GetJob() *Job {
@@ -7175,7 +7620,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7187,7 +7632,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7200,7 +7645,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{77}
+	return file_gpuctl_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *LogsRequest) GetJob() string {
@@ -7241,7 +7686,7 @@ type LogsChunk struct {
 
 func (x *LogsChunk) Reset() {
 	*x = LogsChunk{}
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7253,7 +7698,7 @@ func (x *LogsChunk) String() string {
 func (*LogsChunk) ProtoMessage() {}
 
 func (x *LogsChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7266,7 +7711,7 @@ func (x *LogsChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsChunk.ProtoReflect.Descriptor instead.
 func (*LogsChunk) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{78}
+	return file_gpuctl_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *LogsChunk) GetData() []byte {
@@ -7281,6 +7726,335 @@ func (x *LogsChunk) GetNode() string {
 		return x.Node
 	}
 	return ""
+}
+
+// WatchRequest opens a watch: a snapshot of the kinds asked for, then
+// their changes as they happen, each with a revision. A client that lost
+// its connection resumes with the epoch and revision it last applied and
+// gets only what changed since, or a fresh snapshot (a resync) when the
+// server no longer holds that history.
+type WatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty watches every kind.
+	Kinds []WatchKind `protobuf:"varint,1,rep,packed,name=kinds,proto3,enum=gpuctl.v1.WatchKind" json:"kinds,omitempty"`
+	// The epoch and revision of the last batch applied; empty and 0 start
+	// with a snapshot.
+	Epoch         string `protobuf:"bytes,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	SinceRevision uint64 `protobuf:"varint,3,opt,name=since_revision,json=sinceRevision,proto3" json:"since_revision,omitempty"`
+	// How many recent events the snapshot of WATCH_KIND_EVENTS carries,
+	// default 200.
+	EventsBacklog uint32 `protobuf:"varint,4,opt,name=events_backlog,json=eventsBacklog,proto3" json:"events_backlog,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_gpuctl_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *WatchRequest) GetKinds() []WatchKind {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
+}
+
+func (x *WatchRequest) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetSinceRevision() uint64 {
+	if x != nil {
+		return x.SinceRevision
+	}
+	return 0
+}
+
+func (x *WatchRequest) GetEventsBacklog() uint32 {
+	if x != nil {
+		return x.EventsBacklog
+	}
+	return 0
+}
+
+// WatchChange is one object's new state. Changes to one object are
+// coalesced for a watcher that has not yet been sent the earlier one.
+type WatchChange struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Revision uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	Kind     WatchKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=gpuctl.v1.WatchKind" json:"kind,omitempty"`
+	// Node name, job id, stall key (job/comm index) or event key.
+	Key string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	// The object is gone: a cleared stall, a node removed.
+	Deleted bool `protobuf:"varint,4,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	// Types that are valid to be assigned to Object:
+	//
+	//	*WatchChange_Node
+	//	*WatchChange_Job
+	//	*WatchChange_Event
+	//	*WatchChange_Stall
+	Object        isWatchChange_Object `protobuf_oneof:"object"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchChange) Reset() {
+	*x = WatchChange{}
+	mi := &file_gpuctl_proto_msgTypes[83]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchChange) ProtoMessage() {}
+
+func (x *WatchChange) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[83]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchChange.ProtoReflect.Descriptor instead.
+func (*WatchChange) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{83}
+}
+
+func (x *WatchChange) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *WatchChange) GetKind() WatchKind {
+	if x != nil {
+		return x.Kind
+	}
+	return WatchKind_WATCH_KIND_UNSPECIFIED
+}
+
+func (x *WatchChange) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *WatchChange) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+func (x *WatchChange) GetObject() isWatchChange_Object {
+	if x != nil {
+		return x.Object
+	}
+	return nil
+}
+
+func (x *WatchChange) GetNode() *NodeStatus {
+	if x != nil {
+		if x, ok := x.Object.(*WatchChange_Node); ok {
+			return x.Node
+		}
+	}
+	return nil
+}
+
+func (x *WatchChange) GetJob() *Job {
+	if x != nil {
+		if x, ok := x.Object.(*WatchChange_Job); ok {
+			return x.Job
+		}
+	}
+	return nil
+}
+
+func (x *WatchChange) GetEvent() *Event {
+	if x != nil {
+		if x, ok := x.Object.(*WatchChange_Event); ok {
+			return x.Event
+		}
+	}
+	return nil
+}
+
+func (x *WatchChange) GetStall() *Stall {
+	if x != nil {
+		if x, ok := x.Object.(*WatchChange_Stall); ok {
+			return x.Stall
+		}
+	}
+	return nil
+}
+
+type isWatchChange_Object interface {
+	isWatchChange_Object()
+}
+
+type WatchChange_Node struct {
+	Node *NodeStatus `protobuf:"bytes,5,opt,name=node,proto3,oneof"`
+}
+
+type WatchChange_Job struct {
+	Job *Job `protobuf:"bytes,6,opt,name=job,proto3,oneof"`
+}
+
+type WatchChange_Event struct {
+	Event *Event `protobuf:"bytes,7,opt,name=event,proto3,oneof"`
+}
+
+type WatchChange_Stall struct {
+	Stall *Stall `protobuf:"bytes,8,opt,name=stall,proto3,oneof"`
+}
+
+func (*WatchChange_Node) isWatchChange_Object() {}
+
+func (*WatchChange_Job) isWatchChange_Object() {}
+
+func (*WatchChange_Event) isWatchChange_Object() {}
+
+func (*WatchChange_Stall) isWatchChange_Object() {}
+
+// WatchBatch is what a watch stream carries.
+type WatchBatch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Identifies one run of the server; revisions are comparable only
+	// within one epoch.
+	Epoch string `protobuf:"bytes,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The revision the client has reached once it applies this batch.
+	Revision uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// Set on the first batch of a snapshot: the client forgets what it
+	// holds of `kinds` before applying the changes.
+	Reset_ bool        `protobuf:"varint,3,opt,name=reset,proto3" json:"reset,omitempty"`
+	Kinds  []WatchKind `protobuf:"varint,4,rep,packed,name=kinds,proto3,enum=gpuctl.v1.WatchKind" json:"kinds,omitempty"`
+	// Why a snapshot replaces a resumed watch (fell behind, history
+	// compacted, another epoch).
+	ResyncReason string         `protobuf:"bytes,5,opt,name=resync_reason,json=resyncReason,proto3" json:"resync_reason,omitempty"`
+	Changes      []*WatchChange `protobuf:"bytes,6,rep,name=changes,proto3" json:"changes,omitempty"`
+	// Set on the last batch of a snapshot: the client's view is complete.
+	Synced        bool `protobuf:"varint,7,opt,name=synced,proto3" json:"synced,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchBatch) Reset() {
+	*x = WatchBatch{}
+	mi := &file_gpuctl_proto_msgTypes[84]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchBatch) ProtoMessage() {}
+
+func (x *WatchBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[84]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchBatch.ProtoReflect.Descriptor instead.
+func (*WatchBatch) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{84}
+}
+
+func (x *WatchBatch) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
+}
+
+func (x *WatchBatch) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *WatchBatch) GetReset_() bool {
+	if x != nil {
+		return x.Reset_
+	}
+	return false
+}
+
+func (x *WatchBatch) GetKinds() []WatchKind {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
+}
+
+func (x *WatchBatch) GetResyncReason() string {
+	if x != nil {
+		return x.ResyncReason
+	}
+	return ""
+}
+
+func (x *WatchBatch) GetChanges() []*WatchChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+func (x *WatchBatch) GetSynced() bool {
+	if x != nil {
+		return x.Synced
+	}
+	return false
 }
 
 var File_gpuctl_proto protoreflect.FileDescriptor
@@ -7555,7 +8329,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04info\x18\x01 \x01(\v2\x12.gpuctl.v1.GPUInfoR\x04info\x12(\n" +
 	"\x04last\x18\x02 \x01(\v2\x14.gpuctl.v1.GPUSampleR\x04last\x12\x18\n" +
 	"\ahealthy\x18\x03 \x01(\bR\ahealthy\x12)\n" +
-	"\x10unhealthy_reason\x18\x04 \x01(\tR\x0funhealthyReason\"\xb2\x03\n" +
+	"\x10unhealthy_reason\x18\x04 \x01(\tR\x0funhealthyReason\"\xd4\x04\n" +
 	"\n" +
 	"NodeStatus\x12?\n" +
 	"\fregistration\x18\x01 \x01(\v2\x1b.gpuctl.v1.NodeRegistrationR\fregistration\x12*\n" +
@@ -7569,7 +8343,13 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x10lost_collectives\x18\b \x01(\x04R\x0flostCollectives\x12&\n" +
 	"\x0flost_net_events\x18\t \x01(\x04R\rlostNetEvents\x12'\n" +
 	"\x0fdropped_batches\x18\n" +
-	" \x01(\x04R\x0edroppedBatches\"\x9f\x02\n" +
+	" \x01(\x04R\x0edroppedBatches\x12\x1a\n" +
+	"\bcordoned\x18\v \x01(\bR\bcordoned\x12\x1a\n" +
+	"\bdraining\x18\f \x01(\bR\bdraining\x12\x1f\n" +
+	"\vdown_reason\x18\r \x01(\tR\n" +
+	"downReason\x12\x14\n" +
+	"\x05stale\x18\x0e \x01(\bR\x05stale\x121\n" +
+	"\x15state_since_unix_nano\x18\x0f \x01(\x03R\x12stateSinceUnixNano\"\x9f\x02\n" +
 	"\x0eCollectiveStat\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x10\n" +
@@ -7641,7 +8421,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x12InjectFaultRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
 	"\x05fault\x18\x02 \x01(\v2\x16.gpuctl.v1.InjectFaultR\x05fault\"\x15\n" +
-	"\x13InjectFaultResponse\"\xc6\b\n" +
+	"\x13InjectFaultResponse\"\xb8\t\n" +
 	"\rClientRequest\x12<\n" +
 	"\n" +
 	"list_nodes\x18\x01 \x01(\v2\x1b.gpuctl.v1.ListNodesRequestH\x00R\tlistNodes\x12?\n" +
@@ -7667,8 +8447,11 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x0echeckpoint_job\x18\x1b \x01(\v2\x1f.gpuctl.v1.CheckpointJobRequestH\x00R\rcheckpointJob\x12?\n" +
 	"\vrestart_job\x18\x1c \x01(\v2\x1c.gpuctl.v1.RestartJobRequestH\x00R\n" +
 	"restartJob\x12,\n" +
-	"\x04logs\x18\x1d \x01(\v2\x16.gpuctl.v1.LogsRequestH\x00R\x04logsB\x06\n" +
-	"\x04body\"\xe8\b\n" +
+	"\x04logs\x18\x1d \x01(\v2\x16.gpuctl.v1.LogsRequestH\x00R\x04logs\x12/\n" +
+	"\x05watch\x18\x1e \x01(\v2\x17.gpuctl.v1.WatchRequestH\x00R\x05watch\x12?\n" +
+	"\vrelease_job\x18\x1f \x01(\v2\x1c.gpuctl.v1.ReleaseJobRequestH\x00R\n" +
+	"releaseJobB\x06\n" +
+	"\x04body\"\xd9\t\n" +
 	"\x0eClientResponse\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error\x12=\n" +
 	"\n" +
@@ -7695,7 +8478,10 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x0echeckpoint_job\x18\x1b \x01(\v2 .gpuctl.v1.CheckpointJobResponseH\x00R\rcheckpointJob\x12@\n" +
 	"\vrestart_job\x18\x1c \x01(\v2\x1d.gpuctl.v1.RestartJobResponseH\x00R\n" +
 	"restartJob\x12*\n" +
-	"\x04logs\x18\x1d \x01(\v2\x14.gpuctl.v1.LogsChunkH\x00R\x04logsB\x06\n" +
+	"\x04logs\x18\x1d \x01(\v2\x14.gpuctl.v1.LogsChunkH\x00R\x04logs\x12-\n" +
+	"\x05watch\x18\x1e \x01(\v2\x15.gpuctl.v1.WatchBatchH\x00R\x05watch\x12@\n" +
+	"\vrelease_job\x18\x1f \x01(\v2\x1d.gpuctl.v1.ReleaseJobResponseH\x00R\n" +
+	"releaseJobB\x06\n" +
 	"\x04body\"\xb9\x03\n" +
 	"\aJobPlan\x12\x0e\n" +
 	"\x02tp\x18\x01 \x01(\x05R\x02tp\x12\x0e\n" +
@@ -7725,7 +8511,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\aJobNode\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12(\n" +
-	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xf1\v\n" +
+	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xc1\f\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -7774,12 +8560,34 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\aexclude\x18& \x03(\tR\aexclude\x12\x18\n" +
 	"\astalled\x18' \x01(\bR\astalled\x121\n" +
 	"\x15first_start_unix_nano\x18( \x01(\x03R\x12firstStartUnixNano\x12 \n" +
-	"\vcheckpoints\x18) \x01(\rR\vcheckpoints\"t\n" +
+	"\vcheckpoints\x18) \x01(\rR\vcheckpoints\x121\n" +
+	"\battempts\x18* \x03(\v2\x15.gpuctl.v1.JobAttemptR\battempts\x12\x1b\n" +
+	"\tfull_gpus\x18+ \x01(\x05R\bfullGpus\"\xee\x02\n" +
+	"\n" +
+	"JobAttempt\x12\x18\n" +
+	"\aattempt\x18\x01 \x01(\rR\aattempt\x12&\n" +
+	"\x0fstart_unix_nano\x18\x02 \x01(\x03R\rstartUnixNano\x12\"\n" +
+	"\rend_unix_nano\x18\x03 \x01(\x03R\vendUnixNano\x12\x1d\n" +
+	"\n" +
+	"end_reason\x18\x04 \x01(\tR\tendReason\x12\x14\n" +
+	"\x05nodes\x18\x05 \x03(\tR\x05nodes\x12\x12\n" +
+	"\x04gpus\x18\x06 \x01(\x05R\x04gpus\x12\x0e\n" +
+	"\x02dp\x18\a \x01(\x05R\x02dp\x12\x1f\n" +
+	"\vresume_step\x18\b \x01(\x03R\n" +
+	"resumeStep\x12\x1b\n" +
+	"\tlast_step\x18\t \x01(\x03R\blastStep\x12\x1d\n" +
+	"\n" +
+	"lost_steps\x18\n" +
+	" \x01(\x03R\tlostSteps\x12\x1f\n" +
+	"\vgpu_seconds\x18\v \x01(\x01R\n" +
+	"gpuSeconds\x12#\n" +
+	"\renergy_joules\x18\f \x01(\x01R\fenergyJoules\"\x9d\x01\n" +
 	"\x10SubmitJobRequest\x12\x1b\n" +
 	"\tspec_yaml\x18\x01 \x01(\tR\bspecYaml\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x17\n" +
 	"\adry_run\x18\x03 \x01(\bR\x06dryRun\x12\x12\n" +
-	"\x04hold\x18\x04 \x01(\bR\x04hold\"X\n" +
+	"\x04hold\x18\x04 \x01(\bR\x04hold\x12'\n" +
+	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\"X\n" +
 	"\x11SubmitJobResponse\x12 \n" +
 	"\x03job\x18\x01 \x01(\v2\x0e.gpuctl.v1.JobR\x03job\x12!\n" +
 	"\fqueued_ahead\x18\x02 \x01(\rR\vqueuedAhead\"#\n" +
@@ -7788,7 +8596,11 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x10ListJobsResponse\x12\"\n" +
 	"\x04jobs\x18\x01 \x03(\v2\x0e.gpuctl.v1.JobR\x04jobs\"$\n" +
 	"\x10CancelJobRequest\x12\x10\n" +
-	"\x03job\x18\x01 \x01(\tR\x03job\"5\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\"%\n" +
+	"\x11ReleaseJobRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\"6\n" +
+	"\x12ReleaseJobResponse\x12 \n" +
+	"\x03job\x18\x01 \x01(\v2\x0e.gpuctl.v1.JobR\x03job\"5\n" +
 	"\x11CancelJobResponse\x12 \n" +
 	"\x03job\x18\x01 \x01(\v2\x0e.gpuctl.v1.JobR\x03job\":\n" +
 	"\x10AssignJobRequest\x12\x10\n" +
@@ -7868,7 +8680,31 @@ const file_gpuctl_proto_rawDesc = "" +
 	"tail_bytes\x18\x04 \x01(\rR\ttailBytes\"3\n" +
 	"\tLogsChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
-	"\x04node\x18\x02 \x01(\tR\x04node*\x88\x02\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\"\x9e\x01\n" +
+	"\fWatchRequest\x12*\n" +
+	"\x05kinds\x18\x01 \x03(\x0e2\x14.gpuctl.v1.WatchKindR\x05kinds\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\tR\x05epoch\x12%\n" +
+	"\x0esince_revision\x18\x03 \x01(\x04R\rsinceRevision\x12%\n" +
+	"\x0eevents_backlog\x18\x04 \x01(\rR\reventsBacklog\"\xae\x02\n" +
+	"\vWatchChange\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\x12(\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x14.gpuctl.v1.WatchKindR\x04kind\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x18\n" +
+	"\adeleted\x18\x04 \x01(\bR\adeleted\x12+\n" +
+	"\x04node\x18\x05 \x01(\v2\x15.gpuctl.v1.NodeStatusH\x00R\x04node\x12\"\n" +
+	"\x03job\x18\x06 \x01(\v2\x0e.gpuctl.v1.JobH\x00R\x03job\x12(\n" +
+	"\x05event\x18\a \x01(\v2\x10.gpuctl.v1.EventH\x00R\x05event\x12(\n" +
+	"\x05stall\x18\b \x01(\v2\x10.gpuctl.v1.StallH\x00R\x05stallB\b\n" +
+	"\x06object\"\xef\x01\n" +
+	"\n" +
+	"WatchBatch\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x14\n" +
+	"\x05reset\x18\x03 \x01(\bR\x05reset\x12*\n" +
+	"\x05kinds\x18\x04 \x03(\x0e2\x14.gpuctl.v1.WatchKindR\x05kinds\x12#\n" +
+	"\rresync_reason\x18\x05 \x01(\tR\fresyncReason\x120\n" +
+	"\achanges\x18\x06 \x03(\v2\x16.gpuctl.v1.WatchChangeR\achanges\x12\x16\n" +
+	"\x06synced\x18\a \x01(\bR\x06synced*\x88\x02\n" +
 	"\x06NCCLOp\x12\x17\n" +
 	"\x13NCCL_OP_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12NCCL_OP_ALL_REDUCE\x10\x01\x12\x16\n" +
@@ -7881,7 +8717,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x13NCCL_OP_GROUP_START\x10\b\x12\x15\n" +
 	"\x11NCCL_OP_GROUP_END\x10\t\x12\x1a\n" +
 	"\x16NCCL_OP_COMM_INIT_RANK\x10\n" +
-	"*\xf7\x02\n" +
+	"*\xbc\x03\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eEVENT_KIND_XID\x10\x01\x12\x12\n" +
@@ -7898,7 +8734,10 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x0eEVENT_KIND_JOB\x10\v\x12\x19\n" +
 	"\x15EVENT_KIND_CHECKPOINT\x10\f\x12\x14\n" +
 	"\x10EVENT_KIND_STALL\x10\r\x12\x17\n" +
-	"\x13EVENT_KIND_RECOVERY\x10\x0e*d\n" +
+	"\x13EVENT_KIND_RECOVERY\x10\x0e\x12\x14\n" +
+	"\x10EVENT_KIND_AUDIT\x10\x0f\x12\x16\n" +
+	"\x12EVENT_KIND_ELASTIC\x10\x10\x12\x15\n" +
+	"\x11EVENT_KIND_LEADER\x10\x11*d\n" +
 	"\bSeverity\x12\x18\n" +
 	"\x14SEVERITY_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSEVERITY_INFO\x10\x01\x12\x14\n" +
@@ -7918,12 +8757,12 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x1cFAULT_KIND_ECC_UNCORRECTABLE\x10\x03\x12\x16\n" +
 	"\x12FAULT_KIND_THERMAL\x10\x04\x12\x17\n" +
 	"\x13FAULT_KIND_GPU_LOST\x10\x05\x12\x14\n" +
-	"\x10FAULT_KIND_CLEAR\x10\x06*\x84\x01\n" +
+	"\x10FAULT_KIND_CLEAR\x10\x06*\x8c\x01\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
-	"\x10NODE_STATE_READY\x10\x01\x12\x17\n" +
-	"\x13NODE_STATE_CORDONED\x10\x02\x12\x17\n" +
-	"\x13NODE_STATE_DRAINING\x10\x03\x12\x13\n" +
+	"\x10NODE_STATE_READY\x10\x01\x12\x1b\n" +
+	"\x13NODE_STATE_CORDONED\x10\x02\x1a\x02\b\x01\x12\x1b\n" +
+	"\x13NODE_STATE_DRAINING\x10\x03\x1a\x02\b\x01\x12\x13\n" +
 	"\x0fNODE_STATE_DOWN\x10\x04*\xb5\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -7938,7 +8777,13 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x0fJOB_STOP_CANCEL\x10\x01\x12\x14\n" +
 	"\x10JOB_STOP_PREEMPT\x10\x02\x12\x11\n" +
 	"\rJOB_STOP_MOVE\x10\x03\x12\x13\n" +
-	"\x0fJOB_STOP_FAILED\x10\x04B\x1eZ\x1cgithub.com/gpuctl/gpuctl/apib\x06proto3"
+	"\x0fJOB_STOP_FAILED\x10\x04*\x80\x01\n" +
+	"\tWatchKind\x12\x1a\n" +
+	"\x16WATCH_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10WATCH_KIND_NODES\x10\x01\x12\x13\n" +
+	"\x0fWATCH_KIND_JOBS\x10\x02\x12\x15\n" +
+	"\x11WATCH_KIND_EVENTS\x10\x03\x12\x15\n" +
+	"\x11WATCH_KIND_STALLS\x10\x04B\x1eZ\x1cgithub.com/gpuctl/gpuctl/apib\x06proto3"
 
 var (
 	file_gpuctl_proto_rawDescOnce sync.Once
@@ -7952,8 +8797,8 @@ func file_gpuctl_proto_rawDescGZIP() []byte {
 	return file_gpuctl_proto_rawDescData
 }
 
-var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
+var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 89)
 var file_gpuctl_proto_goTypes = []any{
 	(NCCLOp)(0),                     // 0: gpuctl.v1.NCCLOp
 	(EventKind)(0),                  // 1: gpuctl.v1.EventKind
@@ -7963,209 +8808,230 @@ var file_gpuctl_proto_goTypes = []any{
 	(NodeState)(0),                  // 5: gpuctl.v1.NodeState
 	(JobState)(0),                   // 6: gpuctl.v1.JobState
 	(JobStop)(0),                    // 7: gpuctl.v1.JobStop
-	(*Version)(nil),                 // 8: gpuctl.v1.Version
-	(*Hello)(nil),                   // 9: gpuctl.v1.Hello
-	(*Welcome)(nil),                 // 10: gpuctl.v1.Welcome
-	(*JoinRequest)(nil),             // 11: gpuctl.v1.JoinRequest
-	(*JoinResponse)(nil),            // 12: gpuctl.v1.JoinResponse
-	(*NVLinkPeer)(nil),              // 13: gpuctl.v1.NVLinkPeer
-	(*GPUInfo)(nil),                 // 14: gpuctl.v1.GPUInfo
-	(*NIC)(nil),                     // 15: gpuctl.v1.NIC
-	(*NodeRegistration)(nil),        // 16: gpuctl.v1.NodeRegistration
-	(*ECCCounts)(nil),               // 17: gpuctl.v1.ECCCounts
-	(*GPUProcess)(nil),              // 18: gpuctl.v1.GPUProcess
-	(*GPUSample)(nil),               // 19: gpuctl.v1.GPUSample
-	(*CollectiveRecord)(nil),        // 20: gpuctl.v1.CollectiveRecord
-	(*NetFlowSample)(nil),           // 21: gpuctl.v1.NetFlowSample
-	(*RDMAPortSample)(nil),          // 22: gpuctl.v1.RDMAPortSample
-	(*Telemetry)(nil),               // 23: gpuctl.v1.Telemetry
-	(*Event)(nil),                   // 24: gpuctl.v1.Event
-	(*EventAck)(nil),                // 25: gpuctl.v1.EventAck
-	(*Heartbeat)(nil),               // 26: gpuctl.v1.Heartbeat
-	(*InjectFault)(nil),             // 27: gpuctl.v1.InjectFault
-	(*RankSpec)(nil),                // 28: gpuctl.v1.RankSpec
-	(*LaunchRanks)(nil),             // 29: gpuctl.v1.LaunchRanks
-	(*SignalRanks)(nil),             // 30: gpuctl.v1.SignalRanks
-	(*ReadLogs)(nil),                // 31: gpuctl.v1.ReadLogs
-	(*Command)(nil),                 // 32: gpuctl.v1.Command
-	(*CommandAck)(nil),              // 33: gpuctl.v1.CommandAck
-	(*RankStatus)(nil),              // 34: gpuctl.v1.RankStatus
-	(*AgentMessage)(nil),            // 35: gpuctl.v1.AgentMessage
-	(*ServerMessage)(nil),           // 36: gpuctl.v1.ServerMessage
-	(*GPUStatus)(nil),               // 37: gpuctl.v1.GPUStatus
-	(*NodeStatus)(nil),              // 38: gpuctl.v1.NodeStatus
-	(*CollectiveStat)(nil),          // 39: gpuctl.v1.CollectiveStat
-	(*ListNodesRequest)(nil),        // 40: gpuctl.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),       // 41: gpuctl.v1.ListNodesResponse
-	(*ListEventsRequest)(nil),       // 42: gpuctl.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),      // 43: gpuctl.v1.ListEventsResponse
-	(*ListCollectivesRequest)(nil),  // 44: gpuctl.v1.ListCollectivesRequest
-	(*ListCollectivesResponse)(nil), // 45: gpuctl.v1.ListCollectivesResponse
-	(*GPUHistoryRequest)(nil),       // 46: gpuctl.v1.GPUHistoryRequest
-	(*GPUHistoryResponse)(nil),      // 47: gpuctl.v1.GPUHistoryResponse
-	(*ObserveFilter)(nil),           // 48: gpuctl.v1.ObserveFilter
-	(*ObserveRequest)(nil),          // 49: gpuctl.v1.ObserveRequest
-	(*ObserveItem)(nil),             // 50: gpuctl.v1.ObserveItem
-	(*ObserveBatch)(nil),            // 51: gpuctl.v1.ObserveBatch
-	(*CreateTokenRequest)(nil),      // 52: gpuctl.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),     // 53: gpuctl.v1.CreateTokenResponse
-	(*InjectFaultRequest)(nil),      // 54: gpuctl.v1.InjectFaultRequest
-	(*InjectFaultResponse)(nil),     // 55: gpuctl.v1.InjectFaultResponse
-	(*ClientRequest)(nil),           // 56: gpuctl.v1.ClientRequest
-	(*ClientResponse)(nil),          // 57: gpuctl.v1.ClientResponse
-	(*JobPlan)(nil),                 // 58: gpuctl.v1.JobPlan
-	(*JobRank)(nil),                 // 59: gpuctl.v1.JobRank
-	(*JobNode)(nil),                 // 60: gpuctl.v1.JobNode
-	(*Job)(nil),                     // 61: gpuctl.v1.Job
-	(*SubmitJobRequest)(nil),        // 62: gpuctl.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),       // 63: gpuctl.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 64: gpuctl.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 65: gpuctl.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),        // 66: gpuctl.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),       // 67: gpuctl.v1.CancelJobResponse
-	(*AssignJobRequest)(nil),        // 68: gpuctl.v1.AssignJobRequest
-	(*AssignJobResponse)(nil),       // 69: gpuctl.v1.AssignJobResponse
-	(*Packing)(nil),                 // 70: gpuctl.v1.Packing
-	(*RebalanceMove)(nil),           // 71: gpuctl.v1.RebalanceMove
-	(*RebalanceRequest)(nil),        // 72: gpuctl.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),       // 73: gpuctl.v1.RebalanceResponse
-	(*StalledRank)(nil),             // 74: gpuctl.v1.StalledRank
-	(*Stall)(nil),                   // 75: gpuctl.v1.Stall
-	(*ListStallsRequest)(nil),       // 76: gpuctl.v1.ListStallsRequest
-	(*ListStallsResponse)(nil),      // 77: gpuctl.v1.ListStallsResponse
-	(*CordonRequest)(nil),           // 78: gpuctl.v1.CordonRequest
-	(*CordonResponse)(nil),          // 79: gpuctl.v1.CordonResponse
-	(*DrainedJob)(nil),              // 80: gpuctl.v1.DrainedJob
-	(*CheckpointJobRequest)(nil),    // 81: gpuctl.v1.CheckpointJobRequest
-	(*CheckpointJobResponse)(nil),   // 82: gpuctl.v1.CheckpointJobResponse
-	(*RestartJobRequest)(nil),       // 83: gpuctl.v1.RestartJobRequest
-	(*RestartJobResponse)(nil),      // 84: gpuctl.v1.RestartJobResponse
-	(*LogsRequest)(nil),             // 85: gpuctl.v1.LogsRequest
-	(*LogsChunk)(nil),               // 86: gpuctl.v1.LogsChunk
-	nil,                             // 87: gpuctl.v1.NodeRegistration.LabelsEntry
-	nil,                             // 88: gpuctl.v1.RDMAPortSample.CountersEntry
-	nil,                             // 89: gpuctl.v1.Event.AttrsEntry
-	nil,                             // 90: gpuctl.v1.LaunchRanks.EnvEntry
+	(WatchKind)(0),                  // 8: gpuctl.v1.WatchKind
+	(*Version)(nil),                 // 9: gpuctl.v1.Version
+	(*Hello)(nil),                   // 10: gpuctl.v1.Hello
+	(*Welcome)(nil),                 // 11: gpuctl.v1.Welcome
+	(*JoinRequest)(nil),             // 12: gpuctl.v1.JoinRequest
+	(*JoinResponse)(nil),            // 13: gpuctl.v1.JoinResponse
+	(*NVLinkPeer)(nil),              // 14: gpuctl.v1.NVLinkPeer
+	(*GPUInfo)(nil),                 // 15: gpuctl.v1.GPUInfo
+	(*NIC)(nil),                     // 16: gpuctl.v1.NIC
+	(*NodeRegistration)(nil),        // 17: gpuctl.v1.NodeRegistration
+	(*ECCCounts)(nil),               // 18: gpuctl.v1.ECCCounts
+	(*GPUProcess)(nil),              // 19: gpuctl.v1.GPUProcess
+	(*GPUSample)(nil),               // 20: gpuctl.v1.GPUSample
+	(*CollectiveRecord)(nil),        // 21: gpuctl.v1.CollectiveRecord
+	(*NetFlowSample)(nil),           // 22: gpuctl.v1.NetFlowSample
+	(*RDMAPortSample)(nil),          // 23: gpuctl.v1.RDMAPortSample
+	(*Telemetry)(nil),               // 24: gpuctl.v1.Telemetry
+	(*Event)(nil),                   // 25: gpuctl.v1.Event
+	(*EventAck)(nil),                // 26: gpuctl.v1.EventAck
+	(*Heartbeat)(nil),               // 27: gpuctl.v1.Heartbeat
+	(*InjectFault)(nil),             // 28: gpuctl.v1.InjectFault
+	(*RankSpec)(nil),                // 29: gpuctl.v1.RankSpec
+	(*LaunchRanks)(nil),             // 30: gpuctl.v1.LaunchRanks
+	(*SignalRanks)(nil),             // 31: gpuctl.v1.SignalRanks
+	(*ReadLogs)(nil),                // 32: gpuctl.v1.ReadLogs
+	(*Command)(nil),                 // 33: gpuctl.v1.Command
+	(*CommandAck)(nil),              // 34: gpuctl.v1.CommandAck
+	(*RankStatus)(nil),              // 35: gpuctl.v1.RankStatus
+	(*AgentMessage)(nil),            // 36: gpuctl.v1.AgentMessage
+	(*ServerMessage)(nil),           // 37: gpuctl.v1.ServerMessage
+	(*GPUStatus)(nil),               // 38: gpuctl.v1.GPUStatus
+	(*NodeStatus)(nil),              // 39: gpuctl.v1.NodeStatus
+	(*CollectiveStat)(nil),          // 40: gpuctl.v1.CollectiveStat
+	(*ListNodesRequest)(nil),        // 41: gpuctl.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),       // 42: gpuctl.v1.ListNodesResponse
+	(*ListEventsRequest)(nil),       // 43: gpuctl.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),      // 44: gpuctl.v1.ListEventsResponse
+	(*ListCollectivesRequest)(nil),  // 45: gpuctl.v1.ListCollectivesRequest
+	(*ListCollectivesResponse)(nil), // 46: gpuctl.v1.ListCollectivesResponse
+	(*GPUHistoryRequest)(nil),       // 47: gpuctl.v1.GPUHistoryRequest
+	(*GPUHistoryResponse)(nil),      // 48: gpuctl.v1.GPUHistoryResponse
+	(*ObserveFilter)(nil),           // 49: gpuctl.v1.ObserveFilter
+	(*ObserveRequest)(nil),          // 50: gpuctl.v1.ObserveRequest
+	(*ObserveItem)(nil),             // 51: gpuctl.v1.ObserveItem
+	(*ObserveBatch)(nil),            // 52: gpuctl.v1.ObserveBatch
+	(*CreateTokenRequest)(nil),      // 53: gpuctl.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),     // 54: gpuctl.v1.CreateTokenResponse
+	(*InjectFaultRequest)(nil),      // 55: gpuctl.v1.InjectFaultRequest
+	(*InjectFaultResponse)(nil),     // 56: gpuctl.v1.InjectFaultResponse
+	(*ClientRequest)(nil),           // 57: gpuctl.v1.ClientRequest
+	(*ClientResponse)(nil),          // 58: gpuctl.v1.ClientResponse
+	(*JobPlan)(nil),                 // 59: gpuctl.v1.JobPlan
+	(*JobRank)(nil),                 // 60: gpuctl.v1.JobRank
+	(*JobNode)(nil),                 // 61: gpuctl.v1.JobNode
+	(*Job)(nil),                     // 62: gpuctl.v1.Job
+	(*JobAttempt)(nil),              // 63: gpuctl.v1.JobAttempt
+	(*SubmitJobRequest)(nil),        // 64: gpuctl.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),       // 65: gpuctl.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 66: gpuctl.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 67: gpuctl.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),        // 68: gpuctl.v1.CancelJobRequest
+	(*ReleaseJobRequest)(nil),       // 69: gpuctl.v1.ReleaseJobRequest
+	(*ReleaseJobResponse)(nil),      // 70: gpuctl.v1.ReleaseJobResponse
+	(*CancelJobResponse)(nil),       // 71: gpuctl.v1.CancelJobResponse
+	(*AssignJobRequest)(nil),        // 72: gpuctl.v1.AssignJobRequest
+	(*AssignJobResponse)(nil),       // 73: gpuctl.v1.AssignJobResponse
+	(*Packing)(nil),                 // 74: gpuctl.v1.Packing
+	(*RebalanceMove)(nil),           // 75: gpuctl.v1.RebalanceMove
+	(*RebalanceRequest)(nil),        // 76: gpuctl.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),       // 77: gpuctl.v1.RebalanceResponse
+	(*StalledRank)(nil),             // 78: gpuctl.v1.StalledRank
+	(*Stall)(nil),                   // 79: gpuctl.v1.Stall
+	(*ListStallsRequest)(nil),       // 80: gpuctl.v1.ListStallsRequest
+	(*ListStallsResponse)(nil),      // 81: gpuctl.v1.ListStallsResponse
+	(*CordonRequest)(nil),           // 82: gpuctl.v1.CordonRequest
+	(*CordonResponse)(nil),          // 83: gpuctl.v1.CordonResponse
+	(*DrainedJob)(nil),              // 84: gpuctl.v1.DrainedJob
+	(*CheckpointJobRequest)(nil),    // 85: gpuctl.v1.CheckpointJobRequest
+	(*CheckpointJobResponse)(nil),   // 86: gpuctl.v1.CheckpointJobResponse
+	(*RestartJobRequest)(nil),       // 87: gpuctl.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),      // 88: gpuctl.v1.RestartJobResponse
+	(*LogsRequest)(nil),             // 89: gpuctl.v1.LogsRequest
+	(*LogsChunk)(nil),               // 90: gpuctl.v1.LogsChunk
+	(*WatchRequest)(nil),            // 91: gpuctl.v1.WatchRequest
+	(*WatchChange)(nil),             // 92: gpuctl.v1.WatchChange
+	(*WatchBatch)(nil),              // 93: gpuctl.v1.WatchBatch
+	nil,                             // 94: gpuctl.v1.NodeRegistration.LabelsEntry
+	nil,                             // 95: gpuctl.v1.RDMAPortSample.CountersEntry
+	nil,                             // 96: gpuctl.v1.Event.AttrsEntry
+	nil,                             // 97: gpuctl.v1.LaunchRanks.EnvEntry
 }
 var file_gpuctl_proto_depIdxs = []int32{
-	8,   // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
-	8,   // 1: gpuctl.v1.Welcome.version:type_name -> gpuctl.v1.Version
-	8,   // 2: gpuctl.v1.JoinRequest.version:type_name -> gpuctl.v1.Version
-	13,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
-	14,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
-	15,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
-	87,  // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
-	34,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
-	17,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
-	18,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
+	9,   // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
+	9,   // 1: gpuctl.v1.Welcome.version:type_name -> gpuctl.v1.Version
+	9,   // 2: gpuctl.v1.JoinRequest.version:type_name -> gpuctl.v1.Version
+	14,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
+	15,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
+	16,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
+	94,  // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
+	35,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
+	18,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
+	19,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
 	0,   // 10: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
-	88,  // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
-	19,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
-	20,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
-	21,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
-	22,  // 15: gpuctl.v1.Telemetry.rdma:type_name -> gpuctl.v1.RDMAPortSample
-	20,  // 16: gpuctl.v1.Telemetry.in_flight:type_name -> gpuctl.v1.CollectiveRecord
-	34,  // 17: gpuctl.v1.Telemetry.ranks:type_name -> gpuctl.v1.RankStatus
+	95,  // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
+	20,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
+	21,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
+	22,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
+	23,  // 15: gpuctl.v1.Telemetry.rdma:type_name -> gpuctl.v1.RDMAPortSample
+	21,  // 16: gpuctl.v1.Telemetry.in_flight:type_name -> gpuctl.v1.CollectiveRecord
+	35,  // 17: gpuctl.v1.Telemetry.ranks:type_name -> gpuctl.v1.RankStatus
 	1,   // 18: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
 	2,   // 19: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
 	3,   // 20: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
-	89,  // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
+	96,  // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
 	4,   // 22: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
-	90,  // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
-	28,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
-	29,  // 25: gpuctl.v1.Command.launch:type_name -> gpuctl.v1.LaunchRanks
-	30,  // 26: gpuctl.v1.Command.signal:type_name -> gpuctl.v1.SignalRanks
-	27,  // 27: gpuctl.v1.Command.inject_fault:type_name -> gpuctl.v1.InjectFault
-	31,  // 28: gpuctl.v1.Command.read_logs:type_name -> gpuctl.v1.ReadLogs
-	9,   // 29: gpuctl.v1.AgentMessage.hello:type_name -> gpuctl.v1.Hello
-	16,  // 30: gpuctl.v1.AgentMessage.register:type_name -> gpuctl.v1.NodeRegistration
-	26,  // 31: gpuctl.v1.AgentMessage.heartbeat:type_name -> gpuctl.v1.Heartbeat
-	33,  // 32: gpuctl.v1.AgentMessage.command_ack:type_name -> gpuctl.v1.CommandAck
-	24,  // 33: gpuctl.v1.AgentMessage.event:type_name -> gpuctl.v1.Event
-	23,  // 34: gpuctl.v1.AgentMessage.telemetry:type_name -> gpuctl.v1.Telemetry
-	10,  // 35: gpuctl.v1.ServerMessage.welcome:type_name -> gpuctl.v1.Welcome
-	32,  // 36: gpuctl.v1.ServerMessage.command:type_name -> gpuctl.v1.Command
-	25,  // 37: gpuctl.v1.ServerMessage.event_ack:type_name -> gpuctl.v1.EventAck
-	14,  // 38: gpuctl.v1.GPUStatus.info:type_name -> gpuctl.v1.GPUInfo
-	19,  // 39: gpuctl.v1.GPUStatus.last:type_name -> gpuctl.v1.GPUSample
-	16,  // 40: gpuctl.v1.NodeStatus.registration:type_name -> gpuctl.v1.NodeRegistration
+	97,  // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
+	29,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
+	30,  // 25: gpuctl.v1.Command.launch:type_name -> gpuctl.v1.LaunchRanks
+	31,  // 26: gpuctl.v1.Command.signal:type_name -> gpuctl.v1.SignalRanks
+	28,  // 27: gpuctl.v1.Command.inject_fault:type_name -> gpuctl.v1.InjectFault
+	32,  // 28: gpuctl.v1.Command.read_logs:type_name -> gpuctl.v1.ReadLogs
+	10,  // 29: gpuctl.v1.AgentMessage.hello:type_name -> gpuctl.v1.Hello
+	17,  // 30: gpuctl.v1.AgentMessage.register:type_name -> gpuctl.v1.NodeRegistration
+	27,  // 31: gpuctl.v1.AgentMessage.heartbeat:type_name -> gpuctl.v1.Heartbeat
+	34,  // 32: gpuctl.v1.AgentMessage.command_ack:type_name -> gpuctl.v1.CommandAck
+	25,  // 33: gpuctl.v1.AgentMessage.event:type_name -> gpuctl.v1.Event
+	24,  // 34: gpuctl.v1.AgentMessage.telemetry:type_name -> gpuctl.v1.Telemetry
+	11,  // 35: gpuctl.v1.ServerMessage.welcome:type_name -> gpuctl.v1.Welcome
+	33,  // 36: gpuctl.v1.ServerMessage.command:type_name -> gpuctl.v1.Command
+	26,  // 37: gpuctl.v1.ServerMessage.event_ack:type_name -> gpuctl.v1.EventAck
+	15,  // 38: gpuctl.v1.GPUStatus.info:type_name -> gpuctl.v1.GPUInfo
+	20,  // 39: gpuctl.v1.GPUStatus.last:type_name -> gpuctl.v1.GPUSample
+	17,  // 40: gpuctl.v1.NodeStatus.registration:type_name -> gpuctl.v1.NodeRegistration
 	5,   // 41: gpuctl.v1.NodeStatus.state:type_name -> gpuctl.v1.NodeState
-	37,  // 42: gpuctl.v1.NodeStatus.gpus:type_name -> gpuctl.v1.GPUStatus
+	38,  // 42: gpuctl.v1.NodeStatus.gpus:type_name -> gpuctl.v1.GPUStatus
 	0,   // 43: gpuctl.v1.CollectiveStat.op:type_name -> gpuctl.v1.NCCLOp
-	38,  // 44: gpuctl.v1.ListNodesResponse.nodes:type_name -> gpuctl.v1.NodeStatus
-	24,  // 45: gpuctl.v1.ListEventsResponse.events:type_name -> gpuctl.v1.Event
-	39,  // 46: gpuctl.v1.ListCollectivesResponse.collectives:type_name -> gpuctl.v1.CollectiveStat
-	19,  // 47: gpuctl.v1.GPUHistoryResponse.samples:type_name -> gpuctl.v1.GPUSample
+	39,  // 44: gpuctl.v1.ListNodesResponse.nodes:type_name -> gpuctl.v1.NodeStatus
+	25,  // 45: gpuctl.v1.ListEventsResponse.events:type_name -> gpuctl.v1.Event
+	40,  // 46: gpuctl.v1.ListCollectivesResponse.collectives:type_name -> gpuctl.v1.CollectiveStat
+	20,  // 47: gpuctl.v1.GPUHistoryResponse.samples:type_name -> gpuctl.v1.GPUSample
 	0,   // 48: gpuctl.v1.ObserveFilter.op:type_name -> gpuctl.v1.NCCLOp
-	48,  // 49: gpuctl.v1.ObserveRequest.filter:type_name -> gpuctl.v1.ObserveFilter
-	20,  // 50: gpuctl.v1.ObserveItem.collective:type_name -> gpuctl.v1.CollectiveRecord
-	21,  // 51: gpuctl.v1.ObserveItem.flow:type_name -> gpuctl.v1.NetFlowSample
-	50,  // 52: gpuctl.v1.ObserveBatch.items:type_name -> gpuctl.v1.ObserveItem
-	27,  // 53: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
-	40,  // 54: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
-	42,  // 55: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
-	44,  // 56: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
-	46,  // 57: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
-	49,  // 58: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
-	52,  // 59: gpuctl.v1.ClientRequest.create_token:type_name -> gpuctl.v1.CreateTokenRequest
-	54,  // 60: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
-	62,  // 61: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
-	64,  // 62: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
-	66,  // 63: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
-	68,  // 64: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
-	72,  // 65: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
-	76,  // 66: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
-	78,  // 67: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
-	81,  // 68: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
-	83,  // 69: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
-	85,  // 70: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
-	41,  // 71: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
-	43,  // 72: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
-	45,  // 73: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
-	47,  // 74: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
-	51,  // 75: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
-	53,  // 76: gpuctl.v1.ClientResponse.create_token:type_name -> gpuctl.v1.CreateTokenResponse
-	55,  // 77: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
-	63,  // 78: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
-	65,  // 79: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
-	67,  // 80: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
-	69,  // 81: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
-	73,  // 82: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
-	77,  // 83: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
-	79,  // 84: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
-	82,  // 85: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
-	84,  // 86: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
-	86,  // 87: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
-	59,  // 88: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
-	58,  // 89: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
-	6,   // 90: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
-	60,  // 91: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
-	7,   // 92: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
-	60,  // 93: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
-	61,  // 94: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
-	61,  // 95: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
-	61,  // 96: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
-	61,  // 97: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
-	60,  // 98: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
-	60,  // 99: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
-	70,  // 100: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
-	70,  // 101: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
-	71,  // 102: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
-	70,  // 103: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
-	70,  // 104: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
-	0,   // 105: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
-	74,  // 106: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
-	74,  // 107: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
-	75,  // 108: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
-	38,  // 109: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
-	80,  // 110: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
-	61,  // 111: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
-	61,  // 112: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
-	113, // [113:113] is the sub-list for method output_type
-	113, // [113:113] is the sub-list for method input_type
-	113, // [113:113] is the sub-list for extension type_name
-	113, // [113:113] is the sub-list for extension extendee
-	0,   // [0:113] is the sub-list for field type_name
+	49,  // 49: gpuctl.v1.ObserveRequest.filter:type_name -> gpuctl.v1.ObserveFilter
+	21,  // 50: gpuctl.v1.ObserveItem.collective:type_name -> gpuctl.v1.CollectiveRecord
+	22,  // 51: gpuctl.v1.ObserveItem.flow:type_name -> gpuctl.v1.NetFlowSample
+	51,  // 52: gpuctl.v1.ObserveBatch.items:type_name -> gpuctl.v1.ObserveItem
+	28,  // 53: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
+	41,  // 54: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
+	43,  // 55: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
+	45,  // 56: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
+	47,  // 57: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
+	50,  // 58: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
+	53,  // 59: gpuctl.v1.ClientRequest.create_token:type_name -> gpuctl.v1.CreateTokenRequest
+	55,  // 60: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
+	64,  // 61: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
+	66,  // 62: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
+	68,  // 63: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
+	72,  // 64: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
+	76,  // 65: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
+	80,  // 66: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
+	82,  // 67: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
+	85,  // 68: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
+	87,  // 69: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
+	89,  // 70: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
+	91,  // 71: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
+	69,  // 72: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
+	42,  // 73: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
+	44,  // 74: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
+	46,  // 75: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
+	48,  // 76: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
+	52,  // 77: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
+	54,  // 78: gpuctl.v1.ClientResponse.create_token:type_name -> gpuctl.v1.CreateTokenResponse
+	56,  // 79: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
+	65,  // 80: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
+	67,  // 81: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
+	71,  // 82: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
+	73,  // 83: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
+	77,  // 84: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
+	81,  // 85: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
+	83,  // 86: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
+	86,  // 87: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
+	88,  // 88: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
+	90,  // 89: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
+	93,  // 90: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
+	70,  // 91: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
+	60,  // 92: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
+	59,  // 93: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
+	6,   // 94: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
+	61,  // 95: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
+	7,   // 96: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
+	61,  // 97: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
+	63,  // 98: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
+	62,  // 99: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
+	62,  // 100: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
+	62,  // 101: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
+	62,  // 102: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
+	62,  // 103: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
+	61,  // 104: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
+	61,  // 105: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
+	74,  // 106: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
+	74,  // 107: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
+	75,  // 108: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
+	74,  // 109: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
+	74,  // 110: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
+	0,   // 111: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
+	78,  // 112: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
+	78,  // 113: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
+	79,  // 114: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
+	39,  // 115: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
+	84,  // 116: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
+	62,  // 117: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
+	62,  // 118: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
+	8,   // 119: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
+	8,   // 120: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
+	39,  // 121: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
+	62,  // 122: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
+	25,  // 123: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
+	79,  // 124: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
+	8,   // 125: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
+	92,  // 126: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
+	127, // [127:127] is the sub-list for method output_type
+	127, // [127:127] is the sub-list for method input_type
+	127, // [127:127] is the sub-list for extension type_name
+	127, // [127:127] is the sub-list for extension extendee
+	0,   // [0:127] is the sub-list for field type_name
 }
 
 func init() { file_gpuctl_proto_init() }
@@ -8214,6 +9080,8 @@ func file_gpuctl_proto_init() {
 		(*ClientRequest_CheckpointJob)(nil),
 		(*ClientRequest_RestartJob)(nil),
 		(*ClientRequest_Logs)(nil),
+		(*ClientRequest_Watch)(nil),
+		(*ClientRequest_ReleaseJob)(nil),
 	}
 	file_gpuctl_proto_msgTypes[49].OneofWrappers = []any{
 		(*ClientResponse_ListNodes)(nil),
@@ -8233,14 +9101,22 @@ func file_gpuctl_proto_init() {
 		(*ClientResponse_CheckpointJob)(nil),
 		(*ClientResponse_RestartJob)(nil),
 		(*ClientResponse_Logs)(nil),
+		(*ClientResponse_Watch)(nil),
+		(*ClientResponse_ReleaseJob)(nil),
+	}
+	file_gpuctl_proto_msgTypes[83].OneofWrappers = []any{
+		(*WatchChange_Node)(nil),
+		(*WatchChange_Job)(nil),
+		(*WatchChange_Event)(nil),
+		(*WatchChange_Stall)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuctl_proto_rawDesc), len(file_gpuctl_proto_rawDesc)),
-			NumEnums:      8,
-			NumMessages:   83,
+			NumEnums:      9,
+			NumMessages:   89,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

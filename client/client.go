@@ -21,10 +21,26 @@ const EnvConfig = "GPUCTL_CONFIG"
 // requestTimeout bounds a single request and its answer.
 const requestTimeout = 15 * time.Second
 
-// Client is a connection to gpuctl serve.
-type Client struct {
-	conn *transport.Conn
+// Transport carries client requests to a server: a QUIC connection
+// (Dial), or the server itself in-process (the console it serves over
+// SSH), so every caller goes through the same requests and the same
+// authorization.
+type Transport interface {
+	// Call sends req and hands each answer to fn until the server ends
+	// the answer (one answer for most requests; observe, logs and watch
+	// stream several), fn returns an error, or ctx ends. It returns
+	// fn's error, or nil once the answer is complete.
+	Call(ctx context.Context, req *api.ClientRequest, fn func(*api.ClientResponse) error) error
+	Close() error
 }
+
+// Client makes gpuctl's requests over a Transport.
+type Client struct {
+	t Transport
+}
+
+// New returns a client over t.
+func New(t Transport) *Client { return &Client{t: t} }
 
 // ConfigPath picks the client config: the flag, else $GPUCTL_CONFIG, else
 // ~/.config/gpuctl/config.yaml.
@@ -57,35 +73,86 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to gpuctl serve at %s: %w", cfg.Server, err)
 	}
-	return &Client{conn: conn}, nil
+	return New(&quicTransport{conn: conn}), nil
 }
 
 // Close closes the connection.
-func (c *Client) Close() error { return c.conn.Close() }
+func (c *Client) Close() error { return c.t.Close() }
+
+// errDone ends a Call once the one answer a request expects has come.
+var errDone = errors.New("answer complete")
 
 // do sends one request and returns its single answer.
 func (c *Client) do(ctx context.Context, req *api.ClientRequest) (*api.ClientResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	st, err := c.conn.OpenStream(ctx, transport.StreamRequest)
+	var resp *api.ClientResponse
+	err := c.t.Call(ctx, req, func(r *api.ClientResponse) error {
+		resp = r
+		return errDone
+	})
+	switch {
+	case err != nil && !errors.Is(err, errDone):
+		return nil, err
+	case resp == nil:
+		return nil, errors.New("the server closed the request without an answer")
+	case resp.GetError() != "":
+		return nil, errors.New(resp.GetError())
+	}
+	return resp, nil
+}
+
+// stream sends a request whose answer is a stream and hands every part
+// to fn; an error answer ends it with that error.
+func (c *Client) stream(ctx context.Context, req *api.ClientRequest, fn func(*api.ClientResponse) error) error {
+	return c.t.Call(ctx, req, func(r *api.ClientResponse) error {
+		if r.GetError() != "" {
+			return errors.New(r.GetError())
+		}
+		return fn(r)
+	})
+}
+
+// quicTransport is a Transport over a QUIC connection: one stream per
+// request.
+type quicTransport struct {
+	conn *transport.Conn
+}
+
+func (q *quicTransport) Close() error { return q.conn.Close() }
+
+func (q *quicTransport) Call(ctx context.Context, req *api.ClientRequest, fn func(*api.ClientResponse) error) error {
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := q.conn.OpenStream(cctx, transport.StreamRequest)
 	if err != nil {
-		return nil, fmt.Errorf("open request stream: %w", err)
+		return fmt.Errorf("open request stream: %w", err)
 	}
 	defer st.CloseWrite()
 	if dl, ok := ctx.Deadline(); ok {
 		st.SetDeadline(dl)
 	}
 	if err := st.Send(req); err != nil {
-		return nil, fmt.Errorf("send request: %w", err)
+		return fmt.Errorf("send request: %w", err)
 	}
-	var resp api.ClientResponse
-	if err := st.Recv(&resp); err != nil {
-		return nil, fmt.Errorf("read answer: %w", err)
+	stop := context.AfterFunc(cctx, func() { st.Cancel(0) })
+	defer stop()
+	for {
+		var resp api.ClientResponse
+		if err := st.Recv(&resp); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("read answer: %w", err)
+		}
+		if err := fn(&resp); err != nil {
+			st.Cancel(0)
+			return err
+		}
 	}
-	if resp.GetError() != "" {
-		return nil, errors.New(resp.GetError())
-	}
-	return &resp, nil
 }
 
 // Nodes lists every node with its GPUs' latest samples.
@@ -142,38 +209,21 @@ func (c *Client) InjectFault(ctx context.Context, node string, f *api.InjectFaul
 // Observe streams traced calls and flows to fn until the server ends a
 // non-following request, ctx ends, or fn returns an error.
 func (c *Client) Observe(ctx context.Context, req *api.ObserveRequest, fn func(*api.ObserveBatch) error) error {
-	octx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st, err := c.conn.OpenStream(octx, transport.StreamRequest)
-	if err != nil {
-		return fmt.Errorf("open observe stream: %w", err)
-	}
-	defer st.CloseWrite()
-	if err := st.Send(&api.ClientRequest{Body: &api.ClientRequest_Observe{Observe: req}}); err != nil {
-		return fmt.Errorf("send observe request: %w", err)
-	}
-	stop := context.AfterFunc(octx, func() { st.Cancel(0) })
-	defer stop()
-	for {
-		var resp api.ClientResponse
-		if err := st.Recv(&resp); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return fmt.Errorf("observe: %w", err)
-		}
-		if resp.GetError() != "" {
-			return errors.New(resp.GetError())
-		}
-		b := resp.GetObserve()
+	err := c.stream(ctx, &api.ClientRequest{Body: &api.ClientRequest_Observe{Observe: req}}, func(r *api.ClientResponse) error {
+		b := r.GetObserve()
 		if err := fn(b); err != nil {
 			return err
 		}
 		if b.GetEnd() {
-			return nil
+			return errDone
 		}
+		return nil
+	})
+	if errors.Is(err, errDone) || ctx.Err() != nil {
+		return nil
 	}
+	if err != nil {
+		return fmt.Errorf("observe: %w", err)
+	}
+	return nil
 }

@@ -2,12 +2,9 @@ package client
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 
 	"github.com/gpuctl/gpuctl/api"
-	"github.com/gpuctl/gpuctl/transport"
 )
 
 // ListStalls lists the NCCL stalls declared now; job (an id or a name)
@@ -34,31 +31,14 @@ func (c *Client) Cordon(ctx context.Context, node, action, reason string) (*api.
 // what the rank writes next, until the job ends, ctx ends or fn returns
 // an error.
 func (c *Client) Logs(ctx context.Context, req *api.LogsRequest, fn func(*api.LogsChunk) error) error {
-	lctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st, err := c.conn.OpenStream(lctx, transport.StreamRequest)
+	err := c.stream(ctx, &api.ClientRequest{Body: &api.ClientRequest_Logs{Logs: req}}, func(r *api.ClientResponse) error {
+		return fn(r.GetLogs())
+	})
+	if ctx.Err() != nil {
+		return nil
+	}
 	if err != nil {
-		return fmt.Errorf("open logs stream: %w", err)
+		return fmt.Errorf("logs: %w", err)
 	}
-	defer st.CloseWrite()
-	if err := st.Send(&api.ClientRequest{Body: &api.ClientRequest_Logs{Logs: req}}); err != nil {
-		return fmt.Errorf("send logs request: %w", err)
-	}
-	stop := context.AfterFunc(lctx, func() { st.Cancel(0) })
-	defer stop()
-	for {
-		var resp api.ClientResponse
-		if err := st.Recv(&resp); err != nil {
-			if ctx.Err() != nil || errors.Is(err, io.EOF) {
-				return nil
-			}
-			return fmt.Errorf("logs: %w", err)
-		}
-		if resp.GetError() != "" {
-			return errors.New(resp.GetError())
-		}
-		if err := fn(resp.GetLogs()); err != nil {
-			return err
-		}
-	}
+	return nil
 }
