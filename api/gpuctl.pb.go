@@ -7816,13 +7816,11 @@ type WatchChange struct {
 	Key string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
 	// The object is gone: a cleared stall, a node removed.
 	Deleted bool `protobuf:"varint,4,opt,name=deleted,proto3" json:"deleted,omitempty"`
-	// Types that are valid to be assigned to Object:
-	//
-	//	*WatchChange_Node
-	//	*WatchChange_Job
-	//	*WatchChange_Event
-	//	*WatchChange_Stall
-	Object        isWatchChange_Object `protobuf_oneof:"object"`
+	// The object's new state: the one field of its kind is set.
+	Node          *NodeStatus `protobuf:"bytes,5,opt,name=node,proto3" json:"node,omitempty"`
+	Job           *Job        `protobuf:"bytes,6,opt,name=job,proto3" json:"job,omitempty"`
+	Event         *Event      `protobuf:"bytes,7,opt,name=event,proto3" json:"event,omitempty"`
+	Stall         *Stall      `protobuf:"bytes,8,opt,name=stall,proto3" json:"stall,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -7885,76 +7883,33 @@ func (x *WatchChange) GetDeleted() bool {
 	return false
 }
 
-func (x *WatchChange) GetObject() isWatchChange_Object {
-	if x != nil {
-		return x.Object
-	}
-	return nil
-}
-
 func (x *WatchChange) GetNode() *NodeStatus {
 	if x != nil {
-		if x, ok := x.Object.(*WatchChange_Node); ok {
-			return x.Node
-		}
+		return x.Node
 	}
 	return nil
 }
 
 func (x *WatchChange) GetJob() *Job {
 	if x != nil {
-		if x, ok := x.Object.(*WatchChange_Job); ok {
-			return x.Job
-		}
+		return x.Job
 	}
 	return nil
 }
 
 func (x *WatchChange) GetEvent() *Event {
 	if x != nil {
-		if x, ok := x.Object.(*WatchChange_Event); ok {
-			return x.Event
-		}
+		return x.Event
 	}
 	return nil
 }
 
 func (x *WatchChange) GetStall() *Stall {
 	if x != nil {
-		if x, ok := x.Object.(*WatchChange_Stall); ok {
-			return x.Stall
-		}
+		return x.Stall
 	}
 	return nil
 }
-
-type isWatchChange_Object interface {
-	isWatchChange_Object()
-}
-
-type WatchChange_Node struct {
-	Node *NodeStatus `protobuf:"bytes,5,opt,name=node,proto3,oneof"`
-}
-
-type WatchChange_Job struct {
-	Job *Job `protobuf:"bytes,6,opt,name=job,proto3,oneof"`
-}
-
-type WatchChange_Event struct {
-	Event *Event `protobuf:"bytes,7,opt,name=event,proto3,oneof"`
-}
-
-type WatchChange_Stall struct {
-	Stall *Stall `protobuf:"bytes,8,opt,name=stall,proto3,oneof"`
-}
-
-func (*WatchChange_Node) isWatchChange_Object() {}
-
-func (*WatchChange_Job) isWatchChange_Object() {}
-
-func (*WatchChange_Event) isWatchChange_Object() {}
-
-func (*WatchChange_Stall) isWatchChange_Object() {}
 
 // WatchBatch is what a watch stream carries.
 type WatchBatch struct {
@@ -7966,8 +7921,8 @@ type WatchBatch struct {
 	Revision uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
 	// Set on the first batch of a snapshot: the client forgets what it
 	// holds of `kinds` before applying the changes.
-	Reset_ bool        `protobuf:"varint,3,opt,name=reset,proto3" json:"reset,omitempty"`
-	Kinds  []WatchKind `protobuf:"varint,4,rep,packed,name=kinds,proto3,enum=gpuctl.v1.WatchKind" json:"kinds,omitempty"`
+	Snapshot bool        `protobuf:"varint,3,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Kinds    []WatchKind `protobuf:"varint,4,rep,packed,name=kinds,proto3,enum=gpuctl.v1.WatchKind" json:"kinds,omitempty"`
 	// Why a snapshot replaces a resumed watch (fell behind, history
 	// compacted, another epoch).
 	ResyncReason string         `protobuf:"bytes,5,opt,name=resync_reason,json=resyncReason,proto3" json:"resync_reason,omitempty"`
@@ -8022,9 +7977,9 @@ func (x *WatchBatch) GetRevision() uint64 {
 	return 0
 }
 
-func (x *WatchBatch) GetReset_() bool {
+func (x *WatchBatch) GetSnapshot() bool {
 	if x != nil {
-		return x.Reset_
+		return x.Snapshot
 	}
 	return false
 }
@@ -8685,22 +8640,21 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x05kinds\x18\x01 \x03(\x0e2\x14.gpuctl.v1.WatchKindR\x05kinds\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\tR\x05epoch\x12%\n" +
 	"\x0esince_revision\x18\x03 \x01(\x04R\rsinceRevision\x12%\n" +
-	"\x0eevents_backlog\x18\x04 \x01(\rR\reventsBacklog\"\xae\x02\n" +
+	"\x0eevents_backlog\x18\x04 \x01(\rR\reventsBacklog\"\x9c\x02\n" +
 	"\vWatchChange\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12(\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x14.gpuctl.v1.WatchKindR\x04kind\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12\x18\n" +
-	"\adeleted\x18\x04 \x01(\bR\adeleted\x12+\n" +
-	"\x04node\x18\x05 \x01(\v2\x15.gpuctl.v1.NodeStatusH\x00R\x04node\x12\"\n" +
-	"\x03job\x18\x06 \x01(\v2\x0e.gpuctl.v1.JobH\x00R\x03job\x12(\n" +
-	"\x05event\x18\a \x01(\v2\x10.gpuctl.v1.EventH\x00R\x05event\x12(\n" +
-	"\x05stall\x18\b \x01(\v2\x10.gpuctl.v1.StallH\x00R\x05stallB\b\n" +
-	"\x06object\"\xef\x01\n" +
+	"\adeleted\x18\x04 \x01(\bR\adeleted\x12)\n" +
+	"\x04node\x18\x05 \x01(\v2\x15.gpuctl.v1.NodeStatusR\x04node\x12 \n" +
+	"\x03job\x18\x06 \x01(\v2\x0e.gpuctl.v1.JobR\x03job\x12&\n" +
+	"\x05event\x18\a \x01(\v2\x10.gpuctl.v1.EventR\x05event\x12&\n" +
+	"\x05stall\x18\b \x01(\v2\x10.gpuctl.v1.StallR\x05stall\"\xf5\x01\n" +
 	"\n" +
 	"WatchBatch\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x14\n" +
-	"\x05reset\x18\x03 \x01(\bR\x05reset\x12*\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x1a\n" +
+	"\bsnapshot\x18\x03 \x01(\bR\bsnapshot\x12*\n" +
 	"\x05kinds\x18\x04 \x03(\x0e2\x14.gpuctl.v1.WatchKindR\x05kinds\x12#\n" +
 	"\rresync_reason\x18\x05 \x01(\tR\fresyncReason\x120\n" +
 	"\achanges\x18\x06 \x03(\v2\x16.gpuctl.v1.WatchChangeR\achanges\x12\x16\n" +
@@ -9103,12 +9057,6 @@ func file_gpuctl_proto_init() {
 		(*ClientResponse_Logs)(nil),
 		(*ClientResponse_Watch)(nil),
 		(*ClientResponse_ReleaseJob)(nil),
-	}
-	file_gpuctl_proto_msgTypes[83].OneofWrappers = []any{
-		(*WatchChange_Node)(nil),
-		(*WatchChange_Job)(nil),
-		(*WatchChange_Event)(nil),
-		(*WatchChange_Stall)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

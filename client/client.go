@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
@@ -67,13 +68,19 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 		}
 		return nil, fmt.Errorf("load client config %s: %w", path, err)
 	}
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	conn, err := transport.DialClient(dctx, cfg.Server, id)
-	if err != nil {
-		return nil, fmt.Errorf("connect to gpuctl serve at %s: %w", cfg.Server, err)
+	q := &quicTransport{dial: func(ctx context.Context) (*transport.Conn, error) {
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		conn, err := transport.DialClient(dctx, cfg.Server, id)
+		if err != nil {
+			return nil, fmt.Errorf("connect to gpuctl serve at %s: %w", cfg.Server, err)
+		}
+		return conn, nil
+	}}
+	if _, err := q.connect(ctx); err != nil {
+		return nil, err
 	}
-	return New(&quicTransport{conn: conn}), nil
+	return New(q), nil
 }
 
 // Close closes the connection.
@@ -114,17 +121,53 @@ func (c *Client) stream(ctx context.Context, req *api.ClientRequest, fn func(*ap
 }
 
 // quicTransport is a Transport over a QUIC connection: one stream per
-// request.
+// request. A connection that closed is dialled again by the next request,
+// so a long-lived client (a watch, the console) outlives a server restart.
 type quicTransport struct {
-	conn *transport.Conn
+	dial func(context.Context) (*transport.Conn, error)
+
+	mu     sync.Mutex
+	conn   *transport.Conn
+	closed bool
 }
 
-func (q *quicTransport) Close() error { return q.conn.Close() }
+// connect returns the live connection, dialling a new one when there is
+// none or the last one closed.
+func (q *quicTransport) connect(ctx context.Context) (*transport.Conn, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil, errors.New("client closed")
+	}
+	if q.conn != nil && q.conn.Err() == nil {
+		return q.conn, nil
+	}
+	conn, err := q.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	q.conn = conn
+	return conn, nil
+}
+
+func (q *quicTransport) Close() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.closed = true
+	if q.conn == nil {
+		return nil
+	}
+	return q.conn.Close()
+}
 
 func (q *quicTransport) Call(ctx context.Context, req *api.ClientRequest, fn func(*api.ClientResponse) error) error {
+	conn, err := q.connect(ctx)
+	if err != nil {
+		return err
+	}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	st, err := q.conn.OpenStream(cctx, transport.StreamRequest)
+	st, err := conn.OpenStream(cctx, transport.StreamRequest)
 	if err != nil {
 		return fmt.Errorf("open request stream: %w", err)
 	}
