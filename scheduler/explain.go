@@ -52,7 +52,6 @@ func IdleCopy(s *Snapshot) Snapshot {
 	return out
 }
 
-
 // reasonPhrase words a filter reason for a count of nodes.
 var reasonPhrase = map[Reason]string{
 	ReasonDown:          "down",

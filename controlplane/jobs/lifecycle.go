@@ -137,8 +137,8 @@ type cell struct {
 	refusal string
 }
 
-func to(p ...Phase) cell          { return cell{to: p} }
-func refuse(why string) cell      { return cell{refusal: why} }
+func to(p ...Phase) cell           { return cell{to: p} }
+func refuse(why string) cell       { return cell{refusal: why} }
 func (c cell) allows(p Phase) bool { return contains(c.to, p) }
 
 func contains(ps []Phase, p Phase) bool {

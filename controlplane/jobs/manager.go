@@ -322,7 +322,7 @@ type (
 		node string
 		reg  *api.NodeRegistration
 	}
-	msgNodeDown struct{ node, reason string }
+	msgNodeDown   struct{ node, reason string }
 	msgNodeEvents struct {
 		node   string
 		events []*api.Event

@@ -487,4 +487,6 @@ func (m *Manager) Drain(ctx context.Context, node string) ([]*api.DrainedJob, er
 }
 
 // Kick asks for a scheduling pass soon (a node uncordoned, say).
-func (m *Manager) Kick() { m.in.post(msgCall{fn: func() (any, error) { m.kick(); return nil, nil }, reply: make(chan reply, 1)}) }
+func (m *Manager) Kick() {
+	m.in.post(msgCall{fn: func() (any, error) { m.kick(); return nil, nil }, reply: make(chan reply, 1)})
+}

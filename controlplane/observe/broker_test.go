@@ -68,4 +68,3 @@ func TestBrokerCountsWhatASlowObserverMisses(t *testing.T) {
 		t.Fatalf("node losses = %d", b.NodeLosses())
 	}
 }
-

@@ -224,4 +224,3 @@ func TestStallDetector(t *testing.T) {
 		})
 	}
 }
-
