@@ -208,6 +208,14 @@ func summarize(req *api.ClientRequest) string {
 func (s *Server) serveClient(ctx context.Context, conn *transport.Conn) {
 	log := s.log.With("client", conn.Name(), "role", string(conn.Role()))
 	caller := Caller{Name: conn.Name(), Role: conn.Role(), Via: "cert"}
+	s.clientsMu.Lock()
+	s.clients[conn] = struct{}{}
+	s.clientsMu.Unlock()
+	defer func() {
+		s.clientsMu.Lock()
+		delete(s.clients, conn)
+		s.clientsMu.Unlock()
+	}()
 	for {
 		st, err := conn.AcceptStream(ctx)
 		if err != nil {

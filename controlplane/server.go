@@ -79,6 +79,11 @@ type Server struct {
 	stall *stalls.Detector
 	ln    *transport.Listener
 	wg    sync.WaitGroup
+
+	// clients are the client connections open now, so that a revoked
+	// identity can be cut off.
+	clientsMu sync.Mutex
+	clients   map[*transport.Conn]struct{}
 }
 
 // AdminConfigPath is the client configuration gpuctl serve writes for the
@@ -142,7 +147,7 @@ func New(cfg Config) (*Server, error) {
 func newServer(cfg Config, auth *transport.Authority, st store.Store, policy scheduler.Policy) (*Server, error) {
 	host, _ := os.Hostname()
 	s := &Server{cfg: cfg, log: cfg.Log, name: host, auth: auth, store: st, hub: watch.New(watch.Options{}),
-		obs: observe.NewBroker(cfg.ObserveHistory)}
+		obs: observe.NewBroker(cfg.ObserveHistory), clients: map[*transport.Conn]struct{}{}}
 	if recent, err := st.Events(store.EventFilter{Limit: 1000}); err == nil {
 		s.hub.LoadEvents(recent)
 	} else {
@@ -348,4 +353,19 @@ func (s *Server) Cordon(node, reason string) error {
 func (s *Server) Command(ctx context.Context, node string, c *api.Command) error {
 	_, err := s.nodes.Command(ctx, node, c)
 	return err
+}
+
+// DisconnectClients closes the open client connections of name ("" =
+// every client) with why, and returns how many it closed.
+func (s *Server) DisconnectClients(name, why string) int {
+	s.clientsMu.Lock()
+	defer s.clientsMu.Unlock()
+	n := 0
+	for c := range s.clients {
+		if name == "" || c.Name() == name {
+			c.CloseWithError(transport.CodeNoError, why)
+			n++
+		}
+	}
+	return n
 }

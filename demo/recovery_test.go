@@ -251,10 +251,33 @@ func TestRecoverFromKilledNode(t *testing.T) {
 		}
 		return errors.New("no NODE_DOWN event yet")
 	})
+	// Within 3 s the node reads as it is: down, disconnected, its figures
+	// stale, and cordoned by the recovery with the reason.
+	poll(t, 3*time.Second-time.Since(killed), victim.node+" reads down, disconnected, stale and cordoned", func() error {
+		nodes, err := cl.Nodes(ctx)
+		if err != nil {
+			return err
+		}
+		for _, n := range nodes {
+			if n.GetRegistration().GetName() != victim.node {
+				continue
+			}
+			if n.GetState() != api.NodeState_NODE_STATE_DOWN || n.GetConnected() || !n.GetStale() {
+				return fmt.Errorf("state %s connected %v stale %v", n.GetState().Short(), n.GetConnected(), n.GetStale())
+			}
+			if !n.GetCordoned() || !strings.Contains(n.GetCordonReason(), old.GetId()) {
+				return fmt.Errorf("cordoned %v reason %q", n.GetCordoned(), n.GetCordonReason())
+			}
+			return nil
+		}
+		return errors.New("node not listed")
+	})
+	truthful := time.Since(killed)
 	now := waitFor(t, cl, old.GetId(), 40*time.Second, "attempt 2 running", func(j *api.Job) error { return runningWith(j, 2, 4) })
 	back := time.Since(killed)
 	failedAt := maxStep(t, c, old)
 	resume := checkRecovered(t, c, old, now, failedAt, victim.node)
+	t.Logf("%s read down, disconnected and cordoned after %.2fs", victim.node, truthful.Seconds())
 	if !slices.Contains(nodeSet(now), "node-04") {
 		t.Errorf("attempt 2 on %v, want the spare node-04", nodeSet(now))
 	}

@@ -53,8 +53,9 @@ func (m *Manager) resize(en *entry, dp int) {
 		}
 	}
 	j.Plan.Dp = int32(dp)
-	if reason := strings.TrimPrefix(j.GetReason(), "recovering: "); reason != "" && dp < cur {
-		msg += ": " + reason
+	if en.resizeWhy != "" {
+		msg += ": " + en.resizeWhy
+		en.resizeWhy = ""
 	}
 	m.log.Info("elastic resize", "job", j.GetId(), "from_dp", cur, "to_dp", dp)
 	m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_ELASTIC, Severity: api.Severity_SEVERITY_WARNING, Job: j.GetId(), Message: msg,
@@ -105,8 +106,9 @@ func (m *Manager) growBack(now time.Time) {
 			if !ok {
 				continue
 			}
-			m.startMove(en, pl, fmt.Sprintf("growing back from data-parallel %d to %d on %s at the next checkpoint",
-				cur, dp, strings.Join(pl.Nodes(), ",")), now)
+			why := fmt.Sprintf("growing back from data-parallel %d to %d on %s at the next checkpoint", cur, dp, strings.Join(pl.Nodes(), ","))
+			en.resizeWhy = fmt.Sprintf("room on %s again", strings.Join(pl.Nodes(), ","))
+			m.startMove(en, pl, why, now)
 			m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_ELASTIC, Job: j.GetId(),
 				Message: fmt.Sprintf("room for data-parallel %d again (%s): checkpointing to grow back", dp, strings.Join(pl.Nodes(), ","))})
 			return

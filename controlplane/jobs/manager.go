@@ -169,6 +169,8 @@ type entry struct {
 	resumeSet bool
 	// killSent is set once a stop has sent SIGKILL.
 	killSent bool
+	// resizeWhy, when set, is why the next start changes the job's size.
+	resizeWhy string
 }
 
 // Manager is the job owner.

@@ -545,6 +545,9 @@ func (m *Manager) relaunch(en *entry, rec *recovery, now time.Time) {
 	j.DowntimeSeconds += now.Sub(rec.since).Seconds()
 	delete(m.recs, j.GetId())
 	en.resume, en.resumeSet = resume, true
+	if d.Action == scheduler.ShrinkDP {
+		en.resizeWhy = d.Reason
+	}
 	if !m.start(en, d.Placement, now, "") {
 		m.recs[j.GetId()] = rec
 		return

@@ -31,7 +31,9 @@ type session struct {
 
 // close ends the session with a reason the node will log.
 func (ns *session) close(reason string) {
-	ns.conn.CloseWithError(transport.CodeNoError, reason)
+	if ns.conn != nil {
+		ns.conn.CloseWithError(transport.CodeNoError, reason)
+	}
 }
 
 // Serve runs a node's session until its connection ends.
