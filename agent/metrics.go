@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -366,4 +367,25 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(lostNetDesc, prometheus.CounterValue, float64(m.lostNet), m.node)
 	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(m.dropped), m.node)
 	ch <- prometheus.MustNewConstMetric(queuedDesc, prometheus.GaugeValue, float64(m.queued()), m.node)
+}
+
+var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+// MetricNames lists the metric names nodemon serves (histograms by their
+// family name), for checking dashboards and alerts against.
+func MetricNames() []string {
+	m := newMetrics("", func() int { return 0 }, nil)
+	ch := make(chan *prometheus.Desc, 64)
+	go func() {
+		m.Describe(ch)
+		close(ch)
+	}()
+	var out []string
+	for d := range ch {
+		if s := fqName.FindStringSubmatch(d.String()); s != nil {
+			out = append(out, s[1])
+		}
+	}
+	sort.Strings(out)
+	return out
 }

@@ -128,7 +128,7 @@ func TestMetricsDCGMNames(t *testing.T) {
 		{"DCGM_FI_DEV_MEM_COPY_UTIL", gpu0, 40, dto.MetricType_GAUGE},
 		{"DCGM_FI_DEV_FB_USED", gpu0, 10 * 1024, dto.MetricType_GAUGE}, // MiB
 		{"DCGM_FI_DEV_FB_FREE", gpu0, 70 * 1024, dto.MetricType_GAUGE},
-		{"DCGM_FI_DEV_POWER_USAGE", gpu0, 612.5, dto.MetricType_GAUGE}, // W
+		{"DCGM_FI_DEV_POWER_USAGE", gpu0, 612.5, dto.MetricType_GAUGE},                    // W
 		{"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", gpu0, 123456789, dto.MetricType_COUNTER}, // mJ
 		{"DCGM_FI_DEV_GPU_TEMP", gpu0, 66, dto.MetricType_GAUGE},
 		{"DCGM_FI_DEV_SM_CLOCK", gpu0, 1980, dto.MetricType_GAUGE},
