@@ -61,8 +61,8 @@ func fixture() *fakeSource {
 		},
 		jobs: []*api.Job{
 			{Id: "j-1a2b3c", Name: "ring", Tenant: "lab", State: api.JobState_JOB_STATE_RUNNING, Step: 100, LastCheckpointStep: 50,
-				Plan:     &api.JobPlan{Tp: 1, Pp: 1, Dp: 4, StepSeconds: 0.1, MeasuredStepSeconds: 0.125},
-				Goodput:  0.9, Restarts: 2, LostSteps: 17, CheckpointSeconds: 1.5, Checkpoints: 3, EnergyJoules: 4000,
+				Plan:    &api.JobPlan{Tp: 1, Pp: 1, Dp: 4, StepSeconds: 0.1, MeasuredStepSeconds: 0.125},
+				Goodput: 0.9, Restarts: 2, LostSteps: 17, CheckpointSeconds: 1.5, Checkpoints: 3, EnergyJoules: 4000,
 				StartUnixNano: t0.Add(-time.Hour).UnixNano(), FirstStartUnixNano: t0.Add(-2 * time.Hour).UnixNano()},
 			{Id: "j-4d5e6f", Name: "fresh", State: api.JobState_JOB_STATE_RUNNING, Plan: &api.JobPlan{Tp: 1, Pp: 1, Dp: 2},
 				StartUnixNano: t0.Add(-10 * time.Minute).UnixNano()},
