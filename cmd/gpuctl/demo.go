@@ -137,12 +137,12 @@ func printViews(done <-chan struct{}, w io.Writer, c *demo.Cluster) error {
 				c.MetricsAddr, c.NodeMetricsAddrs[c.NodeNames[0]], c.NodeMetricsAddrs[c.NodeNames[len(c.NodeNames)-1]])
 		}
 		fmt.Fprintln(w)
-		now := time.Now()
-		if err := views.Nodes(w, views.Table, c.Server.Nodes(), now); err != nil {
+		o := views.Options{Format: views.Table, Width: terminalWidth(w), Now: time.Now()}
+		if err := views.Nodes(w, o, c.Server.Nodes()); err != nil {
 			return err
 		}
 		fmt.Fprintln(w)
-		if err := views.Collectives(w, views.Table, c.Server.Collectives(c.JobID), now); err != nil {
+		if err := views.Collectives(w, o, c.Server.Collectives(c.JobID)); err != nil {
 			return err
 		}
 		select {
