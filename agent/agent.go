@@ -101,7 +101,8 @@ func New(cfg Config, p *Probes) (*Agent, error) {
 		telemetry: newTelemetryBuffer(cfg.TelemetryBuffer),
 		events:    newEventQueue(100_000),
 	}
-	a.metrics = newMetrics(cfg.Name, a.events.len)
+	a.metrics = newMetrics(cfg.Name, a.events.len, p.inventory)
+	a.events.observe = a.metrics.event
 	x, err := NewExecutor(ExecutorOptions{
 		Node: cfg.Name, DataDir: cfg.DataDir, OnEvent: a.events.add, Log: a.log,
 		LogMaxBytes: cfg.LogMaxBytes, LogKeep: cfg.LogKeep, CgroupRoot: cfg.CgroupRoot,

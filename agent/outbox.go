@@ -80,6 +80,9 @@ type eventQueue struct {
 	max      int
 	overflow uint64
 	ready    chan struct{}
+	// observe, when set, sees every event as it is queued (the XID
+	// counters of the metrics endpoint).
+	observe func(*api.Event)
 }
 
 func newEventQueue(max int) *eventQueue {
@@ -89,6 +92,9 @@ func newEventQueue(max int) *eventQueue {
 // add queues e. Past max pending events the oldest unsent ones are
 // replaced by one summary event stating how many were dropped.
 func (q *eventQueue) add(e *api.Event) {
+	if q.observe != nil {
+		q.observe(e)
+	}
 	q.mu.Lock()
 	if len(q.pending) >= q.max {
 		drop := len(q.pending) / 2

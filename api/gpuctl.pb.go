@@ -4557,6 +4557,105 @@ func (x *CreateTokenResponse) GetExpiresUnixNano() int64 {
 	return 0
 }
 
+// VersionRequest asks the server which release and protocol it runs
+// (gpuctl version).
+type VersionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VersionRequest) Reset() {
+	*x = VersionRequest{}
+	mi := &file_gpuctl_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VersionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VersionRequest) ProtoMessage() {}
+
+func (x *VersionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
+func (*VersionRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{46}
+}
+
+type VersionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The server's release, e.g. "0.1.0", and the build's commit when known.
+	Software      string   `protobuf:"bytes,1,opt,name=software,proto3" json:"software,omitempty"`
+	Commit        string   `protobuf:"bytes,2,opt,name=commit,proto3" json:"commit,omitempty"`
+	Protocol      *Version `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VersionResponse) Reset() {
+	*x = VersionResponse{}
+	mi := &file_gpuctl_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VersionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VersionResponse) ProtoMessage() {}
+
+func (x *VersionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
+func (*VersionResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *VersionResponse) GetSoftware() string {
+	if x != nil {
+		return x.Software
+	}
+	return ""
+}
+
+func (x *VersionResponse) GetCommit() string {
+	if x != nil {
+		return x.Commit
+	}
+	return ""
+}
+
+func (x *VersionResponse) GetProtocol() *Version {
+	if x != nil {
+		return x.Protocol
+	}
+	return nil
+}
+
 type InjectFaultRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -4567,7 +4666,7 @@ type InjectFaultRequest struct {
 
 func (x *InjectFaultRequest) Reset() {
 	*x = InjectFaultRequest{}
-	mi := &file_gpuctl_proto_msgTypes[46]
+	mi := &file_gpuctl_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4579,7 +4678,7 @@ func (x *InjectFaultRequest) String() string {
 func (*InjectFaultRequest) ProtoMessage() {}
 
 func (x *InjectFaultRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[46]
+	mi := &file_gpuctl_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4592,7 +4691,7 @@ func (x *InjectFaultRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFaultRequest.ProtoReflect.Descriptor instead.
 func (*InjectFaultRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{46}
+	return file_gpuctl_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *InjectFaultRequest) GetNode() string {
@@ -4617,7 +4716,7 @@ type InjectFaultResponse struct {
 
 func (x *InjectFaultResponse) Reset() {
 	*x = InjectFaultResponse{}
-	mi := &file_gpuctl_proto_msgTypes[47]
+	mi := &file_gpuctl_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4629,7 +4728,7 @@ func (x *InjectFaultResponse) String() string {
 func (*InjectFaultResponse) ProtoMessage() {}
 
 func (x *InjectFaultResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[47]
+	mi := &file_gpuctl_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4642,7 +4741,7 @@ func (x *InjectFaultResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFaultResponse.ProtoReflect.Descriptor instead.
 func (*InjectFaultResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{47}
+	return file_gpuctl_proto_rawDescGZIP(), []int{49}
 }
 
 type ClientRequest struct {
@@ -4668,6 +4767,7 @@ type ClientRequest struct {
 	//	*ClientRequest_Logs
 	//	*ClientRequest_Watch
 	//	*ClientRequest_ReleaseJob
+	//	*ClientRequest_Version
 	Body          isClientRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -4675,7 +4775,7 @@ type ClientRequest struct {
 
 func (x *ClientRequest) Reset() {
 	*x = ClientRequest{}
-	mi := &file_gpuctl_proto_msgTypes[48]
+	mi := &file_gpuctl_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4687,7 +4787,7 @@ func (x *ClientRequest) String() string {
 func (*ClientRequest) ProtoMessage() {}
 
 func (x *ClientRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[48]
+	mi := &file_gpuctl_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4700,7 +4800,7 @@ func (x *ClientRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientRequest.ProtoReflect.Descriptor instead.
 func (*ClientRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{48}
+	return file_gpuctl_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ClientRequest) GetBody() isClientRequest_Body {
@@ -4881,6 +4981,15 @@ func (x *ClientRequest) GetReleaseJob() *ReleaseJobRequest {
 	return nil
 }
 
+func (x *ClientRequest) GetVersion() *VersionRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_Version); ok {
+			return x.Version
+		}
+	}
+	return nil
+}
+
 type isClientRequest_Body interface {
 	isClientRequest_Body()
 }
@@ -4962,6 +5071,12 @@ type ClientRequest_ReleaseJob struct {
 	ReleaseJob *ReleaseJobRequest `protobuf:"bytes,31,opt,name=release_job,json=releaseJob,proto3,oneof"`
 }
 
+type ClientRequest_Version struct {
+	// 40-49: identities and tokens.
+	// 50-59: operator tooling (describe, version).
+	Version *VersionRequest `protobuf:"bytes,50,opt,name=version,proto3,oneof"` // 60-69: high availability.
+}
+
 func (*ClientRequest_ListNodes) isClientRequest_Body() {}
 
 func (*ClientRequest_ListEvents) isClientRequest_Body() {}
@@ -5000,6 +5115,8 @@ func (*ClientRequest_Watch) isClientRequest_Body() {}
 
 func (*ClientRequest_ReleaseJob) isClientRequest_Body() {}
 
+func (*ClientRequest_Version) isClientRequest_Body() {}
+
 type ClientResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Set when the request failed; says what was wrong and what to do.
@@ -5025,6 +5142,7 @@ type ClientResponse struct {
 	//	*ClientResponse_Logs
 	//	*ClientResponse_Watch
 	//	*ClientResponse_ReleaseJob
+	//	*ClientResponse_Version
 	Body          isClientResponse_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -5032,7 +5150,7 @@ type ClientResponse struct {
 
 func (x *ClientResponse) Reset() {
 	*x = ClientResponse{}
-	mi := &file_gpuctl_proto_msgTypes[49]
+	mi := &file_gpuctl_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5044,7 +5162,7 @@ func (x *ClientResponse) String() string {
 func (*ClientResponse) ProtoMessage() {}
 
 func (x *ClientResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[49]
+	mi := &file_gpuctl_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5057,7 +5175,7 @@ func (x *ClientResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientResponse.ProtoReflect.Descriptor instead.
 func (*ClientResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{49}
+	return file_gpuctl_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ClientResponse) GetError() string {
@@ -5245,6 +5363,15 @@ func (x *ClientResponse) GetReleaseJob() *ReleaseJobResponse {
 	return nil
 }
 
+func (x *ClientResponse) GetVersion() *VersionResponse {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_Version); ok {
+			return x.Version
+		}
+	}
+	return nil
+}
+
 type isClientResponse_Body interface {
 	isClientResponse_Body()
 }
@@ -5325,6 +5452,10 @@ type ClientResponse_ReleaseJob struct {
 	ReleaseJob *ReleaseJobResponse `protobuf:"bytes,31,opt,name=release_job,json=releaseJob,proto3,oneof"`
 }
 
+type ClientResponse_Version struct {
+	Version *VersionResponse `protobuf:"bytes,50,opt,name=version,proto3,oneof"`
+}
+
 func (*ClientResponse_ListNodes) isClientResponse_Body() {}
 
 func (*ClientResponse_ListEvents) isClientResponse_Body() {}
@@ -5363,6 +5494,8 @@ func (*ClientResponse_Watch) isClientResponse_Body() {}
 
 func (*ClientResponse_ReleaseJob) isClientResponse_Body() {}
 
+func (*ClientResponse_Version) isClientResponse_Body() {}
+
 // JobPlan is the parallel layout a job runs with.
 type JobPlan struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -5393,7 +5526,7 @@ type JobPlan struct {
 
 func (x *JobPlan) Reset() {
 	*x = JobPlan{}
-	mi := &file_gpuctl_proto_msgTypes[50]
+	mi := &file_gpuctl_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5405,7 +5538,7 @@ func (x *JobPlan) String() string {
 func (*JobPlan) ProtoMessage() {}
 
 func (x *JobPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[50]
+	mi := &file_gpuctl_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5418,7 +5551,7 @@ func (x *JobPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobPlan.ProtoReflect.Descriptor instead.
 func (*JobPlan) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{50}
+	return file_gpuctl_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *JobPlan) GetTp() int32 {
@@ -5529,7 +5662,7 @@ type JobRank struct {
 
 func (x *JobRank) Reset() {
 	*x = JobRank{}
-	mi := &file_gpuctl_proto_msgTypes[51]
+	mi := &file_gpuctl_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5541,7 +5674,7 @@ func (x *JobRank) String() string {
 func (*JobRank) ProtoMessage() {}
 
 func (x *JobRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[51]
+	mi := &file_gpuctl_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5554,7 +5687,7 @@ func (x *JobRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobRank.ProtoReflect.Descriptor instead.
 func (*JobRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{51}
+	return file_gpuctl_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *JobRank) GetRank() int32 {
@@ -5618,7 +5751,7 @@ type JobNode struct {
 
 func (x *JobNode) Reset() {
 	*x = JobNode{}
-	mi := &file_gpuctl_proto_msgTypes[52]
+	mi := &file_gpuctl_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5630,7 +5763,7 @@ func (x *JobNode) String() string {
 func (*JobNode) ProtoMessage() {}
 
 func (x *JobNode) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[52]
+	mi := &file_gpuctl_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5643,7 +5776,7 @@ func (x *JobNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobNode.ProtoReflect.Descriptor instead.
 func (*JobNode) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{52}
+	return file_gpuctl_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *JobNode) GetNode() string {
@@ -5747,7 +5880,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_gpuctl_proto_msgTypes[53]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5759,7 +5892,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[53]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5772,7 +5905,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{53}
+	return file_gpuctl_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Job) GetId() string {
@@ -6116,7 +6249,7 @@ type JobAttempt struct {
 
 func (x *JobAttempt) Reset() {
 	*x = JobAttempt{}
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6128,7 +6261,7 @@ func (x *JobAttempt) String() string {
 func (*JobAttempt) ProtoMessage() {}
 
 func (x *JobAttempt) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6141,7 +6274,7 @@ func (x *JobAttempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobAttempt.ProtoReflect.Descriptor instead.
 func (*JobAttempt) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{54}
+	return file_gpuctl_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *JobAttempt) GetAttempt() uint32 {
@@ -6245,7 +6378,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6257,7 +6390,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6270,7 +6403,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{55}
+	return file_gpuctl_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *SubmitJobRequest) GetSpecYaml() string {
@@ -6321,7 +6454,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6333,7 +6466,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6346,7 +6479,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{56}
+	return file_gpuctl_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *SubmitJobResponse) GetJob() *Job {
@@ -6373,7 +6506,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6385,7 +6518,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6398,7 +6531,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{57}
+	return file_gpuctl_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListJobsRequest) GetJob() string {
@@ -6417,7 +6550,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6429,7 +6562,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6442,7 +6575,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{58}
+	return file_gpuctl_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -6461,7 +6594,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6473,7 +6606,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6486,7 +6619,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{59}
+	return file_gpuctl_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CancelJobRequest) GetJob() string {
@@ -6506,7 +6639,7 @@ type ReleaseJobRequest struct {
 
 func (x *ReleaseJobRequest) Reset() {
 	*x = ReleaseJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6518,7 +6651,7 @@ func (x *ReleaseJobRequest) String() string {
 func (*ReleaseJobRequest) ProtoMessage() {}
 
 func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6531,7 +6664,7 @@ func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseJobRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{60}
+	return file_gpuctl_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ReleaseJobRequest) GetJob() string {
@@ -6550,7 +6683,7 @@ type ReleaseJobResponse struct {
 
 func (x *ReleaseJobResponse) Reset() {
 	*x = ReleaseJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6562,7 +6695,7 @@ func (x *ReleaseJobResponse) String() string {
 func (*ReleaseJobResponse) ProtoMessage() {}
 
 func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6575,7 +6708,7 @@ func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseJobResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{61}
+	return file_gpuctl_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ReleaseJobResponse) GetJob() *Job {
@@ -6594,7 +6727,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6606,7 +6739,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6619,7 +6752,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{62}
+	return file_gpuctl_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -6639,7 +6772,7 @@ type AssignJobRequest struct {
 
 func (x *AssignJobRequest) Reset() {
 	*x = AssignJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6651,7 +6784,7 @@ func (x *AssignJobRequest) String() string {
 func (*AssignJobRequest) ProtoMessage() {}
 
 func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6664,7 +6797,7 @@ func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobRequest.ProtoReflect.Descriptor instead.
 func (*AssignJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{63}
+	return file_gpuctl_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *AssignJobRequest) GetJob() string {
@@ -6690,7 +6823,7 @@ type AssignJobResponse struct {
 
 func (x *AssignJobResponse) Reset() {
 	*x = AssignJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[64]
+	mi := &file_gpuctl_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6702,7 +6835,7 @@ func (x *AssignJobResponse) String() string {
 func (*AssignJobResponse) ProtoMessage() {}
 
 func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[64]
+	mi := &file_gpuctl_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6715,7 +6848,7 @@ func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobResponse.ProtoReflect.Descriptor instead.
 func (*AssignJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{64}
+	return file_gpuctl_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *AssignJobResponse) GetJob() *Job {
@@ -6737,7 +6870,7 @@ type Packing struct {
 
 func (x *Packing) Reset() {
 	*x = Packing{}
-	mi := &file_gpuctl_proto_msgTypes[65]
+	mi := &file_gpuctl_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6749,7 +6882,7 @@ func (x *Packing) String() string {
 func (*Packing) ProtoMessage() {}
 
 func (x *Packing) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[65]
+	mi := &file_gpuctl_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6762,7 +6895,7 @@ func (x *Packing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Packing.ProtoReflect.Descriptor instead.
 func (*Packing) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{65}
+	return file_gpuctl_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *Packing) GetFragmentedNodes() int32 {
@@ -6806,7 +6939,7 @@ type RebalanceMove struct {
 
 func (x *RebalanceMove) Reset() {
 	*x = RebalanceMove{}
-	mi := &file_gpuctl_proto_msgTypes[66]
+	mi := &file_gpuctl_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6818,7 +6951,7 @@ func (x *RebalanceMove) String() string {
 func (*RebalanceMove) ProtoMessage() {}
 
 func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[66]
+	mi := &file_gpuctl_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6831,7 +6964,7 @@ func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceMove.ProtoReflect.Descriptor instead.
 func (*RebalanceMove) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{66}
+	return file_gpuctl_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *RebalanceMove) GetJob() string {
@@ -6880,7 +7013,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_gpuctl_proto_msgTypes[67]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6892,7 +7025,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[67]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6905,7 +7038,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{67}
+	return file_gpuctl_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *RebalanceRequest) GetApply() bool {
@@ -6935,7 +7068,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6947,7 +7080,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6960,7 +7093,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{68}
+	return file_gpuctl_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *RebalanceResponse) GetMoves() []*RebalanceMove {
@@ -7007,7 +7140,7 @@ type StalledRank struct {
 
 func (x *StalledRank) Reset() {
 	*x = StalledRank{}
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7019,7 +7152,7 @@ func (x *StalledRank) String() string {
 func (*StalledRank) ProtoMessage() {}
 
 func (x *StalledRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7032,7 +7165,7 @@ func (x *StalledRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StalledRank.ProtoReflect.Descriptor instead.
 func (*StalledRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{69}
+	return file_gpuctl_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *StalledRank) GetRank() int32 {
@@ -7102,7 +7235,7 @@ type Stall struct {
 
 func (x *Stall) Reset() {
 	*x = Stall{}
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7114,7 +7247,7 @@ func (x *Stall) String() string {
 func (*Stall) ProtoMessage() {}
 
 func (x *Stall) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7127,7 +7260,7 @@ func (x *Stall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stall.ProtoReflect.Descriptor instead.
 func (*Stall) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{70}
+	return file_gpuctl_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *Stall) GetJob() string {
@@ -7188,7 +7321,7 @@ type ListStallsRequest struct {
 
 func (x *ListStallsRequest) Reset() {
 	*x = ListStallsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7200,7 +7333,7 @@ func (x *ListStallsRequest) String() string {
 func (*ListStallsRequest) ProtoMessage() {}
 
 func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7213,7 +7346,7 @@ func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsRequest.ProtoReflect.Descriptor instead.
 func (*ListStallsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{71}
+	return file_gpuctl_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ListStallsRequest) GetJob() string {
@@ -7232,7 +7365,7 @@ type ListStallsResponse struct {
 
 func (x *ListStallsResponse) Reset() {
 	*x = ListStallsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7244,7 +7377,7 @@ func (x *ListStallsResponse) String() string {
 func (*ListStallsResponse) ProtoMessage() {}
 
 func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7257,7 +7390,7 @@ func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsResponse.ProtoReflect.Descriptor instead.
 func (*ListStallsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{72}
+	return file_gpuctl_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ListStallsResponse) GetStalls() []*Stall {
@@ -7279,7 +7412,7 @@ type CordonRequest struct {
 
 func (x *CordonRequest) Reset() {
 	*x = CordonRequest{}
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7291,7 +7424,7 @@ func (x *CordonRequest) String() string {
 func (*CordonRequest) ProtoMessage() {}
 
 func (x *CordonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7304,7 +7437,7 @@ func (x *CordonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonRequest.ProtoReflect.Descriptor instead.
 func (*CordonRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{73}
+	return file_gpuctl_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *CordonRequest) GetNode() string {
@@ -7339,7 +7472,7 @@ type CordonResponse struct {
 
 func (x *CordonResponse) Reset() {
 	*x = CordonResponse{}
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7351,7 +7484,7 @@ func (x *CordonResponse) String() string {
 func (*CordonResponse) ProtoMessage() {}
 
 func (x *CordonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7364,7 +7497,7 @@ func (x *CordonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonResponse.ProtoReflect.Descriptor instead.
 func (*CordonResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{74}
+	return file_gpuctl_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *CordonResponse) GetNode() *NodeStatus {
@@ -7396,7 +7529,7 @@ type DrainedJob struct {
 
 func (x *DrainedJob) Reset() {
 	*x = DrainedJob{}
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7408,7 +7541,7 @@ func (x *DrainedJob) String() string {
 func (*DrainedJob) ProtoMessage() {}
 
 func (x *DrainedJob) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7421,7 +7554,7 @@ func (x *DrainedJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainedJob.ProtoReflect.Descriptor instead.
 func (*DrainedJob) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{75}
+	return file_gpuctl_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *DrainedJob) GetJob() string {
@@ -7461,7 +7594,7 @@ type CheckpointJobRequest struct {
 
 func (x *CheckpointJobRequest) Reset() {
 	*x = CheckpointJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7473,7 +7606,7 @@ func (x *CheckpointJobRequest) String() string {
 func (*CheckpointJobRequest) ProtoMessage() {}
 
 func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7486,7 +7619,7 @@ func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{76}
+	return file_gpuctl_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *CheckpointJobRequest) GetJob() string {
@@ -7505,7 +7638,7 @@ type CheckpointJobResponse struct {
 
 func (x *CheckpointJobResponse) Reset() {
 	*x = CheckpointJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7517,7 +7650,7 @@ func (x *CheckpointJobResponse) String() string {
 func (*CheckpointJobResponse) ProtoMessage() {}
 
 func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7530,7 +7663,7 @@ func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{77}
+	return file_gpuctl_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *CheckpointJobResponse) GetJob() *Job {
@@ -7552,7 +7685,7 @@ type RestartJobRequest struct {
 
 func (x *RestartJobRequest) Reset() {
 	*x = RestartJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7564,7 +7697,7 @@ func (x *RestartJobRequest) String() string {
 func (*RestartJobRequest) ProtoMessage() {}
 
 func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7577,7 +7710,7 @@ func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobRequest.ProtoReflect.Descriptor instead.
 func (*RestartJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{78}
+	return file_gpuctl_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *RestartJobRequest) GetJob() string {
@@ -7610,7 +7743,7 @@ type RestartJobResponse struct {
 
 func (x *RestartJobResponse) Reset() {
 	*x = RestartJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[79]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7622,7 +7755,7 @@ func (x *RestartJobResponse) String() string {
 func (*RestartJobResponse) ProtoMessage() {}
 
 func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[79]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7635,7 +7768,7 @@ func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobResponse.ProtoReflect.Descriptor instead.
 func (*RestartJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{79}
+	return file_gpuctl_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *RestartJobResponse) GetJob() *Job {
@@ -7658,7 +7791,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[80]
+	mi := &file_gpuctl_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7670,7 +7803,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[80]
+	mi := &file_gpuctl_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7683,7 +7816,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{80}
+	return file_gpuctl_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *LogsRequest) GetJob() string {
@@ -7724,7 +7857,7 @@ type LogsChunk struct {
 
 func (x *LogsChunk) Reset() {
 	*x = LogsChunk{}
-	mi := &file_gpuctl_proto_msgTypes[81]
+	mi := &file_gpuctl_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7736,7 +7869,7 @@ func (x *LogsChunk) String() string {
 func (*LogsChunk) ProtoMessage() {}
 
 func (x *LogsChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[81]
+	mi := &file_gpuctl_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7749,7 +7882,7 @@ func (x *LogsChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsChunk.ProtoReflect.Descriptor instead.
 func (*LogsChunk) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{81}
+	return file_gpuctl_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *LogsChunk) GetData() []byte {
@@ -7788,7 +7921,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_gpuctl_proto_msgTypes[82]
+	mi := &file_gpuctl_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7800,7 +7933,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[82]
+	mi := &file_gpuctl_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7813,7 +7946,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{82}
+	return file_gpuctl_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *WatchRequest) GetKinds() []WatchKind {
@@ -7865,7 +7998,7 @@ type WatchChange struct {
 
 func (x *WatchChange) Reset() {
 	*x = WatchChange{}
-	mi := &file_gpuctl_proto_msgTypes[83]
+	mi := &file_gpuctl_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7877,7 +8010,7 @@ func (x *WatchChange) String() string {
 func (*WatchChange) ProtoMessage() {}
 
 func (x *WatchChange) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[83]
+	mi := &file_gpuctl_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7890,7 +8023,7 @@ func (x *WatchChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchChange.ProtoReflect.Descriptor instead.
 func (*WatchChange) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{83}
+	return file_gpuctl_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *WatchChange) GetRevision() uint64 {
@@ -7973,7 +8106,7 @@ type WatchBatch struct {
 
 func (x *WatchBatch) Reset() {
 	*x = WatchBatch{}
-	mi := &file_gpuctl_proto_msgTypes[84]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7985,7 +8118,7 @@ func (x *WatchBatch) String() string {
 func (*WatchBatch) ProtoMessage() {}
 
 func (x *WatchBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[84]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7998,7 +8131,7 @@ func (x *WatchBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBatch.ProtoReflect.Descriptor instead.
 func (*WatchBatch) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{84}
+	return file_gpuctl_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *WatchBatch) GetEpoch() string {
@@ -8412,11 +8545,16 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\"W\n" +
 	"\x13CreateTokenResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12*\n" +
-	"\x11expires_unix_nano\x18\x02 \x01(\x03R\x0fexpiresUnixNano\"V\n" +
+	"\x11expires_unix_nano\x18\x02 \x01(\x03R\x0fexpiresUnixNano\"\x10\n" +
+	"\x0eVersionRequest\"u\n" +
+	"\x0fVersionResponse\x12\x1a\n" +
+	"\bsoftware\x18\x01 \x01(\tR\bsoftware\x12\x16\n" +
+	"\x06commit\x18\x02 \x01(\tR\x06commit\x12.\n" +
+	"\bprotocol\x18\x03 \x01(\v2\x12.gpuctl.v1.VersionR\bprotocol\"V\n" +
 	"\x12InjectFaultRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
 	"\x05fault\x18\x02 \x01(\v2\x16.gpuctl.v1.InjectFaultR\x05fault\"\x15\n" +
-	"\x13InjectFaultResponse\"\xb8\t\n" +
+	"\x13InjectFaultResponse\"\xef\t\n" +
 	"\rClientRequest\x12<\n" +
 	"\n" +
 	"list_nodes\x18\x01 \x01(\v2\x1b.gpuctl.v1.ListNodesRequestH\x00R\tlistNodes\x12?\n" +
@@ -8445,8 +8583,10 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04logs\x18\x1d \x01(\v2\x16.gpuctl.v1.LogsRequestH\x00R\x04logs\x12/\n" +
 	"\x05watch\x18\x1e \x01(\v2\x17.gpuctl.v1.WatchRequestH\x00R\x05watch\x12?\n" +
 	"\vrelease_job\x18\x1f \x01(\v2\x1c.gpuctl.v1.ReleaseJobRequestH\x00R\n" +
-	"releaseJobB\x06\n" +
-	"\x04body\"\xd9\t\n" +
+	"releaseJob\x125\n" +
+	"\aversion\x182 \x01(\v2\x19.gpuctl.v1.VersionRequestH\x00R\aversionB\x06\n" +
+	"\x04body\"\x91\n" +
+	"\n" +
 	"\x0eClientResponse\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error\x12=\n" +
 	"\n" +
@@ -8476,7 +8616,8 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04logs\x18\x1d \x01(\v2\x14.gpuctl.v1.LogsChunkH\x00R\x04logs\x12-\n" +
 	"\x05watch\x18\x1e \x01(\v2\x15.gpuctl.v1.WatchBatchH\x00R\x05watch\x12@\n" +
 	"\vrelease_job\x18\x1f \x01(\v2\x1d.gpuctl.v1.ReleaseJobResponseH\x00R\n" +
-	"releaseJobB\x06\n" +
+	"releaseJob\x126\n" +
+	"\aversion\x182 \x01(\v2\x1a.gpuctl.v1.VersionResponseH\x00R\aversionB\x06\n" +
 	"\x04body\"\xb9\x03\n" +
 	"\aJobPlan\x12\x0e\n" +
 	"\x02tp\x18\x01 \x01(\x05R\x02tp\x12\x0e\n" +
@@ -8794,7 +8935,7 @@ func file_gpuctl_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 89)
+var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 91)
 var file_gpuctl_proto_goTypes = []any{
 	(NCCLOp)(0),                     // 0: gpuctl.v1.NCCLOp
 	(EventKind)(0),                  // 1: gpuctl.v1.EventKind
@@ -8851,49 +8992,51 @@ var file_gpuctl_proto_goTypes = []any{
 	(*ObserveBatch)(nil),            // 52: gpuctl.v1.ObserveBatch
 	(*CreateTokenRequest)(nil),      // 53: gpuctl.v1.CreateTokenRequest
 	(*CreateTokenResponse)(nil),     // 54: gpuctl.v1.CreateTokenResponse
-	(*InjectFaultRequest)(nil),      // 55: gpuctl.v1.InjectFaultRequest
-	(*InjectFaultResponse)(nil),     // 56: gpuctl.v1.InjectFaultResponse
-	(*ClientRequest)(nil),           // 57: gpuctl.v1.ClientRequest
-	(*ClientResponse)(nil),          // 58: gpuctl.v1.ClientResponse
-	(*JobPlan)(nil),                 // 59: gpuctl.v1.JobPlan
-	(*JobRank)(nil),                 // 60: gpuctl.v1.JobRank
-	(*JobNode)(nil),                 // 61: gpuctl.v1.JobNode
-	(*Job)(nil),                     // 62: gpuctl.v1.Job
-	(*JobAttempt)(nil),              // 63: gpuctl.v1.JobAttempt
-	(*SubmitJobRequest)(nil),        // 64: gpuctl.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),       // 65: gpuctl.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 66: gpuctl.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 67: gpuctl.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),        // 68: gpuctl.v1.CancelJobRequest
-	(*ReleaseJobRequest)(nil),       // 69: gpuctl.v1.ReleaseJobRequest
-	(*ReleaseJobResponse)(nil),      // 70: gpuctl.v1.ReleaseJobResponse
-	(*CancelJobResponse)(nil),       // 71: gpuctl.v1.CancelJobResponse
-	(*AssignJobRequest)(nil),        // 72: gpuctl.v1.AssignJobRequest
-	(*AssignJobResponse)(nil),       // 73: gpuctl.v1.AssignJobResponse
-	(*Packing)(nil),                 // 74: gpuctl.v1.Packing
-	(*RebalanceMove)(nil),           // 75: gpuctl.v1.RebalanceMove
-	(*RebalanceRequest)(nil),        // 76: gpuctl.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),       // 77: gpuctl.v1.RebalanceResponse
-	(*StalledRank)(nil),             // 78: gpuctl.v1.StalledRank
-	(*Stall)(nil),                   // 79: gpuctl.v1.Stall
-	(*ListStallsRequest)(nil),       // 80: gpuctl.v1.ListStallsRequest
-	(*ListStallsResponse)(nil),      // 81: gpuctl.v1.ListStallsResponse
-	(*CordonRequest)(nil),           // 82: gpuctl.v1.CordonRequest
-	(*CordonResponse)(nil),          // 83: gpuctl.v1.CordonResponse
-	(*DrainedJob)(nil),              // 84: gpuctl.v1.DrainedJob
-	(*CheckpointJobRequest)(nil),    // 85: gpuctl.v1.CheckpointJobRequest
-	(*CheckpointJobResponse)(nil),   // 86: gpuctl.v1.CheckpointJobResponse
-	(*RestartJobRequest)(nil),       // 87: gpuctl.v1.RestartJobRequest
-	(*RestartJobResponse)(nil),      // 88: gpuctl.v1.RestartJobResponse
-	(*LogsRequest)(nil),             // 89: gpuctl.v1.LogsRequest
-	(*LogsChunk)(nil),               // 90: gpuctl.v1.LogsChunk
-	(*WatchRequest)(nil),            // 91: gpuctl.v1.WatchRequest
-	(*WatchChange)(nil),             // 92: gpuctl.v1.WatchChange
-	(*WatchBatch)(nil),              // 93: gpuctl.v1.WatchBatch
-	nil,                             // 94: gpuctl.v1.NodeRegistration.LabelsEntry
-	nil,                             // 95: gpuctl.v1.RDMAPortSample.CountersEntry
-	nil,                             // 96: gpuctl.v1.Event.AttrsEntry
-	nil,                             // 97: gpuctl.v1.LaunchRanks.EnvEntry
+	(*VersionRequest)(nil),          // 55: gpuctl.v1.VersionRequest
+	(*VersionResponse)(nil),         // 56: gpuctl.v1.VersionResponse
+	(*InjectFaultRequest)(nil),      // 57: gpuctl.v1.InjectFaultRequest
+	(*InjectFaultResponse)(nil),     // 58: gpuctl.v1.InjectFaultResponse
+	(*ClientRequest)(nil),           // 59: gpuctl.v1.ClientRequest
+	(*ClientResponse)(nil),          // 60: gpuctl.v1.ClientResponse
+	(*JobPlan)(nil),                 // 61: gpuctl.v1.JobPlan
+	(*JobRank)(nil),                 // 62: gpuctl.v1.JobRank
+	(*JobNode)(nil),                 // 63: gpuctl.v1.JobNode
+	(*Job)(nil),                     // 64: gpuctl.v1.Job
+	(*JobAttempt)(nil),              // 65: gpuctl.v1.JobAttempt
+	(*SubmitJobRequest)(nil),        // 66: gpuctl.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),       // 67: gpuctl.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 68: gpuctl.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 69: gpuctl.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),        // 70: gpuctl.v1.CancelJobRequest
+	(*ReleaseJobRequest)(nil),       // 71: gpuctl.v1.ReleaseJobRequest
+	(*ReleaseJobResponse)(nil),      // 72: gpuctl.v1.ReleaseJobResponse
+	(*CancelJobResponse)(nil),       // 73: gpuctl.v1.CancelJobResponse
+	(*AssignJobRequest)(nil),        // 74: gpuctl.v1.AssignJobRequest
+	(*AssignJobResponse)(nil),       // 75: gpuctl.v1.AssignJobResponse
+	(*Packing)(nil),                 // 76: gpuctl.v1.Packing
+	(*RebalanceMove)(nil),           // 77: gpuctl.v1.RebalanceMove
+	(*RebalanceRequest)(nil),        // 78: gpuctl.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),       // 79: gpuctl.v1.RebalanceResponse
+	(*StalledRank)(nil),             // 80: gpuctl.v1.StalledRank
+	(*Stall)(nil),                   // 81: gpuctl.v1.Stall
+	(*ListStallsRequest)(nil),       // 82: gpuctl.v1.ListStallsRequest
+	(*ListStallsResponse)(nil),      // 83: gpuctl.v1.ListStallsResponse
+	(*CordonRequest)(nil),           // 84: gpuctl.v1.CordonRequest
+	(*CordonResponse)(nil),          // 85: gpuctl.v1.CordonResponse
+	(*DrainedJob)(nil),              // 86: gpuctl.v1.DrainedJob
+	(*CheckpointJobRequest)(nil),    // 87: gpuctl.v1.CheckpointJobRequest
+	(*CheckpointJobResponse)(nil),   // 88: gpuctl.v1.CheckpointJobResponse
+	(*RestartJobRequest)(nil),       // 89: gpuctl.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),      // 90: gpuctl.v1.RestartJobResponse
+	(*LogsRequest)(nil),             // 91: gpuctl.v1.LogsRequest
+	(*LogsChunk)(nil),               // 92: gpuctl.v1.LogsChunk
+	(*WatchRequest)(nil),            // 93: gpuctl.v1.WatchRequest
+	(*WatchChange)(nil),             // 94: gpuctl.v1.WatchChange
+	(*WatchBatch)(nil),              // 95: gpuctl.v1.WatchBatch
+	nil,                             // 96: gpuctl.v1.NodeRegistration.LabelsEntry
+	nil,                             // 97: gpuctl.v1.RDMAPortSample.CountersEntry
+	nil,                             // 98: gpuctl.v1.Event.AttrsEntry
+	nil,                             // 99: gpuctl.v1.LaunchRanks.EnvEntry
 }
 var file_gpuctl_proto_depIdxs = []int32{
 	9,   // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
@@ -8902,12 +9045,12 @@ var file_gpuctl_proto_depIdxs = []int32{
 	14,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
 	15,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
 	16,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
-	94,  // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
+	96,  // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
 	35,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
 	18,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
 	19,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
 	0,   // 10: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
-	95,  // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
+	97,  // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
 	20,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
 	21,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
 	22,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
@@ -8917,9 +9060,9 @@ var file_gpuctl_proto_depIdxs = []int32{
 	1,   // 18: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
 	2,   // 19: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
 	3,   // 20: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
-	96,  // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
+	98,  // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
 	4,   // 22: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
-	97,  // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
+	99,  // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
 	29,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
 	30,  // 25: gpuctl.v1.Command.launch:type_name -> gpuctl.v1.LaunchRanks
 	31,  // 26: gpuctl.v1.Command.signal:type_name -> gpuctl.v1.SignalRanks
@@ -8949,85 +9092,88 @@ var file_gpuctl_proto_depIdxs = []int32{
 	21,  // 50: gpuctl.v1.ObserveItem.collective:type_name -> gpuctl.v1.CollectiveRecord
 	22,  // 51: gpuctl.v1.ObserveItem.flow:type_name -> gpuctl.v1.NetFlowSample
 	51,  // 52: gpuctl.v1.ObserveBatch.items:type_name -> gpuctl.v1.ObserveItem
-	28,  // 53: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
-	41,  // 54: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
-	43,  // 55: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
-	45,  // 56: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
-	47,  // 57: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
-	50,  // 58: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
-	53,  // 59: gpuctl.v1.ClientRequest.create_token:type_name -> gpuctl.v1.CreateTokenRequest
-	55,  // 60: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
-	64,  // 61: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
-	66,  // 62: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
-	68,  // 63: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
-	72,  // 64: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
-	76,  // 65: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
-	80,  // 66: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
-	82,  // 67: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
-	85,  // 68: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
-	87,  // 69: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
-	89,  // 70: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
-	91,  // 71: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
-	69,  // 72: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
-	42,  // 73: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
-	44,  // 74: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
-	46,  // 75: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
-	48,  // 76: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
-	52,  // 77: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
-	54,  // 78: gpuctl.v1.ClientResponse.create_token:type_name -> gpuctl.v1.CreateTokenResponse
-	56,  // 79: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
-	65,  // 80: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
-	67,  // 81: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
-	71,  // 82: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
-	73,  // 83: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
-	77,  // 84: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
-	81,  // 85: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
-	83,  // 86: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
-	86,  // 87: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
-	88,  // 88: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
-	90,  // 89: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
-	93,  // 90: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
-	70,  // 91: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
-	60,  // 92: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
-	59,  // 93: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
-	6,   // 94: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
-	61,  // 95: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
-	7,   // 96: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
-	61,  // 97: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
-	63,  // 98: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
-	62,  // 99: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
-	62,  // 100: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
-	62,  // 101: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
-	62,  // 102: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
-	62,  // 103: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
-	61,  // 104: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
-	61,  // 105: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
-	74,  // 106: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
-	74,  // 107: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
-	75,  // 108: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
-	74,  // 109: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
-	74,  // 110: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
-	0,   // 111: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
-	78,  // 112: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
-	78,  // 113: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
-	79,  // 114: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
-	39,  // 115: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
-	84,  // 116: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
-	62,  // 117: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
-	62,  // 118: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
-	8,   // 119: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
-	8,   // 120: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
-	39,  // 121: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
-	62,  // 122: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
-	25,  // 123: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
-	79,  // 124: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
-	8,   // 125: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
-	92,  // 126: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
-	127, // [127:127] is the sub-list for method output_type
-	127, // [127:127] is the sub-list for method input_type
-	127, // [127:127] is the sub-list for extension type_name
-	127, // [127:127] is the sub-list for extension extendee
-	0,   // [0:127] is the sub-list for field type_name
+	9,   // 53: gpuctl.v1.VersionResponse.protocol:type_name -> gpuctl.v1.Version
+	28,  // 54: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
+	41,  // 55: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
+	43,  // 56: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
+	45,  // 57: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
+	47,  // 58: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
+	50,  // 59: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
+	53,  // 60: gpuctl.v1.ClientRequest.create_token:type_name -> gpuctl.v1.CreateTokenRequest
+	57,  // 61: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
+	66,  // 62: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
+	68,  // 63: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
+	70,  // 64: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
+	74,  // 65: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
+	78,  // 66: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
+	82,  // 67: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
+	84,  // 68: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
+	87,  // 69: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
+	89,  // 70: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
+	91,  // 71: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
+	93,  // 72: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
+	71,  // 73: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
+	55,  // 74: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
+	42,  // 75: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
+	44,  // 76: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
+	46,  // 77: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
+	48,  // 78: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
+	52,  // 79: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
+	54,  // 80: gpuctl.v1.ClientResponse.create_token:type_name -> gpuctl.v1.CreateTokenResponse
+	58,  // 81: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
+	67,  // 82: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
+	69,  // 83: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
+	73,  // 84: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
+	75,  // 85: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
+	79,  // 86: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
+	83,  // 87: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
+	85,  // 88: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
+	88,  // 89: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
+	90,  // 90: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
+	92,  // 91: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
+	95,  // 92: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
+	72,  // 93: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
+	56,  // 94: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
+	62,  // 95: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
+	61,  // 96: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
+	6,   // 97: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
+	63,  // 98: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
+	7,   // 99: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
+	63,  // 100: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
+	65,  // 101: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
+	64,  // 102: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
+	64,  // 103: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
+	64,  // 104: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
+	64,  // 105: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
+	64,  // 106: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
+	63,  // 107: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
+	63,  // 108: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
+	76,  // 109: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
+	76,  // 110: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
+	77,  // 111: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
+	76,  // 112: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
+	76,  // 113: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
+	0,   // 114: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
+	80,  // 115: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
+	80,  // 116: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
+	81,  // 117: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
+	39,  // 118: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
+	86,  // 119: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
+	64,  // 120: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
+	64,  // 121: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
+	8,   // 122: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
+	8,   // 123: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
+	39,  // 124: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
+	64,  // 125: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
+	25,  // 126: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
+	81,  // 127: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
+	8,   // 128: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
+	94,  // 129: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
+	130, // [130:130] is the sub-list for method output_type
+	130, // [130:130] is the sub-list for method input_type
+	130, // [130:130] is the sub-list for extension type_name
+	130, // [130:130] is the sub-list for extension extendee
+	0,   // [0:130] is the sub-list for field type_name
 }
 
 func init() { file_gpuctl_proto_init() }
@@ -9058,7 +9204,7 @@ func file_gpuctl_proto_init() {
 		(*ObserveItem_Collective)(nil),
 		(*ObserveItem_Flow)(nil),
 	}
-	file_gpuctl_proto_msgTypes[48].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[50].OneofWrappers = []any{
 		(*ClientRequest_ListNodes)(nil),
 		(*ClientRequest_ListEvents)(nil),
 		(*ClientRequest_ListCollectives)(nil),
@@ -9078,8 +9224,9 @@ func file_gpuctl_proto_init() {
 		(*ClientRequest_Logs)(nil),
 		(*ClientRequest_Watch)(nil),
 		(*ClientRequest_ReleaseJob)(nil),
+		(*ClientRequest_Version)(nil),
 	}
-	file_gpuctl_proto_msgTypes[49].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[51].OneofWrappers = []any{
 		(*ClientResponse_ListNodes)(nil),
 		(*ClientResponse_ListEvents)(nil),
 		(*ClientResponse_ListCollectives)(nil),
@@ -9099,6 +9246,7 @@ func file_gpuctl_proto_init() {
 		(*ClientResponse_Logs)(nil),
 		(*ClientResponse_Watch)(nil),
 		(*ClientResponse_ReleaseJob)(nil),
+		(*ClientResponse_Version)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -9106,7 +9254,7 @@ func file_gpuctl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuctl_proto_rawDesc), len(file_gpuctl_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   89,
+			NumMessages:   91,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

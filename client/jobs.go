@@ -53,3 +53,13 @@ func (c *Client) Rebalance(ctx context.Context, apply bool, maxMoves uint32) (*a
 	}
 	return r.GetRebalance(), nil
 }
+
+// ReleaseJob hands a held job (submitted with hold) to the scheduler and
+// returns it as it now stands.
+func (c *Client) ReleaseJob(ctx context.Context, job string) (*api.Job, error) {
+	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_ReleaseJob{ReleaseJob: &api.ReleaseJobRequest{Job: job}}})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetReleaseJob().GetJob(), nil
+}

@@ -42,3 +42,12 @@ func (c *Client) Logs(ctx context.Context, req *api.LogsRequest, fn func(*api.Lo
 	}
 	return nil
 }
+
+// Version asks the server which release and protocol it runs.
+func (c *Client) Version(ctx context.Context) (*api.VersionResponse, error) {
+	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_Version{Version: &api.VersionRequest{}}})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetVersion(), nil
+}

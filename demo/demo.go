@@ -20,6 +20,7 @@ import (
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/controlplane"
+	"github.com/gpuctl/gpuctl/controlplane/metrics"
 )
 
 // Options configures a demo cluster.
@@ -44,7 +45,10 @@ type Options struct {
 	Heartbeat time.Duration
 	// EBPF is passed to nodemon's --ebpf.
 	EBPF string
-	Log  *slog.Logger
+	// MetricsBasePort, when set, gives the server's Prometheus endpoint
+	// 127.0.0.1:MetricsBasePort and node i's 127.0.0.1:MetricsBasePort+1+i.
+	MetricsBasePort int
+	Log             *slog.Logger
 }
 
 // DefaultOptions returns the options of `gpuctl demo`.
@@ -66,6 +70,11 @@ type Cluster struct {
 	NodeNames []string
 	// JobID is the demo job's id once submitted.
 	JobID string
+	// MetricsAddr is the server's Prometheus endpoint (host:port, path
+	// /metrics), and NodeMetricsAddrs the nodes' by name; empty without
+	// Options.MetricsBasePort.
+	MetricsAddr      string
+	NodeMetricsAddrs map[string]string
 
 	cancel  context.CancelFunc
 	served  chan error
@@ -122,6 +131,14 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			c.Stop()
 		}
 	}()
+	c.NodeMetricsAddrs = map[string]string{}
+	if opts.MetricsBasePort > 0 {
+		addr, err := metrics.New(srv, metrics.Options{}).Serve(sctx, "127.0.0.1:"+strconv.Itoa(opts.MetricsBasePort), opts.Log)
+		if err != nil {
+			return nil, fmt.Errorf("demo: server %w (choose another --metrics-base-port)", err)
+		}
+		c.MetricsAddr = addr.String()
+	}
 	token, _, err := srv.Authority().CreateToken(time.Hour)
 	if err != nil {
 		return nil, fmt.Errorf("demo: %w", err)
@@ -156,6 +173,13 @@ func (c *Cluster) StartNode(name, token string) error {
 		"--heartbeat", c.opts.Heartbeat.String(), "--ebpf", c.opts.EBPF, "--trace-scope", "node",
 		"--label", "rack=rack-" + strconv.Itoa(idx/2), "--label", "switch=leaf-" + strconv.Itoa(idx/4),
 		"--log-file", filepath.Join(dir, "nodemon.log")}
+	if c.opts.MetricsBasePort > 0 {
+		addr := "127.0.0.1:" + strconv.Itoa(c.opts.MetricsBasePort+1+idx)
+		args = append(args, "--metrics-addr", addr)
+		c.mu.Lock()
+		c.NodeMetricsAddrs[name] = addr
+		c.mu.Unlock()
+	}
 	if token != "" {
 		args = append(args, "--token", token)
 	}

@@ -3,7 +3,6 @@ package views
 import (
 	"fmt"
 	"io"
-	"strconv"
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
@@ -11,23 +10,28 @@ import (
 
 // EventJSON is one event in `gpuctl events -o json`.
 type EventJSON struct {
-	Time     time.Time         `json:"time"`
-	Node     string            `json:"node"`
-	Seq      uint64            `json:"seq,omitempty"`
-	Kind     string            `json:"kind"`
-	Severity string            `json:"severity"`
-	Message  string            `json:"message"`
-	GPU      *int32            `json:"gpu,omitempty"`
-	GPUUUID  string            `json:"gpu_uuid,omitempty"`
-	XID      uint32            `json:"xid,omitempty"`
-	XIDClass string            `json:"xid_class,omitempty"`
-	Count    uint32            `json:"count,omitempty"`
-	PID      uint32            `json:"pid,omitempty"`
-	Job      string            `json:"job,omitempty"`
-	Rank     *int32            `json:"rank,omitempty"`
-	ExitCode *int32            `json:"exit_code,omitempty"`
-	Signal   string            `json:"signal,omitempty"`
-	Attrs    map[string]string `json:"attrs,omitempty"`
+	Time     *time.Time `json:"time"`
+	Node     *string    `json:"node"`
+	Seq      *uint64    `json:"seq"`
+	Kind     string     `json:"kind"`
+	Severity string     `json:"severity"`
+	Message  string     `json:"message"`
+	GPU      *int32     `json:"gpu"`
+	GPUUUID  *string    `json:"gpu_uuid"`
+	XID      *uint32    `json:"xid"`
+	XIDClass *string    `json:"xid_class"`
+	Count    *uint32    `json:"count"`
+	PID      *uint32    `json:"pid"`
+	Job      *string    `json:"job"`
+	Rank     *int32     `json:"rank"`
+	ExitCode *int32     `json:"exit_code"`
+	Signal   *string    `json:"signal"`
+	// Checkpoint events: the step saved and the bytes written; checkpoint
+	// and recovery events: how long it took.
+	Step            *int64            `json:"step"`
+	Bytes           *uint64           `json:"bytes"`
+	DurationSeconds *float64          `json:"duration_seconds"`
+	Attrs           map[string]string `json:"attrs"`
 }
 
 func isGPUEvent(k api.EventKind) bool {
@@ -41,31 +45,49 @@ func isGPUEvent(k api.EventKind) bool {
 // EventFromAPI converts an event to its JSON view.
 func EventFromAPI(e *api.Event) EventJSON {
 	out := EventJSON{
-		Time: timeOf(e.GetTimeUnixNano()), Node: e.GetNode(), Seq: e.GetSeq(), Kind: e.GetKind().Short(),
-		Severity: e.GetSeverity().Short(), Message: e.GetMessage(), GPUUUID: e.GetGpuUuid(), XID: e.GetXid(),
-		Count: e.GetCount(), PID: e.GetPid(), Job: e.GetJob(), Signal: e.GetSignal(), Attrs: e.GetAttrs(),
+		Time: optTime(e.GetTimeUnixNano()), Node: optString(e.GetNode()), Kind: e.GetKind().Short(),
+		Severity: e.GetSeverity().Short(), Message: e.GetMessage(), GPUUUID: optString(e.GetGpuUuid()),
+		Job: optString(e.GetJob()), Signal: optString(e.GetSignal()), Step: optInt64(e.GetStep()), Attrs: mapOrEmpty(e.GetAttrs()),
+	}
+	if e.GetSeq() != 0 {
+		out.Seq = ptr(e.GetSeq())
 	}
 	if isGPUEvent(e.GetKind()) {
-		g := e.GetGpuIndex()
-		out.GPU = &g
+		out.GPU = ptr(e.GetGpuIndex())
 	}
 	if e.GetXid() != 0 {
-		out.XIDClass = e.GetXidClass().Short()
+		out.XID, out.XIDClass = ptr(e.GetXid()), ptr(e.GetXidClass().Short())
 	}
-	if e.GetJob() != "" {
-		r := e.GetRank()
-		out.Rank = &r
+	if e.GetCount() != 0 {
+		out.Count = ptr(e.GetCount())
+	}
+	if e.GetPid() != 0 {
+		out.PID = ptr(e.GetPid())
+	}
+	// A rank is named by process events; a job-level event (recovery,
+	// stall) has none.
+	if e.GetJob() != "" && (e.GetPid() != 0 || e.GetKind() == api.EventKind_EVENT_KIND_PROCESS_EXIT) {
+		out.Rank = ptr(e.GetRank())
 	}
 	if e.GetKind() == api.EventKind_EVENT_KIND_PROCESS_EXIT {
-		c := e.GetExitCode()
-		out.ExitCode = &c
+		out.ExitCode = ptr(e.GetExitCode())
+	}
+	if e.GetBytes() != 0 {
+		out.Bytes = ptr(e.GetBytes())
+	}
+	switch {
+	case e.GetDurationSeconds() != 0:
+		out.DurationSeconds = ptr(e.GetDurationSeconds())
+	case e.GetSeconds() != 0:
+		out.DurationSeconds = ptr(e.GetSeconds())
 	}
 	return out
 }
 
-// Events writes events, oldest first.
-func Events(w io.Writer, f Format, events []*api.Event) error {
-	if f == JSON {
+// Events writes events, oldest first: the message last, so a long one
+// never pushes the other columns off the screen.
+func Events(w io.Writer, o Options, events []*api.Event) error {
+	if o.Format == JSON {
 		doc := struct {
 			Events []EventJSON `json:"events"`
 		}{Events: []EventJSON{}}
@@ -74,71 +96,75 @@ func Events(w io.Writer, f Format, events []*api.Event) error {
 		}
 		return writeJSON(w, doc)
 	}
-	header := []string{"TIME", "NODE", "KIND", "SEVERITY", "GPU", "MESSAGE"}
-	if f == Wide {
-		header = append(header, "XID", "CLASS", "JOB", "RANK", "PID")
+	wide := o.Format == Wide
+	t := tableData{empty: "no events"}
+	t.cols = []column{{name: "TIME"}, {name: "NODE"}, {name: "JOB"}, {name: "KIND"}, {name: "SEVERITY"}, {name: "GPU"}}
+	if wide {
+		t.cols = append(t.cols, column{name: "XID"}, column{name: "CLASS"}, column{name: "RANK"}, column{name: "PID"})
 	}
-	var rows [][]string
+	t.cols = append(t.cols, column{name: "MESSAGE", flex: true})
+	format := "15:04:05Z"
+	if wide || spansDays(events) {
+		format = "2006-01-02T15:04:05.000Z"
+	}
 	for _, e := range events {
 		v := EventFromAPI(e)
-		gpu := "-"
-		if v.GPU != nil {
-			gpu = strconv.Itoa(int(*v.GPU))
+		tm := timeOrZero(v.Time)
+		row := []cell{num(tm.Format(format), float64(tm.UnixNano())), txt(dash(deref(v.Node))), txt(dash(deref(v.Job))), txt(v.Kind),
+			txt(v.Severity), optCell(v.GPU)}
+		if wide {
+			row = append(row, optCell(v.XID), txt(dash(deref(v.XIDClass))), optCell(v.Rank), optCell(v.PID))
 		}
-		row := []string{v.Time.Format("2006-01-02T15:04:05.000Z"), v.Node, v.Kind, v.Severity, gpu, v.Message}
-		if f == Wide {
-			xid, rank, pid := "-", "-", "-"
-			if v.XID != 0 {
-				xid = strconv.Itoa(int(v.XID))
-			}
-			if v.Rank != nil {
-				rank = strconv.Itoa(int(*v.Rank))
-			}
-			if v.PID != 0 {
-				pid = strconv.Itoa(int(v.PID))
-			}
-			row = append(row, xid, dash(v.XIDClass), dash(v.Job), rank, pid)
-		}
-		rows = append(rows, row)
+		t.add(append(row, txt(v.Message))...)
 	}
-	return table(w, header, rows)
+	return o.writeTable(w, t)
 }
 
-func dash(s string) string {
-	if s == "" {
-		return "-"
+// spansDays says whether events fall on more than one UTC day, when a
+// table needs the date as well as the time.
+func spansDays(events []*api.Event) bool {
+	if len(events) == 0 {
+		return false
 	}
-	return s
+	first, last := timeOf(events[0].GetTimeUnixNano()), timeOf(events[len(events)-1].GetTimeUnixNano())
+	return first.YearDay() != last.YearDay() || first.Year() != last.Year()
+}
+
+func optCell[T ~int32 | ~uint32](v *T) cell {
+	if v == nil {
+		return txt("-")
+	}
+	return count(*v)
 }
 
 // CollectiveJSON is one (rank, communicator, op) aggregate in
 // `gpuctl collectives -o json`.
 type CollectiveJSON struct {
-	Node          string    `json:"node"`
-	PID           uint32    `json:"pid"`
-	Job           string    `json:"job,omitempty"`
-	Rank          int32     `json:"rank"`
-	Op            string    `json:"op"`
-	Comm          string    `json:"comm"`
-	Seq           uint64    `json:"seq"`
-	Bytes         uint64    `json:"bytes"`
-	Calls         uint64    `json:"calls"`
-	InCallSeconds float64   `json:"in_call_seconds"`
-	Last          time.Time `json:"last"`
+	Node          string     `json:"node"`
+	PID           uint32     `json:"pid"`
+	Job           *string    `json:"job"`
+	Rank          int32      `json:"rank"`
+	Op            string     `json:"op"`
+	Comm          string     `json:"comm"`
+	Seq           uint64     `json:"seq"`
+	Bytes         uint64     `json:"bytes"`
+	Calls         uint64     `json:"calls"`
+	InCallSeconds float64    `json:"in_call_seconds"`
+	LastCallTime  *time.Time `json:"last_call_time"`
 }
 
 // CollectiveFromAPI converts an aggregate to its JSON view.
 func CollectiveFromAPI(c *api.CollectiveStat) CollectiveJSON {
 	return CollectiveJSON{
-		Node: c.GetNode(), PID: c.GetPid(), Job: c.GetJob(), Rank: c.GetRank(), Op: c.GetOp().Short(),
+		Node: c.GetNode(), PID: c.GetPid(), Job: optString(c.GetJob()), Rank: c.GetRank(), Op: c.GetOp().Short(),
 		Comm: fmt.Sprintf("%#x", c.GetComm()), Seq: c.GetSeq(), Bytes: c.GetBytes(), Calls: c.GetCalls(),
-		InCallSeconds: c.GetInCallSeconds(), Last: timeOf(c.GetLastUnixNano()),
+		InCallSeconds: c.GetInCallSeconds(), LastCallTime: optTime(c.GetLastUnixNano()),
 	}
 }
 
 // Collectives writes per-rank NCCL call aggregates.
-func Collectives(w io.Writer, f Format, cs []*api.CollectiveStat, now time.Time) error {
-	if f == JSON {
+func Collectives(w io.Writer, o Options, cs []*api.CollectiveStat) error {
+	if o.Format == JSON {
 		doc := struct {
 			Collectives []CollectiveJSON `json:"collectives"`
 		}{Collectives: []CollectiveJSON{}}
@@ -147,20 +173,23 @@ func Collectives(w io.Writer, f Format, cs []*api.CollectiveStat, now time.Time)
 		}
 		return writeJSON(w, doc)
 	}
-	header := []string{"NODE", "JOB", "RANK", "PID", "COMM", "OP", "SEQ", "CALLS", "BYTES", "IN CALL", "AVG", "LAST"}
-	var rows [][]string
+	now := o.now()
+	t := tableData{empty: "no collectives: no NCCL call traced (tracing needs nodemon's eBPF probes)"}
+	t.cols = []column{{name: "NODE"}, {name: "JOB"}, {name: "RANK"}, {name: "PID"}, {name: "COMM"}, {name: "OP"}, {name: "SEQ"},
+		{name: "CALLS"}, {name: "BYTES"}, {name: "IN CALL"}, {name: "AVG"}, {name: "LAST"}}
 	for _, c := range cs {
 		v := CollectiveFromAPI(c)
-		avg := "-"
+		avg := cell{text: "-"}
 		if v.Calls > 0 {
-			avg = fmtDuration(time.Duration(v.InCallSeconds / float64(v.Calls) * 1e9))
+			a := v.InCallSeconds / float64(v.Calls)
+			avg = num(fmtDuration(time.Duration(a*1e9)), a)
 		}
-		row := []string{v.Node, dash(v.Job), strconv.Itoa(int(v.Rank)), strconv.Itoa(int(v.PID)), v.Comm, v.Op,
-			strconv.FormatUint(v.Seq, 10), strconv.FormatUint(v.Calls, 10), Bytes(v.Bytes),
-			fmtDuration(time.Duration(v.InCallSeconds * 1e9)), avg, age(now, v.Last)}
-		rows = append(rows, row)
+		last := timeOrZero(v.LastCallTime)
+		t.add(txt(v.Node), txt(dash(deref(v.Job))), count(v.Rank), count(v.PID), txt(v.Comm), txt(v.Op), count(v.Seq), count(v.Calls),
+			num(Bytes(v.Bytes), float64(v.Bytes)), num(fmtDuration(time.Duration(v.InCallSeconds*1e9)), v.InCallSeconds), avg,
+			num(age(now, last), now.Sub(last).Seconds()))
 	}
-	return table(w, header, rows)
+	return o.writeTable(w, t)
 }
 
 func fmtDuration(d time.Duration) string {

@@ -12,65 +12,85 @@ import (
 
 // JobJSON is one job in `gpuctl jobs -o json`.
 type JobJSON struct {
-	ID       string `json:"id"`
-	Name     string `json:"name"`
-	Tenant   string `json:"tenant,omitempty"`
-	Priority int32  `json:"priority"`
-	State    string `json:"state"`
+	ID       string  `json:"id"`
+	Name     string  `json:"name"`
+	Tenant   *string `json:"tenant"`
+	Priority int32   `json:"priority"`
+	State    string  `json:"state"`
 	// Stopping is why gpuctl is stopping the ranks: cancel, preempt, move
-	// or failed; empty when it is not.
-	Stopping      string        `json:"stopping,omitempty"`
-	PendingReason string        `json:"pending_reason,omitempty"`
-	Reason        string        `json:"reason,omitempty"`
-	Hold          bool          `json:"hold,omitempty"`
+	// or failed; null when it is not.
+	Stopping      *string       `json:"stopping"`
+	PendingReason *string       `json:"pending_reason"`
+	Reason        *string       `json:"reason"`
+	Hold          bool          `json:"hold"`
 	GPUs          int           `json:"gpus"`
+	FullGPUs      int           `json:"full_gpus"`
 	Plan          PlanJSON      `json:"plan"`
 	Attempt       uint32        `json:"attempt"`
+	Attempts      []AttemptJSON `json:"attempts"`
 	Restarts      uint32        `json:"restarts"`
 	Preemptions   uint32        `json:"preemptions"`
 	Placement     []JobNodeJSON `json:"placement"`
-	MoveTarget    []JobNodeJSON `json:"move_target,omitempty"`
-	Master        string        `json:"master,omitempty"`
-	CheckpointDir string        `json:"checkpoint_dir,omitempty"`
+	MoveTarget    []JobNodeJSON `json:"move_target"`
+	Master        *string       `json:"master"`
+	CheckpointDir *string       `json:"checkpoint_dir"`
 	ResumeStep    int64         `json:"resume_step"`
-	Step          int64         `json:"step"`
-	LastCkptStep  int64         `json:"last_checkpoint_step"`
-	Goodput       float64       `json:"goodput"`
+	Step          *int64        `json:"step"`
+	LastCkptStep  *int64        `json:"last_checkpoint_step"`
+	Goodput       *float64      `json:"goodput"`
 	// Recovery counters: steps redone, seconds not running since the
 	// first start, useful step seconds, energy of the job's GPUs.
-	LostSteps       int64   `json:"lost_steps"`
-	DowntimeSeconds float64 `json:"downtime_seconds"`
-	UsefulSeconds   float64 `json:"useful_seconds"`
-	EnergyJoules    float64 `json:"energy_joules"`
-	// Checkpoints reported, their mean seconds, and the Young–Daly interval
-	// advised from it and the cluster's failure rate.
-	Checkpoints         uint32     `json:"checkpoints"`
-	CheckpointSeconds   float64    `json:"checkpoint_seconds"`
-	AdvisedCkptInterval float64    `json:"advised_checkpoint_interval_seconds"`
-	Exclude             []string   `json:"exclude,omitempty"`
-	Stalled             bool       `json:"stalled,omitempty"`
-	GPUSeconds          float64    `json:"attained_gpu_seconds"`
-	Submitted           time.Time  `json:"submitted"`
-	Started             *time.Time `json:"started"`
-	Ended               *time.Time `json:"ended"`
+	LostSteps       int64    `json:"lost_steps"`
+	DowntimeSeconds float64  `json:"downtime_seconds"`
+	UsefulSeconds   float64  `json:"useful_seconds"`
+	EnergyJoules    float64  `json:"energy_joules"`
+	Checkpoints     uint32   `json:"checkpoints"`
+	CheckpointSecs  *float64 `json:"checkpoint_seconds"`
+	AdvisedInterval *float64 `json:"advised_checkpoint_interval_seconds"`
+	Exclude         []string `json:"exclude"`
+	Stalled         bool     `json:"stalled"`
+	GPUSeconds      float64  `json:"attained_gpu_seconds"`
+	// Times: submitted, the current attempt's start, the end, and the
+	// first attempt's start (goodput and downtime count from it).
+	SubmitTime     *time.Time `json:"submit_time"`
+	StartTime      *time.Time `json:"start_time"`
+	EndTime        *time.Time `json:"end_time"`
+	FirstStartTime *time.Time `json:"first_start_time"`
 }
 
-// PlanJSON is a job's parallel layout.
+// PlanJSON is a job's parallel layout, the cost model's predictions for
+// it (null without a model section) and what the running job measured.
 type PlanJSON struct {
-	TP              int32   `json:"tp"`
-	PP              int32   `json:"pp"`
-	DP              int32   `json:"dp"`
-	MicroBatch      int32   `json:"micro_batch"`
-	NumMicroBatches int32   `json:"num_micro_batches"`
-	VirtualStages   int32   `json:"virtual_stages"`
-	Source          string  `json:"source"`
-	StepSeconds     float64 `json:"predicted_step_seconds,omitempty"`
-	MFU             float64 `json:"predicted_mfu,omitempty"`
-	MemPerGPUBytes  int64   `json:"predicted_mem_per_gpu_bytes,omitempty"`
+	TP              int32    `json:"tp"`
+	PP              int32    `json:"pp"`
+	DP              int32    `json:"dp"`
+	MicroBatch      int32    `json:"micro_batch"`
+	NumMicroBatches int32    `json:"num_micro_batches"`
+	VirtualStages   int32    `json:"virtual_stages"`
+	Source          string   `json:"source"`
+	StepSeconds     *float64 `json:"predicted_step_seconds"`
+	MFU             *float64 `json:"predicted_mfu"`
+	MemPerGPUBytes  *int64   `json:"predicted_mem_per_gpu_bytes"`
 	// Measured on the running job and fed back into the cost model.
-	MeasuredStepSeconds  float64 `json:"measured_step_seconds,omitempty"`
-	CalibratedEfficiency float64 `json:"calibrated_efficiency,omitempty"`
-	CalibrationNote      string  `json:"calibration_note,omitempty"`
+	MeasuredStepSeconds  *float64 `json:"measured_step_seconds"`
+	CalibratedEfficiency *float64 `json:"calibrated_efficiency"`
+	CalibrationNote      *string  `json:"calibration_note"`
+}
+
+// AttemptJSON is one launch of a job, as sacct lists a job's steps.
+type AttemptJSON struct {
+	Attempt      uint32     `json:"attempt"`
+	StartTime    *time.Time `json:"start_time"`
+	EndTime      *time.Time `json:"end_time"`
+	EndReason    *string    `json:"end_reason"`
+	Nodes        []string   `json:"nodes"`
+	GPUs         int32      `json:"gpus"`
+	DP           int32      `json:"dp"`
+	ResumeStep   int64      `json:"resume_step"`
+	LastStep     int64      `json:"last_step"`
+	LostSteps    int64      `json:"lost_steps"`
+	GPUSeconds   float64    `json:"gpu_seconds"`
+	EnergyJoules float64    `json:"energy_joules"`
 }
 
 // JobNodeJSON is the part of a placement on one node.
@@ -80,16 +100,16 @@ type JobNodeJSON struct {
 	Ranks []JobRankJSON `json:"ranks"`
 }
 
-// JobRankJSON is one rank; pid is 0 until the node reports it started,
-// exit_code is null while it runs.
+// JobRankJSON is one rank; pid is null until the node reports it
+// started, exit_code null while it runs.
 type JobRankJSON struct {
-	Rank      int32  `json:"rank"`
-	LocalRank int32  `json:"local_rank"`
-	GPU       uint32 `json:"gpu"`
-	PID       uint32 `json:"pid"`
-	Exited    bool   `json:"exited"`
-	ExitCode  *int32 `json:"exit_code"`
-	Signal    string `json:"signal,omitempty"`
+	Rank      int32   `json:"rank"`
+	LocalRank int32   `json:"local_rank"`
+	GPU       uint32  `json:"gpu"`
+	PID       *uint32 `json:"pid"`
+	Exited    bool    `json:"exited"`
+	ExitCode  *int32  `json:"exit_code"`
+	Signal    *string `json:"signal"`
 }
 
 // JobStateName is a job state as scripts see it: pending, running,
@@ -112,26 +132,28 @@ func JobStateName(s api.JobState) string {
 	return "unknown"
 }
 
-func stopName(s api.JobStop) string {
-	switch s {
-	case api.JobStop_JOB_STOP_CANCEL:
-		return "cancel"
-	case api.JobStop_JOB_STOP_PREEMPT:
-		return "preempt"
-	case api.JobStop_JOB_STOP_MOVE:
-		return "move"
-	case api.JobStop_JOB_STOP_FAILED:
-		return "failed"
-	}
-	return ""
+// JobStateNames lists the job states, for flags that take one.
+func JobStateNames() []string {
+	return []string{"pending", "running", "recovering", "succeeded", "failed", "cancelled"}
 }
 
-func timePtr(unixNano int64) *time.Time {
-	if unixNano == 0 {
-		return nil
+// JobFinished says whether a job is in a final state.
+func JobFinished(s api.JobState) bool {
+	return s == api.JobState_JOB_STATE_SUCCEEDED || s == api.JobState_JOB_STATE_FAILED || s == api.JobState_JOB_STATE_CANCELLED
+}
+
+func stopName(s api.JobStop) *string {
+	switch s {
+	case api.JobStop_JOB_STOP_CANCEL:
+		return ptr("cancel")
+	case api.JobStop_JOB_STOP_PREEMPT:
+		return ptr("preempt")
+	case api.JobStop_JOB_STOP_MOVE:
+		return ptr("move")
+	case api.JobStop_JOB_STOP_FAILED:
+		return ptr("failed")
 	}
-	t := timeOf(unixNano)
-	return &t
+	return nil
 }
 
 func jobNodesJSON(nodes []*api.JobNode) []JobNodeJSON {
@@ -139,11 +161,12 @@ func jobNodesJSON(nodes []*api.JobNode) []JobNodeJSON {
 	for _, jn := range nodes {
 		n := JobNodeJSON{Node: jn.GetNode(), GPUs: append([]uint32{}, jn.GetGpus()...), Ranks: []JobRankJSON{}}
 		for _, r := range jn.GetRanks() {
-			rj := JobRankJSON{Rank: r.GetRank(), LocalRank: r.GetLocalRank(), GPU: r.GetGpu(), PID: r.GetPid(),
-				Exited: r.GetExited(), Signal: r.GetSignal()}
+			rj := JobRankJSON{Rank: r.GetRank(), LocalRank: r.GetLocalRank(), GPU: r.GetGpu(), Exited: r.GetExited(), Signal: optString(r.GetSignal())}
+			if r.GetPid() != 0 {
+				rj.PID = ptr(r.GetPid())
+			}
 			if r.GetExited() {
-				code := r.GetExitCode()
-				rj.ExitCode = &code
+				rj.ExitCode = ptr(r.GetExitCode())
 			}
 			n.Ranks = append(n.Ranks, rj)
 		}
@@ -156,29 +179,37 @@ func jobNodesJSON(nodes []*api.JobNode) []JobNodeJSON {
 func JobFromAPI(j *api.Job) JobJSON {
 	p := j.GetPlan()
 	out := JobJSON{
-		ID: j.GetId(), Name: j.GetName(), Tenant: j.GetTenant(), Priority: j.GetPriority(),
+		ID: j.GetId(), Name: j.GetName(), Tenant: optString(j.GetTenant()), Priority: j.GetPriority(),
 		State: JobStateName(j.GetState()), Stopping: stopName(j.GetStopping()),
-		PendingReason: j.GetPendingReason(), Reason: j.GetReason(), Hold: j.GetHold(),
+		PendingReason: optString(j.GetPendingReason()), Reason: optString(j.GetReason()), Hold: j.GetHold(),
 		Plan: PlanJSON{TP: p.GetTp(), PP: p.GetPp(), DP: p.GetDp(), MicroBatch: p.GetMicroBatch(),
 			NumMicroBatches: p.GetNumMicroBatches(), VirtualStages: p.GetVirtualStages(), Source: p.GetSource(),
-			StepSeconds: p.GetStepSeconds(), MFU: p.GetMfu(), MemPerGPUBytes: p.GetMemPerGpuBytes(),
-			MeasuredStepSeconds: p.GetMeasuredStepSeconds(), CalibratedEfficiency: p.GetCalibratedEfficiency(),
-			CalibrationNote: p.GetCalibrationNote()},
+			StepSeconds: optFloat(p.GetStepSeconds()), MFU: optFloat(p.GetMfu()), MemPerGPUBytes: optInt64(p.GetMemPerGpuBytes()),
+			MeasuredStepSeconds: optFloat(p.GetMeasuredStepSeconds()), CalibratedEfficiency: optFloat(p.GetCalibratedEfficiency()),
+			CalibrationNote: optString(p.GetCalibrationNote())},
 		GPUs:    int(p.GetTp() * p.GetPp() * p.GetDp()),
-		Attempt: j.GetAttempt(), Restarts: j.GetRestarts(), Preemptions: j.GetPreemptions(),
-		Placement: jobNodesJSON(j.GetPlacement()), CheckpointDir: j.GetCheckpointDir(), ResumeStep: j.GetResumeStep(),
-		Step: j.GetStep(), LastCkptStep: j.GetLastCheckpointStep(), Goodput: j.GetGoodput(),
+		Attempt: j.GetAttempt(), Attempts: []AttemptJSON{}, Restarts: j.GetRestarts(), Preemptions: j.GetPreemptions(),
+		Placement: jobNodesJSON(j.GetPlacement()), MoveTarget: jobNodesJSON(j.GetMoveTarget()),
+		CheckpointDir: optString(j.GetCheckpointDir()), ResumeStep: j.GetResumeStep(),
+		Step: optInt64(j.GetStep()), LastCkptStep: optInt64(j.GetLastCheckpointStep()), Goodput: optFloat(j.GetGoodput()),
 		LostSteps: j.GetLostSteps(), DowntimeSeconds: j.GetDowntimeSeconds(), UsefulSeconds: j.GetUsefulSeconds(),
-		EnergyJoules: j.GetEnergyJoules(), Checkpoints: j.GetCheckpoints(), CheckpointSeconds: j.GetCheckpointSeconds(),
-		AdvisedCkptInterval: j.GetAdvisedCheckpointIntervalSeconds(), Exclude: j.GetExclude(), Stalled: j.GetStalled(),
-		GPUSeconds: j.GetAttainedGpuSeconds(), Submitted: timeOf(j.GetSubmitUnixNano()),
-		Started: timePtr(j.GetStartUnixNano()), Ended: timePtr(j.GetEndUnixNano()),
+		EnergyJoules: j.GetEnergyJoules(), Checkpoints: j.GetCheckpoints(), CheckpointSecs: optFloat(j.GetCheckpointSeconds()),
+		AdvisedInterval: optFloat(j.GetAdvisedCheckpointIntervalSeconds()), Exclude: orEmpty(j.GetExclude()), Stalled: j.GetStalled(),
+		GPUSeconds: j.GetAttainedGpuSeconds(), SubmitTime: optTime(j.GetSubmitUnixNano()),
+		StartTime: optTime(j.GetStartUnixNano()), EndTime: optTime(j.GetEndUnixNano()), FirstStartTime: optTime(j.GetFirstStartUnixNano()),
 	}
-	if len(j.GetMoveTarget()) > 0 {
-		out.MoveTarget = jobNodesJSON(j.GetMoveTarget())
+	out.FullGPUs = int(j.GetFullGpus())
+	if out.FullGPUs == 0 {
+		out.FullGPUs = out.GPUs
 	}
 	if j.GetMasterAddr() != "" {
-		out.Master = j.GetMasterAddr() + ":" + strconv.Itoa(int(j.GetMasterPort()))
+		out.Master = ptr(j.GetMasterAddr() + ":" + strconv.Itoa(int(j.GetMasterPort())))
+	}
+	for _, a := range j.GetAttempts() {
+		out.Attempts = append(out.Attempts, AttemptJSON{Attempt: a.GetAttempt(), StartTime: optTime(a.GetStartUnixNano()),
+			EndTime: optTime(a.GetEndUnixNano()), EndReason: optString(a.GetEndReason()), Nodes: orEmpty(a.GetNodes()),
+			GPUs: a.GetGpus(), DP: a.GetDp(), ResumeStep: a.GetResumeStep(), LastStep: a.GetLastStep(), LostSteps: a.GetLostSteps(),
+			GPUSeconds: a.GetGpuSeconds(), EnergyJoules: a.GetEnergyJoules()})
 	}
 	return out
 }
@@ -194,18 +225,19 @@ func planText(p PlanJSON) string {
 
 // stateText is the STATE column: the state, and why ranks are stopping.
 func stateText(j JobJSON) string {
-	switch j.Stopping {
-	case "cancel":
-		return j.State + " (stopping)"
+	switch deref(j.Stopping) {
+	case "cancel", "failed":
+		return j.State + ",stopping"
 	case "preempt":
-		return j.State + " (preempting)"
+		return j.State + ",preempting"
 	case "move":
-		return j.State + " (moving)"
-	case "failed":
-		return j.State + " (stopping)"
+		return j.State + ",moving"
 	}
 	if j.Hold {
-		return j.State + " (held)"
+		return j.State + ",held"
+	}
+	if j.Stalled {
+		return j.State + ",stalled"
 	}
 	return j.State
 }
@@ -218,7 +250,7 @@ func nodeList(ns []JobNodeJSON) string {
 	for i, n := range ns {
 		names[i] = n.Node
 	}
-	return strings.Join(names, ",")
+	return HostList(names)
 }
 
 func pidList(ns []JobNodeJSON) string {
@@ -228,10 +260,10 @@ func pidList(ns []JobNodeJSON) string {
 			switch {
 			case r.Exited:
 				pids = append(pids, "x")
-			case r.PID == 0:
+			case r.PID == nil:
 				pids = append(pids, "?")
 			default:
-				pids = append(pids, strconv.Itoa(int(r.PID)))
+				pids = append(pids, strconv.Itoa(int(*r.PID)))
 			}
 		}
 	}
@@ -241,9 +273,16 @@ func pidList(ns []JobNodeJSON) string {
 	return strings.Join(pids, ",")
 }
 
-// Jobs writes the job list in format f; now is used for ages in tables.
-func Jobs(w io.Writer, f Format, jobs []*api.Job, now time.Time) error {
-	if f == JSON {
+func jobReason(v JobJSON) string {
+	if v.State == "pending" && v.PendingReason != nil {
+		return *v.PendingReason
+	}
+	return dash(deref(v.Reason))
+}
+
+// Jobs writes the job list.
+func Jobs(w io.Writer, o Options, jobs []*api.Job) error {
+	if o.Format == JSON {
 		doc := struct {
 			Jobs []JobJSON `json:"jobs"`
 		}{Jobs: []JobJSON{}}
@@ -252,41 +291,47 @@ func Jobs(w io.Writer, f Format, jobs []*api.Job, now time.Time) error {
 		}
 		return writeJSON(w, doc)
 	}
-	header := []string{"ID", "NAME", "STATE", "GPUS", "PLAN", "NODES", "ATTEMPT", "AGE", "REASON"}
-	if f == Wide {
-		header = []string{"ID", "NAME", "TENANT", "PRIO", "STATE", "GPUS", "PLAN", "NODES", "PIDS", "ATTEMPT",
-			"RESTARTS", "CKPT", "LOST", "GOODPUT", "ADV-CKPT", "MASTER", "SUBMITTED", "REASON"}
+	now := o.now()
+	t := tableData{empty: "no jobs"}
+	t.cols = []column{{name: "ID"}, {name: "NAME"}, {name: "STATE"}, {name: "GPUS"}, {name: "NODES"}, {name: "AGE"}, {name: "REASON", flex: true}}
+	if o.Format == Wide {
+		t.cols = []column{{name: "ID"}, {name: "NAME"}, {name: "TENANT"}, {name: "PRIO"}, {name: "STATE"}, {name: "GPUS"}, {name: "PLAN"},
+			{name: "NODES"}, {name: "PIDS"}, {name: "ATTEMPT"}, {name: "RESTARTS"}, {name: "STEP"}, {name: "CKPT"}, {name: "LOST"},
+			{name: "GOODPUT"}, {name: "ADV-CKPT"}, {name: "MASTER"}, {name: "SUBMITTED"}, {name: "REASON", flex: true}}
 	}
-	var rows [][]string
 	for _, j := range jobs {
 		v := JobFromAPI(j)
-		reason := v.Reason
-		if v.State == "pending" {
-			reason = v.PendingReason
-		}
-		if reason == "" {
-			reason = "-"
-		}
-		if f == Wide {
-			tenant := v.Tenant
-			if tenant == "" {
-				tenant = "-"
-			}
-			master := v.Master
-			if master == "" {
-				master = "-"
-			}
-			rows = append(rows, []string{v.ID, v.Name, tenant, strconv.Itoa(int(v.Priority)), stateText(v),
-				strconv.Itoa(v.GPUs), planText(v.Plan), nodeList(v.Placement), pidList(v.Placement),
-				strconv.Itoa(int(v.Attempt)), strconv.Itoa(int(v.Restarts)), strconv.FormatInt(v.LastCkptStep, 10),
-				strconv.FormatInt(v.LostSteps, 10), percent(v.Goodput), seconds(v.AdvisedCkptInterval),
-				master, v.Submitted.Format(time.RFC3339), reason})
+		submitted := timeOrZero(v.SubmitTime)
+		if o.Format == Wide {
+			t.add(txt(v.ID), txt(v.Name), txt(dash(deref(v.Tenant))), count(v.Priority), txt(stateText(v)), count(v.GPUs),
+				txt(planText(v.Plan)), txt(nodeList(v.Placement)), txt(pidList(v.Placement)), count(v.Attempt), count(v.Restarts),
+				optInt(v.Step), optInt(v.LastCkptStep), count(v.LostSteps), num(percent(v.Goodput), deref0(v.Goodput)),
+				num(seconds(v.AdvisedInterval), deref0(v.AdvisedInterval)), txt(dash(deref(v.Master))),
+				num(submitted.Format(time.RFC3339), float64(submitted.Unix())), txt(jobReason(v)))
 			continue
 		}
-		rows = append(rows, []string{v.ID, v.Name, stateText(v), strconv.Itoa(v.GPUs), planText(v.Plan),
-			nodeList(v.Placement), strconv.Itoa(int(v.Attempt)), age(now, v.Submitted), reason})
+		gpus := count(v.GPUs)
+		if v.FullGPUs != v.GPUs {
+			gpus = num(fmt.Sprintf("%d/%d", v.GPUs, v.FullGPUs), float64(v.GPUs))
+		}
+		t.add(txt(v.ID), txt(v.Name), txt(stateText(v)), gpus, txt(nodeList(v.Placement)),
+			num(age(now, submitted), now.Sub(submitted).Seconds()), txt(jobReason(v)))
 	}
-	return table(w, header, rows)
+	return o.writeTable(w, t)
+}
+
+func optInt(v *int64) cell {
+	if v == nil {
+		return txt("-")
+	}
+	return count(*v)
+}
+
+func deref0(f *float64) float64 {
+	if f == nil {
+		return 0
+	}
+	return *f
 }
 
 // placementText lists a placement one node per line: node, GPUs, ranks.
@@ -300,25 +345,25 @@ func placementText(w io.Writer, indent string, ns []JobNodeJSON) {
 		for i, r := range n.Ranks {
 			ranks[i] = strconv.Itoa(int(r.Rank))
 		}
-		fmt.Fprintf(w, "%s%s  gpus %s  ranks %s\n", indent, n.Node, strings.Join(gpus, ","), strings.Join(ranks, ","))
+		fmt.Fprintf(w, "%s%s  gpus %s  ranks %s\n", indent, Escape(n.Node), strings.Join(gpus, ","), strings.Join(ranks, ","))
 	}
 }
 
 // DryRun writes `gpuctl submit --dry-run`: the plan, and the placement the
 // scheduler would choose now or why the job would wait.
-func DryRun(w io.Writer, f Format, r *api.SubmitJobResponse) error {
+func DryRun(w io.Writer, o Options, r *api.SubmitJobResponse) error {
 	v := JobFromAPI(r.GetJob())
-	if f == JSON {
+	if o.Format == JSON {
 		return writeJSON(w, struct {
-			Job         JobJSON `json:"job"`
-			QueuedAhead uint32  `json:"queued_ahead"`
-		}{v, r.GetQueuedAhead()})
+			Jobs        []JobJSON `json:"jobs"`
+			QueuedAhead uint32    `json:"queued_ahead"`
+		}{[]JobJSON{v}, r.GetQueuedAhead()})
 	}
-	fmt.Fprintf(w, "job %s: %d GPUs, plan %s (%s)\n", v.Name, v.GPUs, planText(v.Plan), planSourceText(v.Plan.Source))
-	if v.Plan.StepSeconds > 0 {
-		fmt.Fprintf(w, "predicted: %.2f s/step, MFU %.1f%%", v.Plan.StepSeconds, 100*v.Plan.MFU)
-		if v.Plan.MemPerGPUBytes > 0 {
-			fmt.Fprintf(w, ", %s per GPU", Bytes(uint64(v.Plan.MemPerGPUBytes)))
+	fmt.Fprintf(w, "job %s: %d GPUs, plan %s (%s)\n", Escape(v.Name), v.GPUs, planText(v.Plan), planSourceText(v.Plan.Source))
+	if v.Plan.StepSeconds != nil {
+		fmt.Fprintf(w, "predicted: %.2f s/step, MFU %.1f%%", *v.Plan.StepSeconds, 100*deref0(v.Plan.MFU))
+		if v.Plan.MemPerGPUBytes != nil {
+			fmt.Fprintf(w, ", %s per GPU", Bytes(uint64(*v.Plan.MemPerGPUBytes)))
 		}
 		fmt.Fprintln(w)
 	}
@@ -326,8 +371,8 @@ func DryRun(w io.Writer, f Format, r *api.SubmitJobResponse) error {
 		fmt.Fprintln(w, "would run on:")
 		placementText(w, "  ", v.Placement)
 	}
-	if v.PendingReason != "" {
-		fmt.Fprintf(w, "would wait: %s\n", v.PendingReason)
+	if v.PendingReason != nil {
+		fmt.Fprintf(w, "would wait: %s\n", Escape(*v.PendingReason))
 	}
 	return nil
 }
@@ -366,14 +411,14 @@ func packingJSON(p *api.Packing) PackingJSON {
 }
 
 // Rebalance writes a rebalance plan, and whether its moves were started.
-func Rebalance(w io.Writer, f Format, r *api.RebalanceResponse) error {
+func Rebalance(w io.Writer, o Options, r *api.RebalanceResponse) error {
 	moves := []MoveJSON{}
 	for _, m := range r.GetMoves() {
 		moves = append(moves, MoveJSON{Job: m.GetJob(), From: jobNodesJSON(m.GetFrom()), To: jobNodesJSON(m.GetTo()),
 			Before: packingJSON(m.GetBefore()), After: packingJSON(m.GetAfter())})
 	}
 	before, after := packingJSON(r.GetBefore()), packingJSON(r.GetAfter())
-	if f == JSON {
+	if o.Format == JSON {
 		return writeJSON(w, struct {
 			Moves   []MoveJSON  `json:"moves"`
 			Before  PackingJSON `json:"before"`
@@ -385,11 +430,11 @@ func Rebalance(w io.Writer, f Format, r *api.RebalanceResponse) error {
 		fmt.Fprintf(w, "nothing to move: no checkpointing job can be packed tighter (cost %g: %s)\n", before.Cost, packingText(before))
 		return nil
 	}
-	var rows [][]string
+	t := tableData{cols: []column{{name: "JOB"}, {name: "FROM"}, {name: "TO"}, {name: "COST"}}}
 	for _, m := range moves {
-		rows = append(rows, []string{m.Job, nodeList(m.From), nodeList(m.To), fmt.Sprintf("%g → %g", m.Before.Cost, m.After.Cost)})
+		t.add(txt(m.Job), txt(nodeList(m.From)), txt(nodeList(m.To)), num(fmt.Sprintf("%g → %g", m.Before.Cost, m.After.Cost), m.After.Cost-m.Before.Cost))
 	}
-	if err := table(w, []string{"JOB", "FROM", "TO", "COST"}, rows); err != nil {
+	if err := o.writeTable(w, t); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "packing cost %g → %g (before: %s; after: %s)\n", before.Cost, after.Cost, packingText(before), packingText(after))
@@ -405,18 +450,18 @@ func packingText(p PackingJSON) string {
 	return fmt.Sprintf("%d fragmented nodes, %d extra switches, %d extra racks", p.FragmentedNodes, p.ExtraSwitches, p.ExtraRacks)
 }
 
-// percent formats a fraction as a percentage, "-" when unknown (0).
-func percent(f float64) string {
-	if f <= 0 {
+// percent formats a fraction as a percentage, "-" when unknown.
+func percent(f *float64) string {
+	if f == nil || *f <= 0 {
 		return "-"
 	}
-	return strconv.FormatFloat(100*f, 'f', 1, 64) + "%"
+	return strconv.FormatFloat(100**f, 'f', 1, 64) + "%"
 }
 
-// seconds formats a duration in seconds, rounded, "-" when unknown (0).
-func seconds(s float64) string {
-	if s <= 0 {
+// seconds formats a duration in seconds, rounded, "-" when unknown.
+func seconds(s *float64) string {
+	if s == nil || *s <= 0 {
 		return "-"
 	}
-	return (time.Duration(s) * time.Second).String()
+	return (time.Duration(*s) * time.Second).String()
 }

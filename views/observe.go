@@ -27,33 +27,76 @@ func ParseObserveFormat(s string) (ObserveFormat, error) {
 	return "", fmt.Errorf("unknown output format %q: use compact or json", s)
 }
 
-// ObservedJSON is one line of `gpuctl observe -o json`: a traced NCCL call
-// (type "collective"), a network flow sample (type "flow"), or a report of
-// records lost since the previous one (type "lost").
-type ObservedJSON struct {
+// CollectiveLineJSON is a line of type "collective" of `gpuctl observe
+// -o json`: one traced NCCL call.
+type CollectiveLineJSON struct {
+	Type            string    `json:"type"`
+	Time            time.Time `json:"time"`
+	Node            string    `json:"node"`
+	PID             uint32    `json:"pid"`
+	Job             *string   `json:"job"`
+	Rank            int32     `json:"rank"`
+	Op              string    `json:"op"`
+	Comm            string    `json:"comm"`
+	Seq             uint64    `json:"seq"`
+	Count           uint64    `json:"count"`
+	Datatype        string    `json:"datatype"`
+	Bytes           uint64    `json:"bytes"`
+	DurationSeconds float64   `json:"duration_seconds"`
+	// Peer is the peer rank of send/recv and the root of broadcast and
+	// reduce; null for the others.
+	Peer   *int32 `json:"peer"`
+	Result string `json:"result"`
+}
+
+// FlowLineJSON is a line of type "flow": one socket flow's traffic over
+// one sampling interval.
+type FlowLineJSON struct {
+	Type        string    `json:"type"`
+	Time        time.Time `json:"time"`
+	Node        string    `json:"node"`
+	PID         uint32    `json:"pid"`
+	Job         *string   `json:"job"`
+	Rank        int32     `json:"rank"`
+	LocalAddr   string    `json:"local_addr"`
+	RemoteAddr  string    `json:"remote_addr"`
+	Protocol    string    `json:"protocol"`
+	TxBytes     uint64    `json:"tx_bytes"`
+	RxBytes     uint64    `json:"rx_bytes"`
+	Retransmits uint64    `json:"retransmits"`
+}
+
+// LostLineJSON is a line of type "lost": records missed since the
+// observer started, because it fell behind and at the nodes.
+type LostLineJSON struct {
 	Type         string    `json:"type"`
 	Time         time.Time `json:"time"`
-	Node         string    `json:"node,omitempty"`
-	PID          uint32    `json:"pid,omitempty"`
-	Job          string    `json:"job,omitempty"`
-	Rank         *int32    `json:"rank,omitempty"`
-	Op           string    `json:"op,omitempty"`
-	Comm         string    `json:"comm,omitempty"`
-	Seq          uint64    `json:"seq,omitempty"`
-	Count        uint64    `json:"count,omitempty"`
-	Datatype     *int32    `json:"datatype,omitempty"`
-	Bytes        uint64    `json:"bytes,omitempty"`
-	DurationNs   int64     `json:"duration_ns,omitempty"`
-	Peer         *int32    `json:"peer,omitempty"`
-	Result       int32     `json:"result,omitempty"`
-	Local        string    `json:"local,omitempty"`
-	Remote       string    `json:"remote,omitempty"`
-	Protocol     string    `json:"protocol,omitempty"`
-	TxBytes      uint64    `json:"tx_bytes,omitempty"`
-	RxBytes      uint64    `json:"rx_bytes,omitempty"`
-	Retransmits  uint64    `json:"retransmits,omitempty"`
-	LostByServer uint64    `json:"lost_by_server,omitempty"`
-	LostAtNodes  uint64    `json:"lost_at_nodes,omitempty"`
+	LostByServer uint64    `json:"lost_by_server"`
+	LostAtNodes  uint64    `json:"lost_at_nodes"`
+}
+
+// ncclDatatypes are ncclDataType_t's names (nccl.h), lower case.
+var ncclDatatypes = []string{"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16",
+	"float8e4m3", "float8e5m2"}
+
+// NCCLDatatype names an ncclDataType_t value.
+func NCCLDatatype(v int32) string {
+	if v >= 0 && int(v) < len(ncclDatatypes) {
+		return ncclDatatypes[v]
+	}
+	return "unknown"
+}
+
+// ncclResults are ncclResult_t's names (nccl.h) in snake case.
+var ncclResults = []string{"success", "unhandled_cuda_error", "system_error", "internal_error", "invalid_argument", "invalid_usage",
+	"remote_error", "in_progress"}
+
+// NCCLResult names an ncclResult_t value.
+func NCCLResult(v int32) string {
+	if v >= 0 && int(v) < len(ncclResults) {
+		return ncclResults[v]
+	}
+	return "unknown"
 }
 
 // ObserveWriter prints observed items and, whenever the loss counters
@@ -100,7 +143,7 @@ func (o *ObserveWriter) Lost() (byServer, atNodes uint64) {
 func (o *ObserveWriter) lost() error {
 	byServer, atNodes := o.Lost()
 	if o.f == JSONLines {
-		return json.NewEncoder(o.w).Encode(ObservedJSON{Type: "lost", Time: time.Now().UTC(), LostByServer: byServer, LostAtNodes: atNodes})
+		return json.NewEncoder(o.w).Encode(LostLineJSON{Type: "lost", Time: time.Now().UTC(), LostByServer: byServer, LostAtNodes: atNodes})
 	}
 	_, err := fmt.Fprintf(o.w, "# lost so far: %d records dropped because this observer fell behind, %d lost at nodes (eBPF ring buffer full)\n", byServer, atNodes)
 	return err
@@ -114,38 +157,43 @@ func (o *ObserveWriter) item(it *api.ObserveItem) error {
 	if o.f == JSONLines {
 		return json.NewEncoder(o.w).Encode(v)
 	}
-	ts := v.Time.Local().Format("15:04:05.000000")
 	var err error
-	switch v.Type {
-	case "collective":
+	switch v := v.(type) {
+	case CollectiveLineJSON:
 		peer := ""
-		if v.Peer != nil && *v.Peer >= 0 {
+		if v.Peer != nil {
 			peer = fmt.Sprintf(" peer=%d", *v.Peer)
 		}
 		_, err = fmt.Fprintf(o.w, "%s %s %s rank=%d pid=%d %-13s comm=%s seq=%d bytes=%s%s %s\n",
-			ts, v.Node, dash(v.Job), *v.Rank, v.PID, v.Op, v.Comm, v.Seq, Bytes(v.Bytes), peer, fmtDuration(time.Duration(v.DurationNs)))
-	case "flow":
+			v.Time.Local().Format("15:04:05.000000"), Escape(v.Node), Escape(dash(deref(v.Job))), v.Rank, v.PID, v.Op, v.Comm, v.Seq,
+			Bytes(v.Bytes), peer, fmtDuration(time.Duration(v.DurationSeconds*1e9)))
+	case FlowLineJSON:
 		_, err = fmt.Fprintf(o.w, "%s %s %s pid=%d %s %s -> %s tx=%s rx=%s retrans=%d\n",
-			ts, v.Node, dash(v.Job), v.PID, v.Protocol, v.Local, v.Remote, Bytes(v.TxBytes), Bytes(v.RxBytes), v.Retransmits)
+			v.Time.Local().Format("15:04:05.000000"), Escape(v.Node), Escape(dash(deref(v.Job))), v.PID, Escape(v.Protocol),
+			Escape(v.LocalAddr), Escape(v.RemoteAddr), Bytes(v.TxBytes), Bytes(v.RxBytes), v.Retransmits)
 	}
 	return err
 }
 
-// ObservedFromAPI converts an observed item to its JSON view.
-func ObservedFromAPI(it *api.ObserveItem) ObservedJSON {
+// ObservedFromAPI converts an observed item to its JSON line: a
+// CollectiveLineJSON or a FlowLineJSON.
+func ObservedFromAPI(it *api.ObserveItem) any {
 	if c := it.GetCollective(); c != nil {
-		rank, dt, peer := c.GetRank(), c.GetDatatype(), c.GetPeer()
-		return ObservedJSON{
-			Type: "collective", Time: timeOf(c.GetStartUnixNano()), Node: it.GetNode(), PID: c.GetPid(), Job: c.GetJob(),
-			Rank: &rank, Op: c.GetOp().Short(), Comm: fmt.Sprintf("%#x", c.GetComm()), Seq: c.GetSeq(), Count: c.GetCount(),
-			Datatype: &dt, Bytes: c.GetBytes(), DurationNs: c.GetDurationNs(), Peer: &peer, Result: c.GetResult(),
+		out := CollectiveLineJSON{
+			Type: "collective", Time: timeOf(c.GetStartUnixNano()), Node: it.GetNode(), PID: c.GetPid(), Job: optString(c.GetJob()),
+			Rank: c.GetRank(), Op: c.GetOp().Short(), Comm: fmt.Sprintf("%#x", c.GetComm()), Seq: c.GetSeq(), Count: c.GetCount(),
+			Datatype: NCCLDatatype(c.GetDatatype()), Bytes: c.GetBytes(), DurationSeconds: time.Duration(c.GetDurationNs()).Seconds(),
+			Result: NCCLResult(c.GetResult()),
 		}
+		if c.GetPeer() >= 0 {
+			out.Peer = ptr(c.GetPeer())
+		}
+		return out
 	}
 	f := it.GetFlow()
-	rank := f.GetRank()
-	return ObservedJSON{
-		Type: "flow", Time: timeOf(f.GetTimeUnixNano()), Node: it.GetNode(), PID: f.GetPid(), Job: f.GetJob(), Rank: &rank,
-		Local: f.GetLocalAddr(), Remote: f.GetRemoteAddr(), Protocol: f.GetProtocol(), TxBytes: f.GetTxBytes(),
+	return FlowLineJSON{
+		Type: "flow", Time: timeOf(f.GetTimeUnixNano()), Node: it.GetNode(), PID: f.GetPid(), Job: optString(f.GetJob()), Rank: f.GetRank(),
+		LocalAddr: f.GetLocalAddr(), RemoteAddr: f.GetRemoteAddr(), Protocol: f.GetProtocol(), TxBytes: f.GetTxBytes(),
 		RxBytes: f.GetRxBytes(), Retransmits: f.GetRetransmits(),
 	}
 }

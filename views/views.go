@@ -1,14 +1,21 @@
 // Package views renders the control plane's answers for scripts and
-// people: stable JSON documents and aligned tables. Field names of the
-// JSON types are a public contract documented in the README.
+// people: JSON documents under one contract, and tables that fit the
+// terminal. The JSON field names are a public contract documented in the
+// README ("JSON output"); a test checks that every field emitted is
+// documented there.
+//
+// The contract: every document is an object holding a named list
+// ({"nodes": [...]}); names are snake_case and carry their unit
+// (_seconds, _bytes, _joules, _percent, _celsius, _watts, _mhz); times are
+// RFC 3339 in UTC and named _time; enums are lower-case strings. Every
+// field is always present: a value that is unknown or does not apply is
+// null, a list with nothing in it is [], a map {}.
 package views
 
 import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strings"
-	"text/tabwriter"
 	"time"
 )
 
@@ -31,20 +38,49 @@ func ParseFormat(s string) (Format, error) {
 	return "", fmt.Errorf("unknown output format %q: use table, wide or json", s)
 }
 
+// Options say how a view is written.
+type Options struct {
+	Format Format
+	// Width is the terminal's width in columns: a table wider than it has
+	// its free-text column (reason, message) cut with an ellipsis. 0 means
+	// 80. Wide tables are never cut.
+	Width int
+	// NoHeaders leaves out the header line of tables.
+	NoHeaders bool
+	// SortBy names the column rows are sorted by (as in the header, case
+	// and spaces aside); empty keeps the server's order.
+	SortBy string
+	// Now is the time ages are computed from.
+	Now time.Time
+	// Stderr gets the sentence that says a listing is empty ("no jobs"),
+	// so that in table mode stdout holds only rows. Nil drops it.
+	Stderr io.Writer
+}
+
+// DefaultWidth is the terminal width assumed when it is unknown.
+const DefaultWidth = 80
+
+func (o Options) width() int {
+	switch {
+	case o.Format == Wide:
+		return 0
+	case o.Width > 0:
+		return o.Width
+	}
+	return DefaultWidth
+}
+
+func (o Options) now() time.Time {
+	if o.Now.IsZero() {
+		return time.Now()
+	}
+	return o.Now
+}
+
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
-}
-
-// table writes rows aligned in columns.
-func table(w io.Writer, header []string, rows [][]string) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, strings.Join(header, "\t"))
-	for _, r := range rows {
-		fmt.Fprintln(tw, strings.Join(r, "\t"))
-	}
-	return tw.Flush()
 }
 
 func timeOf(unixNano int64) time.Time {
@@ -54,12 +90,63 @@ func timeOf(unixNano int64) time.Time {
 	return time.Unix(0, unixNano).UTC()
 }
 
+// The opt helpers turn a zero value ("unknown" in the wire schema) into
+// JSON null.
+
+func optTime(unixNano int64) *time.Time {
+	if unixNano == 0 {
+		return nil
+	}
+	t := timeOf(unixNano)
+	return &t
+}
+
+func optString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func optFloat(f float64) *float64 {
+	if f == 0 {
+		return nil
+	}
+	return &f
+}
+
+func optInt64(i int64) *int64 {
+	if i == 0 {
+		return nil
+	}
+	return &i
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func orEmpty[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+func mapOrEmpty(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
 // age renders how long ago t was, as a person reads it in a table.
 func age(now, t time.Time) string {
 	if t.IsZero() {
 		return "never"
 	}
-	d := now.Sub(t)
+	return shortDuration(now.Sub(t))
+}
+
+func shortDuration(d time.Duration) string {
 	switch {
 	case d < 0:
 		return "0s"

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -20,6 +21,7 @@ func init() { subcommands = append(subcommands, newDemoCmd) }
 
 func newDemoCmd() *cobra.Command {
 	opts := demo.DefaultOptions()
+	opts.MetricsBasePort = 9400
 	var (
 		headless bool
 		dataDir  string
@@ -75,6 +77,8 @@ gpuctl commands at it with --config PATH or GPUCTL_CONFIG=PATH.`,
 			}
 			defer c.Stop()
 			fmt.Fprintf(cmd.OutOrStdout(), "gpuctl demo ready config=%s\n", c.Config)
+			// On stderr, so the ready line stays the one line scripts read.
+			writeMetricsHelp(cmd.ErrOrStderr(), c, filepath.Join(binDir, "..", "deploy"))
 			if headless {
 				<-ctx.Done()
 				return nil
@@ -91,7 +95,34 @@ gpuctl commands at it with --config PATH or GPUCTL_CONFIG=PATH.`,
 	f.StringVar(&opts.Nodemon, "nodemon", "", "nodemon binary (default: next to gpuctl)")
 	f.StringVar(&opts.Ringtrain, "ringtrain", "", "ringtrain binary (default: ../workload/build/ringtrain from gpuctl)")
 	f.IntVar(&opts.ComputeMS, "compute-ms", opts.ComputeMS, "ringtrain compute time per step")
+	f.IntVar(&opts.MetricsBasePort, "metrics-base-port", opts.MetricsBasePort,
+		"Prometheus endpoints on 127.0.0.1: the server on this port, node i on port+1+i (0: none)")
 	return cmd
+}
+
+// writeMetricsHelp says where Prometheus scrapes the demo and how to point
+// Grafana at the shipped dashboard in deploy.
+func writeMetricsHelp(w io.Writer, c *demo.Cluster, deploy string) {
+	if c.MetricsAddr == "" {
+		return
+	}
+	if abs, err := filepath.Abs(deploy); err == nil {
+		deploy = abs
+	}
+	nodes := make([]string, 0, len(c.NodeNames))
+	for _, n := range c.NodeNames {
+		nodes = append(nodes, c.NodeMetricsAddrs[n])
+	}
+	fmt.Fprintf(w, "Prometheus metrics (path /metrics):\n  gpuctl serve  %s\n  nodemon       %s\n", c.MetricsAddr, strings.Join(nodes, " "))
+	if _, err := os.Stat(filepath.Join(deploy, "prometheus.yml")); err != nil {
+		fmt.Fprintln(w, "Scrape them with the prometheus.yml and targets/ of gpuctl's deploy/ folder.")
+		return
+	}
+	fmt.Fprintf(w, "Scrape them: prometheus --config.file=%s (its targets/*.json list these addresses for --nodes 4;\n"+
+		"  edit them for other sizes or ports)\n", filepath.Join(deploy, "prometheus.yml"))
+	fmt.Fprintf(w, "Grafana: import %s, or start Grafana with\n"+
+		"  GPUCTL_DEPLOY=%s GF_PATHS_PROVISIONING=%s grafana-server\n",
+		filepath.Join(deploy, "grafana", "gpuctl.json"), deploy, filepath.Join(deploy, "grafana", "provisioning"))
 }
 
 // printViews refreshes the node and collective views until done.
@@ -100,13 +131,18 @@ func printViews(done <-chan struct{}, w io.Writer, c *demo.Cluster) error {
 	defer t.Stop()
 	for {
 		fmt.Fprint(w, "\033[H\033[2J")
-		fmt.Fprintf(w, "gpuctl demo — %s — Ctrl-C stops it; other shells: GPUCTL_CONFIG=%s gpuctl nodes\n\n", time.Now().Format(time.TimeOnly), c.Config)
-		now := time.Now()
-		if err := views.Nodes(w, views.Table, c.Server.Nodes(), now); err != nil {
+		fmt.Fprintf(w, "gpuctl demo — %s — Ctrl-C stops it; other shells: GPUCTL_CONFIG=%s gpuctl nodes\n", time.Now().Format(time.TimeOnly), c.Config)
+		if c.MetricsAddr != "" {
+			fmt.Fprintf(w, "Prometheus: gpuctl serve at http://%s/metrics, nodemons at %s…%s (deploy/prometheus.yml scrapes them)\n",
+				c.MetricsAddr, c.NodeMetricsAddrs[c.NodeNames[0]], c.NodeMetricsAddrs[c.NodeNames[len(c.NodeNames)-1]])
+		}
+		fmt.Fprintln(w)
+		o := views.Options{Format: views.Table, Width: terminalWidth(w), Now: time.Now()}
+		if err := views.Nodes(w, o, c.Server.Nodes()); err != nil {
 			return err
 		}
 		fmt.Fprintln(w)
-		if err := views.Collectives(w, views.Table, c.Server.Collectives(c.JobID), now); err != nil {
+		if err := views.Collectives(w, o, c.Server.Collectives(c.JobID)); err != nil {
 			return err
 		}
 		select {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 )
 
 func init() {
-	subcommands = append(subcommands, newSubmitCmd, newJobsCmd, newCancelCmd, newAssignCmd, newRebalanceCmd)
+	subcommands = append(subcommands, newSubmitCmd, newJobsCmd, newCancelCmd, newReleaseCmd, newAssignCmd, newRebalanceCmd)
 }
 
 // submitFlags are gpuctl submit's options.
@@ -142,46 +143,145 @@ func runSubmit(cmd *cobra.Command, f *submitFlags, args []string) error {
 		return err
 	}
 	w := cmd.OutOrStdout()
+	o := views.Options{Format: format, Now: time.Now(), Width: terminalWidth(w), Stderr: cmd.ErrOrStderr()}
 	switch {
 	case f.dryRun:
-		return views.DryRun(w, format, resp)
+		return views.DryRun(w, o, resp)
 	case format == views.JSON:
-		return views.Jobs(w, format, []*api.Job{resp.GetJob()}, time.Now())
+		return views.Jobs(w, o, []*api.Job{resp.GetJob()})
 	}
 	// The id alone on stdout, so scripts can capture it.
 	_, err = fmt.Fprintln(w, resp.GetJob().GetId())
 	return err
 }
 
-func newJobsCmd() *cobra.Command {
-	var v viewFlags
-	cmd := &cobra.Command{
-		Use:   "jobs [JOB]",
-		Short: "List jobs with their state, plan, placement and why pending ones wait",
-		Args:  cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			key := ""
-			if len(args) == 1 {
-				key = args[0]
+// jobFilter is what `gpuctl jobs` shows: the named jobs, or every job
+// but those finished more than a day ago (as squeue), narrowed by state
+// and tenant.
+type jobFilter struct {
+	names  []string
+	states []string
+	tenant string
+	all    bool
+}
+
+// finishedShownFor is how long a finished job stays in `gpuctl jobs`
+// without --all.
+const finishedShownFor = 24 * time.Hour
+
+func (f jobFilter) apply(jobs []*api.Job, now time.Time) ([]*api.Job, error) {
+	for _, s := range f.states {
+		if !slices.Contains(views.JobStateNames(), s) {
+			return nil, fmt.Errorf("--state %q: use %s", s, strings.Join(views.JobStateNames(), ", "))
+		}
+	}
+	if len(f.names) > 0 {
+		var known []string
+		matched := map[string]bool{}
+		var out []*api.Job
+		for _, j := range jobs {
+			known = append(known, j.GetId()+" ("+j.GetName()+")")
+			for _, n := range f.names {
+				if j.GetId() == n || j.GetName() == n {
+					matched[n] = true
+					out = append(out, j)
+					break
+				}
 			}
-			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, f views.Format) error {
-				jobs, err := c.Jobs(ctx, key)
+		}
+		var missing []string
+		for _, n := range f.names {
+			if !matched[n] {
+				missing = append(missing, n)
+			}
+		}
+		if len(missing) > 0 {
+			return nil, unknownJobs(missing, known)
+		}
+		jobs = out
+	}
+	var out []*api.Job
+	for _, j := range jobs {
+		state := views.JobStateName(j.GetState())
+		switch {
+		case len(f.states) > 0 && !slices.Contains(f.states, state):
+		case f.tenant != "" && j.GetTenant() != f.tenant:
+		case len(f.names) == 0 && !f.all && len(f.states) == 0 && views.JobFinished(j.GetState()) &&
+			j.GetEndUnixNano() != 0 && now.Sub(time.Unix(0, j.GetEndUnixNano())) > finishedShownFor:
+		default:
+			out = append(out, j)
+		}
+	}
+	return out, nil
+}
+
+// unknownJobs says which names matched no job and which jobs there are.
+func unknownJobs(missing, known []string) error {
+	list := "there are none"
+	switch {
+	case len(known) > 10:
+		list = "known: " + strings.Join(known[len(known)-10:], ", ") + fmt.Sprintf(" and %d older", len(known)-10)
+	case len(known) > 0:
+		list = "known: " + strings.Join(known, ", ")
+	}
+	return fmt.Errorf("no job with id or name %s; %s (`gpuctl jobs --all` lists them)", strings.Join(quoteAll(missing), ", "), list)
+}
+
+func newJobsCmd() *cobra.Command {
+	var (
+		v viewFlags
+		f jobFilter
+	)
+	cmd := &cobra.Command{
+		Use:   "jobs [JOB...]",
+		Short: "List jobs with their state, placement and why pending ones wait",
+		Long: `List jobs, oldest first. Jobs that finished more than a day ago are left out
+unless named, asked for by --state, or --all is given (as squeue). NODES is a
+Slurm-style host list (node-[00-03]); GPUS reads 4/8 while an elastic job runs
+smaller than it was submitted.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f.names = args
+			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, o views.Options) error {
+				jobs, err := c.Jobs(ctx, "")
 				if err != nil {
 					return err
 				}
-				if key != "" && len(jobs) == 0 {
-					return fmt.Errorf("unknown job %q: `gpuctl jobs` lists them", key)
+				if jobs, err = f.apply(jobs, o.Now); err != nil {
+					return err
 				}
-				return views.Jobs(w, f, jobs, time.Now())
+				return views.Jobs(w, o, jobs)
 			})
 		},
 	}
 	v.add(cmd)
+	cmd.Flags().StringSliceVar(&f.states, "state", nil, "only jobs in these states: "+strings.Join(views.JobStateNames(), ", "))
+	cmd.Flags().StringVar(&f.tenant, "tenant", "", "only this tenant's jobs")
+	cmd.Flags().BoolVarP(&f.all, "all", "a", false, "include jobs that finished more than a day ago")
 	return cmd
 }
 
+// jobOutput is the -o flag of the commands that act on one job: table
+// prints a sentence, json the job as `gpuctl jobs -o json` does.
+func jobOutput(cmd *cobra.Command, p *string) {
+	cmd.Flags().StringVarP(p, "output", "o", "table", "output format: table (a sentence) or json (the job, as gpuctl jobs -o json)")
+}
+
+// writeJobAction prints what an action did to a job: msg, or the job as
+// JSON.
+func writeJobAction(cmd *cobra.Command, output string, j *api.Job, msg string) error {
+	f, err := views.ParseFormat(output)
+	if err != nil || f == views.Wide {
+		return fmt.Errorf("unknown output %q: use table or json", output)
+	}
+	if f == views.JSON {
+		return views.Jobs(cmd.OutOrStdout(), views.Options{Format: f, Now: time.Now()}, []*api.Job{j})
+	}
+	_, err = fmt.Fprintln(cmd.OutOrStdout(), views.Escape(msg))
+	return err
+}
+
 func newCancelCmd() *cobra.Command {
-	var config string
+	var config, output string
 	cmd := &cobra.Command{
 		Use:   "cancel JOB",
 		Short: "Cancel a job: SIGTERM to its ranks (SIGKILL after a grace period)",
@@ -204,19 +304,47 @@ func newCancelCmd() *cobra.Command {
 				if live > 0 {
 					msg += fmt.Sprintf(" (SIGTERM to %d ranks, SIGKILL after a grace period)", live)
 				}
-				_, err = fmt.Fprintln(cmd.OutOrStdout(), msg)
-				return err
+				return writeJobAction(cmd, output, j, msg)
 			})
 		},
 	}
 	addConfigFlag(cmd, &config)
+	jobOutput(cmd, &output)
+	return cmd
+}
+
+func newReleaseCmd() *cobra.Command {
+	var config, output string
+	cmd := &cobra.Command{
+		Use:   "release JOB",
+		Short: "Let a held job (submit --hold) be scheduled",
+		Long: `release hands a job submitted with --hold to the scheduler, as Slurm's
+scontrol release does; it then runs once its GPUs are free. To place it on
+chosen nodes instead, use gpuctl assign.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, config, func(c *client.Client) error {
+				j, err := c.ReleaseJob(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				msg := fmt.Sprintf("%s released: %s", j.GetId(), views.JobStateName(j.GetState()))
+				if r := j.GetPendingReason(); r != "" && j.GetState() == api.JobState_JOB_STATE_PENDING {
+					msg += " (" + r + ")"
+				}
+				return writeJobAction(cmd, output, j, msg)
+			})
+		},
+	}
+	addConfigFlag(cmd, &config)
+	jobOutput(cmd, &output)
 	return cmd
 }
 
 func newAssignCmd() *cobra.Command {
 	var (
-		config string
-		nodes  []string
+		config, output string
+		nodes          []string
 	)
 	cmd := &cobra.Command{
 		Use:   "assign JOB --nodes a,b",
@@ -231,22 +359,26 @@ func newAssignCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				w := cmd.OutOrStdout()
-				fmt.Fprintf(w, "%s running (attempt %d) on:\n", j.GetId(), j.GetAttempt())
-				v := views.JobFromAPI(j)
-				for _, n := range v.Placement {
+				var msg strings.Builder
+				fmt.Fprintf(&msg, "%s running (attempt %d) on:", j.GetId(), j.GetAttempt())
+				for _, n := range views.JobFromAPI(j).Placement {
 					gpus := make([]string, len(n.GPUs))
 					for i, g := range n.GPUs {
 						gpus[i] = fmt.Sprint(g)
 					}
-					fmt.Fprintf(w, "  %s  gpus %s\n", n.Node, strings.Join(gpus, ","))
+					fmt.Fprintf(&msg, "\n  %s  gpus %s", n.Node, strings.Join(gpus, ","))
 				}
-				return nil
+				if f, _ := views.ParseFormat(output); f == views.JSON {
+					return writeJobAction(cmd, output, j, "")
+				}
+				_, err = fmt.Fprintln(cmd.OutOrStdout(), msg.String())
+				return err
 			})
 		},
 	}
 	addConfigFlag(cmd, &config)
 	cmd.Flags().StringSliceVar(&nodes, "nodes", nil, "nodes to place the job on, comma-separated")
+	jobOutput(cmd, &output)
 	return cmd
 }
 
@@ -275,7 +407,7 @@ its checkpoint lands, and relaunched on its new GPUs with GPUCTL_RESUME_STEP set
 				if err != nil {
 					return err
 				}
-				return views.Rebalance(cmd.OutOrStdout(), format, r)
+				return views.Rebalance(cmd.OutOrStdout(), views.Options{Format: format, Now: time.Now()}, r)
 			})
 		},
 	}

@@ -13,7 +13,8 @@ import (
 // of this package adds its own in init, so commands stay independent.
 var subcommands []func() *cobra.Command
 
-func main() {
+// newRootCmd is gpuctl with every subcommand, its flags fresh.
+func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "gpuctl",
 		Short:         "Console for GPU training clusters: observe, place, recover",
@@ -23,7 +24,11 @@ func main() {
 	for _, mk := range subcommands {
 		root.AddCommand(mk())
 	}
-	if err := root.Execute(); err != nil {
+	return root
+}
+
+func main() {
+	if err := newRootCmd().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "gpuctl:", err)
 		os.Exit(1)
 	}

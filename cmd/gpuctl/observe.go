@@ -20,7 +20,8 @@ func newObserveCmd() *cobra.Command {
 		rank                 int32
 		comm                 uint64
 		minBytes             uint64
-		slower, since        time.Duration
+		slower               time.Duration
+		since                sinceFlag
 		last                 uint32
 		follow, flows, calls bool
 	)
@@ -49,8 +50,8 @@ how many the nodes lost (eBPF ring buffer full).`,
 				}
 			}
 			req := &api.ObserveRequest{Filter: filter, Last: last, Follow: follow}
-			if since > 0 {
-				req.SinceUnixNano = time.Now().Add(-since).UnixNano()
+			if since.set {
+				req.SinceUnixNano = since.at(time.Now()).UnixNano()
 				if !cmd.Flags().Changed("last") {
 					req.Last = 0
 				}
@@ -77,7 +78,7 @@ how many the nodes lost (eBPF ring buffer full).`,
 	fl.StringVarP(&output, "output", "o", "compact", "output format: compact or json (one object per line)")
 	fl.BoolVarP(&follow, "follow", "f", false, "keep streaming new records")
 	fl.Uint32Var(&last, "last", 100, "start with the last N matching records (0 = none with -f, all retained without)")
-	fl.DurationVar(&since, "since", 0, "start with records newer than this, e.g. 30s")
+	fl.Var(&since, "since", "start with records newer than this: a duration (30s, 1d) or an RFC 3339 time")
 	fl.StringVar(&node, "node", "", "only this node")
 	fl.StringVar(&job, "job", "", "only this job")
 	fl.Int32Var(&rank, "rank", 0, "only this rank")

@@ -7,7 +7,6 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -33,12 +32,12 @@ func newStallsCmd() *cobra.Command {
 		Short: "NCCL stalls: communicators whose ranks stopped agreeing, and which rank holds them up",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, f views.Format) error {
+			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, o views.Options) error {
 				stalls, err := c.ListStalls(ctx, job)
 				if err != nil {
 					return err
 				}
-				return views.Stalls(w, f, stalls, time.Now())
+				return views.Stalls(w, o, stalls)
 			})
 		},
 	}
@@ -54,22 +53,30 @@ var nodeActionHelp = map[string]string{
 }
 
 func newNodeActionCmd(action string) *cobra.Command {
-	var config, reason string
+	var config, reason, output string
 	cmd := &cobra.Command{
 		Use:   action + " NODE",
 		Short: nodeActionHelp[action],
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withClient(cmd, config, func(c *client.Client) error {
+				f, err := views.ParseFormat(output)
+				if err != nil || f == views.Wide {
+					return fmt.Errorf("unknown output %q: use table or json", output)
+				}
 				r, err := c.Cordon(cmd.Context(), args[0], action, reason)
 				if err != nil {
 					return err
+				}
+				if f == views.JSON {
+					return views.NodeAction(cmd.OutOrStdout(), r)
 				}
 				return writeNodeAction(cmd.OutOrStdout(), action, r)
 			})
 		},
 	}
 	addConfigFlag(cmd, &config)
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table (sentences) or json (the node as gpuctl nodes -o json, and a drain's jobs)")
 	if action != "uncordon" {
 		cmd.Flags().StringVar(&reason, "reason", "", "why, shown in `gpuctl nodes` and the event log")
 	}
@@ -79,11 +86,11 @@ func newNodeActionCmd(action string) *cobra.Command {
 // writeNodeAction says what a cordon, uncordon or drain did.
 func writeNodeAction(w io.Writer, action string, r *api.CordonResponse) error {
 	n := r.GetNode()
-	line := n.GetRegistration().GetName() + " " + n.GetState().Short()
+	line := n.GetRegistration().GetName() + " " + views.NodeStateText(n)
 	if reason := n.GetCordonReason(); reason != "" {
-		line += " (" + reason + ")"
+		line += " (" + views.Escape(reason) + ")"
 	}
-	if action == "uncordon" && n.GetState() == api.NodeState_NODE_STATE_DOWN {
+	if state, _, _ := views.NodeLiveness(n); action == "uncordon" && state == "down" {
 		line += ": takes new work once it reconnects"
 	}
 	if _, err := fmt.Fprintln(w, line); err != nil {
@@ -97,7 +104,7 @@ func writeNodeAction(w io.Writer, action string, r *api.CordonResponse) error {
 		return err
 	}
 	for _, j := range r.GetJobs() {
-		what := "stays: " + j.GetReason()
+		what := "stays: " + views.Escape(j.GetReason())
 		if j.GetMoving() {
 			what = "moving to " + strings.Join(j.GetTo(), ",") + " (checkpoint, stop, relaunch)"
 		}
@@ -113,7 +120,7 @@ func newLogsCmd() *cobra.Command {
 		config string
 		rank   int32
 		follow bool
-		tail   uint32
+		tail   int
 	)
 	cmd := &cobra.Command{
 		Use:   "logs JOB",
@@ -123,6 +130,9 @@ func newLogsCmd() *cobra.Command {
 			if rank < 0 {
 				return fmt.Errorf("logs: --rank %d is negative; ranks count from 0", rank)
 			}
+			if tail < -1 {
+				return fmt.Errorf("logs: --tail %d: give a number of lines, or -1 for all", tail)
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			c, err := dial(ctx, config)
@@ -131,7 +141,35 @@ func newLogsCmd() *cobra.Command {
 			}
 			defer c.Close()
 			w := cmd.OutOrStdout()
-			return c.Logs(ctx, &api.LogsRequest{Job: args[0], Rank: rank, Follow: follow, TailBytes: tail}, func(ch *api.LogsChunk) error {
+			req := &api.LogsRequest{Job: args[0], Rank: rank, Follow: follow}
+			if tail >= 0 {
+				last, err := tailLines(ctx, c, req, tail)
+				if err != nil {
+					return err
+				}
+				if _, err := w.Write(last); err != nil || !follow {
+					return err
+				}
+				// Follow from where the lines printed end: from as many
+				// bytes before the end as were shown, skipping those. An
+				// empty tail still needs a byte of the log to start at its
+				// end (TailBytes 0 is the whole log).
+				skip := len(last)
+				if skip == 0 {
+					if skip, err = logLen(ctx, c, req, 1); err != nil {
+						return err
+					}
+				}
+				req.TailBytes = uint32(skip)
+				return c.Logs(ctx, req, func(ch *api.LogsChunk) error {
+					d := ch.GetData()
+					n := min(skip, len(d))
+					skip -= n
+					_, err := w.Write(d[n:])
+					return err
+				})
+			}
+			return c.Logs(ctx, req, func(ch *api.LogsChunk) error {
 				_, err := w.Write(ch.GetData())
 				return err
 			})
@@ -140,6 +178,60 @@ func newLogsCmd() *cobra.Command {
 	addConfigFlag(cmd, &config)
 	cmd.Flags().Int32Var(&rank, "rank", 0, "the rank whose log to print")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing what the rank writes until the job ends")
-	cmd.Flags().Uint32Var(&tail, "tail", 0, "start this many bytes before the end (0: from the start)")
+	cmd.Flags().IntVar(&tail, "tail", -1, "print only the last N lines (-1: all)")
 	return cmd
+}
+
+// logLen returns how many of the last want bytes of a rank's log there
+// are.
+func logLen(ctx context.Context, c *client.Client, req *api.LogsRequest, want uint32) (int, error) {
+	n := 0
+	err := c.Logs(ctx, &api.LogsRequest{Job: req.GetJob(), Rank: req.GetRank(), TailBytes: want}, func(ch *api.LogsChunk) error {
+		n += len(ch.GetData())
+		return nil
+	})
+	return n, err
+}
+
+// maxTailBytes bounds how far back --tail looks for its lines.
+const maxTailBytes = 64 << 20
+
+// tailLines returns the last n lines of a rank's log, asking for more of
+// its end until it holds n line breaks before the last line or the whole
+// log.
+func tailLines(ctx context.Context, c *client.Client, req *api.LogsRequest, n int) ([]byte, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	for want := uint32(max(n*160, 4096)); ; want *= 4 {
+		var data []byte
+		q := &api.LogsRequest{Job: req.GetJob(), Rank: req.GetRank(), TailBytes: want}
+		if err := c.Logs(ctx, q, func(ch *api.LogsChunk) error {
+			data = append(data, ch.GetData()...)
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+		if last, ok := lastLines(data, n); ok || len(data) < int(want) || want >= maxTailBytes {
+			return last, nil
+		}
+	}
+}
+
+// lastLines returns the last n lines of data (a final line without a line
+// break counts), and whether data held more than those.
+func lastLines(data []byte, n int) ([]byte, bool) {
+	end := len(data)
+	if end > 0 && data[end-1] == '\n' {
+		end--
+	}
+	for i := end - 1; i >= 0; i-- {
+		if data[i] == '\n' {
+			n--
+			if n == 0 {
+				return data[i+1:], true
+			}
+		}
+	}
+	return data, false
 }

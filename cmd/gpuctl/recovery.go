@@ -16,8 +16,8 @@ func init() {
 
 func newRestartCmd() *cobra.Command {
 	var (
-		config, from string
-		exclude      []string
+		config, from, output string
+		exclude              []string
 	)
 	cmd := &cobra.Command{
 		Use:   "restart JOB [--from-checkpoint latest|STEP] [--exclude NODE]",
@@ -42,19 +42,19 @@ the checkpoint. Follow it with ` + "`gpuctl jobs JOB`" + ` and ` + "`gpuctl even
 				if len(j.GetExclude()) > 0 {
 					msg += "; avoiding " + strings.Join(j.GetExclude(), ",")
 				}
-				_, err = fmt.Fprintln(cmd.OutOrStdout(), msg)
-				return err
+				return writeJobAction(cmd, output, j, msg)
 			})
 		},
 	}
 	addConfigFlag(cmd, &config)
 	cmd.Flags().StringVar(&from, "from-checkpoint", "latest", "checkpoint to resume from: latest or a step number")
 	cmd.Flags().StringSliceVar(&exclude, "exclude", nil, "nodes the restarted job must avoid, comma-separated or repeated")
+	jobOutput(cmd, &output)
 	return cmd
 }
 
 func newCheckpointCmd() *cobra.Command {
-	var config string
+	var config, output string
 	cmd := &cobra.Command{
 		Use:   "checkpoint JOB",
 		Short: "Ask every rank of a running job to checkpoint now (SIGUSR1)",
@@ -65,12 +65,12 @@ func newCheckpointCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s: SIGUSR1 sent to its ranks; last complete checkpoint step %d, into %s\n",
-					j.GetId(), j.GetLastCheckpointStep(), j.GetCheckpointDir())
-				return err
+				return writeJobAction(cmd, output, j, fmt.Sprintf("%s: SIGUSR1 sent to its ranks; last complete checkpoint step %d, into %s",
+					j.GetId(), j.GetLastCheckpointStep(), j.GetCheckpointDir()))
 			})
 		},
 	}
 	addConfigFlag(cmd, &config)
+	jobOutput(cmd, &output)
 	return cmd
 }

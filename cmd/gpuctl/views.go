@@ -4,11 +4,16 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
@@ -21,10 +26,12 @@ func init() {
 
 // viewFlags are the flags every list view shares.
 type viewFlags struct {
-	config string
-	output string
-	watch  bool
-	every  time.Duration
+	config    string
+	output    string
+	watch     bool
+	every     time.Duration
+	noHeaders bool
+	sortBy    string
 }
 
 func (v *viewFlags) add(cmd *cobra.Command) {
@@ -32,6 +39,28 @@ func (v *viewFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVarP(&v.output, "output", "o", "table", "output format: table, wide or json")
 	cmd.Flags().BoolVarP(&v.watch, "watch", "w", false, "refresh until interrupted")
 	cmd.Flags().DurationVar(&v.every, "interval", 2*time.Second, "refresh interval with --watch")
+	cmd.Flags().BoolVar(&v.noHeaders, "no-headers", false, "leave out the table's header line")
+	cmd.Flags().StringVar(&v.sortBy, "sort-by", "", "sort table rows by this column (as in the header, e.g. age or \"last seen\")")
+}
+
+// options are the views' options for cmd's output.
+func (v *viewFlags) options(cmd *cobra.Command, f views.Format) views.Options {
+	return views.Options{Format: f, Width: terminalWidth(cmd.OutOrStdout()), NoHeaders: v.noHeaders, SortBy: v.sortBy,
+		Now: time.Now(), Stderr: cmd.ErrOrStderr()}
+}
+
+// terminalWidth is $COLUMNS, else the width of the terminal w is, else
+// views' default (80).
+func terminalWidth(w io.Writer) int {
+	if n, err := strconv.Atoi(os.Getenv("COLUMNS")); err == nil && n > 0 {
+		return n
+	}
+	if f, ok := w.(*os.File); ok {
+		if ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ); err == nil && ws.Col > 0 {
+			return int(ws.Col)
+		}
+	}
+	return views.DefaultWidth
 }
 
 func addConfigFlag(cmd *cobra.Command, p *string) {
@@ -60,7 +89,7 @@ func withClient(cmd *cobra.Command, config string, f func(c *client.Client) erro
 
 // runView fetches and renders once, or repeatedly with --watch (clearing
 // the screen between tables; one JSON document per refresh).
-func (v *viewFlags) run(cmd *cobra.Command, render func(ctx context.Context, c *client.Client, w io.Writer, f views.Format) error) error {
+func (v *viewFlags) run(cmd *cobra.Command, render func(ctx context.Context, c *client.Client, w io.Writer, o views.Options) error) error {
 	f, err := views.ParseFormat(v.output)
 	if err != nil {
 		return err
@@ -74,7 +103,7 @@ func (v *viewFlags) run(cmd *cobra.Command, render func(ctx context.Context, c *
 	defer c.Close()
 	w := cmd.OutOrStdout()
 	if !v.watch {
-		return render(ctx, c, w, f)
+		return render(ctx, c, w, v.options(cmd, f))
 	}
 	t := time.NewTicker(v.every)
 	defer t.Stop()
@@ -83,7 +112,7 @@ func (v *viewFlags) run(cmd *cobra.Command, render func(ctx context.Context, c *
 			fmt.Fprint(w, "\033[H\033[2J")
 			fmt.Fprintf(w, "every %s  %s\n\n", v.every, time.Now().Format(time.TimeOnly))
 		}
-		if err := render(ctx, c, w, f); err != nil {
+		if err := render(ctx, c, w, v.options(cmd, f)); err != nil {
 			return err
 		}
 		select {
@@ -94,19 +123,74 @@ func (v *viewFlags) run(cmd *cobra.Command, render func(ctx context.Context, c *
 	}
 }
 
+// unknownNames is the error for names that match nothing: it says which
+// exist, so a typo is never an empty table.
+func unknownNames(kind string, missing, known []string, hint string) error {
+	list := views.HostList(known)
+	if len(known) == 0 {
+		list = "none"
+	}
+	s := "s"
+	if len(missing) == 1 {
+		s = ""
+	}
+	return fmt.Errorf("no %s%s named %s: known %ss are %s (%s)", kind, s, strings.Join(quoteAll(missing), ", "), kind, list, hint)
+}
+
+func quoteAll(ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = strconv.Quote(s)
+	}
+	return out
+}
+
+// selectNodes keeps the named nodes, in the order named; none named keeps
+// all.
+func selectNodes(nodes []*api.NodeStatus, names []string) ([]*api.NodeStatus, error) {
+	if len(names) == 0 {
+		return nodes, nil
+	}
+	byName := map[string]*api.NodeStatus{}
+	var known []string
+	for _, n := range nodes {
+		byName[n.GetRegistration().GetName()] = n
+		known = append(known, n.GetRegistration().GetName())
+	}
+	sort.Strings(known)
+	var out []*api.NodeStatus
+	var missing []string
+	for _, name := range names {
+		if n, ok := byName[name]; ok {
+			out = append(out, n)
+		} else {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, unknownNames("node", missing, known, "`gpuctl nodes` lists them")
+	}
+	return out, nil
+}
+
 func newNodesCmd() *cobra.Command {
 	var v viewFlags
 	cmd := &cobra.Command{
-		Use:   "nodes",
+		Use:   "nodes [NAME...]",
 		Short: "List nodes with their state and GPU summary",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, f views.Format) error {
+		Long: `List nodes. STATE is the node's liveness, ready or down, with ",cordoned" or
+",draining" when it takes no new work (as kubectl's Ready,SchedulingDisabled).
+Figures in parentheses are the last ones a down node sent, not live readings.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, o views.Options) error {
 				nodes, err := c.Nodes(ctx)
 				if err != nil {
 					return err
 				}
-				return views.Nodes(w, f, nodes, time.Now())
+				if nodes, err = selectNodes(nodes, args); err != nil {
+					return err
+				}
+				return views.Nodes(w, o, nodes)
 			})
 		},
 	}
@@ -116,71 +200,93 @@ func newNodesCmd() *cobra.Command {
 
 func newGPUsCmd() *cobra.Command {
 	var v viewFlags
-	var node string
+	var node []string
 	cmd := &cobra.Command{
-		Use:   "gpus",
+		Use:   "gpus [NODE...]",
 		Short: "List every GPU with its latest counters",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, f views.Format) error {
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, o views.Options) error {
 				nodes, err := c.Nodes(ctx)
 				if err != nil {
 					return err
 				}
-				if node != "" {
-					nodes, err = onlyNode(nodes, node)
-					if err != nil {
-						return err
-					}
+				if nodes, err = selectNodes(nodes, append(append([]string{}, args...), node...)); err != nil {
+					return err
 				}
-				return views.GPUs(w, f, nodes)
+				return views.GPUs(w, o, nodes)
 			})
 		},
 	}
 	v.add(cmd)
-	cmd.Flags().StringVar(&node, "node", "", "only this node's GPUs")
+	cmd.Flags().StringSliceVar(&node, "node", nil, "only these nodes' GPUs (as the arguments)")
 	return cmd
-}
-
-func onlyNode(nodes []*api.NodeStatus, name string) ([]*api.NodeStatus, error) {
-	for _, n := range nodes {
-		if n.GetRegistration().GetName() == name {
-			return []*api.NodeStatus{n}, nil
-		}
-	}
-	return nil, fmt.Errorf("unknown node %q: `gpuctl nodes` lists the known ones", name)
 }
 
 func newEventsCmd() *cobra.Command {
 	var (
-		v     viewFlags
-		node  string
-		since time.Duration
-		limit uint32
+		v         viewFlags
+		node, job string
+		since     sinceFlag
+		limit     uint32
 	)
 	cmd := &cobra.Command{
 		Use:   "events",
-		Short: "List cluster events: XIDs, ECC, throttling, node up/down, rank exits",
+		Short: "List cluster events: XIDs, ECC, throttling, node up/down, rank exits, recovery, audit",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, f views.Format) error {
+			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, o views.Options) error {
 				req := &api.ListEventsRequest{Node: node, Limit: limit}
-				if since > 0 {
-					req.SinceUnixNano = time.Now().Add(-since).UnixNano()
+				if since.set {
+					req.SinceUnixNano = since.at(time.Now()).UnixNano()
+				}
+				if job != "" {
+					// The server filters by node only: take all, keep the job's.
+					req.Limit = 0
 				}
 				evs, err := c.Events(ctx, req)
 				if err != nil {
 					return err
 				}
-				return views.Events(w, f, evs)
+				if job != "" {
+					if evs, err = jobEvents(ctx, c, job, evs); err != nil {
+						return err
+					}
+					if limit > 0 && len(evs) > int(limit) {
+						evs = evs[len(evs)-int(limit):]
+					}
+				}
+				return views.Events(w, o, evs)
 			})
 		},
 	}
 	v.add(cmd)
 	cmd.Flags().StringVar(&node, "node", "", "only this node's events")
-	cmd.Flags().DurationVar(&since, "since", 0, "only events newer than this, e.g. 10m")
+	cmd.Flags().StringVar(&job, "job", "", "only this job's events (id or name)")
+	cmd.Flags().Var(&since, "since", "only events newer than this: a duration (10m, 1d, 2d12h) or an RFC 3339 time")
 	cmd.Flags().Uint32Var(&limit, "limit", 200, "at most this many, newest kept (0 = all)")
 	return cmd
+}
+
+// jobEvents keeps the events of the job named key (id or name).
+func jobEvents(ctx context.Context, c *client.Client, key string, evs []*api.Event) ([]*api.Event, error) {
+	jobs, err := c.Jobs(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if len(jobs) == 0 {
+		return nil, fmt.Errorf("no job named %q: `gpuctl jobs --all` lists them", key)
+	}
+	ids := map[string]bool{}
+	for _, j := range jobs {
+		ids[j.GetId()] = true
+	}
+	var out []*api.Event
+	for _, e := range evs {
+		if ids[e.GetJob()] || strings.HasPrefix(e.GetJob(), jobs[0].GetId()+"-validate") {
+			out = append(out, e)
+		}
+	}
+	return out, nil
 }
 
 func newCollectivesCmd() *cobra.Command {
@@ -193,12 +299,12 @@ func newCollectivesCmd() *cobra.Command {
 		Short: "NCCL calls per rank, communicator and op, as traced by eBPF",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, f views.Format) error {
+			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, o views.Options) error {
 				cs, err := c.Collectives(ctx, job, node)
 				if err != nil {
 					return err
 				}
-				return views.Collectives(w, f, cs, time.Now())
+				return views.Collectives(w, o, cs)
 			})
 		},
 	}

@@ -4,9 +4,12 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -14,8 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/gpuctl/gpuctl/agent"
@@ -32,6 +33,7 @@ func main() {
 func newRootCmd() *cobra.Command {
 	var (
 		cfg                agent.Config
+		token, tokenFile   string
 		sim, ebpf, metrics string
 		scope              string
 		labels             []string
@@ -50,6 +52,9 @@ func newRootCmd() *cobra.Command {
 			}
 			defer closer.Close()
 			cfg.Log = log
+			if cfg.Token, err = readToken(token, tokenFile, cmd.InOrStdin()); err != nil {
+				return err
+			}
 			if cfg.Labels, err = parseLabels(labels); err != nil {
 				return err
 			}
@@ -77,22 +82,28 @@ func newRootCmd() *cobra.Command {
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			if metrics != "" {
-				reg := prometheus.NewRegistry()
-				reg.MustRegister(a.Collector())
-				srv := &http.Server{Addr: metrics, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+				// Bound before the agent runs, so a taken port is an error
+				// at start rather than a log line nobody reads.
+				ln, err := net.Listen("tcp", metrics)
+				if err != nil {
+					return fmt.Errorf("--metrics-addr: %w", err)
+				}
+				srv := &http.Server{Handler: a.MetricsHandler(), ReadHeaderTimeout: 5 * time.Second}
 				go func() {
-					if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 						log.Error("metrics endpoint", "addr", metrics, "err", err)
 					}
 				}()
 				defer srv.Close()
+				log.Info("serving Prometheus metrics", "addr", ln.Addr().String())
 			}
 			return a.Run(ctx)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Server, "server", "", "UDP address of gpuctl serve (host:port)")
-	f.StringVar(&cfg.Token, "token", "", "join token from `gpuctl token create` (first start only)")
+	f.StringVar(&token, "token", "", "join token from `gpuctl token create` (first start only); - reads it from stdin.\nPrefer --token-file or -: a token on the command line shows in ps")
+	f.StringVar(&tokenFile, "token-file", "", "read the join token from this file (first start only)")
 	f.StringVar(&cfg.Name, "name", "", "node name (default: host name)")
 	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/nodemon", "where the node identity and rank logs are kept")
 	f.StringVar(&sim, "sim", "", "simulate the GPUs of a host: dgx-h100, dgx-a100 or dgx-h200 (default: real NVML)")
@@ -128,6 +139,41 @@ func newShimCmd() *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// readToken returns the join token from --token (the token, or - for
+// stdin) or --token-file, whichever is given; surrounding space (a
+// trailing newline from echo or a file) is dropped.
+func readToken(token, file string, stdin io.Reader) (string, error) {
+	if token != "" && file != "" {
+		return "", errors.New("--token and --token-file both give the join token: pass one")
+	}
+	var data []byte
+	switch {
+	case file != "":
+		var err error
+		if data, err = os.ReadFile(file); err != nil {
+			return "", fmt.Errorf("--token-file: %w", err)
+		}
+	case token == "-":
+		// A token is one line; stop there, so a pipe left open cannot hang.
+		line, err := bufio.NewReader(io.LimitReader(stdin, 4096)).ReadString('\n')
+		if err != nil && !errors.Is(err, io.EOF) {
+			return "", fmt.Errorf("--token -: read stdin: %w", err)
+		}
+		data = []byte(line)
+	default:
+		return token, nil
+	}
+	t := strings.TrimSpace(string(data))
+	if t == "" {
+		src := "stdin"
+		if file != "" {
+			src = file
+		}
+		return "", fmt.Errorf("join token: %s is empty: put the output of `gpuctl token create` there", src)
+	}
+	return t, nil
 }
 
 func parseLabels(in []string) (map[string]string, error) {

@@ -67,3 +67,44 @@ func TestRankShimSubcommand(t *testing.T) {
 		t.Fatalf("status file %s (err %v), want exit code 7", b, err)
 	}
 }
+
+func TestReadToken(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "token")
+	if err := os.WriteFile(file, []byte("gpj1.abc.123.mac.hash\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty")
+	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, token, file, stdin string
+		want, err                string
+	}{
+		{name: "none", want: ""},
+		{name: "argv", token: "gpj1.x", want: "gpj1.x"},
+		{name: "file", file: file, want: "gpj1.abc.123.mac.hash"},
+		{name: "stdin", token: "-", stdin: "gpj1.from.stdin\n", want: "gpj1.from.stdin"},
+		{name: "stdin without newline", token: "-", stdin: "gpj1.eof", want: "gpj1.eof"},
+		{name: "stdin first line only", token: "-", stdin: "gpj1.one\nsecond line\n", want: "gpj1.one"},
+		{name: "empty stdin", token: "-", stdin: "", err: "stdin is empty"},
+		{name: "empty file", file: empty, err: empty + " is empty"},
+		{name: "missing file", file: filepath.Join(dir, "nope"), err: "--token-file"},
+		{name: "both", token: "x", file: file, err: "pass one"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := readToken(tc.token, tc.file, strings.NewReader(tc.stdin))
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err = %v, want it to say %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("readToken = %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+}

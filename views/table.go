@@ -1,0 +1,225 @@
+package views
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// column is one column of a table; flex marks the free-text column that
+// is cut to make the table fit the terminal.
+type column struct {
+	name string
+	flex bool
+}
+
+// cell is one table cell: its text and, where the text does not sort as
+// it should (ages, sizes, counts), the value it sorts by.
+type cell struct {
+	text string
+	key  any // float64 or string; nil sorts by text
+}
+
+func txt(s string) cell { return cell{text: s} }
+
+// num is a cell that sorts by v.
+func num(text string, v float64) cell { return cell{text: text, key: v} }
+
+// count is an integer cell.
+func count[T ~int | ~int32 | ~int64 | ~uint32 | ~uint64](v T) cell {
+	return cell{text: strconv.FormatInt(int64(v), 10), key: float64(v)}
+}
+
+// tableData is a table before it is laid out.
+type tableData struct {
+	cols []column
+	rows [][]cell
+	// empty says in words that there are no rows, e.g. "no jobs".
+	empty string
+}
+
+func (t *tableData) add(cells ...cell) { t.rows = append(t.rows, cells) }
+
+// normColumn folds a column name for --sort-by: case, spaces, dashes
+// and underscores aside.
+func normColumn(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		if unicode.IsLetter(r) || unicode.IsDigit(r) {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// sortRows orders the rows by the column named by, stably.
+func (t *tableData) sortRows(by string) error {
+	if by == "" {
+		return nil
+	}
+	idx := -1
+	names := make([]string, len(t.cols))
+	for i, c := range t.cols {
+		names[i] = strings.ToLower(strings.ReplaceAll(c.name, " ", "-"))
+		if normColumn(c.name) == normColumn(by) {
+			idx = i
+		}
+	}
+	if idx < 0 {
+		return fmt.Errorf("--sort-by %q: no such column; use one of %s", by, strings.Join(names, ", "))
+	}
+	sort.SliceStable(t.rows, func(a, b int) bool {
+		ka, kb := sortKey(t.rows[a][idx]), sortKey(t.rows[b][idx])
+		fa, aok := ka.(float64)
+		fb, bok := kb.(float64)
+		switch {
+		case aok && bok:
+			return fa < fb
+		case aok != bok:
+			return aok // numbers before text ("-")
+		}
+		return ka.(string) < kb.(string)
+	})
+	return nil
+}
+
+func sortKey(c cell) any {
+	if c.key != nil {
+		return c.key
+	}
+	return c.text
+}
+
+// Escape makes s safe to print on a terminal: control characters and
+// invalid UTF-8 become visible escapes (\x1b, \n), so text from a job or
+// a node (a reason, a message) cannot move the cursor or clear the screen.
+func Escape(s string) string {
+	clean := true
+	for _, r := range s {
+		if r == utf8.RuneError || isControl(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r < 0x80 && isControl(r):
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case isControl(r):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
+}
+
+func isControl(r rune) bool {
+	return r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == '\u2028' || r == '\u2029'
+}
+
+func width(s string) int { return utf8.RuneCountInString(s) }
+
+// cut shortens s to at most n columns, ending in an ellipsis when cut.
+func cut(s string, n int) string {
+	switch {
+	case width(s) <= n:
+		return s
+	case n <= 0:
+		return ""
+	}
+	return string([]rune(s)[:n-1]) + "…"
+}
+
+// minFlex is the narrowest a free-text column is cut to.
+const minFlex = 12
+
+// writeTable sorts, escapes and lays out t: columns two spaces apart, the
+// flex column cut so the table fits o's width, the last column not padded.
+// An empty table writes nothing to w and its empty sentence to o.Stderr.
+func (o Options) writeTable(w io.Writer, t tableData) error {
+	if len(t.rows) == 0 {
+		if o.Stderr != nil && t.empty != "" {
+			fmt.Fprintln(o.Stderr, t.empty)
+		}
+		return nil
+	}
+	if err := t.sortRows(o.SortBy); err != nil {
+		return err
+	}
+	cells := make([][]string, 0, len(t.rows)+1)
+	if !o.NoHeaders {
+		head := make([]string, len(t.cols))
+		for i, c := range t.cols {
+			head[i] = c.name
+		}
+		cells = append(cells, head)
+	}
+	for _, r := range t.rows {
+		row := make([]string, len(t.cols))
+		for i := range t.cols {
+			if i < len(r) {
+				row[i] = Escape(r[i].text)
+			}
+		}
+		cells = append(cells, row)
+	}
+	widths := make([]int, len(t.cols))
+	for _, r := range cells {
+		for i, c := range r {
+			widths[i] = max(widths[i], width(c))
+		}
+	}
+	if limit := o.width(); limit > 0 {
+		total := 2 * (len(widths) - 1)
+		for _, wd := range widths {
+			total += wd
+		}
+		for i, c := range t.cols {
+			if c.flex && total > limit {
+				widths[i] = max(min(widths[i], minFlex), widths[i]-(total-limit))
+				break
+			}
+		}
+	}
+	var b strings.Builder
+	for _, r := range cells {
+		b.Reset()
+		for i, c := range r {
+			c = cut(c, widths[i])
+			b.WriteString(c)
+			if i < len(r)-1 {
+				b.WriteString(strings.Repeat(" ", widths[i]-width(c)+2))
+			}
+		}
+		if _, err := fmt.Fprintln(w, strings.TrimRight(b.String(), " ")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
