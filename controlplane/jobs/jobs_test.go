@@ -426,14 +426,16 @@ func (h *harness) exitAll(id string, code int32) {
 }
 
 // checkpointed reports a completed checkpoint of step as nodemon does: an
-// event from the node running rank 0, naming rank 0's pid.
+// event for rank 0 from the node running it, with the attempt.
 func (h *harness) checkpointed(id string, step int64) {
 	h.t.Helper()
-	for _, jn := range h.job(id).GetPlacement() {
+	j := h.job(id)
+	for _, jn := range j.GetPlacement() {
 		for _, r := range jn.GetRanks() {
 			if r.GetRank() == 0 {
-				h.event(jn.GetNode(), &api.Event{Kind: api.EventKind_EVENT_KIND_CHECKPOINT, Job: id, Rank: 0, Pid: r.GetPid(), Step: step,
-					Message: fmt.Sprintf("checkpoint step %d complete", step)})
+				h.event(jn.GetNode(), &api.Event{Kind: api.EventKind_EVENT_KIND_CHECKPOINT, Job: id, Rank: 0, Step: step,
+					Attrs:   map[string]string{"attempt": fmt.Sprint(j.GetAttempt())},
+					Message: fmt.Sprintf("checkpoint of job %s at step %d completed", id, step)})
 				return
 			}
 		}
@@ -912,7 +914,9 @@ func TestPreemptCheckpointsThenRequeues(t *testing.T) {
 	if j.GetStopping() != api.JobStop_JOB_STOP_PREEMPT || !strings.Contains(j.GetReason(), "preempted for "+high) {
 		t.Fatalf("low: stopping %s reason %q", j.GetStopping(), j.GetReason())
 	}
-	// No checkpoint yet: no SIGTERM.
+	// No checkpoint yet: no SIGTERM. Only the node running rank 0 reports
+	// checkpoints; a report from another node is not one.
+	h.event("n1", &api.Event{Kind: api.EventKind_EVENT_KIND_CHECKPOINT, Job: low, Rank: 0, Step: 12})
 	h.reconcile()
 	if got := signals(h.nodes.take()); len(got) != 0 {
 		t.Fatalf("signals before the checkpoint landed: %v", got)
