@@ -226,3 +226,15 @@ func (m *Manager) checkpointComplete(j *api.Job, step int64) {
 	// A stop waiting for this checkpoint can proceed now.
 	m.kick()
 }
+
+// rewind makes step the job's latest checkpoint when an attempt resumes
+// from an earlier one (gpuctl restart --from-checkpoint): the run goes on
+// from there and writes its later checkpoints anew, so the ones reported
+// after step belong to the abandoned run and no longer count.
+func rewind(j *api.Job, step int64) {
+	if step >= j.GetLastCheckpointStep() {
+		return
+	}
+	j.LastCheckpointStep = step
+	j.CheckpointSteps = slices.DeleteFunc(j.CheckpointSteps, func(s int64) bool { return s > step })
+}

@@ -620,6 +620,7 @@ func (m *Manager) start(en *entry, pl scheduler.Placement, now time.Time, why st
 	case en.resumeSet:
 		j.ResumeStep = en.resume
 		en.resume, en.resumeSet = 0, false
+		rewind(j, j.GetResumeStep())
 	case j.GetAttempt() > 1:
 		j.ResumeStep = j.GetLastCheckpointStep()
 	}

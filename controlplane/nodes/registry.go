@@ -131,13 +131,14 @@ func New(cfg Config) (*Registry, error) {
 }
 
 // migrate turns a record stored before liveness and cordon were apart
-// (state cordoned or draining) into today's shape.
+// (state cordoned or draining) into today's shape. Such a state said
+// nothing of liveness, which is left unknown for New to settle.
 func migrate(n *api.NodeStatus) *api.NodeStatus {
 	switch n.GetState() {
 	case api.NodeState_NODE_STATE_CORDONED:
-		n.Cordoned, n.State = true, api.NodeState_NODE_STATE_DOWN
+		n.Cordoned, n.State = true, api.NodeState_NODE_STATE_UNSPECIFIED
 	case api.NodeState_NODE_STATE_DRAINING:
-		n.Cordoned, n.Draining, n.State = true, true, api.NodeState_NODE_STATE_DOWN
+		n.Cordoned, n.Draining, n.State = true, true, api.NodeState_NODE_STATE_UNSPECIFIED
 	}
 	return n
 }
