@@ -11,7 +11,7 @@ type Goodput struct {
 	// plan's size.
 	MTBFSec float64 `json:"mtbf_seconds"`
 	// Fraction is the expected share of wall time that advances training.
-	Fraction float64 `json:"goodput"`
+	Fraction float64 `json:"fraction"`
 	// LostSecPerFailure is the expected wall time one interruption costs:
 	// work since the last checkpoint, detection and restart.
 	LostSecPerFailure float64 `json:"lost_seconds_per_failure"`

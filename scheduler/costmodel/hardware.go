@@ -298,6 +298,9 @@ func setBytes(dst *int64, v string) error {
 	if err != nil {
 		return err
 	}
+	if f >= math.MaxInt64 {
+		return fmt.Errorf("%q is too large a byte count", v)
+	}
 	*dst = int64(f)
 	return nil
 }
@@ -322,12 +325,13 @@ func setRateIn(dst *float64, v string, bare float64) error {
 	return nil
 }
 
-// parseDuration reads "30m", "1h30m" or a number of seconds.
+// parseDuration reads "30m", "1h30m" or a number of seconds, up to about
+// 290 years (time.Duration's range).
 func parseDuration(v string) (time.Duration, error) {
 	s := strings.TrimSpace(v)
 	if f, err := strconv.ParseFloat(s, 64); err == nil {
-		if f < 0 || math.IsInf(f, 0) || math.IsNaN(f) {
-			return 0, fmt.Errorf("%q is not a non-negative duration", v)
+		if f < 0 || math.IsInf(f, 0) || math.IsNaN(f) || f*float64(time.Second) >= math.MaxInt64 {
+			return 0, fmt.Errorf("%q is not a non-negative duration of at most %.0f seconds", v, float64(math.MaxInt64)/float64(time.Second))
 		}
 		return time.Duration(f * float64(time.Second)), nil
 	}
