@@ -327,6 +327,10 @@ func (e EASY) Grace() int64 {
 	return 0
 }
 
+// DefaultPolicy is the queue policy gpuctl serve and gpuctl simulate use
+// when none is named: priority order with EASY backfill.
+const DefaultPolicy = "priority+backfill"
+
 // PolicyNames lists the names PolicyByName accepts.
 func PolicyNames() []string {
 	return []string{"fifo", "sjf", "las", "priority", "fair", "backfill", "sjf+backfill", "las+backfill", "fair+backfill", "priority+backfill"}

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
@@ -20,24 +21,29 @@ func init() { subcommands = append(subcommands, newPlanCmd) }
 
 // planFlags are gpuctl plan's options.
 type planFlags struct {
-	file        string
-	model       string
-	gpus        int
-	gpu         string
-	tp, pp, dp  int
-	top         int
-	output      string
-	globalBatch int
-	microBatch  []int
-	zero        int
-	recompute   string
-	maxVirtual  int
-	uneven      bool
-	set         []string
-	measured    float64
-	name        string
-	nodelist    []string
-	image       string
+	file           string
+	model          string
+	gpus           int
+	gpu            string
+	tp, cp, pp, dp int
+	maxCP          int
+	top            int
+	output         string
+	globalBatch    int
+	microBatch     []int
+	zero           int
+	recompute      string
+	maxVirtual     int
+	uneven         bool
+	attention      string
+	set            []string
+	measured       float64
+	mtbf           time.Duration
+	gpuMTBF        time.Duration
+	tokens         float64
+	name           string
+	nodelist       []string
+	image          string
 }
 
 func newPlanCmd() *cobra.Command {
@@ -46,11 +52,18 @@ func newPlanCmd() *cobra.Command {
 		Use:   "plan",
 		Short: "Choose tensor/pipeline/data parallelism for a model on N GPUs",
 		Long: `plan predicts step time, TFLOP/s per GPU, MFU and memory per GPU for every
-parallel layout of a transformer on a number of GPUs (Megatron-style cost model),
-ranks the ones that fit, and says why the others lost. It can also emit the
-launch configuration of the best plan.`,
+parallel layout of a transformer on a number of GPUs — tensor, context, pipeline
+(plain or interleaved 1F1B, uneven stages included) and data parallelism with any
+ZeRO stage — ranks the ones that fit, and says why the others lost. Kernel speeds
+are fitted per GPU to published runs (docs/costmodel.md); every tunable is in
+-o json and settable with --set. With a failure rate (--mtbf for the job, or
+--gpu-mtbf per GPU; by default the Llama 3 run's 419 interruptions in 54 days on
+16,384 H100s) each plan also gets its goodput and effective step time, and with
+--tokens the run's effective training time. It can also emit the launch
+configuration of the best plan.`,
 		Example: `  gpuctl plan --model gpt3-175b --gpus 1024 --gpu a100-80gb
   gpuctl plan --model gpt-1t --gpus 3072 --gpu h100 --top 3 -o json
+  gpuctl plan --model llama3-405b --gpus 16384 --gpu h100 --mtbf 3h --tokens 15.6e12
   gpuctl plan -f job.yaml -o slurm --nodelist gpu-[01-04]
   gpuctl plan --model llama2-70b --gpus 64 --tp 8 --pp 2 --measured-step 7.9`,
 		Args: cobra.NoArgs,
@@ -64,6 +77,8 @@ launch configuration of the best plan.`,
 	fl.IntVar(&f.gpus, "gpus", 0, "number of GPUs")
 	fl.StringVar(&f.gpu, "gpu", "", "GPU profile: "+strings.Join(costmodel.HardwareNames(), ", ")+" (default h100)")
 	fl.IntVar(&f.tp, "tp", 0, "fix tensor parallelism")
+	fl.IntVar(&f.cp, "cp", 0, "fix context parallelism (ring attention)")
+	fl.IntVar(&f.maxCP, "max-cp", 0, "largest context parallelism to try (default: up to 16 for sequences of 32K and more)")
 	fl.IntVar(&f.pp, "pp", 0, "fix pipeline parallelism")
 	fl.IntVar(&f.dp, "dp", 0, "fix data parallelism")
 	fl.IntVar(&f.top, "top", 5, "plans to show")
@@ -73,9 +88,13 @@ launch configuration of the best plan.`,
 	fl.IntVar(&f.zero, "zero", -1, "ZeRO stage 0-3 (default: the preset's, 1)")
 	fl.StringVar(&f.recompute, "recompute", "", "activation recomputation: none, selective or full")
 	fl.IntVar(&f.maxVirtual, "max-virtual-stages", 8, "largest interleaving (virtual pipeline stages) to try")
-	fl.BoolVar(&f.uneven, "uneven", false, "allow pipeline sizes that do not divide the layers")
-	fl.StringArrayVar(&f.set, "set", nil, "override a GPU field or tunable, key=value (e.g. net_gbps=25, efficiency=0.45); repeatable")
-	fl.Float64Var(&f.measured, "measured-step", 0, "measured seconds per step of the fixed plan: calibrate the efficiency to it first")
+	fl.BoolVar(&f.uneven, "uneven", true, "allow pipeline sizes that do not divide the layers (the first and last stages count the embedding and output layers)")
+	fl.StringVar(&f.attention, "attention", "", "attention kernel: flash (default) or unfused")
+	fl.StringArrayVar(&f.set, "set", nil, "override a GPU field or tunable by its -o json name, key=value (e.g. net_bytes_per_second=25GB/s, compute_scale=0.9, checkpoint_write_bytes_per_second=2TB/s); repeatable")
+	fl.Float64Var(&f.measured, "measured-step", 0, "measured seconds per step of the fixed plan: calibrate to it first (reports the term moved)")
+	fl.DurationVar(&f.mtbf, "mtbf", 0, "mean time between the job's interruptions, e.g. 3h")
+	fl.DurationVar(&f.gpuMTBF, "gpu-mtbf", 0, "mean time between interruptions per GPU (the job's MTBF is this over its GPUs), e.g. 50700h")
+	fl.Float64Var(&f.tokens, "tokens", 0, "training tokens of the run, for its (effective) training time, e.g. 15.6e12")
 	fl.StringVar(&f.name, "name", "", "job name for launch outputs (default: the job's or model's)")
 	fl.StringSliceVar(&f.nodelist, "nodelist", nil, "nodes to place the best plan on, in rank order (slurm, k8s, torchrun)")
 	fl.StringVar(&f.image, "image", launch.DefaultImage, "container image for -o k8s")
@@ -92,7 +111,16 @@ type planInput struct {
 	gpus   int
 	fixed  costmodel.Plan
 	mbsSet bool
+	// cal is what --measured-step moved.
+	cal *costmodel.Calibration
+	// mtbfSource says where the failure rate comes from.
+	mtbfSource string
 }
+
+// planPriorGPUMTBF is the per-GPU mean time between interruptions a plan
+// assumes without --mtbf: 419 unexpected interruptions in 54 days on 16,384
+// H100s (Dubey et al. 2024, §3.3.4), the control plane's prior too.
+const planPriorGPUMTBF = 50_700 * time.Hour
 
 func runPlan(cmd *cobra.Command, f planFlags) error {
 	switch f.output {
@@ -114,20 +142,22 @@ func runPlan(cmd *cobra.Command, f planFlags) error {
 			return errors.New("plan: --measured-step calibrates one plan: give --tp and --pp (and --dp, or let it follow from --gpus)")
 		}
 		if p.DP == 0 {
-			p.DP = in.gpus / (p.TP * p.PP)
+			p.DP = in.gpus / (p.TP * max(p.CP, 1) * p.PP)
 		}
 		if p.MicroBatch == 0 {
 			p.MicroBatch = 1
 		}
-		if err := cfg.Calibrate(p, f.measured); err != nil {
+		cal, err := cfg.CalibrateReport(p, f.measured)
+		if err != nil {
 			return fmt.Errorf("plan: %w", err)
 		}
-		in.tun = cfg.Tunables
+		in.tun, in.cal = cfg.Tunables, &cal
 	}
 
 	opt := costmodel.Options{
 		Training: in.tr, Tunables: in.tun,
-		TP: in.fixed.TP, PP: in.fixed.PP, DP: in.fixed.DP,
+		TP: in.fixed.TP, CP: in.fixed.CP, PP: in.fixed.PP, DP: in.fixed.DP,
+		MaxCP:               f.maxCP,
 		MaxVirtualStages:    f.maxVirtual,
 		AllowUnevenPipeline: f.uneven,
 	}
@@ -159,9 +189,14 @@ func runPlan(cmd *cobra.Command, f planFlags) error {
 		return writePlanTable(out, in, ranked, rejected, f.top)
 	case "json":
 		return writePlanJSON(out, in, ranked, rejected, f.top)
-	default:
-		return writePlanLaunch(out, f, in, ranked[0])
 	}
+	// The launch configurations split layers evenly over the chunks.
+	even := planKeep(ranked, func(e costmodel.Evaluation) bool { return in.model.Layers%(e.PP*max(e.VirtualStages, 1)) == 0 })
+	if len(even) == 0 {
+		return fmt.Errorf("plan: every plan that fits splits the %d layers unevenly (best: %s), which -o %s does not emit: fix --pp to a divisor of the layers",
+			in.model.Layers, ranked[0].Plan, f.output)
+	}
+	return writePlanLaunch(out, f, in, even[0])
 }
 
 func planKeep(evs []costmodel.Evaluation, ok func(costmodel.Evaluation) bool) []costmodel.Evaluation {
@@ -232,6 +267,8 @@ func planInputs(cmd *cobra.Command, f planFlags) (planInput, error) {
 	if in.spec != nil && in.spec.Checkpoint.Interval > 0 {
 		in.tun.CheckpointInterval = in.spec.Checkpoint.Interval
 	}
+	in.tun.MTBF, in.tun.MTBFReferenceGPUs = planPriorGPUMTBF, 1
+	in.mtbfSource = "Llama 3's 419 interruptions in 54 days on 16,384 H100s, per GPU"
 	for _, kv := range f.set {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
@@ -254,6 +291,30 @@ func planInputs(cmd *cobra.Command, f planFlags) (planInput, error) {
 		return in, fmt.Errorf("plan: --set %s: unknown key %q: gpu fields are %s; tunables are %s", kv, k,
 			strings.Join(costmodel.HardwareFields, ", "), strings.Join(costmodel.TunableFields, ", "))
 	}
+	for _, kv := range f.set {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "mtbf") {
+			in.mtbfSource = "--set " + kv
+		}
+	}
+	switch {
+	case f.mtbf < 0 || f.gpuMTBF < 0:
+		return in, errors.New("plan: --mtbf and --gpu-mtbf must not be negative")
+	case f.mtbf > 0 && f.gpuMTBF > 0:
+		return in, errors.New("plan: give --mtbf (the job's) or --gpu-mtbf (per GPU), not both")
+	case f.mtbf > 0:
+		in.tun.MTBF, in.tun.MTBFReferenceGPUs = f.mtbf, 0
+		in.mtbfSource = "--mtbf " + f.mtbf.String()
+	case f.gpuMTBF > 0:
+		in.tun.MTBF, in.tun.MTBFReferenceGPUs = f.gpuMTBF, 1
+		in.mtbfSource = "--gpu-mtbf " + f.gpuMTBF.String()
+	}
+	if f.tokens < 0 {
+		return in, fmt.Errorf("plan: --tokens %g: must not be negative", f.tokens)
+	}
+	in.tr.TrainTokens = f.tokens
+	if f.attention != "" {
+		in.tr.Attention = costmodel.Attention(f.attention)
+	}
 	if f.globalBatch != 0 {
 		in.tr.GlobalBatch = f.globalBatch
 	}
@@ -265,6 +326,9 @@ func planInputs(cmd *cobra.Command, f planFlags) (planInput, error) {
 	}
 	if f.tp != 0 {
 		in.fixed.TP = f.tp
+	}
+	if f.cp != 0 {
+		in.fixed.CP = f.cp
 	}
 	if f.pp != 0 {
 		in.fixed.PP = f.pp
@@ -287,6 +351,7 @@ func planDescribe(in planInput) string {
 		string(planOrDefault(string(tr.Precision), "bf16")),
 		fmt.Sprintf("ZeRO-%d", tr.ZeROStage),
 		planOrDefault(string(tr.Recompute), "no") + " recompute",
+		planOrDefault(string(tr.Attention), "flash") + " attention",
 	}
 	if tr.SequenceParallel {
 		parts = append(parts, "sequence parallel")
@@ -301,30 +366,80 @@ func planOrDefault(s, d string) string {
 	return s
 }
 
+// planEffective is what a plan is ranked by: its step, or the step
+// failures and checkpoints make when a failure rate is known.
+func planEffective(e *costmodel.Evaluation) float64 {
+	if e.Goodput != nil {
+		return e.Goodput.EffectiveStepSec
+	}
+	return e.StepSeconds
+}
+
+// planDuration renders seconds as the largest sensible unit.
+func planDuration(sec float64) string {
+	switch {
+	case sec >= 2*86400:
+		return fmt.Sprintf("%.1f days", sec/86400)
+	case sec >= 2*3600:
+		return fmt.Sprintf("%.1f h", sec/3600)
+	case sec >= 120:
+		return fmt.Sprintf("%.0f min", sec/60)
+	}
+	return fmt.Sprintf("%.1f s", sec)
+}
+
 func writePlanTable(w io.Writer, in planInput, ranked []costmodel.Evaluation, rejected []costmodel.Rejection, top int) error {
 	fmt.Fprintln(w, planDescribe(in))
-	fmt.Fprintf(w, "efficiency %.2f of peak %.0f TFLOP/s, dp overlap %.0f%%\n\n", in.tun.Efficiency, in.hw.PeakTFLOPS, in.tun.DPOverlap*100)
+	fmt.Fprintf(w, "kernels as fitted for %s × compute_scale %.3g, communication × comm_scale %.3g; overlap tp %.0f%% dp %.0f%%\n",
+		in.hw.Name, in.tun.Efficiency, in.tun.CommScale, in.tun.TPOverlap*100, in.tun.DPOverlap*100)
+	if c := in.cal; c != nil {
+		fmt.Fprintf(w, "calibrated to the measured %.3gs step (predicted %.3gs): moved %s %.4g → %.4g\n", c.MeasuredStepSec, c.PredictedStepSec, c.Term, c.From, c.To)
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "#\tTP\tPP\tDP\tMBS\tM\tV\tSTEP\tTFLOP/S/GPU\tMFU\tMEM/GPU\tBUBBLE\tTOKENS/S\t")
+	fmt.Fprintln(tw, "#\tTP\tCP\tPP\tDP\tMBS\tM\tV\tSTEP\tEFF STEP\tTFLOP/S/GPU\tMFU\tMEM/GPU\tBUBBLE\tGOODPUT\tTOKENS/S\t")
 	shown := ranked
 	if top > 0 && len(shown) > top {
 		shown = shown[:top]
 	}
 	for i, e := range shown {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%.2fs\t%.0f\t%.1f%%\t%s\t%.1f%%\t%.0f\t\n",
-			i+1, e.TP, e.PP, e.DP, e.MicroBatch, e.NumMicroBatches, e.VirtualStages, e.StepSeconds,
-			e.TFLOPSPerGPU, e.MFU*100, costmodel.FormatBytes(e.MemPerGPUBytes), e.BubbleSec/e.StepSeconds*100, e.TokensPerSec)
+		goodput := "-"
+		if e.Goodput != nil {
+			goodput = fmt.Sprintf("%.1f%%", e.Goodput.Fraction*100)
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%.2fs\t%.2fs\t%.0f\t%.1f%%\t%s\t%.1f%%\t%s\t%.0f\t\n",
+			i+1, e.TP, max(e.CP, 1), e.PP, e.DP, e.MicroBatch, e.NumMicroBatches, e.VirtualStages, e.StepSeconds, planEffective(&e),
+			e.TFLOPSPerGPU, e.MFU*100, costmodel.FormatBytes(e.MemPerGPUBytes), e.BubbleSec/e.StepSeconds*100, goodput, e.TokensPerSec)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("plan: write table: %w", err)
 	}
 	best := ranked[0]
-	fmt.Fprintf(w, "\nbest: %s — compute %.2fs, bubble %.2fs, tp comm %.2fs, pp comm %.2fs, dp comm %.2fs (%.2fs exposed)\n",
-		best.Plan, best.ComputeSec, best.BubbleSec, best.TPCommSec, best.PPCommSec, best.DPCommSec, best.DPExposedSec)
-	fmt.Fprintf(w, "      memory %s weights + %s grads + %s optimizer + %s activations + %s reserved\n",
-		costmodel.FormatBytes(best.WeightBytes), costmodel.FormatBytes(best.GradBytes), costmodel.FormatBytes(best.OptimizerB),
-		costmodel.FormatBytes(best.ActivationB), costmodel.FormatBytes(best.ReservedBytes))
-	fmt.Fprintf(w, "      checkpoint %.0fs (%.1f%% of the interval), restart %.0fs\n", best.CheckpointSec, best.CheckpointOverhead*100, best.StartupSec)
+	fmt.Fprintf(w, "\nbest: %s — compute %.2fs (GEMM %.2fs at %.0f%% of peak, attention %.2fs, element-wise %.2fs), bubble %.2fs, optimizer %.2fs\n",
+		best.Plan, best.ComputeSec, best.GEMMSec, best.GEMMEfficiency*100, best.AttentionSec, best.ElementwiseSec, best.BubbleSec, best.OptimizerSec)
+	fmt.Fprintf(w, "      exposed comm: tp %.2fs of %.2fs, cp %.2fs of %.2fs, pp %.2fs of %.2fs, dp %.2fs of %.2fs, zero-3 %.2fs of %.2fs\n",
+		best.TPExposedSec, best.TPCommSec, best.CPExposedSec, best.CPCommSec, best.PPExposedSec, best.PPCommSec,
+		best.DPExposedSec, best.DPCommSec, best.ZeRO3ExposedSec, best.ZeRO3CommSec)
+	fmt.Fprintf(w, "      memory (stage %d): %s weights + %s grads + %s optimizer + %s activations + %s buffers + %s reserved + %s fragmentation\n",
+		best.MemoryStage, costmodel.FormatBytes(best.WeightBytes), costmodel.FormatBytes(best.GradBytes), costmodel.FormatBytes(best.OptimizerB),
+		costmodel.FormatBytes(best.ActivationB), costmodel.FormatBytes(best.CommBufferBytes), costmodel.FormatBytes(best.ReservedBytes),
+		costmodel.FormatBytes(best.FragmentationBytes))
+	fmt.Fprintf(w, "      checkpoint %.0fs", best.CheckpointSec)
+	if best.CheckpointIntervalSec > 0 {
+		fmt.Fprintf(w, " every %s (%.1f%% of the interval)", planDuration(best.CheckpointIntervalSec), best.CheckpointOverhead*100)
+	}
+	fmt.Fprintf(w, ", restart %.0fs\n", best.StartupSec)
+	if g := best.Goodput; g != nil {
+		fmt.Fprintf(w, "      failures: MTBF %s (%s): goodput %.1f%%, %.0fs lost per interruption, effective step %.2fs\n",
+			planDuration(g.MTBFSec), in.mtbfSource, g.Fraction*100, g.LostSecPerFailure, g.EffectiveStepSec)
+	}
+	if best.TrainSeconds > 0 {
+		fmt.Fprintf(w, "      %.3g tokens: %s without failures", in.tr.TrainTokens, planDuration(best.TrainSeconds))
+		if g := best.Goodput; g != nil {
+			fmt.Fprintf(w, ", %s effective with %.0f interruptions", planDuration(g.EffectiveTrainSec), g.ExpectedFailures)
+		}
+		fmt.Fprintln(w)
+	}
 	for _, n := range best.Notes {
 		fmt.Fprintf(w, "      note: %s\n", n)
 	}
@@ -334,19 +449,19 @@ func writePlanTable(w io.Writer, in planInput, ranked []costmodel.Evaluation, re
 	for _, e := range ranked[len(shown):] {
 		ev := e
 		lost = append(lost, costmodel.Rejection{Plan: e.Plan, Reason: costmodel.ReasonSlower, Evaluation: &ev,
-			Detail: fmt.Sprintf("slower by %.1f%%", (e.StepSeconds/best.StepSeconds-1)*100)})
+			Detail: fmt.Sprintf("slower by %.1f%%", (planEffective(&ev)/planEffective(&best)-1)*100)})
 	}
 	if len(lost) == 0 {
 		return nil
 	}
 	fmt.Fprintf(w, "\nwhy the others lost (%d plans or families):\n", len(lost))
 	for _, rc := range planReasonCounts(lost) {
-		fmt.Fprintf(w, "  %-26s %d\n", rc.reason, rc.count)
+		fmt.Fprintf(w, "  %-28s %d\n", rc.reason, rc.count)
 	}
 	if cl := planClosest(lost, 5); len(cl) > 0 {
 		fmt.Fprintln(w, "closest losers:")
 		for _, r := range cl {
-			fmt.Fprintf(w, "  %-36s %s: %s\n", r.Plan, r.Reason, r.Detail)
+			fmt.Fprintf(w, "  %-40s %s: %s\n", r.Plan, r.Reason, r.Detail)
 		}
 	}
 	return nil
@@ -393,7 +508,7 @@ func planClosest(rej []costmodel.Rejection, n int) []costmodel.Rejection {
 			oom = append(oom, r)
 		}
 	}
-	sort.SliceStable(slower, func(a, b int) bool { return slower[a].Evaluation.StepSeconds < slower[b].Evaluation.StepSeconds })
+	sort.SliceStable(slower, func(a, b int) bool { return planEffective(slower[a].Evaluation) < planEffective(slower[b].Evaluation) })
 	sort.SliceStable(oom, func(a, b int) bool { return oom[a].MemPerGPUBytes < oom[b].MemPerGPUBytes })
 	var out []costmodel.Rejection
 	for i := 0; len(out) < n && (i < len(slower) || i < len(oom)); i++ {
@@ -407,41 +522,75 @@ func planClosest(rej []costmodel.Rejection, n int) []costmodel.Rejection {
 	return out
 }
 
-// planJSON is -o json's document.
-type planJSON struct {
-	Model    costmodel.Model        `json:"model"`
-	GPU      costmodel.Hardware     `json:"gpu"`
-	GPUs     int                    `json:"gpus"`
-	Training costmodel.Training     `json:"training"`
-	Tunables costmodel.Tunables     `json:"tunables"`
-	Plans    []costmodel.Evaluation `json:"plans"`
-	// RejectedCounts counts why plans lost, by reason.
-	RejectedCounts map[costmodel.Reason]int `json:"rejected_counts"`
-	ClosestLosers  []costmodel.Rejection    `json:"closest_losers"`
+// planDoc is -o json's document; docs/costmodel.md, "JSON output",
+// documents every field.
+type planDoc struct {
+	Model    costmodel.Model    `json:"model"`
+	GPU      costmodel.Hardware `json:"gpu"`
+	GPUs     int                `json:"gpus"`
+	Training costmodel.Training `json:"training"`
+	Tunables costmodel.Tunables `json:"tunables"`
+	// MTBFSource says where the failure rate comes from.
+	MTBFSource  string                 `json:"mtbf_source,omitempty"`
+	Calibration *costmodel.Calibration `json:"calibration,omitempty"`
+	Plans       []costmodel.Evaluation `json:"plans"`
+	// Rejections counts why plans lost, by reason.
+	Rejections    []planReasonJSON `json:"rejections"`
+	ClosestLosers []planLoserJSON  `json:"closest_losers"`
 }
 
-func writePlanJSON(w io.Writer, in planInput, ranked []costmodel.Evaluation, rejected []costmodel.Rejection, top int) error {
+type planReasonJSON struct {
+	Reason costmodel.Reason `json:"reason"`
+	Count  int              `json:"count"`
+}
+
+// planLoserJSON is one plan that lost, with the figures that decided it.
+type planLoserJSON struct {
+	costmodel.Plan
+	Reason         costmodel.Reason `json:"reason"`
+	Detail         string           `json:"detail"`
+	StepSeconds    float64          `json:"predicted_step_seconds,omitempty"`
+	MemPerGPUBytes int64            `json:"predicted_mem_per_gpu_bytes,omitempty"`
+}
+
+// planDocument builds -o json's document from a search.
+func planDocument(in planInput, ranked []costmodel.Evaluation, rejected []costmodel.Rejection, top int) planDoc {
 	shown := ranked
 	lost := planCopyRejections(rejected)
 	if top > 0 && len(shown) > top {
 		for _, e := range shown[top:] {
 			ev := e
 			lost = append(lost, costmodel.Rejection{Plan: e.Plan, Reason: costmodel.ReasonSlower, Evaluation: &ev,
-				Detail: fmt.Sprintf("slower by %.1f%%", (e.StepSeconds/shown[0].StepSeconds-1)*100)})
+				Detail: fmt.Sprintf("slower by %.1f%%", (planEffective(&ev)/planEffective(&shown[0])-1)*100)})
 		}
 		shown = shown[:top]
 	}
-	doc := planJSON{Model: in.model, GPU: in.hw, GPUs: in.gpus, Training: in.tr, Tunables: in.tun,
-		Plans: shown, RejectedCounts: map[costmodel.Reason]int{}, ClosestLosers: planClosest(lost, 5)}
+	doc := planDoc{Model: in.model, GPU: in.hw, GPUs: in.gpus, Training: in.tr, Tunables: in.tun, Calibration: in.cal,
+		Plans: shown, Rejections: []planReasonJSON{}, ClosestLosers: []planLoserJSON{}}
+	if in.tun.MTBF > 0 {
+		doc.MTBFSource = in.mtbfSource
+	}
 	if doc.Plans == nil {
 		doc.Plans = []costmodel.Evaluation{}
 	}
 	for _, rc := range planReasonCounts(lost) {
-		doc.RejectedCounts[rc.reason] = rc.count
+		doc.Rejections = append(doc.Rejections, planReasonJSON{rc.reason, rc.count})
 	}
+	for _, r := range planClosest(lost, 5) {
+		l := planLoserJSON{Plan: r.Plan, Reason: r.Reason, Detail: r.Detail, MemPerGPUBytes: r.MemPerGPUBytes}
+		if r.Evaluation != nil {
+			l.StepSeconds = r.Evaluation.StepSeconds
+			l.MemPerGPUBytes = r.Evaluation.MemPerGPUBytes
+		}
+		doc.ClosestLosers = append(doc.ClosestLosers, l)
+	}
+	return doc
+}
+
+func writePlanJSON(w io.Writer, in planInput, ranked []costmodel.Evaluation, rejected []costmodel.Rejection, top int) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(doc); err != nil {
+	if err := enc.Encode(planDocument(in, ranked, rejected, top)); err != nil {
 		return fmt.Errorf("plan: write json: %w", err)
 	}
 	return nil
@@ -452,7 +601,7 @@ func planNoFitError(in planInput, rejected []costmodel.Rejection) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "plan: no plan for %s fits\n", planDescribe(in))
 	for _, rc := range planReasonCounts(rejected) {
-		fmt.Fprintf(&b, "  %-26s %d\n", rc.reason, rc.count)
+		fmt.Fprintf(&b, "  %-28s %d\n", rc.reason, rc.count)
 	}
 	for _, r := range rejected {
 		if r.Reason == costmodel.ReasonInvalidInput {
@@ -464,7 +613,7 @@ func planNoFitError(in planInput, rejected []costmodel.Rejection) error {
 	} else if len(rejected) > 0 {
 		fmt.Fprintf(&b, "for example: %s: %s\n", rejected[0].Plan, rejected[0].Detail)
 	}
-	b.WriteString("try: more GPUs (--gpus), --recompute full, --zero 3, --uneven, a larger GPU (--gpu h200), or drop a fixed --tp/--pp/--dp")
+	b.WriteString("try: more GPUs (--gpus), --recompute full, --zero 3, a larger GPU (--gpu h200), or drop a fixed --tp/--cp/--pp/--dp")
 	return errors.New(b.String())
 }
 
@@ -472,6 +621,9 @@ var planNonLabel = regexp.MustCompile(`[^a-z0-9-]+`)
 
 // writePlanLaunch emits the best plan's launch configuration.
 func writePlanLaunch(w io.Writer, f planFlags, in planInput, best costmodel.Evaluation) error {
+	if best.CP > 1 {
+		return fmt.Errorf("plan: the best plan %s uses context parallelism, which -o %s does not emit yet: fix --cp 1 or use -o json", best.Plan, f.output)
+	}
 	m := in.model
 	j := launch.Job{
 		Name:     f.name,

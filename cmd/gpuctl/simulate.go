@@ -2,8 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -12,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/costmodel"
 	"github.com/gpuctl/gpuctl/scheduler/simulate"
 	"github.com/gpuctl/gpuctl/scheduler/trace"
 )
@@ -19,88 +22,205 @@ import (
 func init() { subcommands = append(subcommands, newSimulateCmd) }
 
 // comparePolicies are the policies --compare runs side by side.
-var comparePolicies = []string{"fifo", "sjf", "las", "priority", "fair", "backfill", "sjf+backfill", "las+backfill"}
+var comparePolicies = []string{"fifo", "sjf", "las", "priority", "fair", "backfill", "sjf+backfill", "las+backfill", "priority+backfill"}
+
+// simFlags are gpuctl simulate's options: a trace replay, or with --model
+// a long run under failures.
+type simFlags struct {
+	tracePath, policy, output string
+	nodes, gpn, tenants       int
+	ckpt                      time.Duration
+	compare, noEstimates      bool
+
+	model, gpu         string
+	gpus               int
+	tp, cp, pp, zero   int
+	virtual            int
+	mtbf, gpuMTBF      time.Duration
+	tokens             float64
+	steps              int
+	spares             int
+	repair             time.Duration
+	gpuShare           float64
+	seed               uint64
+	set                []string
+	interval           time.Duration
+	recompute, attnArg string
+}
 
 func newSimulateCmd() *cobra.Command {
-	var (
-		tracePath, policy, output string
-		nodes, gpn, tenants       int
-		ckpt                      time.Duration
-		compare, noEstimates      bool
-	)
+	var f simFlags
 	cmd := &cobra.Command{
 		Use:   "simulate",
-		Short: "Replay a job trace through the scheduler in virtual time",
-		Long: `Replay a trace (Philly JSON or CSV) through gpuctl's scheduler on a synthetic
-cluster of racks of 32 nodes, and report JCT, queueing, utilization, restarts
-and lost GPU-hours. --nodes 0 sizes the cluster to the smallest on which every
-job fits and whose GPUs cover the trace's mean offered load.
+		Short: "Replay a job trace through the scheduler, or a long training run under failures",
+		Long: `With --trace: replay a trace (Philly JSON or CSV) through gpuctl's scheduler on a
+synthetic cluster of racks of 32 nodes, and report JCT, queueing, utilization,
+restarts and lost GPU-hours. --nodes 0 sizes the cluster to the smallest on which
+every job fits and whose GPUs cover the trace's mean offered load. The Philly
+trace is committed at scheduler/trace/testdata/philly-multigpu-3034.json.
+
+With --model: replay one long synchronous training run on a simulated cluster of
+its nodes plus hot spares, with node and GPU failures drawn at random (--seed)
+at the job's failure rate (--mtbf, or --gpu-mtbf per GPU). The cost model gives
+the plan (the best one, or --tp/--cp/--pp), its step time and its checkpoint and
+restart costs; the run checkpoints at the Young–Daly interval, each failure loses
+the work since the last checkpoint and is recovered by the scheduler's own
+recovery decision (a spare swapped in, or a wait for a repair). It reports the
+effective training time simulated against the cost model's prediction.
 
 Philly trace: Jeon et al., "Analysis of Large-Scale Multi-Tenant GPU Clusters
 for DNN Training Workloads", USENIX ATC 2019 (marwage/philly-traces, CC BY 4.0).`,
+		Example: `  gpuctl simulate --trace scheduler/trace/testdata/philly-multigpu-3034.json --compare
+  gpuctl simulate --model llama3-405b --gpus 16384 --gpu h100 --mtbf 3h --tokens 15.6e12 --seed 1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if tracePath == "" {
-				tracePath = os.Getenv("GPUCTL_TRACE")
+			if f.output != "table" && f.output != "json" {
+				return fmt.Errorf("-o %q: use table or json", f.output)
 			}
-			if tracePath == "" {
-				return fmt.Errorf("no trace: pass --trace FILE (.json Philly or .csv) or set GPUCTL_TRACE")
-			}
-			if output != "table" && output != "json" {
-				return fmt.Errorf("-o %q: use table or json", output)
-			}
-			if ckpt < time.Second {
-				return fmt.Errorf("--checkpoint-interval %s: must be at least 1s", ckpt)
-			}
-			jobs, err := trace.Load(tracePath)
-			if err != nil {
-				return err
-			}
-			names := []string{policy}
-			if compare {
-				names = comparePolicies
-			}
-			var rows []simRow
-			for _, name := range names {
-				p, err := scheduler.PolicyByName(name)
-				if err != nil {
-					return err
+			if f.model != "" {
+				if f.tracePath != "" {
+					return errors.New("simulate: give --trace (replay a trace) or --model (a run under failures), not both")
 				}
-				start := time.Now()
-				res, err := simulate.Run(jobs, simulate.Config{
-					Nodes: nodes, GPUsPerNode: gpn, Policy: p, Tenants: tenants,
-					CheckpointInterval: int64(ckpt / time.Second), NoEstimates: noEstimates,
-				})
-				if err != nil {
-					return err
-				}
-				rows = append(rows, simRow{Result: res, WallSeconds: time.Since(start).Seconds()})
+				return runSimulateFailures(cmd, f)
 			}
-			if output == "json" {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(rows)
-			}
-			return printSimTable(cmd.OutOrStdout(), tracePath, rows)
+			return runSimulateTrace(cmd, f)
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&tracePath, "trace", "", "trace file: .json (Philly) or .csv (id,submit_seconds,gpus,runtime_seconds[,tenant,priority,failures]); default $GPUCTL_TRACE")
-	f.IntVar(&nodes, "nodes", 0, "nodes in the cluster (0: smallest that fits every job and the mean load)")
-	f.IntVar(&gpn, "gpus-per-node", 8, "GPUs per node")
-	f.StringVar(&policy, "policy", "fifo", "queue policy: "+strings.Join(scheduler.PolicyNames(), ", "))
-	f.BoolVar(&compare, "compare", false, "run every policy on the same trace and cluster, side by side")
-	f.StringVarP(&output, "output", "o", "table", "output: table or json")
-	f.DurationVar(&ckpt, "checkpoint-interval", 30*time.Minute, "running time between a job's checkpoints; a failure loses the work since the last one")
-	f.IntVar(&tenants, "tenants", 4, "synthetic tenants for jobs without one, assigned by a hash of the job id (for fair share)")
-	f.BoolVar(&noEstimates, "no-estimates", false, "hide runtimes from the scheduler (sjf and backfill then have nothing to go on)")
+	fl := cmd.Flags()
+	fl.StringVar(&f.tracePath, "trace", "", "trace file: .json (Philly) or .csv (id,submit_seconds,gpus,runtime_seconds[,tenant,priority,failures]); default $GPUCTL_TRACE")
+	fl.IntVar(&f.nodes, "nodes", 0, "nodes in the cluster (0: smallest that fits every job and the mean load)")
+	fl.IntVar(&f.gpn, "gpus-per-node", 8, "GPUs per node")
+	fl.StringVar(&f.policy, "policy", scheduler.DefaultPolicy, "queue policy: "+strings.Join(scheduler.PolicyNames(), ", "))
+	fl.BoolVar(&f.compare, "compare", false, "run every policy on the same trace and cluster, side by side")
+	fl.StringVarP(&f.output, "output", "o", "table", "output: table or json")
+	fl.DurationVar(&f.ckpt, "checkpoint-interval", 30*time.Minute, "trace replay: running time between a job's checkpoints; a failure loses the work since the last one")
+	fl.IntVar(&f.tenants, "tenants", 4, "synthetic tenants for jobs without one, assigned by a hash of the job id (for fair share)")
+	fl.BoolVar(&f.noEstimates, "no-estimates", false, "hide runtimes from the scheduler (sjf and backfill then have nothing to go on)")
+
+	fl.StringVar(&f.model, "model", "", "run under failures: model preset ("+strings.Join(costmodel.ModelNames(), ", ")+")")
+	fl.StringVar(&f.gpu, "gpu", "h100", "GPU profile: "+strings.Join(costmodel.HardwareNames(), ", "))
+	fl.IntVar(&f.gpus, "gpus", 0, "GPUs of the run")
+	fl.IntVar(&f.tp, "tp", 0, "fix tensor parallelism")
+	fl.IntVar(&f.cp, "cp", 0, "fix context parallelism")
+	fl.IntVar(&f.pp, "pp", 0, "fix pipeline parallelism")
+	fl.IntVar(&f.virtual, "max-virtual-stages", 8, "largest interleaving to try")
+	fl.IntVar(&f.zero, "zero", -1, "ZeRO stage 0-3 (default: the preset's)")
+	fl.StringVar(&f.recompute, "recompute", "", "activation recomputation: none, selective or full")
+	fl.StringVar(&f.attnArg, "attention", "", "attention kernel: flash or unfused")
+	fl.DurationVar(&f.mtbf, "mtbf", 0, "mean time between the job's interruptions, e.g. 3h")
+	fl.DurationVar(&f.gpuMTBF, "gpu-mtbf", 0, "mean time between interruptions per GPU, e.g. 50700h")
+	fl.Float64Var(&f.tokens, "tokens", 0, "training tokens of the run, e.g. 15.6e12")
+	fl.IntVar(&f.steps, "steps", 0, "optimizer steps of the run (instead of --tokens)")
+	fl.IntVar(&f.spares, "spares", 0, "hot spare nodes (0: twice the nodes in repair at the failure rate, at least 2% of the job's and 8)")
+	fl.DurationVar(&f.repair, "repair", 24*time.Hour, "time a failed node takes to come back")
+	fl.Float64Var(&f.gpuShare, "gpu-fault-share", 0.587, "share of interruptions that are one GPU failing (Llama 3: 58.7% of 419), the rest whole nodes")
+	fl.Uint64Var(&f.seed, "seed", 1, "seed of the failure sequence")
+	fl.DurationVar(&f.interval, "run-checkpoint-interval", 0, "run under failures: work between checkpoints (0: the Young–Daly interval)")
+	fl.StringArrayVar(&f.set, "set", nil, "override a GPU field or tunable, key=value (see gpuctl plan -o json); repeatable")
 	return cmd
+}
+
+func runSimulateTrace(cmd *cobra.Command, f simFlags) error {
+	tracePath := f.tracePath
+	if tracePath == "" {
+		tracePath = os.Getenv("GPUCTL_TRACE")
+	}
+	if tracePath == "" {
+		return fmt.Errorf("no trace: pass --trace FILE (.json Philly or .csv; the Philly trace is scheduler/trace/testdata/philly-multigpu-3034.json) or set GPUCTL_TRACE; or --model to simulate a run under failures")
+	}
+	if f.ckpt < time.Second {
+		return fmt.Errorf("--checkpoint-interval %s: must be at least 1s", f.ckpt)
+	}
+	jobs, err := trace.Load(tracePath)
+	if err != nil {
+		return err
+	}
+	names := []string{f.policy}
+	if f.compare {
+		names = comparePolicies
+	}
+	var rows []simRow
+	for _, name := range names {
+		p, err := scheduler.PolicyByName(name)
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		res, err := simulate.Run(jobs, simulate.Config{
+			Nodes: f.nodes, GPUsPerNode: f.gpn, Policy: p, Tenants: f.tenants,
+			CheckpointInterval: int64(f.ckpt / time.Second), NoEstimates: f.noEstimates,
+		})
+		if err != nil {
+			return err
+		}
+		rows = append(rows, simRow{Result: res, WallSeconds: time.Since(start).Seconds()})
+	}
+	if f.output == "json" {
+		return writeJSON(cmd.OutOrStdout(), simTraceDocument(tracePath, rows))
+	}
+	return printSimTable(cmd.OutOrStdout(), tracePath, rows)
 }
 
 // simRow is one policy's result with the wall time the replay took.
 type simRow struct {
 	simulate.Result
 	WallSeconds float64
+}
+
+// simTraceDoc is simulate --trace -o json's document; docs/costmodel.md,
+// "JSON output", documents every field.
+type simTraceDoc struct {
+	Trace                     string          `json:"trace"`
+	Jobs                      int             `json:"jobs"`
+	Nodes                     int             `json:"nodes"`
+	GPUs                      int             `json:"gpus"`
+	CheckpointIntervalSeconds int64           `json:"checkpoint_interval_seconds"`
+	Policies                  []simPolicyJSON `json:"policies"`
+}
+
+// simPolicyJSON is one policy's replay.
+type simPolicyJSON struct {
+	Policy           string  `json:"policy"`
+	MeanJCTSeconds   float64 `json:"mean_jct_seconds"`
+	P50JCTSeconds    float64 `json:"p50_jct_seconds"`
+	P95JCTSeconds    float64 `json:"p95_jct_seconds"`
+	P99JCTSeconds    float64 `json:"p99_jct_seconds"`
+	MeanQueueSeconds float64 `json:"mean_queue_seconds"`
+	MakespanSeconds  int64   `json:"makespan_seconds"`
+	Utilization      float64 `json:"utilization"`
+	Restarts         int     `json:"restarts"`
+	Preemptions      int     `json:"preemptions"`
+	LostGPUSeconds   float64 `json:"lost_gpu_seconds"`
+	Events           int     `json:"events"`
+	SchedulingPasses int     `json:"scheduling_passes"`
+	BackfilledStarts int     `json:"backfilled_starts"`
+	WallSeconds      float64 `json:"wall_seconds"`
+}
+
+// simTraceDocument builds the trace replay's -o json document.
+func simTraceDocument(tracePath string, rows []simRow) simTraceDoc {
+	doc := simTraceDoc{Trace: tracePath, Policies: []simPolicyJSON{}}
+	for i, r := range rows {
+		if i == 0 {
+			doc.Jobs, doc.Nodes, doc.GPUs, doc.CheckpointIntervalSeconds = r.Jobs, r.Nodes, r.GPUs, r.CheckpointSeconds
+		}
+		doc.Policies = append(doc.Policies, simPolicyJSON{
+			Policy: r.Policy, MeanJCTSeconds: r.MeanJCT, P50JCTSeconds: r.P50JCT, P95JCTSeconds: r.P95JCT, P99JCTSeconds: r.P99JCT,
+			MeanQueueSeconds: r.MeanQueue, MakespanSeconds: r.Makespan, Utilization: r.Utilization, Restarts: r.Restarts,
+			Preemptions: r.Preemptions, LostGPUSeconds: r.LostGPUHours * 3600, Events: r.Events, SchedulingPasses: r.SchedulingPasses,
+			BackfilledStarts: r.BackfilledStarts, WallSeconds: r.WallSeconds,
+		})
+	}
+	return doc
+}
+
+func writeJSON(w io.Writer, doc any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(doc); err != nil {
+		return fmt.Errorf("write json: %w", err)
+	}
+	return nil
 }
 
 func printSimTable(w io.Writer, tracePath string, rows []simRow) error {
@@ -119,4 +239,179 @@ func printSimTable(w io.Writer, tracePath string, rows []simRow) error {
 			hours(float64(r.Makespan)), 100*r.Utilization, r.Restarts, r.Preemptions, r.LostGPUHours, r.WallSeconds)
 	}
 	return tw.Flush()
+}
+
+// simRunDoc is simulate --model -o json's document.
+type simRunDoc struct {
+	Model costmodel.Model      `json:"model"`
+	GPU   string               `json:"gpu"`
+	GPUs  int                  `json:"gpus"`
+	Plan  costmodel.Evaluation `json:"plan"`
+	// Cluster is what the replay ran on.
+	Cluster simClusterJSON `json:"cluster"`
+	// Predicted is the cost model's expectation, Simulated the replay.
+	Predicted simPredictedJSON       `json:"predicted"`
+	Simulated simulate.FailureResult `json:"simulated"`
+	// DifferencePercent is simulated over predicted effective time, less 100.
+	DifferencePercent float64 `json:"difference_percent"`
+}
+
+type simClusterJSON struct {
+	JobNodes           int     `json:"job_nodes"`
+	SpareNodes         int     `json:"spare_nodes"`
+	GPUsPerNode        int     `json:"gpus_per_node"`
+	MTBFSeconds        float64 `json:"mtbf_seconds"`
+	GPUFaultShare      float64 `json:"gpu_fault_share"`
+	RepairSeconds      float64 `json:"repair_seconds"`
+	Seed               uint64  `json:"seed"`
+	CheckpointSeconds  float64 `json:"checkpoint_seconds"`
+	CheckpointInterval float64 `json:"checkpoint_interval_seconds"`
+	DetectSeconds      float64 `json:"detect_seconds"`
+	RestartSeconds     float64 `json:"restart_seconds"`
+	TrainTokens        float64 `json:"train_tokens,omitempty"`
+	Steps              int     `json:"steps"`
+	FailureFreeSeconds float64 `json:"failure_free_seconds"`
+}
+
+type simPredictedJSON struct {
+	EffectiveSeconds float64 `json:"effective_seconds"`
+	Goodput          float64 `json:"goodput"`
+	Interruptions    float64 `json:"interruptions"`
+}
+
+// simRunInput resolves the flags of a run under failures into the cost
+// model's terms and the replay's configuration.
+func simRunInput(f simFlags) (costmodel.Config, costmodel.Evaluation, simulate.FailureConfig, int, error) {
+	var zero costmodel.Config
+	m, tr, err := costmodel.LookupModel(f.model)
+	if err != nil {
+		return zero, costmodel.Evaluation{}, simulate.FailureConfig{}, 0, fmt.Errorf("simulate: %w", err)
+	}
+	hw, err := costmodel.LookupHardware(f.gpu)
+	if err != nil {
+		return zero, costmodel.Evaluation{}, simulate.FailureConfig{}, 0, fmt.Errorf("simulate: %w", err)
+	}
+	if f.gpus <= 0 {
+		return zero, costmodel.Evaluation{}, simulate.FailureConfig{}, 0, errors.New("simulate: how many GPUs? pass --gpus N")
+	}
+	if f.gpus%hw.GPUsPerNode != 0 {
+		return zero, costmodel.Evaluation{}, simulate.FailureConfig{}, 0, fmt.Errorf("simulate: --gpus %d is not whole %d-GPU nodes", f.gpus, hw.GPUsPerNode)
+	}
+	tun := costmodel.DefaultTunables()
+	for _, kv := range f.set {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return zero, costmodel.Evaluation{}, simulate.FailureConfig{}, 0, fmt.Errorf("simulate: --set %q: use key=value", kv)
+		}
+		if errHW := hw.Set(k, v); errHW != nil {
+			if errTun := tun.Set(k, v); errTun != nil {
+				return zero, costmodel.Evaluation{}, simulate.FailureConfig{}, 0, fmt.Errorf("simulate: --set %s: %v; %v", kv, errHW, errTun)
+			}
+		}
+	}
+	switch {
+	case f.mtbf > 0 && f.gpuMTBF > 0:
+		return zero, costmodel.Evaluation{}, simulate.FailureConfig{}, 0, errors.New("simulate: give --mtbf (the job's) or --gpu-mtbf (per GPU), not both")
+	case f.mtbf > 0:
+		tun.MTBF, tun.MTBFReferenceGPUs = f.mtbf, 0
+	case f.gpuMTBF > 0:
+		tun.MTBF, tun.MTBFReferenceGPUs = f.gpuMTBF, 1
+	}
+	if tun.MTBF <= 0 {
+		return zero, costmodel.Evaluation{}, simulate.FailureConfig{}, 0, errors.New("simulate: a run under failures needs a failure rate: --mtbf 3h (the job's) or --gpu-mtbf 50700h (per GPU)")
+	}
+	if f.interval > 0 {
+		tun.CheckpointInterval = f.interval
+	}
+	if f.zero >= 0 {
+		tr.ZeROStage = f.zero
+	}
+	if f.recompute != "" {
+		tr.Recompute = costmodel.Recompute(f.recompute)
+	}
+	if f.attnArg != "" {
+		tr.Attention = costmodel.Attention(f.attnArg)
+	}
+	switch {
+	case f.tokens > 0 && f.steps > 0:
+		return zero, costmodel.Evaluation{}, simulate.FailureConfig{}, 0, errors.New("simulate: give --tokens or --steps, not both")
+	case f.tokens > 0:
+		tr.TrainTokens = f.tokens
+	case f.steps > 0:
+		tr.TrainTokens = float64(f.steps) * float64(tr.GlobalBatch) * float64(m.SeqLen)
+	default:
+		return zero, costmodel.Evaluation{}, simulate.FailureConfig{}, 0, errors.New("simulate: how long is the run? pass --tokens (e.g. 15.6e12) or --steps")
+	}
+	ranked, rejected := costmodel.Search(m, hw, f.gpus, costmodel.Options{Training: tr, Tunables: tun,
+		TP: f.tp, CP: f.cp, PP: f.pp, MaxVirtualStages: f.virtual, AllowUnevenPipeline: true, Top: 1})
+	if len(ranked) == 0 {
+		return zero, costmodel.Evaluation{}, simulate.FailureConfig{}, 0, fmt.Errorf("simulate: no plan of %s fits %d %s GPUs (%d rejected): see gpuctl plan --model %s --gpus %d --gpu %s",
+			m.Name, f.gpus, hw.Name, len(rejected), f.model, f.gpus, hw.Name)
+	}
+	best := ranked[0]
+	c := costmodel.Config{Model: m, Hardware: hw, Training: tr, Tunables: tun}
+	nodes := f.gpus / hw.GPUsPerNode
+	spares := f.spares
+	if spares == 0 {
+		// Twice the nodes in repair at the failure rate, and at least 2%.
+		spares = max(int(math.Ceil(2*f.repair.Seconds()/best.Goodput.MTBFSec)), nodes/50, 8)
+	}
+	steps := int(tr.TrainTokens / (float64(tr.GlobalBatch) * float64(m.SeqLen)))
+	fc := simulate.FailureConfig{
+		JobNodes: nodes, GPUsPerNode: hw.GPUsPerNode, Spares: spares,
+		Work:               best.TrainSeconds,
+		CheckpointInterval: best.CheckpointIntervalSec, CheckpointTime: best.CheckpointSec,
+		Detect: tun.DetectWait.Seconds(), Restart: best.StartupSec,
+		MTBF: best.Goodput.MTBFSec, GPUFaultShare: f.gpuShare, Repair: f.repair.Seconds(), Seed: f.seed,
+	}
+	return c, best, fc, steps, nil
+}
+
+func runSimulateFailures(cmd *cobra.Command, f simFlags) error {
+	c, best, fc, steps, err := simRunInput(f)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	res, err := simulate.RunFailures(fc)
+	if err != nil {
+		return err
+	}
+	doc := simRunDocument(c, best, fc, steps, res)
+	if f.output == "json" {
+		return writeJSON(cmd.OutOrStdout(), doc)
+	}
+	w := cmd.OutOrStdout()
+	fmt.Fprintf(w, "%s on %d × %s: %s, step %.2fs, MFU %.1f%%\n", c.Model.Name, doc.GPUs, doc.GPU, best.Plan, best.StepSeconds, best.MFU*100)
+	fmt.Fprintf(w, "%d steps (%.3g tokens): %s of failure-free training\n", steps, c.Training.TrainTokens, planDuration(fc.Work))
+	fmt.Fprintf(w, "cluster: %d job nodes + %d spares; an interruption every %s (%.0f%% one GPU, the rest a node), repairs take %s, seed %d\n",
+		fc.JobNodes, fc.Spares, planDuration(fc.MTBF), fc.GPUFaultShare*100, planDuration(fc.Repair), fc.Seed)
+	fmt.Fprintf(w, "checkpoint %.0fs every %s; detection %.0fs, restart %.0fs\n\n", fc.CheckpointTime, planDuration(fc.CheckpointInterval), fc.Detect, fc.Restart)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\tEFFECTIVE TIME\tGOODPUT\tINTERRUPTIONS\t")
+	fmt.Fprintf(tw, "predicted\t%s\t%.2f%%\t%.0f\t\n", planDuration(doc.Predicted.EffectiveSeconds), doc.Predicted.Goodput*100, doc.Predicted.Interruptions)
+	fmt.Fprintf(tw, "simulated\t%s\t%.2f%%\t%d\t\n", planDuration(res.WallSeconds), res.Goodput*100, res.Interruptions)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nsimulated − predicted: %+.2f%%; %d GPU and %d node failures (%d during recovery), %d nodes swapped in, %s lost work, %s recovering (%s waiting for nodes), %d checkpoints; replay took %.2fs\n",
+		doc.DifferencePercent, res.GPUFailures, res.NodeFailures, res.DuringRecovery, res.Replacements, planDuration(res.LostWorkSeconds),
+		planDuration(res.RecoverySeconds), planDuration(res.SpareWaitSeconds), res.Checkpoints, time.Since(start).Seconds())
+	return nil
+}
+
+// simRunDocument builds the run-under-failures -o json document.
+func simRunDocument(c costmodel.Config, best costmodel.Evaluation, fc simulate.FailureConfig, steps int, res simulate.FailureResult) simRunDoc {
+	g := best.Goodput
+	pred := costmodel.ExpectedWallTime(fc.Work, fc.CheckpointInterval, fc.CheckpointTime, fc.Detect+fc.Restart, fc.MTBF)
+	return simRunDoc{
+		Model: c.Model, GPU: c.Hardware.Name, GPUs: best.GPUs(), Plan: best,
+		Cluster: simClusterJSON{JobNodes: fc.JobNodes, SpareNodes: fc.Spares, GPUsPerNode: fc.GPUsPerNode, MTBFSeconds: fc.MTBF,
+			GPUFaultShare: fc.GPUFaultShare, RepairSeconds: fc.Repair, Seed: fc.Seed, CheckpointSeconds: fc.CheckpointTime,
+			CheckpointInterval: fc.CheckpointInterval, DetectSeconds: fc.Detect, RestartSeconds: fc.Restart,
+			TrainTokens: c.Training.TrainTokens, Steps: steps, FailureFreeSeconds: fc.Work},
+		Predicted:         simPredictedJSON{EffectiveSeconds: pred, Goodput: g.Fraction, Interruptions: pred / fc.MTBF},
+		Simulated:         res,
+		DifferencePercent: (res.WallSeconds/pred - 1) * 100,
+	}
 }

@@ -48,6 +48,10 @@ type Model struct {
 	// LearnedPositions adds a learned SeqLen×Hidden position table (GPT-2/3
 	// style) instead of rotary embeddings, which have no parameters.
 	LearnedPositions bool `json:"learned_positions,omitempty"`
+	// Dropout marks a model trained with dropout (GPT-3 style): masks are
+	// stored and applied after attention and the MLP. Llama-style models
+	// train without.
+	Dropout bool `json:"dropout,omitempty"`
 }
 
 // kvHeads returns the effective number of key/value heads.
@@ -186,7 +190,7 @@ var presets = map[string]preset{
 		// Brown et al. 2020, Table 2.1; batch 1536 as in Narayanan et al. Table 1.
 		// Params() = 174.6e9 (published 175B).
 		model: Model{Name: "gpt3-175b", Layers: 96, Hidden: 12288, Heads: 96, SeqLen: 2048, Vocab: 50257,
-			TiedEmbeddings: true, LearnedPositions: true},
+			TiedEmbeddings: true, LearnedPositions: true, Dropout: true},
 		batch: 1536,
 	},
 	"llama2-70b": {
@@ -207,7 +211,7 @@ var presets = map[string]preset{
 		// Narayanan et al. SC'21, Table 1 (last row): 128 layers, h 25600, 160 heads, batch 3072.
 		// Params() = 1008.0e9 (published 1008B).
 		model: Model{Name: "gpt-1t", Layers: 128, Hidden: 25600, Heads: 160, SeqLen: 2048, Vocab: 51200,
-			TiedEmbeddings: true, LearnedPositions: true},
+			TiedEmbeddings: true, LearnedPositions: true, Dropout: true},
 		batch: 3072,
 	},
 }

@@ -18,6 +18,7 @@ const (
 	ReasonLayersNotDivisible   Reason = "layers not divisible by pp"
 	ReasonBatchNotDivisible    Reason = "batch not divisible"
 	ReasonInterleaveImpossible Reason = "interleaving impossible"
+	ReasonSeqNotDivisible      Reason = "sequence not divisible by cp"
 	ReasonOutOfMemory          Reason = "out of memory"
 	ReasonSlower               Reason = "slower"
 )
@@ -40,14 +41,18 @@ type Rejection struct {
 type Options struct {
 	Training Training
 	Tunables Tunables
-	// TP, PP and DP fix a dimension when positive.
-	TP, PP, DP int
+	// TP, CP, PP and DP fix a dimension when positive.
+	TP, CP, PP, DP int
+	// MaxCP bounds context parallelism tried (powers of two); 0 tries it
+	// only for sequences of 32K tokens and more, up to 16.
+	MaxCP int
 	// MicroBatchSizes are the micro-batch sizes tried; nil means 1, 2, 4, 8.
 	MicroBatchSizes []int
 	// MaxVirtualStages bounds interleaving; 0 means 1 (no interleaving).
 	MaxVirtualStages int
-	// AllowUnevenPipeline lets pp not divide the layer count (the busiest
-	// stage gets one more block).
+	// AllowUnevenPipeline lets pp·v not divide the layer count: the first
+	// and last stages then also count the embedding and output layers
+	// (see newLayout), with or without interleaving.
 	AllowUnevenPipeline bool
 	// Top keeps only the best Top plans in ranked; the rest become
 	// ReasonSlower rejections. 0 keeps all.
@@ -55,13 +60,16 @@ type Options struct {
 }
 
 // Search enumerates tp (powers of two within a node that divide the heads)
-// × pp × dp = gpus/(tp·pp) × micro-batch size × interleaving, keeps the
-// plans that fit in memory, and ranks them by predicted step time (fastest
-// first). Every plan or family of plans that lost is in rejected, with why.
+// × cp (for long sequences) × pp × dp = gpus/(tp·cp·pp) × micro-batch size
+// × interleaving, keeps the plans that fit in memory, and ranks them by
+// predicted step time (fastest first), or by the step time failures make
+// when an MTBF is set. Every plan or family of plans that lost is in
+// rejected, with why.
 //
-// Pruning: a (tp, pp, dp) whose model state alone overflows the GPU skips
-// all its micro-batch sizes, and a micro-batch size that overflows ends the
-// larger ones (activations only grow with it).
+// Pruning: a (tp, cp, pp, dp) whose model state alone overflows the GPU
+// skips all its micro-batch sizes, and a micro-batch size that overflows
+// with the plain schedule ends the larger ones (activations only grow with
+// it).
 func Search(model Model, hw Hardware, gpus int, opt Options) (ranked []Evaluation, rejected []Rejection) {
 	c := Config{Model: model, Hardware: hw, Training: opt.Training, Tunables: opt.Tunables}
 	if err := c.Validate(); err != nil {
@@ -80,6 +88,7 @@ func Search(model Model, hw Hardware, gpus int, opt Options) (ranked []Evaluatio
 	reject := func(p Plan, r Reason, format string, args ...any) {
 		rejected = append(rejected, Rejection{Plan: p, Reason: r, Detail: fmt.Sprintf(format, args...)})
 	}
+	layers := model.Layers
 
 	for _, tp := range tpCandidates(model, gpus, opt.TP) {
 		base := Plan{TP: tp}
@@ -94,109 +103,161 @@ func Search(model Model, hw Hardware, gpus int, opt Options) (ranked []Evaluatio
 			reject(base, ReasonGPUsNotDivisible, "tp %d does not divide %d GPUs", tp, gpus)
 			continue
 		}
-		for _, pp := range ppCandidates(model, gpus/tp, opt.PP) {
-			base := Plan{TP: tp, PP: pp}
-			if (gpus/tp)%pp != 0 {
-				reject(base, ReasonGPUsNotDivisible, "tp %d × pp %d does not divide %d GPUs", tp, pp, gpus)
+		for _, cp := range cpCandidates(model, gpus/tp, opt) {
+			base := Plan{TP: tp, CP: cp}
+			if (gpus/tp)%cp != 0 {
+				reject(base, ReasonGPUsNotDivisible, "tp %d × cp %d does not divide %d GPUs", tp, cp, gpus)
 				continue
 			}
-			if pp > model.Layers {
-				reject(base, ReasonLayersNotDivisible, "pp %d exceeds %d layers", pp, model.Layers)
+			if model.SeqLen%(2*cp) != 0 && cp > 1 {
+				reject(base, ReasonSeqNotDivisible, "cp %d needs the sequence length %d to split into 2×%d chunks", cp, model.SeqLen, cp)
 				continue
 			}
-			if model.Layers%pp != 0 && !opt.AllowUnevenPipeline {
-				reject(base, ReasonLayersNotDivisible, "pp %d does not divide %d layers (allow an uneven pipeline to try it)", pp, model.Layers)
-				continue
-			}
-			dp := gpus / (tp * pp)
-			base.DP = dp
-			if opt.DP > 0 && dp != opt.DP {
-				reject(base, ReasonGPUsNotDivisible, "tp %d × pp %d × dp %d = %d, not %d GPUs", tp, pp, opt.DP, tp*pp*opt.DP, gpus)
-				continue
-			}
-			// Model state alone (micro-batch 1, no activations) must fit.
-			state := c.stateBytes(base)
-			if state > hw.HBMBytes {
-				rejected = append(rejected, Rejection{Plan: base, Reason: ReasonOutOfMemory, MemPerGPUBytes: state,
-					Detail: fmt.Sprintf("model state alone needs %s of %s", FormatBytes(state), FormatBytes(hw.HBMBytes))})
-				continue
-			}
-		mbs:
-			for _, mbs := range mbsList {
-				p := base
-				p.MicroBatch = mbs
-				if opt.Training.GlobalBatch%(dp*mbs) != 0 {
-					reject(p, ReasonBatchNotDivisible, "global batch %d is not divisible by dp %d × micro-batch %d", opt.Training.GlobalBatch, dp, mbs)
+			for _, pp := range ppCandidates(model, gpus/(tp*cp), opt.PP) {
+				base := Plan{TP: tp, CP: cp, PP: pp}
+				if (gpus/(tp*cp))%pp != 0 {
+					reject(base, ReasonGPUsNotDivisible, "tp %d × cp %d × pp %d does not divide %d GPUs", tp, cp, pp, gpus)
 					continue
 				}
-				p.NumMicroBatches = opt.Training.GlobalBatch / (dp * mbs)
-				for v := 1; v <= maxV; v++ {
-					q := p
-					q.VirtualStages = v
-					if v > 1 {
-						if pp < 2 || model.Layers%(pp*v) != 0 {
-							continue // not a candidate shape; not worth a line
-						}
-						if q.NumMicroBatches%pp != 0 {
-							reject(q, ReasonInterleaveImpossible, "%d micro-batches are not a multiple of pp %d", q.NumMicroBatches, pp)
-							continue
-						}
-					}
-					ev := c.evaluate(q)
-					if !ev.Fits {
-						e := ev
-						rejected = append(rejected, Rejection{Plan: q, Reason: ReasonOutOfMemory, Evaluation: &e, MemPerGPUBytes: ev.MemPerGPUBytes,
-							Detail: fmt.Sprintf("needs %s of %s", FormatBytes(ev.MemPerGPUBytes), FormatBytes(hw.HBMBytes))})
-						if v == 1 {
-							// Interleaving only adds activation memory and a
-							// larger micro-batch only adds more: none will fit.
-							break mbs
-						}
-						continue
-					}
-					ranked = append(ranked, ev)
+				if pp > layers {
+					reject(base, ReasonLayersNotDivisible, "pp %d exceeds %d layers", pp, layers)
+					continue
 				}
+				if layers%pp != 0 && !opt.AllowUnevenPipeline {
+					reject(base, ReasonLayersNotDivisible, "pp %d does not divide %d layers (allow an uneven pipeline to try it)", pp, layers)
+					continue
+				}
+				dp := gpus / (tp * cp * pp)
+				base.DP = dp
+				if opt.DP > 0 && dp != opt.DP {
+					reject(base, ReasonGPUsNotDivisible, "tp %d × cp %d × pp %d × dp %d = %d, not %d GPUs", tp, cp, pp, opt.DP, tp*cp*pp*opt.DP, gpus)
+					continue
+				}
+				// Model state alone (no activations) must fit.
+				if state := c.stateBytes(base); state > hw.HBMBytes {
+					rejected = append(rejected, Rejection{Plan: base, Reason: ReasonOutOfMemory, MemPerGPUBytes: state,
+						Detail: fmt.Sprintf("model state alone needs %s of %s", FormatBytes(state), FormatBytes(hw.HBMBytes))})
+					continue
+				}
+				ranked, rejected = c.searchMicroBatches(base, mbsList, maxV, opt, ranked, rejected)
 			}
 		}
 	}
 
+	key := func(e *Evaluation) float64 {
+		if e.Goodput != nil {
+			return e.Goodput.EffectiveStepSec
+		}
+		return e.StepSeconds
+	}
 	slices.SortFunc(ranked, func(a, b Evaluation) int {
 		return cmp.Or(
-			cmp.Compare(a.StepSeconds, b.StepSeconds),
+			cmp.Compare(key(&a), key(&b)),
 			cmp.Compare(a.MemPerGPUBytes, b.MemPerGPUBytes),
-			cmp.Compare(a.TP, b.TP), cmp.Compare(a.PP, b.PP),
+			cmp.Compare(a.TP, b.TP), cmp.Compare(a.CP, b.CP), cmp.Compare(a.PP, b.PP),
 			cmp.Compare(a.MicroBatch, b.MicroBatch), cmp.Compare(a.VirtualStages, b.VirtualStages))
 	})
 	if opt.Top > 0 && len(ranked) > opt.Top {
-		best := ranked[0].StepSeconds
+		best := key(&ranked[0])
 		for _, ev := range ranked[opt.Top:] {
 			e := ev
 			rejected = append(rejected, Rejection{Plan: ev.Plan, Reason: ReasonSlower, Evaluation: &e,
-				Detail: fmt.Sprintf("slower by %.1f%%", (ev.StepSeconds/best-1)*100)})
+				Detail: fmt.Sprintf("slower by %.1f%%", (key(&e)/best-1)*100)})
 		}
 		ranked = ranked[:opt.Top]
 	}
 	return ranked, rejected
 }
 
-// stateBytes is weights + gradients + optimizer state + reserve for a
-// (tp, pp, dp), the memory no micro-batch choice can reduce.
+// searchMicroBatches tries every micro-batch size and interleaving of one
+// (tp, cp, pp, dp).
+func (c Config) searchMicroBatches(base Plan, mbsList []int, maxV int, opt Options, ranked []Evaluation, rejected []Rejection) ([]Evaluation, []Rejection) {
+	layers, dp, pp := c.Model.Layers, base.DP, base.PP
+	hw := c.Hardware
+mbs:
+	for _, mbs := range mbsList {
+		p := base
+		p.MicroBatch = mbs
+		if c.Training.GlobalBatch%(dp*mbs) != 0 {
+			rejected = append(rejected, Rejection{Plan: p, Reason: ReasonBatchNotDivisible,
+				Detail: fmt.Sprintf("global batch %d is not divisible by dp %d × micro-batch %d", c.Training.GlobalBatch, dp, mbs)})
+			continue
+		}
+		p.NumMicroBatches = c.Training.GlobalBatch / (dp * mbs)
+		for v := 1; v <= maxV; v++ {
+			q := p
+			q.VirtualStages = v
+			if v > 1 {
+				even := layers%(pp*v) == 0
+				if pp < 2 || (!even && !opt.AllowUnevenPipeline) || pp*v > layers+2 {
+					continue // not a candidate shape; not worth a line
+				}
+				if q.NumMicroBatches%pp != 0 {
+					rejected = append(rejected, Rejection{Plan: q, Reason: ReasonInterleaveImpossible,
+						Detail: fmt.Sprintf("%d micro-batches are not a multiple of pp %d", q.NumMicroBatches, pp)})
+					continue
+				}
+			}
+			ev := c.evaluate(q)
+			if !ev.Fits {
+				e := ev
+				rejected = append(rejected, Rejection{Plan: q, Reason: ReasonOutOfMemory, Evaluation: &e, MemPerGPUBytes: ev.MemPerGPUBytes,
+					Detail: fmt.Sprintf("needs %s of %s", FormatBytes(ev.MemPerGPUBytes), FormatBytes(hw.HBMBytes))})
+				if v == 1 {
+					// Interleaving only adds activation memory and a
+					// larger micro-batch only adds more: none will fit.
+					break mbs
+				}
+				continue
+			}
+			ranked = append(ranked, ev)
+		}
+	}
+	return ranked, rejected
+}
+
+// stateBytes is weights + gradients + optimizer state + reserves of the
+// fullest stage under the plain schedule, the memory no micro-batch choice
+// can reduce.
 func (c Config) stateBytes(p Plan) int64 {
-	lmax := (c.Model.Layers + p.PP - 1) / p.PP
-	n := c.paramsPerGPU(p, lmax)
-	d := float64(p.DP)
+	p.CP = max(p.CP, 1)
+	e := &engine{c: c, p: p, lay: newLayout(c.Model.Layers, p.PP, 1), t: float64(p.TP), cp: float64(p.CP)}
+	g, _ := c.dpGroup(p)
 	tu := c.Tunables
-	w, g, o := n*tu.ParamBytes, n*tu.GradBytes, n*tu.OptimizerBytes
-	if c.Training.ZeROStage >= 1 {
-		o /= d
+	var most float64
+	for r, l := range e.lay.stageLayers() {
+		n := e.stageParams(r, l)
+		w, gr, o := n*tu.ParamBytes, n*tu.GradBytes, n*tu.OptimizerBytes
+		if c.Training.ZeROStage >= 1 {
+			o /= float64(g)
+		}
+		if c.Training.ZeROStage >= 2 {
+			gr /= float64(g)
+		}
+		if c.Training.ZeROStage >= 3 {
+			w /= float64(g)
+		}
+		most = max(most, w+gr+o)
 	}
-	if c.Training.ZeROStage >= 2 {
-		g /= d
+	frag := float64(c.Hardware.HBMBytes) * tu.FragmentationPercent / 100
+	return int64(most) + tu.ReservedBytes + int64(frag)
+}
+
+// cpCandidates are the fixed cp, or 1 and, for sequences of 32K tokens or
+// more (or up to MaxCP), powers of two up to 16 that leave GPUs.
+func cpCandidates(m Model, rest int, opt Options) []int {
+	if opt.CP > 0 {
+		return []int{opt.CP}
 	}
-	if c.Training.ZeROStage >= 3 {
-		w /= d
+	limit := opt.MaxCP
+	if limit == 0 && m.SeqLen >= 32768 {
+		limit = 16
 	}
-	return int64(w) + int64(g) + int64(o) + tu.ReservedBytes
+	out := []int{1}
+	for cp := 2; cp <= limit && cp <= rest; cp *= 2 {
+		out = append(out, cp)
+	}
+	return out
 }
 
 // tpCandidates are powers of two up to the head count (or the fixed tp).

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func searchPreset(t testing.TB, model, gpu string, gpus int, edit func(*Options)) ([]Evaluation, []Rejection) {
@@ -189,6 +190,50 @@ func TestSearchUnevenPipeline(t *testing.T) {
 	}
 }
 
+func TestSearchLlama405BOn8192H100(t *testing.T) {
+	// gpuctl plan --model llama3-405b --gpus 8192 --gpu h100 must find a
+	// plan that fits; the published layout (tp 8, pp 16, dp 64, Llama 3
+	// Table 4) is among them, with 126 layers split unevenly.
+	ranked, rejected := searchPreset(t, "llama3-405b", "h100", 8192, func(o *Options) { o.AllowUnevenPipeline = true; o.MaxVirtualStages = 8 })
+	if len(ranked) == 0 {
+		t.Fatalf("no plan fits; rejections %v", reasons(rejected))
+	}
+	if !ranked[0].Fits || ranked[0].GPUs() != 8192 {
+		t.Fatalf("best %s fits %v", ranked[0].Plan, ranked[0].Fits)
+	}
+	if !slices.ContainsFunc(ranked, func(e Evaluation) bool { return e.TP == 8 && e.PP == 16 && e.DP == 64 && e.Fits }) {
+		t.Errorf("the published layout tp 8 × pp 16 × dp 64 is not among the plans that fit")
+	}
+}
+
+func TestSearchContextParallelismForLongSequences(t *testing.T) {
+	m, tr, _ := LookupModel("llama3-405b")
+	m.SeqLen, tr.GlobalBatch = 131072, 128
+	hw, _ := LookupHardware("h100")
+	ranked, _ := Search(m, hw, 16384, Options{Training: tr, Tunables: DefaultTunables(), MaxVirtualStages: 8, AllowUnevenPipeline: true})
+	if len(ranked) == 0 || !slices.ContainsFunc(ranked, func(e Evaluation) bool { return e.CP > 1 }) {
+		t.Fatalf("%d plans for 128K tokens, none with context parallelism", len(ranked))
+	}
+	if short, _ := searchPreset(t, "llama3-405b", "h100", 8192, func(o *Options) { o.AllowUnevenPipeline = true }); slices.ContainsFunc(short, func(e Evaluation) bool { return e.CP > 1 }) {
+		t.Errorf("context parallelism tried for 8K sequences without being asked")
+	}
+}
+
+func TestSearchRanksByEffectiveStepWithFailures(t *testing.T) {
+	ranked, _ := searchPreset(t, "llama2-70b", "h100", 256, func(o *Options) { o.Tunables.MTBF = 2 * time.Hour })
+	if len(ranked) < 2 {
+		t.Fatal("too few plans")
+	}
+	for i, e := range ranked {
+		if e.Goodput == nil {
+			t.Fatalf("ranked[%d] has no goodput with an MTBF set", i)
+		}
+		if i > 0 && e.Goodput.EffectiveStepSec < ranked[i-1].Goodput.EffectiveStepSec {
+			t.Fatalf("ranked[%d] not sorted by effective step", i)
+		}
+	}
+}
+
 func TestSearchDeterministic(t *testing.T) {
 	a1, r1 := searchPreset(t, "gpt-1t", "h100", 3072, nil)
 	a2, r2 := searchPreset(t, "gpt-1t", "h100", 3072, nil)
@@ -197,13 +242,24 @@ func TestSearchDeterministic(t *testing.T) {
 	}
 }
 
+// BenchmarkSearch1T3072 is a full search of a trillion-parameter model on
+// 3,072 H100s, with the options earlier versions took and with the uneven
+// pipelines gpuctl plan tries by default.
 func BenchmarkSearch1T3072(b *testing.B) {
 	m, tr, _ := LookupModel("gpt-1t")
 	hw, _ := LookupHardware("h100")
-	opt := Options{Training: tr, Tunables: DefaultTunables(), MaxVirtualStages: 8}
+	b.Run("even", func(b *testing.B) {
+		benchSearch(b, m, hw, 3072, Options{Training: tr, Tunables: DefaultTunables(), MaxVirtualStages: 8})
+	})
+	b.Run("uneven", func(b *testing.B) {
+		benchSearch(b, m, hw, 3072, Options{Training: tr, Tunables: DefaultTunables(), MaxVirtualStages: 8, AllowUnevenPipeline: true})
+	})
+}
+
+func benchSearch(b *testing.B, m Model, hw Hardware, gpus int, opt Options) {
 	plans := 0
 	for b.Loop() {
-		ranked, rejected := Search(m, hw, 3072, opt)
+		ranked, rejected := Search(m, hw, gpus, opt)
 		plans += len(ranked) + len(rejected)
 	}
 	sec := b.Elapsed().Seconds()

@@ -2,7 +2,6 @@ package simulate
 
 import (
 	"math"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -113,21 +112,13 @@ func TestClusterSize(t *testing.T) {
 	}
 }
 
-// phillyPath is $GPUCTL_TRACE or the shared trace beside the repository.
-func phillyPath() string {
-	if p := os.Getenv("GPUCTL_TRACE"); p != "" {
-		return p
-	}
-	return filepath.Join("..", "..", "..", "shared", "traces", "philly-multigpu-3034.json")
-}
+// phillyPath is the Philly trace committed in scheduler/trace/testdata
+// (Jeon et al., ATC'19; CC BY 4.0: see its README.md).
+var phillyPath = filepath.Join("..", "trace", "testdata", "philly-multigpu-3034.json")
 
 func loadPhilly(tb testing.TB) []trace.Job {
 	tb.Helper()
-	p := phillyPath()
-	if _, err := os.Stat(p); err != nil {
-		tb.Skipf("Philly trace not found at %s; set GPUCTL_TRACE to its path: %v", p, err)
-	}
-	jobs, err := trace.Load(p)
+	jobs, err := trace.Load(phillyPath)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -55,20 +55,12 @@ func TestReadPhillyErrors(t *testing.T) {
 	}
 }
 
-// phillyPath finds the shared Philly trace: $GPUCTL_TRACE or
-// ../../../shared/traces from this package (the repository's sibling).
-func phillyPath() string {
-	if p := os.Getenv("GPUCTL_TRACE"); p != "" {
-		return p
-	}
-	return filepath.Join("..", "..", "..", "shared", "traces", "philly-multigpu-3034.json")
-}
+// phillyPath is the Philly trace committed beside the tests (see
+// testdata/README.md for its source and licence).
+var phillyPath = filepath.Join("testdata", "philly-multigpu-3034.json")
 
 func TestLoadRealPhilly(t *testing.T) {
-	p := phillyPath()
-	if _, err := os.Stat(p); err != nil {
-		t.Skipf("Philly trace not found at %s (set GPUCTL_TRACE): %v", p, err)
-	}
+	p := phillyPath
 	jobs, err := Load(p)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,304 @@
+package costmodel
+
+import "math"
+
+// stepTimes is the step of a plan, put together from the engine's costs.
+type stepTimes struct {
+	step, pipe float64
+	// busy is the stage whose micro-batch time bounds the pipeline; tail
+	// the stage whose post-pipeline work (gradient reduction, optimizer)
+	// finishes last.
+	busy, tail int
+	perStage   []float64 // per micro-batch, each stage
+	m          float64
+
+	dpComm, dpExp, z3Comm, z3Exp, opt float64 // of the tail stage
+}
+
+// stageKernels returns a stage's kernel time and forward kernel time per
+// micro-batch, and its blocks.
+func (e *engine) stageKernels(r int, layers int) (kern, fwd float64) {
+	kern = float64(layers) * e.blk.kernels()
+	fwd = float64(layers) * e.blk.fwd
+	if r == 0 {
+		kern += e.emb.gemm + e.emb.elem
+		fwd += e.emb.fwd
+	}
+	if r == e.p.PP-1 {
+		kern += e.out.gemm + e.out.elem
+		fwd += e.out.fwd
+	}
+	return kern, fwd
+}
+
+// stageTime is a stage's time per micro-batch: its kernels plus exposed
+// tensor-, context-parallel and pipeline communication.
+func (e *engine) stageTime(r, layers int) float64 {
+	t := float64(layers) * e.blk.total()
+	if r == 0 {
+		t += e.emb.total()
+	}
+	if r == e.p.PP-1 {
+		t += e.out.total()
+	}
+	return t + float64(e.p.VirtualStages)*e.p2pE
+}
+
+// stageParams is the parameter count one GPU of stage r holds before any
+// ZeRO sharding: its blocks, the embedding table on the first stage, the
+// output layer on the last (a second copy of tied embeddings when the two
+// are on different stages), split over tp.
+func (e *engine) stageParams(r, layers int) float64 {
+	m := e.c.Model
+	n := float64(layers) * m.LayerParams()
+	vh := float64(m.Vocab) * float64(m.Hidden)
+	if r == 0 {
+		n += vh
+		if m.LearnedPositions {
+			n += float64(m.SeqLen) * float64(m.Hidden)
+		}
+	}
+	if r == e.p.PP-1 {
+		if !m.TiedEmbeddings || e.p.PP > 1 {
+			n += vh
+		}
+		n += float64(m.Hidden)
+	}
+	return n / e.t
+}
+
+// step puts the stages together under the 1F1B schedule. With m
+// micro-batches and per-micro-batch stage times C_r, the plain schedule
+// takes Σ C_r + (m−1)·max C_r (fill, steady state, drain: (m + p − 1)·C
+// when the stages are equal), the interleaved one m·max C_r +
+// (Σ C_r − max C_r)/v. Then the gradient reduction and the optimizer step
+// finish the step on every stage; the last to finish bounds it.
+func (e *engine) step() stepTimes {
+	c, p, tu := e.c, e.p, e.c.Tunables
+	st := stepTimes{m: float64(p.NumMicroBatches), perStage: make([]float64, p.PP)}
+	layers := e.lay.stageLayers()
+	var sum, cmax float64
+	for r := range p.PP {
+		st.perStage[r] = e.stageTime(r, layers[r])
+		sum += st.perStage[r]
+		if st.perStage[r] > cmax {
+			cmax, st.busy = st.perStage[r], r
+		}
+	}
+	st.pipe = st.m*cmax + (sum-cmax)/float64(p.VirtualStages)
+
+	g, k := c.dpGroup(p)
+	zero := c.Training.ZeROStage
+	var tailMax float64
+	for r := range p.PP {
+		n := e.stageParams(r, layers[r])
+		kern, fwd := e.stageKernels(r, layers[r])
+		bwd := kern - fwd
+		var dpComm, dpExp, z3Comm, z3Exp float64
+		switch {
+		case g <= 1:
+		case zero == 3:
+			// Every micro-batch gathers the parameters for the forward
+			// pass and again for the backward pass, and reduce-scatters
+			// its gradients: per-layer collectives that reach only a share
+			// of the ring's bandwidth.
+			per := (2*c.ring(n*tu.ParamBytes, g, k)+c.ring(n*tu.GradBytes, g, k))/tu.ZeRO3Efficiency +
+				float64(layers[r])*float64(g-1)*tu.ZeRO3Latency.Seconds()
+			z3Comm = st.m * per
+			z3Exp = math.Max(0, z3Comm-tu.ZeRO3Overlap*st.m*kern)
+		case zero >= 1:
+			// Reduce-scatter of the gradients after the last backward pass,
+			// all-gather of the updated parameters before the next forward.
+			rs := c.ring(n*tu.GradBytes, g, k)
+			ag := c.ring(n*tu.ParamBytes, g, k)
+			dpComm = rs + ag
+			dpExp = math.Max(0, rs-tu.DPOverlap*bwd) + math.Max(0, ag-tu.DPOverlap*fwd)
+		default:
+			dpComm = 2 * c.ring(n*tu.GradBytes, g, k)
+			dpExp = math.Max(0, dpComm-tu.DPOverlap*bwd)
+		}
+		shard := 1.0
+		if zero >= 1 {
+			shard = float64(g)
+		}
+		// Adam reads fp32 gradients, master weights and both moments and
+		// writes all but the gradients plus the bf16 weights: 28 bytes per
+		// parameter it owns.
+		opt := c.elemTime(n / shard * 28)
+		if tail := dpExp + z3Exp + opt; tail > tailMax || r == 0 {
+			tailMax, st.tail = tail, r
+			st.dpComm, st.dpExp, st.z3Comm, st.z3Exp, st.opt = dpComm, dpExp, z3Comm, z3Exp, opt
+		}
+	}
+	st.step = st.pipe + tailMax
+	return st
+}
+
+// fill copies the step's breakdown into ev: kernel and communication time
+// of the busiest stage over all micro-batches, the bubble, and the tail
+// stage's reduction and optimizer step.
+func (st stepTimes) fill(ev *Evaluation, e *engine) {
+	layers := e.lay.stageLayers()
+	r := st.busy
+	l := float64(layers[r])
+	m := st.m
+	b := e.blk
+	ev.GEMMSec = m * l * b.gemm
+	ev.AttentionSec = m * l * b.attn
+	ev.ElementwiseSec = m * l * b.elem
+	ev.RecomputeSec = m * l * b.recompute
+	ev.TPCommSec = m * l * b.tpComm
+	ev.TPExposedSec = m * l * b.tpExp
+	ev.CPCommSec = m * l * b.cpComm
+	ev.CPExposedSec = m * l * b.cpExp
+	if r == 0 {
+		ev.GEMMSec += m * e.emb.gemm
+		ev.ElementwiseSec += m * e.emb.elem
+		ev.TPCommSec += m * e.emb.tpComm
+		ev.TPExposedSec += m * e.emb.tpExp
+	}
+	if r == e.p.PP-1 {
+		ev.GEMMSec += m * e.out.gemm
+		ev.ElementwiseSec += m * e.out.elem
+		ev.TPCommSec += m * e.out.tpComm
+		ev.TPExposedSec += m * e.out.tpExp
+	}
+	ev.ComputeSec = ev.GEMMSec + ev.AttentionSec + ev.ElementwiseSec
+	v := float64(e.p.VirtualStages)
+	ev.PPCommSec = m * v * e.p2p
+	ev.PPExposedSec = m * v * e.p2pE
+	ev.BubbleSec = st.pipe - m*st.perStage[r]
+	ev.DPCommSec, ev.DPExposedSec = st.dpComm, st.dpExp
+	ev.ZeRO3CommSec, ev.ZeRO3ExposedSec = st.z3Comm, st.z3Exp
+	ev.OptimizerSec = st.opt
+	// FLOP-weighted GEMM efficiency of one block: FLOPs over the time they
+	// take against peak.
+	if b.gemm > 0 {
+		ev.GEMMEfficiency = b.flops / (b.gemm * e.c.peakFLOPs())
+	}
+	ev.StageLayers = layers
+	for _, n := range layers {
+		ev.LayersPerStage = max(ev.LayersPerStage, n)
+	}
+}
+
+// blockActivation is what one block stores for the backward pass, per
+// micro-batch, following Korthikanti et al. 2022 (Table 2) element by
+// element: norm inputs, GEMM inputs, q/k/v, the attention output, the MLP
+// intermediate values and dropout masks; with unfused attention also the
+// softmax output (and its dropout). Sequence parallelism splits what
+// tensor parallelism does not. For GPT-3 shapes this is s·b·h·(34 +
+// 5·a·s/h) without parallelism.
+func (e *engine) blockActivation(r Recompute) float64 {
+	m, tr := e.c.Model, e.c.Training
+	t, T := e.t, e.tok
+	h, f := float64(m.Hidden), float64(m.ffn())
+	kv := float64(m.kvHeads()) * h / float64(m.Heads)
+	hs := h
+	if tr.SequenceParallel {
+		hs = h / t
+	}
+	if r == RecomputeFull {
+		return T * 2 * hs // the block's input only
+	}
+	mask := 0.0
+	if m.Dropout {
+		mask = hs
+	}
+	in := 1.0
+	if m.GatedMLP {
+		in = 2
+	}
+	perTok := 2*hs + 2*hs + 2*h/t + 4*kv/t + 2*h/t + mask // attention
+	perTok += 2*hs + 2*hs + 2*in*f/t + 2*f/t + mask       // MLP
+	if tr.attention() == AttentionUnfused && r != RecomputeSelective {
+		per := 2.0
+		if m.Dropout {
+			per = 5
+		}
+		perTok += per * float64(m.Heads) / t * float64(m.SeqLen)
+	}
+	return T * perTok
+}
+
+// memory fills ev's memory terms for the fullest stage: model state under
+// the ZeRO stage, the activations of every micro-batch the schedule keeps
+// in flight on each chunk, communication buffers, the reserve and the
+// fragmentation allowance.
+func (e *engine) memory(ev *Evaluation) {
+	c, p, tu, m := e.c, e.p, e.c.Tunables, e.c.Model
+	g, _ := c.dpGroup(p)
+	gd := float64(g)
+	zero := c.Training.ZeROStage
+	h := float64(m.Hidden)
+	hs := h
+	if c.Training.SequenceParallel {
+		hs = h / e.t
+	}
+	blk := e.blockActivation(c.Training.Recompute)
+	full := 0.0
+	if c.Training.Recompute == RecomputeFull {
+		// Recomputing one block in the backward pass needs its full
+		// activations once more.
+		full = e.blockActivation(RecomputeNone)
+	}
+	embAct := e.tok * 3 * hs
+	outAct := e.tok * (2*hs + 2*h + 6*float64(m.Vocab)/e.t)
+	last := len(e.lay.seg) - 1
+
+	var buffers float64
+	if p.PP > 1 {
+		buffers += 4 * e.tok * h * 2 / e.t // send and receive, both directions
+	}
+	if p.cp() > 1 {
+		kv := float64(m.kvHeads()) * h / float64(m.Heads)
+		buffers += 2 * e.tok * 2 * kv / e.t * 2
+	}
+	if zero == 3 && g > 1 {
+		buffers += 2 * m.LayerParams() / e.t * tu.ParamBytes // gathered block and the prefetched next
+	}
+	frag := float64(c.Hardware.HBMBytes) * tu.FragmentationPercent / 100
+
+	layers := e.lay.stageLayers()
+	best := -1.0
+	for r := range p.PP {
+		n := e.stageParams(r, layers[r])
+		w, gr, o := n*tu.ParamBytes, n*tu.GradBytes, n*tu.OptimizerBytes
+		if zero >= 1 {
+			o /= gd
+		}
+		if zero >= 2 {
+			gr /= gd
+		}
+		if zero >= 3 {
+			w /= gd
+		}
+		var act float64
+		for j := range p.VirtualStages {
+			k := j*p.PP + r
+			a := float64(e.lay.seg[k]) * blk
+			if k == 0 {
+				a += embAct
+			}
+			if k == last {
+				a += outAct
+			}
+			act += float64(e.lay.inFlight(r, j, p.NumMicroBatches)) * a
+		}
+		if layers[r] > 0 {
+			act += full
+		}
+		total := w + gr + o + act + buffers + float64(tu.ReservedBytes) + frag
+		if total > best {
+			best = total
+			ev.MemoryStage = r
+			ev.WeightBytes, ev.GradBytes, ev.OptimizerB = int64(w), int64(gr), int64(o)
+			ev.ActivationB = int64(act)
+		}
+	}
+	ev.CommBufferBytes = int64(buffers)
+	ev.ReservedBytes = tu.ReservedBytes
+	ev.FragmentationBytes = int64(frag)
+	ev.MemPerGPUBytes = ev.WeightBytes + ev.GradBytes + ev.OptimizerB + ev.ActivationB + ev.CommBufferBytes + ev.ReservedBytes + ev.FragmentationBytes
+	ev.Fits = ev.MemPerGPUBytes <= c.Hardware.HBMBytes
+}

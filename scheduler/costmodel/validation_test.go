@@ -1,0 +1,438 @@
+package costmodel
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+)
+
+var (
+	update = flag.Bool("update", false, "rewrite the validation table in docs/costmodel.md")
+	refit  = flag.Bool("fit", false, "fit the kernel parameters to the fit rows and print them")
+)
+
+// validationRow is one published measurement and the run's configuration.
+type validationRow struct {
+	ID           string          `json:"id"`
+	Family       string          `json:"family"`
+	Source       string          `json:"source"`
+	ConfigSource string          `json:"config_source,omitempty"`
+	GPU          string          `json:"gpu"`
+	GPUs         int             `json:"gpus"`
+	Model        Model           `json:"model"`
+	Training     Training        `json:"training"`
+	Plan         Plan            `json:"plan"`
+	Tunables     json.RawMessage `json:"tunables"`
+	// Metric is what Published measures: hardware_tflops_per_gpu
+	// (recomputation counted, Megatron-LM's convention),
+	// model_tflops_per_gpu (MFU × peak) or step_seconds.
+	Metric      string  `json:"metric"`
+	Published   float64 `json:"published"`
+	Fit         bool    `json:"fit"`
+	Assumptions string  `json:"assumptions"`
+}
+
+func loadValidation(t testing.TB) []validationRow {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("testdata", "validation.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Rows []validationRow `json:"rows"`
+	}
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatalf("testdata/validation.json: %v", err)
+	}
+	return doc.Rows
+}
+
+// config is the row's run as the cost model sees it.
+func (r validationRow) config() (Config, error) {
+	hw, err := LookupHardware(r.GPU)
+	if err != nil {
+		return Config{}, err
+	}
+	tu := DefaultTunables()
+	if len(r.Tunables) > 0 {
+		if err := json.Unmarshal(r.Tunables, &tu); err != nil {
+			return Config{}, fmt.Errorf("%s: tunables: %w", r.ID, err)
+		}
+	}
+	return Config{Model: r.Model, Hardware: hw, Training: r.Training, Tunables: tu}, nil
+}
+
+// predict returns the model's figure for the row's metric, and the
+// evaluation it comes from.
+func (r validationRow) predict() (float64, Evaluation, error) {
+	c, err := r.config()
+	if err != nil {
+		return 0, Evaluation{}, err
+	}
+	if r.Plan.GPUs() != r.GPUs {
+		return 0, Evaluation{}, fmt.Errorf("%s: plan %s uses %d GPUs, the row says %d", r.ID, r.Plan, r.Plan.GPUs(), r.GPUs)
+	}
+	ev, err := c.Evaluate(r.Plan)
+	if err != nil {
+		return 0, ev, fmt.Errorf("%s: %w", r.ID, err)
+	}
+	switch r.Metric {
+	case "hardware_tflops_per_gpu":
+		return ev.TFLOPSPerGPU, ev, nil
+	case "model_tflops_per_gpu":
+		return ev.MFU * c.peakFLOPs() / 1e12, ev, nil
+	case "step_seconds":
+		return ev.StepSeconds, ev, nil
+	}
+	return 0, ev, fmt.Errorf("%s: unknown metric %q", r.ID, r.Metric)
+}
+
+// maxValidationError is the largest error any row may have.
+const maxValidationError = 0.10
+
+func TestValidationTable(t *testing.T) {
+	rows := loadValidation(t)
+	gpus := map[string]bool{}
+	families := map[string]bool{}
+	var zero3, small, large bool
+	for _, r := range rows {
+		t.Run(r.ID, func(t *testing.T) {
+			if r.Source == "" || r.Published <= 0 {
+				t.Fatalf("row lacks a source or a published figure")
+			}
+			pred, _, err := r.predict()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e := pred/r.Published - 1; math.Abs(e) > maxValidationError {
+				t.Errorf("predicted %.4g, published %.4g: error %+.1f%% beyond ±%.0f%%", pred, r.Published, e*100, maxValidationError*100)
+			}
+		})
+		gpus[r.GPU] = true
+		families[strings.Fields(r.Family)[0]] = true
+		zero3 = zero3 || r.Training.ZeROStage == 3
+		small = small || r.GPUs < 100
+		large = large || r.GPUs >= 1000
+	}
+	if !gpus["a100-80gb"] || !gpus["h100"] || len(families) < 3 || !zero3 || !small || !large {
+		t.Errorf("the table must cover A100 and H100, three model families, ZeRO-3, tens and thousands of GPUs: gpus %v families %v zero3 %v", gpus, families, zero3)
+	}
+
+	doc := validationMarkdown(t, rows)
+	path := filepath.Join("..", "..", "docs", "costmodel.md")
+	if *update {
+		if err := replaceSection(path, "validation", doc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := readSection(path, "validation")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != doc {
+		t.Errorf("docs/costmodel.md's validation table is stale: run go test ./scheduler/costmodel -run TestValidationTable -update")
+	}
+}
+
+// errorSummary is the mean and largest absolute error of some rows.
+type errorSummary struct {
+	n          int
+	mean, most float64
+}
+
+func (s *errorSummary) add(e float64) {
+	s.n++
+	s.mean += (math.Abs(e) - s.mean) / float64(s.n)
+	s.most = math.Max(s.most, math.Abs(e))
+}
+
+// validationMarkdown renders the table and its fitted/held-out summary.
+func validationMarkdown(t *testing.T, rows []validationRow) string {
+	var b strings.Builder
+	var fit, held errorSummary
+	b.WriteString("| row | source | GPUs | configuration | metric | published | predicted | error | set |\n")
+	b.WriteString("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | --- |\n")
+	for _, r := range rows {
+		pred, ev, err := r.predict()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := pred/r.Published - 1
+		set := "held out"
+		if r.Fit {
+			set = "fit"
+			fit.add(e)
+		} else {
+			held.add(e)
+		}
+		cfg := fmt.Sprintf("%s on %s; %s; zero %d, %s recompute", r.Model.describe(), r.GPU, ev.Plan, r.Training.ZeROStage, r.Training.Recompute)
+		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %.4g | %.4g | %+.1f%% | %s |\n",
+			r.ID, r.Source, r.GPUs, cfg, metricName(r.Metric), r.Published, pred, e*100, set)
+	}
+	fmt.Fprintf(&b, "\nFit rows: %d, mean absolute error %.1f%%, largest %.1f%%. Held-out rows: %d, mean absolute error %.1f%%, largest %.1f%%.\n",
+		fit.n, fit.mean*100, fit.most*100, held.n, held.mean*100, held.most*100)
+	return b.String()
+}
+
+func metricName(m string) string {
+	switch m {
+	case "hardware_tflops_per_gpu":
+		return "TFLOP/s/GPU (hardware)"
+	case "model_tflops_per_gpu":
+		return "TFLOP/s/GPU (model)"
+	case "step_seconds":
+		return "s/iteration"
+	}
+	return m
+}
+
+// describe renders a model's shape for the table.
+func (m Model) describe() string {
+	s := fmt.Sprintf("%.1fB (%d×%d, %d heads", m.Params()/1e9, m.Layers, m.Hidden, m.Heads)
+	if m.KVHeads > 0 {
+		s += fmt.Sprintf(", %d kv", m.KVHeads)
+	}
+	return s + fmt.Sprintf(", seq %d)", m.SeqLen)
+}
+
+// Sections of docs/costmodel.md are delimited by
+// <!-- name:begin --> and <!-- name:end --> lines.
+func readSection(path, name string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	s := string(data)
+	begin, end := "<!-- "+name+":begin -->\n", "<!-- "+name+":end -->"
+	i, j := strings.Index(s, begin), strings.Index(s, end)
+	if i < 0 || j < i {
+		return "", fmt.Errorf("%s has no %q section", path, name)
+	}
+	return s[i+len(begin) : j], nil
+}
+
+func replaceSection(path, name, body string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	s := string(data)
+	begin, end := "<!-- "+name+":begin -->\n", "<!-- "+name+":end -->"
+	i, j := strings.Index(s, begin), strings.Index(s, end)
+	if i < 0 || j < i {
+		return fmt.Errorf("%s has no %q section", path, name)
+	}
+	return os.WriteFile(path, []byte(s[:i+len(begin)]+body+s[j:]), 0o644)
+}
+
+// fitParam is one fitted value and how the search moves it.
+type fitParam struct {
+	name     string
+	ptr      *float64
+	fraction bool // kept in (0, 1) by a logistic map; otherwise positive by exp
+}
+
+// fitParams are the fitted values, in the order docs/costmodel.md lists.
+// Element-wise, NVLink and network efficiency are one value for both GPUs:
+// fractions of memory and link bandwidth the same kernels and the same
+// NCCL reach.
+func fitParams() []fitParam {
+	return []fitParam{
+		{"a100 gemm_max_efficiency", &a100Fit.GEMMEfficiency, true},
+		{"a100 gemm_half_dim", &a100Fit.GEMMHalfDim, false},
+		{"elementwise_efficiency", &a100Fit.ElementwiseEfficiency, true},
+		{"h100 gemm_max_efficiency", &h100Fit.GEMMEfficiency, true},
+		{"h100 gemm_half_dim", &h100Fit.GEMMHalfDim, false},
+		{"h100 flash_attention_efficiency", &h100Fit.FlashAttentionEfficiency, true},
+		{"a100 block_overhead_seconds", &a100Fit.BlockOverheadSec, false},
+		{"h100 block_overhead_seconds", &h100Fit.BlockOverheadSec, false},
+		{"nvlink_efficiency", &a100Fit.NVLinkEfficiency, true},
+		{"net_efficiency", &a100Fit.NetEfficiency, true},
+		{"zero3_efficiency", &fittedZeRO3Efficiency, true},
+		{"zero3_overlap", &fittedZeRO3Overlap, true},
+		{"zero3_latency_seconds", &fittedZeRO3Latency, false},
+	}
+}
+
+// setShared copies the shared values to H100.
+func setShared() {
+	h100Fit.NVLinkEfficiency, h100Fit.NetEfficiency = a100Fit.NVLinkEfficiency, a100Fit.NetEfficiency
+	h100Fit.ElementwiseEfficiency = a100Fit.ElementwiseEfficiency
+}
+
+// fitObjective is the mean squared log error over the fit rows.
+func fitObjective(rows []validationRow) float64 {
+	setShared()
+	var sum float64
+	n := 0
+	for _, r := range rows {
+		if !r.Fit {
+			continue
+		}
+		pred, _, err := r.predict()
+		if err != nil || pred <= 0 || math.IsNaN(pred) {
+			return math.Inf(1)
+		}
+		l := math.Log(pred / r.Published)
+		sum += l * l
+		n++
+	}
+	return sum / float64(n)
+}
+
+// TestKernelFitsAreFitted checks the committed kernel parameters are where
+// the fit puts them: moving any one by 2% either way does not lower the
+// fit rows' error.
+func TestKernelFitsAreFitted(t *testing.T) {
+	rows := loadValidation(t)
+	saved := snapshotFits()
+	defer restoreFits(saved)
+	base := fitObjective(rows)
+	for _, p := range fitParams() {
+		v := *p.ptr
+		for _, f := range []float64{0.98, 1.02} {
+			*p.ptr = v * f
+			if p.fraction && *p.ptr > 1 {
+				*p.ptr = 1
+			}
+			if got := fitObjective(rows); got < base*(1-1e-3) {
+				t.Errorf("%s = %g: %g lowers the fit error from %.5g to %.5g; refit with go test -run TestFit -fit", p.name, v, *p.ptr, base, got)
+			}
+			*p.ptr = v
+		}
+	}
+}
+
+type fitSnapshot struct {
+	a, h      KernelFit
+	z, zo, zl float64
+}
+
+func snapshotFits() fitSnapshot {
+	return fitSnapshot{a100Fit, h100Fit, fittedZeRO3Efficiency, fittedZeRO3Overlap, fittedZeRO3Latency}
+}
+
+func restoreFits(s fitSnapshot) {
+	a100Fit, h100Fit, fittedZeRO3Efficiency, fittedZeRO3Overlap, fittedZeRO3Latency = s.a, s.h, s.z, s.zo, s.zl
+}
+
+// TestFit fits the kernel parameters to the fit rows (Nelder–Mead on the
+// mean squared log error) and prints them; with -fit only.
+func TestFit(t *testing.T) {
+	if !*refit {
+		t.Skip("run with -fit to refit the kernel parameters")
+	}
+	rows := loadValidation(t)
+	saved := snapshotFits()
+	defer restoreFits(saved)
+	ps := fitParams()
+	toU := func(p fitParam, v float64) float64 {
+		if p.fraction {
+			v = math.Min(math.Max(v, 1e-4), 1-1e-4)
+			return math.Log(v / (1 - v))
+		}
+		return math.Log(v)
+	}
+	fromU := func(p fitParam, u float64) float64 {
+		if p.fraction {
+			return 1 / (1 + math.Exp(-u))
+		}
+		return math.Exp(u)
+	}
+	x0 := make([]float64, len(ps))
+	for i, p := range ps {
+		x0[i] = toU(p, *p.ptr)
+	}
+	f := func(x []float64) float64 {
+		for i, p := range ps {
+			*p.ptr = fromU(p, x[i])
+		}
+		return fitObjective(rows)
+	}
+	best, val := nelderMead(f, x0, 0.3, 4000)
+	best, val = nelderMead(f, best, 0.05, 4000)
+	f(best)
+	t.Logf("fit error (mean squared log) %.6g, rms %.2f%%", val, math.Sqrt(val)*100)
+	for _, p := range ps {
+		t.Logf("%-34s %.4g", p.name, *p.ptr)
+	}
+	var errs []string
+	for _, r := range rows {
+		pred, _, _ := r.predict()
+		errs = append(errs, fmt.Sprintf("%-32s fit=%-5v %+6.1f%%", r.ID, r.Fit, (pred/r.Published-1)*100))
+	}
+	sort.Strings(errs)
+	t.Log("\n" + strings.Join(errs, "\n"))
+}
+
+// nelderMead minimises f from x0 with an initial simplex of size step.
+func nelderMead(f func([]float64) float64, x0 []float64, step float64, iters int) ([]float64, float64) {
+	n := len(x0)
+	pts := make([][]float64, n+1)
+	vals := make([]float64, n+1)
+	for i := range pts {
+		pts[i] = append([]float64(nil), x0...)
+		if i > 0 {
+			pts[i][i-1] += step
+		}
+		vals[i] = f(pts[i])
+	}
+	point := func(a []float64, b []float64, t float64) []float64 {
+		out := make([]float64, n)
+		for i := range out {
+			out[i] = a[i] + t*(b[i]-a[i])
+		}
+		return out
+	}
+	for range iters {
+		idx := make([]int, n+1)
+		for i := range idx {
+			idx[i] = i
+		}
+		sort.Slice(idx, func(a, b int) bool { return vals[idx[a]] < vals[idx[b]] })
+		ps, vs := make([][]float64, n+1), make([]float64, n+1)
+		for i, k := range idx {
+			ps[i], vs[i] = pts[k], vals[k]
+		}
+		pts, vals = ps, vs
+		if vals[n]-vals[0] <= 1e-12*(1+math.Abs(vals[0])) {
+			break
+		}
+		cen := make([]float64, n)
+		for _, p := range pts[:n] {
+			for i := range cen {
+				cen[i] += p[i] / float64(n)
+			}
+		}
+		xr := point(cen, pts[n], -1)
+		fr := f(xr)
+		switch {
+		case fr < vals[0]:
+			xe := point(cen, pts[n], -2)
+			if fe := f(xe); fe < fr {
+				pts[n], vals[n] = xe, fe
+			} else {
+				pts[n], vals[n] = xr, fr
+			}
+		case fr < vals[n-1]:
+			pts[n], vals[n] = xr, fr
+		default:
+			xc := point(cen, pts[n], 0.5)
+			if fc := f(xc); fc < vals[n] {
+				pts[n], vals[n] = xc, fc
+			} else {
+				for i := 1; i <= n; i++ {
+					pts[i] = point(pts[0], pts[i], 0.5)
+					vals[i] = f(pts[i])
+				}
+			}
+		}
+	}
+	return pts[0], vals[0]
+}
