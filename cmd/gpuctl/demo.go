@@ -2,18 +2,15 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/gpuctl/gpuctl/demo"
-	"github.com/gpuctl/gpuctl/views"
 )
 
 func init() { subcommands = append(subcommands, newDemoCmd) }
@@ -23,6 +20,7 @@ func newDemoCmd() *cobra.Command {
 	var (
 		headless bool
 		dataDir  string
+		console  consoleFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -30,7 +28,8 @@ func newDemoCmd() *cobra.Command {
 		Long: `Run gpuctl's embedded default: a control plane and N nodemon processes with
 simulated DGX H100 hosts on loopback, and the reference ring trainer spread over
 two of them, so real QUIC, real processes, real TCP collectives and (as root)
-real eBPF traces flow. With --headless it prints one line
+real eBPF traces flow, and opens the console on it. With --headless it prints
+one line
 
   gpuctl demo ready config=PATH
 
@@ -79,12 +78,16 @@ gpuctl commands at it with --config PATH or GPUCTL_CONFIG=PATH.`,
 				<-ctx.Done()
 				return nil
 			}
-			return printViews(ctx.Done(), cmd.OutOrStdout(), c)
+			if console.logFile == "" {
+				console.logFile = filepath.Join(dataDir, "console.log")
+			}
+			return runConsole(ctx, console, c.Config)
 		},
 	}
 	f := cmd.Flags()
 	f.IntVar(&opts.Nodes, "nodes", opts.Nodes, "number of nodemon processes")
-	f.BoolVar(&headless, "headless", false, "print the ready line and run until interrupted, without views")
+	f.BoolVar(&headless, "headless", false, "print the ready line and run until interrupted, without the console")
+	console.add(f, false)
 	f.StringVar(&dataDir, "data-dir", "", "keep the cluster's state here (default: a temporary dir removed at exit)")
 	f.StringVar(&opts.Sim, "sim", opts.Sim, "simulated host profile: dgx-h100, dgx-a100 or dgx-h200")
 	f.StringVar(&opts.EBPF, "ebpf", opts.EBPF, "nodemon eBPF mode: auto, required or off")
@@ -92,27 +95,4 @@ gpuctl commands at it with --config PATH or GPUCTL_CONFIG=PATH.`,
 	f.StringVar(&opts.Ringtrain, "ringtrain", "", "ringtrain binary (default: ../workload/build/ringtrain from gpuctl)")
 	f.IntVar(&opts.ComputeMS, "compute-ms", opts.ComputeMS, "ringtrain compute time per step")
 	return cmd
-}
-
-// printViews refreshes the node and collective views until done.
-func printViews(done <-chan struct{}, w io.Writer, c *demo.Cluster) error {
-	t := time.NewTicker(2 * time.Second)
-	defer t.Stop()
-	for {
-		fmt.Fprint(w, "\033[H\033[2J")
-		fmt.Fprintf(w, "gpuctl demo — %s — Ctrl-C stops it; other shells: GPUCTL_CONFIG=%s gpuctl nodes\n\n", time.Now().Format(time.TimeOnly), c.Config)
-		now := time.Now()
-		if err := views.Nodes(w, views.Table, c.Server.Nodes(), now); err != nil {
-			return err
-		}
-		fmt.Fprintln(w)
-		if err := views.Collectives(w, views.Table, c.Server.Collectives(c.JobID), now); err != nil {
-			return err
-		}
-		select {
-		case <-done:
-			return nil
-		case <-t.C:
-		}
-	}
 }

@@ -14,12 +14,19 @@ import (
 var subcommands []func() *cobra.Command
 
 func main() {
+	var console consoleFlags
 	root := &cobra.Command{
-		Use:           "gpuctl",
-		Short:         "Console for GPU training clusters: observe, place, recover",
+		Use:   "gpuctl",
+		Short: "Console for GPU training clusters: observe, place, recover",
+		Long: `gpuctl without a subcommand opens the operator console against the server
+of --config ($GPUCTL_CONFIG, ~/.config/gpuctl/config.yaml); the subcommands
+are the same views and actions for scripts.`,
+		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return runConsole(cmd.Context(), console, "") },
 	}
+	console.add(root.Flags(), true)
 	for _, mk := range subcommands {
 		root.AddCommand(mk())
 	}
