@@ -16,6 +16,7 @@ import (
 	tea "charm.land/bubbletea/v2"
 	"charm.land/lipgloss/v2"
 	"github.com/charmbracelet/colorprofile"
+	"github.com/charmbracelet/x/ansi"
 
 	"github.com/gpuctl/gpuctl/transport"
 	"github.com/gpuctl/gpuctl/tui/app"
@@ -474,6 +475,12 @@ func (m *Model) body() string {
 	}
 	for len(lines) < h {
 		lines = append(lines, "")
+	}
+	// A line wider than the terminal would wrap and push the screen down.
+	for i, l := range lines {
+		if len(l) > m.width && ansi.StringWidth(l) > m.width {
+			lines[i] = ansi.Truncate(l, m.width, "…")
+		}
 	}
 	return strings.Join(lines, "\n")
 }

@@ -62,6 +62,8 @@ type Context struct {
 	// NodeMarks are the nodes marked with space in the node table; they
 	// outlive the table, so :jobs can assign a job to them.
 	NodeMarks map[string]bool
+	// Tick schedules a refresh (tea.Tick); tests stop it.
+	Tick func(d time.Duration, fn func(time.Time) tea.Msg) tea.Cmd
 	// Run wraps every network command a view starts, so tests can run
 	// them synchronously or drop them; nil runs them as they are.
 	Run func(tea.Cmd) tea.Cmd
@@ -72,7 +74,7 @@ type Context struct {
 // NewContext returns a context with the defaults filled in.
 func NewContext(st *styles.Styles, role transport.Role, cl Client) *Context {
 	return &Context{Styles: st, Role: role, Client: cl, History: NewHistory(), Now: time.Now,
-		NodeMarks: map[string]bool{},
+		NodeMarks: map[string]bool{}, Tick: tea.Tick,
 		Log:       slog.New(slog.DiscardHandler)}
 }
 

@@ -85,7 +85,7 @@ func (m *Model) Update(msg tea.Msg) (app.View, tea.Cmd) {
 		}
 		m.samples, m.err = msg.samples, msg.err
 		gen := m.gen
-		return m, tea.Tick(Refresh, func(time.Time) tea.Msg { return tickMsg{gen: gen} })
+		return m, m.ctx.Tick(Refresh, func(time.Time) tea.Msg { return tickMsg{gen: gen} })
 	case tickMsg:
 		if msg.gen == m.gen {
 			return m, m.fetch()

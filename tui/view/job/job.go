@@ -265,7 +265,7 @@ func (m *Model) Update(msg tea.Msg) (app.View, tea.Cmd) {
 			m.updateShare(m.ctx.Now())
 		}
 		gen := m.gen
-		return m, tea.Tick(Refresh, func(time.Time) tea.Msg { return tickMsg{gen: gen} })
+		return m, m.ctx.Tick(Refresh, func(time.Time) tea.Msg { return tickMsg{gen: gen} })
 	case tickMsg:
 		if msg.gen == m.gen {
 			return m, m.fetch()
@@ -290,7 +290,16 @@ func (m *Model) updateShare(now time.Time) {
 	for _, c := range m.colls {
 		sum[c.GetRank()] += c.GetInCallSeconds()
 	}
-	if !m.prevAt.IsZero() {
+	if m.prevAt.IsZero() {
+		// Until a second fetch gives a rate, share is over the attempt so far.
+		if st := m.Job().GetStartUnixNano(); st > 0 {
+			if dt := now.Sub(time.Unix(0, st)).Seconds(); dt > 0 {
+				for r, s := range sum {
+					m.share[r] = min(max(s/dt, 0), 1)
+				}
+			}
+		}
+	} else {
 		if dt := now.Sub(m.prevAt).Seconds(); dt > 0 {
 			for r, s := range sum {
 				if p, ok := m.prevCall[r]; ok {

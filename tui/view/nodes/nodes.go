@@ -198,10 +198,11 @@ func (m *Model) Update(msg tea.Msg) (app.View, tea.Cmd) {
 	case app.SnapshotMsg:
 		m.rebuild()
 	case app.ClickMsg:
+		// Line 0 is the count; the table starts below it.
 		before := m.tbl.Cursor
-		if m.tbl.Click(msg.X, msg.Y, m.ctx.Width, m.ctx.Wide) {
+		if m.tbl.Click(msg.X, msg.Y-1, m.ctx.Width, m.ctx.Wide) {
 			m.rebuild()
-		} else if msg.Y > 0 && before == m.tbl.Cursor {
+		} else if msg.Y > 1 && before == m.tbl.Cursor {
 			return m, m.open()
 		}
 	case app.WheelMsg:

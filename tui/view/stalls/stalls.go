@@ -99,7 +99,7 @@ func (m *Model) fetch() tea.Cmd {
 	gen := m.gen
 	if s == nil || len(s.GetLaggingRanks()) == 0 {
 		m.node, m.flows = "", nil
-		return tea.Tick(Refresh, func(time.Time) tea.Msg { return tickMsg{gen: gen} })
+		return m.ctx.Tick(Refresh, func(time.Time) tea.Msg { return tickMsg{gen: gen} })
 	}
 	node := s.GetLaggingRanks()[0].GetNode()
 	cl := m.ctx.Client
@@ -132,7 +132,7 @@ func (m *Model) Update(msg tea.Msg) (app.View, tea.Cmd) {
 		}
 		m.node, m.flows, m.err = msg.node, msg.flows, msg.err
 		gen := m.gen
-		return m, tea.Tick(Refresh, func(time.Time) tea.Msg { return tickMsg{gen: gen} })
+		return m, m.ctx.Tick(Refresh, func(time.Time) tea.Msg { return tickMsg{gen: gen} })
 	case tickMsg:
 		if msg.gen == m.gen {
 			return m, m.fetch()
