@@ -476,7 +476,11 @@ func (m *Model) body() string {
 	for len(lines) < h {
 		lines = append(lines, "")
 	}
-	// A line wider than the terminal would wrap and push the screen down.
+	// A line wider than the terminal would wrap and push the screen down;
+	// views that draw to the width themselves skip the measuring.
+	if f, ok := m.Top().(app.Fitted); ok && f.Fits() && !m.showHelp {
+		return strings.Join(lines, "\n")
+	}
 	for i, l := range lines {
 		if len(l) > m.width && ansi.StringWidth(l) > m.width {
 			lines[i] = ansi.Truncate(l, m.width, "…")

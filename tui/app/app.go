@@ -75,7 +75,7 @@ type Context struct {
 func NewContext(st *styles.Styles, role transport.Role, cl Client) *Context {
 	return &Context{Styles: st, Role: role, Client: cl, History: NewHistory(), Now: time.Now,
 		NodeMarks: map[string]bool{}, Tick: tea.Tick,
-		Log:       slog.New(slog.DiscardHandler)}
+		Log: slog.New(slog.DiscardHandler)}
 }
 
 // NextGen returns a new generation number, so a view can drop the answer
@@ -166,6 +166,11 @@ type Filterer interface {
 type FilterApplier interface {
 	ApplyFilter() tea.Cmd
 }
+
+// Fitted is a view that draws every line within its width itself, so the
+// root model need not measure them (the overview's heat map is escape
+// sequences through and through).
+type Fitted interface{ Fits() bool }
 
 // Closer is a view that holds a stream open (logs, observe) and ends it
 // when popped.

@@ -91,6 +91,9 @@ func (m *Model) Init() tea.Cmd { return nil }
 // KeyMap implements app.View.
 func (m *Model) KeyMap() help.KeyMap { return m.keys }
 
+// Fits implements app.Fitted: every line is cut to the width here.
+func (m *Model) Fits() bool { return true }
+
 // Metric returns the metric shown.
 func (m *Model) Metric() heatmap.Metric { return m.metric }
 
@@ -303,6 +306,9 @@ func (m *Model) Render() string {
 	}
 	legend := fmt.Sprintf("%s: %s low→high  %s faulty  %s down  [%s%s%s]", m.metric, strings.Join(st.HeatLegend, ""),
 		cell(st, styles.HeatFaulty), cell(st, styles.HeatStale), zoom, group, scroll)
+	if lw := len([]rune(legend)); lw > w {
+		legend = fmt.Sprintf("%s: %s  [%s%s]", m.metric, strings.Join(st.HeatLegend, ""), zoom, scroll)
+	}
 	b.WriteString(st.Dim.Render(legend) + "\n")
 	b.WriteString(l.Render(st, m.ctx.Snap.Nodes, m.metric, m.top, m.mapHeight(), m.cursor))
 	for range m.mapHeight() - min(max(l.Rows-m.top, 0), m.mapHeight()) {
