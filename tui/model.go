@@ -554,6 +554,13 @@ func (m *Model) renderHelp() string {
 		}
 		b.WriteString("\n")
 	}
-	b.WriteString(st.Dim.Render("commands: " + strings.Join(commandNames, " ") + "  (tab completes, ↑/↓ history)"))
+	var cmds []string
+	for _, c := range commandNames {
+		if (c == "submit" && !m.ctx.Can(app.ActSubmit)) || (c == "rebalance" && !m.ctx.Can(app.ActRebalance)) {
+			continue
+		}
+		cmds = append(cmds, c)
+	}
+	b.WriteString(st.Dim.Render("commands: " + strings.Join(cmds, " ") + "  (tab completes, ↑/↓ history)"))
 	return b.String()
 }

@@ -21,6 +21,7 @@ func newDemoCmd() *cobra.Command {
 		headless bool
 		dataDir  string
 		console  consoleFlags
+		sshf     sshConsoleFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -73,6 +74,13 @@ gpuctl commands at it with --config PATH or GPUCTL_CONFIG=PATH.`,
 				return err
 			}
 			defer c.Stop()
+			if sshf.listen != "" {
+				addr, err := startSSHConsole(ctx, sshf, c.Server, dataDir, opts.Log)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "gpuctl console over ssh on %s\n", addr)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "gpuctl demo ready config=%s\n", c.Config)
 			if headless {
 				<-ctx.Done()
@@ -88,6 +96,8 @@ gpuctl commands at it with --config PATH or GPUCTL_CONFIG=PATH.`,
 	f.IntVar(&opts.Nodes, "nodes", opts.Nodes, "number of nodemon processes")
 	f.BoolVar(&headless, "headless", false, "print the ready line and run until interrupted, without the console")
 	console.add(f, false)
+	f.StringVar(&sshf.listen, "ssh-listen", "", "also serve the console over SSH on this TCP address")
+	f.StringVar(&sshf.authorizedKeys, "ssh-authorized-keys", "", "keys allowed into the SSH console (role=operator ssh-ed25519 AAAA… alice)")
 	f.StringVar(&dataDir, "data-dir", "", "keep the cluster's state here (default: a temporary dir removed at exit)")
 	f.StringVar(&opts.Sim, "sim", opts.Sim, "simulated host profile: dgx-h100, dgx-a100 or dgx-h200")
 	f.StringVar(&opts.EBPF, "ebpf", opts.EBPF, "nodemon eBPF mode: auto, required or off")

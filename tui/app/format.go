@@ -17,9 +17,9 @@ func NodeBadge(n *api.NodeStatus) string {
 	switch {
 	case n.GetState() == api.NodeState_NODE_STATE_DOWN:
 		return "down"
-	case n.GetDraining():
+	case Draining(n):
 		return "draining"
-	case n.GetCordoned():
+	case Cordoned(n):
 		return "cordoned"
 	}
 	for _, g := range n.GetGpus() {
@@ -28,6 +28,18 @@ func NodeBadge(n *api.NodeStatus) string {
 		}
 	}
 	return "ready"
+}
+
+// Cordoned reports whether a node takes no new work (draining included).
+// Servers before protocol v1.1 said so in the node state itself.
+func Cordoned(n *api.NodeStatus) bool {
+	return n.GetCordoned() || n.GetDraining() || n.GetState() == api.NodeState_NODE_STATE_CORDONED ||
+		n.GetState() == api.NodeState_NODE_STATE_DRAINING
+}
+
+// Draining reports whether a node's jobs are being moved elsewhere.
+func Draining(n *api.NodeStatus) bool {
+	return n.GetDraining() || n.GetState() == api.NodeState_NODE_STATE_DRAINING
 }
 
 // NodeName is a node's name.

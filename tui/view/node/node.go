@@ -207,7 +207,7 @@ func (m *Model) Render() string {
 	switch {
 	case n.GetState() == api.NodeState_NODE_STATE_DOWN:
 		note = st.Crit.Render("down: " + n.GetDownReason() + " — figures are the last the node sent")
-	case n.GetCordoned():
+	case app.Cordoned(n):
 		note = st.Warn.Render("cordoned: " + dash(n.GetCordonReason()))
 	}
 	b.WriteString(note + "\n")

@@ -51,7 +51,7 @@ func computeTotals(s *client.Snapshot) totals {
 		t.nodes[badge]++
 		name := app.NodeName(n)
 		down := n.GetState() == api.NodeState_NODE_STATE_DOWN
-		cordoned := n.GetCordoned() || n.GetDraining()
+		cordoned := app.Cordoned(n)
 		for _, g := range n.GetGpus() {
 			t.gpus++
 			if !down {
