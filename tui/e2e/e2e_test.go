@@ -92,7 +92,9 @@ func (m *tmux) start(name, command string) {
 	m.run("new-session", "-d", "-s", name, "-x", "160", "-y", "48", command)
 }
 
-func (m *tmux) keys(name string, keys ...string) { m.run(append([]string{"send-keys", "-t", name}, keys...)...) }
+func (m *tmux) keys(name string, keys ...string) {
+	m.run(append([]string{"send-keys", "-t", name}, keys...)...)
+}
 
 func (m *tmux) screen(name string) string { return m.run("capture-pane", "-p", "-t", name) }
 
