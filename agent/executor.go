@@ -616,41 +616,10 @@ func signalName(s syscall.Signal) string {
 	return "signal " + strconv.Itoa(int(s))
 }
 
-// rankEnv is the environment of one rank: the host's, the job's, and the
-// variables that tell the rank where it sits in the gang.
+// rankEnv is the environment of one rank: the host's, then what
+// api.RankEnv defines.
 func rankEnv(node string, l *api.LaunchRanks, r *api.RankSpec) []string {
-	gpus := make([]string, len(r.GetGpus()))
-	for i, g := range r.GetGpus() {
-		gpus[i] = strconv.Itoa(int(g))
-	}
-	env := os.Environ()
-	keys := make([]string, 0, len(l.GetEnv()))
-	for k := range l.GetEnv() {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		env = append(env, k+"="+l.GetEnv()[k])
-	}
-	env = append(env,
-		"RANK="+strconv.Itoa(int(r.GetRank())),
-		"LOCAL_RANK="+strconv.Itoa(int(r.GetLocalRank())),
-		"WORLD_SIZE="+strconv.Itoa(int(l.GetWorldSize())),
-		"LOCAL_WORLD_SIZE="+strconv.Itoa(len(l.GetRanks())),
-		"MASTER_ADDR="+l.GetMasterAddr(),
-		"MASTER_PORT="+strconv.Itoa(int(l.GetMasterPort())),
-		"CUDA_VISIBLE_DEVICES="+strings.Join(gpus, ","),
-		"GPUCTL_JOB="+l.GetJob(),
-		"GPUCTL_NODE="+node,
-		"GPUCTL_ATTEMPT="+strconv.Itoa(int(l.GetAttempt())),
-	)
-	if l.GetCheckpointDir() != "" {
-		env = append(env, "GPUCTL_CHECKPOINT_DIR="+l.GetCheckpointDir())
-	}
-	if l.GetResumeStep() > 0 {
-		env = append(env, "GPUCTL_RESUME_STEP="+strconv.FormatInt(l.GetResumeStep(), 10))
-	}
-	return env
+	return append(os.Environ(), api.RankEnv(node, l, r)...)
 }
 
 // targets returns the live ranks of job named by ranks (all when empty).

@@ -2571,6 +2571,11 @@ type LaunchRanks struct {
 	MasterPort    uint32                 `protobuf:"varint,8,opt,name=master_port,json=masterPort,proto3" json:"master_port,omitempty"`
 	CheckpointDir string                 `protobuf:"bytes,9,opt,name=checkpoint_dir,json=checkpointDir,proto3" json:"checkpoint_dir,omitempty"`
 	ResumeStep    int64                  `protobuf:"varint,10,opt,name=resume_step,json=resumeStep,proto3" json:"resume_step,omitempty"`
+	// 11-14: how ranks run (user, group).
+	// The node's place among the attempt's nodes (NODE_RANK) and how many
+	// nodes the attempt spans.
+	NodeRank      int32 `protobuf:"varint,15,opt,name=node_rank,json=nodeRank,proto3" json:"node_rank,omitempty"`
+	NumNodes      int32 `protobuf:"varint,16,opt,name=num_nodes,json=numNodes,proto3" json:"num_nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2671,6 +2676,20 @@ func (x *LaunchRanks) GetCheckpointDir() string {
 func (x *LaunchRanks) GetResumeStep() int64 {
 	if x != nil {
 		return x.ResumeStep
+	}
+	return 0
+}
+
+func (x *LaunchRanks) GetNodeRank() int32 {
+	if x != nil {
+		return x.NodeRank
+	}
+	return 0
+}
+
+func (x *LaunchRanks) GetNumNodes() int32 {
+	if x != nil {
+		return x.NumNodes
 	}
 	return 0
 }
@@ -5716,9 +5735,14 @@ type Job struct {
 	Attempts []*JobAttempt `protobuf:"bytes,42,rep,name=attempts,proto3" json:"attempts,omitempty"`
 	// Ranks of the job's full size (tp·pp·dp as submitted); an elastic job
 	// that shrank runs fewer until it grows back.
-	FullGpus      int32 `protobuf:"varint,43,opt,name=full_gpus,json=fullGpus,proto3" json:"full_gpus,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	FullGpus int32 `protobuf:"varint,43,opt,name=full_gpus,json=fullGpus,proto3" json:"full_gpus,omitempty"`
+	// The most recent complete checkpoint steps the nodes reported, oldest
+	// first (at most 16): what `gpuctl restart --from-checkpoint` accepts.
+	CheckpointSteps []int64 `protobuf:"varint,44,rep,packed,name=checkpoint_steps,json=checkpointSteps,proto3" json:"checkpoint_steps,omitempty"`
+	// The submit's idempotency key, when the client gave one.
+	IdempotencyKey string `protobuf:"bytes,45,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -6050,6 +6074,20 @@ func (x *Job) GetFullGpus() int32 {
 		return x.FullGpus
 	}
 	return 0
+}
+
+func (x *Job) GetCheckpointSteps() []int64 {
+	if x != nil {
+		return x.CheckpointSteps
+	}
+	return nil
+}
+
+func (x *Job) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
 }
 
 // JobAttempt is one launch of a job.
@@ -8210,7 +8248,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x1d\n" +
 	"\n" +
 	"local_rank\x18\x02 \x01(\x05R\tlocalRank\x12\x12\n" +
-	"\x04gpus\x18\x03 \x03(\rR\x04gpus\"\x92\x03\n" +
+	"\x04gpus\x18\x03 \x03(\rR\x04gpus\"\xcc\x03\n" +
 	"\vLaunchRanks\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x18\n" +
@@ -8226,7 +8264,9 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x0echeckpoint_dir\x18\t \x01(\tR\rcheckpointDir\x12\x1f\n" +
 	"\vresume_step\x18\n" +
 	" \x01(\x03R\n" +
-	"resumeStep\x1a6\n" +
+	"resumeStep\x12\x1b\n" +
+	"\tnode_rank\x18\x0f \x01(\x05R\bnodeRank\x12\x1b\n" +
+	"\tnum_nodes\x18\x10 \x01(\x05R\bnumNodes\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"M\n" +
@@ -8466,7 +8506,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\aJobNode\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12(\n" +
-	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xc1\f\n" +
+	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\x95\r\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -8517,7 +8557,9 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x15first_start_unix_nano\x18( \x01(\x03R\x12firstStartUnixNano\x12 \n" +
 	"\vcheckpoints\x18) \x01(\rR\vcheckpoints\x121\n" +
 	"\battempts\x18* \x03(\v2\x15.gpuctl.v1.JobAttemptR\battempts\x12\x1b\n" +
-	"\tfull_gpus\x18+ \x01(\x05R\bfullGpus\"\xee\x02\n" +
+	"\tfull_gpus\x18+ \x01(\x05R\bfullGpus\x12)\n" +
+	"\x10checkpoint_steps\x18, \x03(\x03R\x0fcheckpointSteps\x12'\n" +
+	"\x0fidempotency_key\x18- \x01(\tR\x0eidempotencyKey\"\xee\x02\n" +
 	"\n" +
 	"JobAttempt\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\rR\aattempt\x12&\n" +

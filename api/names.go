@@ -90,3 +90,28 @@ func (c XIDClass) Action() string {
 	}
 	return "action unknown"
 }
+
+// GPUFault reports whether e makes its GPU unfit to run ranks, and why:
+// an XID whose catalog class needs more than restarting the application
+// (the class the node's XID catalog gave it, never the XID number), an
+// uncorrectable ECC error, a GPU that fell off the bus. A job on that GPU
+// is failed over and the node cordoned; an XID that only needs the
+// application restarted crashes the ranks, which restart in place.
+func GPUFault(e *Event) (string, bool) {
+	switch e.GetKind() {
+	case EventKind_EVENT_KIND_XID:
+		switch c := e.GetXidClass(); c {
+		case XIDClass_XID_CLASS_RESET_GPU, XIDClass_XID_CLASS_REBOOT_NODE, XIDClass_XID_CLASS_HARDWARE:
+			return fmt.Sprintf("XID %d (%s)", e.GetXid(), c.Action()), true
+		}
+	case EventKind_EVENT_KIND_ECC:
+		if e.GetSeverity() == Severity_SEVERITY_CRITICAL {
+			return "uncorrectable ECC error", true
+		}
+	case EventKind_EVENT_KIND_GPU_LOST:
+		if e.GetSeverity() == Severity_SEVERITY_CRITICAL {
+			return "GPU lost (fell off the bus)", true
+		}
+	}
+	return "", false
+}

@@ -37,6 +37,7 @@ func (c *Client) Watch(ctx context.Context, req *api.WatchRequest, opt WatchOpti
 		log = slog.New(slog.DiscardHandler)
 	}
 	epoch, rev := req.GetEpoch(), req.GetSinceRevision()
+	partial := false
 	for {
 		start := time.Now()
 		cur := &api.WatchRequest{Kinds: req.GetKinds(), Epoch: epoch, SinceRevision: rev, EventsBacklog: req.GetEventsBacklog()}
@@ -52,7 +53,19 @@ func (c *Client) Watch(ctx context.Context, req *api.WatchRequest, opt WatchOpti
 			if fnErr = fn(b); fnErr != nil {
 				return fnErr
 			}
-			epoch, rev = b.GetEpoch(), b.GetRevision()
+			if b.GetSnapshot() {
+				partial = true
+			}
+			if b.GetSynced() {
+				partial = false
+			}
+			if partial {
+				// A snapshot cut short cannot be resumed: the next try
+				// starts a new one.
+				epoch, rev = "", 0
+			} else {
+				epoch, rev = b.GetEpoch(), b.GetRevision()
+			}
 			return nil
 		})
 		switch {

@@ -2,20 +2,212 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
+	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/controlplane/nodes"
+	"github.com/gpuctl/gpuctl/controlplane/watch"
 	"github.com/gpuctl/gpuctl/store"
 	"github.com/gpuctl/gpuctl/transport"
 )
 
-// observeFlush is how often a following observer is sent what arrived.
-const observeFlush = 100 * time.Millisecond
+// Caller is who makes a request: a client certificate's name and role, or
+// an SSH key's (the console served over SSH).
+type Caller struct {
+	Name string
+	Role transport.Role
+	// Via says how the caller authenticated: "cert" or "ssh".
+	Via string
+}
+
+func (c Caller) String() string { return fmt.Sprintf("%s (%s, %s)", c.Name, c.Role, c.Via) }
+
+// call is one request being answered.
+type call struct {
+	caller Caller
+	req    *api.ClientRequest
+	// send writes one answer; streaming requests send several.
+	send func(*api.ClientResponse) error
+}
+
+func (c *call) fail(format string, args ...any) error {
+	return c.send(&api.ClientResponse{Error: fmt.Sprintf(format, args...)})
+}
+
+// route is one row of the authorization table: the least role that may
+// make the request (some requests need more when they change something),
+// whether it changes the cluster (and is audited), and its handler.
+type route struct {
+	role    transport.Role
+	mutates bool
+	// escalate, when set, gives the role and mutation of a request whose
+	// effect depends on its fields (a dry run is a look, an apply a change).
+	escalate func(*api.ClientRequest) (transport.Role, bool)
+	handle   func(s *Server, ctx context.Context, c *call) error
+}
+
+// requestName is a request's oneof field name (list_nodes, cordon, …).
+func requestName(req *api.ClientRequest) protoreflect.Name {
+	fd := req.ProtoReflect().WhichOneof(bodyOneof)
+	if fd == nil {
+		return ""
+	}
+	return fd.Name()
+}
+
+var bodyOneof = (&api.ClientRequest{}).ProtoReflect().Descriptor().Oneofs().ByName("body")
+
+// routes is the authorization table. A request type missing from it is
+// refused: the table fails closed.
+var routes = map[protoreflect.Name]route{
+	"list_nodes":       {role: transport.RoleViewer, handle: (*Server).listNodes},
+	"list_events":      {role: transport.RoleViewer, handle: (*Server).listEvents},
+	"list_collectives": {role: transport.RoleViewer, handle: (*Server).listCollectives},
+	"gpu_history":      {role: transport.RoleViewer, handle: (*Server).gpuHistory},
+	"observe":          {role: transport.RoleViewer, handle: (*Server).observe},
+	"list_jobs":        {role: transport.RoleViewer, handle: (*Server).listJobs},
+	"list_stalls":      {role: transport.RoleViewer, handle: (*Server).listStalls},
+	"logs":             {role: transport.RoleViewer, handle: (*Server).logs},
+	"watch":            {role: transport.RoleViewer, handle: (*Server).watch},
+	"submit_job": {role: transport.RoleOperator, mutates: true, handle: (*Server).submitJob,
+		escalate: func(r *api.ClientRequest) (transport.Role, bool) {
+			if r.GetSubmitJob().GetDryRun() {
+				return transport.RoleViewer, false
+			}
+			return transport.RoleOperator, true
+		}},
+	"rebalance": {role: transport.RoleOperator, mutates: true, handle: (*Server).rebalance,
+		escalate: func(r *api.ClientRequest) (transport.Role, bool) {
+			if !r.GetRebalance().GetApply() {
+				return transport.RoleViewer, false
+			}
+			return transport.RoleOperator, true
+		}},
+	"cancel_job":     {role: transport.RoleOperator, mutates: true, handle: (*Server).cancelJob},
+	"assign_job":     {role: transport.RoleOperator, mutates: true, handle: (*Server).assignJob},
+	"checkpoint_job": {role: transport.RoleOperator, mutates: true, handle: (*Server).checkpointJob},
+	"restart_job":    {role: transport.RoleOperator, mutates: true, handle: (*Server).restartJob},
+	"release_job":    {role: transport.RoleOperator, mutates: true, handle: (*Server).releaseJob},
+	"cordon":         {role: transport.RoleOperator, mutates: true, handle: (*Server).cordon},
+	"create_token":   {role: transport.RoleAdmin, mutates: true, handle: (*Server).createToken},
+	"inject_fault":   {role: transport.RoleAdmin, mutates: true, handle: (*Server).injectFault},
+}
+
+// authorize returns the route for req and whether the caller may use it,
+// with the reason when not.
+func authorize(caller Caller, req *api.ClientRequest) (route, bool, error) {
+	name := requestName(req)
+	rt, ok := routes[name]
+	if !ok {
+		if name == "" {
+			return route{}, false, errors.New("empty request")
+		}
+		return route{}, false, fmt.Errorf("request %s is not one this server answers (gpuctl protocol v%d.%d): upgrade the server if the client is newer",
+			name, api.ProtocolMajor, api.ProtocolMinor)
+	}
+	need, mutates := rt.role, rt.mutates
+	if rt.escalate != nil {
+		need, mutates = rt.escalate(req)
+	}
+	if !caller.Role.AtLeast(need) {
+		return rt, mutates, fmt.Errorf("permission denied: %s needs the %s role, %s has %s", name, need, caller.Name, caller.Role)
+	}
+	return rt, mutates, nil
+}
+
+// dispatch answers one request through send: authorization first, then
+// the handler, then, for a change, an audit event.
+func (s *Server) dispatch(ctx context.Context, caller Caller, req *api.ClientRequest, send func(*api.ClientResponse) error) error {
+	c := &call{caller: caller, req: req, send: send}
+	rt, mutates, err := authorize(caller, req)
+	if err != nil {
+		if mutates {
+			s.audit(caller, req, err)
+		}
+		return c.fail("%v", err)
+	}
+	if !mutates {
+		return rt.handle(s, ctx, c)
+	}
+	// A change is audited with its result: the error the caller was sent,
+	// or ok.
+	var answered error
+	herr := rt.handle(s, ctx, &call{caller: caller, req: req, send: func(r *api.ClientResponse) error {
+		if r.GetError() != "" && answered == nil {
+			answered = errors.New(r.GetError())
+		}
+		return send(r)
+	}})
+	s.audit(caller, req, answered)
+	return herr
+}
+
+// audit records a change a client asked for: who, what, and the result.
+func (s *Server) audit(caller Caller, req *api.ClientRequest, result error) {
+	name := string(requestName(req))
+	what := summarize(req)
+	res := "ok"
+	sev := api.Severity_SEVERITY_INFO
+	if result != nil {
+		res, sev = result.Error(), api.Severity_SEVERITY_WARNING
+	}
+	e := &api.Event{TimeUnixNano: s.cfg.Now().UnixNano(), Kind: api.EventKind_EVENT_KIND_AUDIT, Severity: sev,
+		Message: fmt.Sprintf("%s: %s %s: %s", caller, name, what, res),
+		Attrs:   map[string]string{"who": caller.Name, "role": string(caller.Role), "via": caller.Via, "request": name, "result": res}}
+	switch b := req.Body.(type) {
+	case *api.ClientRequest_Cordon:
+		e.Node = b.Cordon.GetNode()
+	case *api.ClientRequest_InjectFault:
+		e.Node = b.InjectFault.GetNode()
+	case *api.ClientRequest_CancelJob:
+		e.Job = b.CancelJob.GetJob()
+	case *api.ClientRequest_AssignJob:
+		e.Job = b.AssignJob.GetJob()
+	case *api.ClientRequest_CheckpointJob:
+		e.Job = b.CheckpointJob.GetJob()
+	case *api.ClientRequest_RestartJob:
+		e.Job = b.RestartJob.GetJob()
+	case *api.ClientRequest_ReleaseJob:
+		e.Job = b.ReleaseJob.GetJob()
+	}
+	if err := s.store.AppendEvent(e); err != nil {
+		s.log.Error("persist audit event", "who", caller.Name, "request", name, "err", err)
+		return
+	}
+	s.hub.PublishEvent(e)
+}
+
+// summarize is a request's fields in one short line for the audit log (a
+// job file by its first lines only).
+func summarize(req *api.ClientRequest) string {
+	body := req.ProtoReflect().Get(req.ProtoReflect().WhichOneof(bodyOneof)).Message().Interface()
+	if sj, ok := body.(*api.SubmitJobRequest); ok {
+		sj = proto.Clone(sj).(*api.SubmitJobRequest)
+		if y := sj.GetSpecYaml(); len(y) > 80 {
+			sj.SpecYaml = y[:80] + "…"
+		}
+		body = sj
+	}
+	out := strings.TrimSpace(prototext.MarshalOptions{}.Format(body))
+	if len(out) > 300 {
+		out = out[:300] + "…"
+	}
+	return "{" + out + "}"
+}
+
+// ----------------------------------------------------------- QUIC side
 
 // serveClient answers a client's request streams until it disconnects.
 func (s *Server) serveClient(ctx context.Context, conn *transport.Conn) {
 	log := s.log.With("client", conn.Name(), "role", string(conn.Role()))
+	caller := Caller{Name: conn.Name(), Role: conn.Role(), Via: "cert"}
 	for {
 		st, err := conn.AcceptStream(ctx)
 		if err != nil {
@@ -27,145 +219,239 @@ func (s *Server) serveClient(ctx context.Context, conn *transport.Conn) {
 			continue
 		}
 		go func() {
-			if err := s.handleRequest(ctx, conn, st); err != nil {
+			defer st.CloseWrite()
+			var req api.ClientRequest
+			st.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if err := st.Recv(&req); err != nil {
+				log.Debug("read request", "err", err)
+				return
+			}
+			st.SetReadDeadline(time.Time{})
+			rctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			stop := context.AfterFunc(st.Context(), cancel)
+			defer stop()
+			if err := s.dispatch(rctx, caller, &req, func(r *api.ClientResponse) error { return st.Send(r) }); err != nil {
 				log.Debug("request ended", "err", err)
 			}
-			st.CloseWrite()
 		}()
 	}
 }
 
-// minRole is the least role allowed to make each request.
-func minRole(req *api.ClientRequest) transport.Role {
-	if r, ok := jobMinRole(req); ok {
-		return r
-	}
-	switch req.Body.(type) {
-	case *api.ClientRequest_CreateToken, *api.ClientRequest_InjectFault:
-		return transport.RoleAdmin
-	case *api.ClientRequest_Cordon:
-		return transport.RoleOperator
-	}
-	return transport.RoleViewer
+// ------------------------------------------------------ in-process side
+
+// LocalTransport is a client transport into this server acting as one
+// caller: the console served over SSH uses it, so its requests go through
+// the same authorization and audit as any client's. It satisfies
+// client.Transport.
+type LocalTransport struct {
+	s      *Server
+	caller Caller
 }
 
-func (s *Server) handleRequest(ctx context.Context, conn *transport.Conn, st *transport.Stream) error {
-	var req api.ClientRequest
-	st.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if err := st.Recv(&req); err != nil {
-		return fmt.Errorf("read request: %w", err)
+// Local returns a transport that makes requests as caller.
+func (s *Server) Local(caller Caller) *LocalTransport { return &LocalTransport{s: s, caller: caller} }
+
+// Call answers req in-process, handing each answer to fn.
+func (l *LocalTransport) Call(ctx context.Context, req *api.ClientRequest, fn func(*api.ClientResponse) error) error {
+	var fnErr error
+	err := l.s.dispatch(ctx, l.caller, proto.Clone(req).(*api.ClientRequest), func(r *api.ClientResponse) error {
+		if fnErr = fn(r); fnErr != nil {
+			return fnErr
+		}
+		return nil
+	})
+	switch {
+	case fnErr != nil:
+		return fnErr
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, context.Canceled):
+		return nil
 	}
-	st.SetReadDeadline(time.Time{})
-	fail := func(format string, args ...any) error {
-		return st.Send(&api.ClientResponse{Error: fmt.Sprintf(format, args...)})
-	}
-	if need := minRole(&req); !conn.Role().AtLeast(need) {
-		return fail("permission denied: %T needs the %s role, your certificate has %s", req.Body, need, conn.Role())
-	}
-	switch b := req.Body.(type) {
-	case *api.ClientRequest_ListNodes:
-		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_ListNodes{ListNodes: &api.ListNodesResponse{Nodes: s.st.listNodes()}}})
-	case *api.ClientRequest_ListEvents:
-		evs, err := s.store.Events(store.EventFilter{Node: b.ListEvents.GetNode(), SinceUnixNano: b.ListEvents.GetSinceUnixNano(), Limit: int(b.ListEvents.GetLimit())})
-		if err != nil {
-			return fail("%v", err)
-		}
-		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_ListEvents{ListEvents: &api.ListEventsResponse{Events: evs}}})
-	case *api.ClientRequest_ListCollectives:
-		job := b.ListCollectives.GetJob()
-		if job != "" && s.jobs != nil {
-			// Accept a job's name as well as its id; ranks carry the id.
-			if j, err := s.jobs.lookup(job); err == nil {
-				job = j.GetId()
-			}
-		}
-		cs := s.st.listCollectives(job, b.ListCollectives.GetNode())
-		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_ListCollectives{ListCollectives: &api.ListCollectivesResponse{Collectives: cs}}})
-	case *api.ClientRequest_GpuHistory:
-		h, err := s.st.gpuHistory(b.GpuHistory.GetNode(), uint32(b.GpuHistory.GetGpuIndex()))
-		if err != nil {
-			return fail("%v", err)
-		}
-		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_GpuHistory{GpuHistory: &api.GPUHistoryResponse{Samples: h}}})
-	case *api.ClientRequest_CreateToken:
-		ttl := time.Duration(b.CreateToken.GetTtlSeconds()) * time.Second
-		if ttl <= 0 {
-			ttl = 24 * time.Hour
-		}
-		tok, exp, err := s.auth.CreateToken(ttl)
-		if err != nil {
-			return fail("create token: %v", err)
-		}
-		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_CreateToken{CreateToken: &api.CreateTokenResponse{Token: tok, ExpiresUnixNano: exp.UnixNano()}}})
-	case *api.ClientRequest_InjectFault:
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		err := s.Command(cctx, b.InjectFault.GetNode(), &api.Command{Body: &api.Command_InjectFault{InjectFault: b.InjectFault.GetFault()}})
-		if err != nil {
-			return fail("inject fault: %v", err)
-		}
-		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_InjectFault{InjectFault: &api.InjectFaultResponse{}}})
-	case *api.ClientRequest_Observe:
-		return s.observe(ctx, st, b.Observe)
-	case *api.ClientRequest_ListStalls:
-		stalls, err := s.Stalls(b.ListStalls.GetJob())
-		if err != nil {
-			return fail("%v", err)
-		}
-		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_ListStalls{ListStalls: &api.ListStallsResponse{Stalls: stalls}}})
-	case *api.ClientRequest_Cordon:
-		r, err := s.cordon(b.Cordon)
-		if err != nil {
-			return fail("%s %s: %v", b.Cordon.GetAction(), b.Cordon.GetNode(), err)
-		}
-		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_Cordon{Cordon: r}})
-	case *api.ClientRequest_Logs:
-		return s.logs(ctx, st, b.Logs)
-	case *api.ClientRequest_SubmitJob, *api.ClientRequest_ListJobs, *api.ClientRequest_CancelJob,
-		*api.ClientRequest_AssignJob, *api.ClientRequest_Rebalance,
-		*api.ClientRequest_CheckpointJob, *api.ClientRequest_RestartJob:
-		return st.Send(s.jobs.handle(ctx, conn.Name(), &req))
-	}
-	return fail("unknown request: this server speaks gpuctl protocol v%d.%d; upgrade it if the client is newer", api.ProtocolMajor, api.ProtocolMinor)
+	return err
 }
 
-// observe streams history then, when following, live items in batches,
-// each carrying the loss counters so the client can say what it missed.
-func (s *Server) observe(ctx context.Context, st *transport.Stream, req *api.ObserveRequest) error {
-	sub, past := s.st.obs.subscribe(req.GetFilter(), int(req.GetLast()), req.GetSinceUnixNano(), req.GetFollow())
-	defer s.st.obs.unsubscribe(sub)
-	const maxBatch = 2048
-	for len(past) > 0 {
-		n := min(len(past), maxBatch)
-		if err := st.Send(&api.ClientResponse{Body: &api.ClientResponse_Observe{Observe: &api.ObserveBatch{
-			Items: past[:n], LostAtNodes: s.st.obs.nodeLosses()}}}); err != nil {
-			return err
-		}
-		past = past[n:]
+// Close does nothing: the transport holds no connection.
+func (l *LocalTransport) Close() error { return nil }
+
+// -------------------------------------------------------------- handlers
+
+func (s *Server) listNodes(_ context.Context, c *call) error {
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_ListNodes{ListNodes: &api.ListNodesResponse{Nodes: s.nodes.Nodes()}}})
+}
+
+func (s *Server) listEvents(_ context.Context, c *call) error {
+	r := c.req.GetListEvents()
+	if n := r.GetNode(); n != "" && !s.nodes.Known(n) {
+		_, err := s.nodes.Node(n)
+		return c.fail("%v", err)
 	}
-	if sub == nil {
-		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_Observe{Observe: &api.ObserveBatch{End: true, LostAtNodes: s.st.obs.nodeLosses()}}})
+	evs, err := s.store.Events(store.EventFilter{Node: r.GetNode(), SinceUnixNano: r.GetSinceUnixNano(), Limit: int(r.GetLimit())})
+	if err != nil {
+		return c.fail("%v", err)
 	}
-	tick := time.NewTicker(observeFlush)
-	defer tick.Stop()
-	var batch []*api.ObserveItem
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-st.Context().Done():
-			return nil
-		case it := <-sub.ch:
-			batch = append(batch, it)
-			if len(batch) < maxBatch {
-				continue
-			}
-		case <-tick.C:
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_ListEvents{ListEvents: &api.ListEventsResponse{Events: evs}}})
+}
+
+func (s *Server) listCollectives(_ context.Context, c *call) error {
+	r := c.req.GetListCollectives()
+	job := r.GetJob()
+	if job != "" {
+		// Accept a job's name as well as its id; ranks carry the id.
+		j, err := s.jobs.Lookup(job)
+		if err != nil {
+			return c.fail("%v", err)
 		}
-		if err := st.Send(&api.ClientResponse{Body: &api.ClientResponse_Observe{Observe: &api.ObserveBatch{
-			Items: batch, LostByServer: sub.lost.Load(), LostAtNodes: s.st.obs.nodeLosses()}}}); err != nil {
-			return err
-		}
-		batch = nil
+		job = j.GetId()
 	}
+	if n := r.GetNode(); n != "" {
+		if _, err := s.nodes.Node(n); err != nil {
+			return c.fail("%v", err)
+		}
+	}
+	cs := s.nodes.Collectives(job, r.GetNode())
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_ListCollectives{ListCollectives: &api.ListCollectivesResponse{Collectives: cs}}})
+}
+
+func (s *Server) gpuHistory(_ context.Context, c *call) error {
+	r := c.req.GetGpuHistory()
+	h, err := s.nodes.GPUHistory(r.GetNode(), uint32(r.GetGpuIndex()))
+	if err != nil {
+		return c.fail("%v", err)
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_GpuHistory{GpuHistory: &api.GPUHistoryResponse{Samples: h}}})
+}
+
+func (s *Server) listJobs(_ context.Context, c *call) error {
+	js, err := s.jobs.List(c.req.GetListJobs().GetJob())
+	if err != nil {
+		return c.fail("%v", err)
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_ListJobs{ListJobs: &api.ListJobsResponse{Jobs: js}}})
+}
+
+func (s *Server) listStalls(_ context.Context, c *call) error {
+	st, err := s.Stalls(c.req.GetListStalls().GetJob())
+	if err != nil {
+		return c.fail("%v", err)
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_ListStalls{ListStalls: &api.ListStallsResponse{Stalls: st}}})
+}
+
+func (s *Server) watch(ctx context.Context, c *call) error {
+	w := s.hub.Subscribe(c.req.GetWatch())
+	defer w.Close()
+	err := watch.Serve(ctx, w, s.cfg.WatchEvery, func(b *api.WatchBatch) error {
+		return c.send(&api.ClientResponse{Body: &api.ClientResponse_Watch{Watch: b}})
+	})
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func (s *Server) submitJob(ctx context.Context, c *call) error {
+	r, err := s.jobs.Submit(ctx, c.req.GetSubmitJob())
+	if err != nil {
+		return c.fail("%v", err)
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_SubmitJob{SubmitJob: r}})
+}
+
+func (s *Server) cancelJob(ctx context.Context, c *call) error {
+	j, err := s.jobs.Cancel(ctx, c.req.GetCancelJob().GetJob(), c.caller.Name)
+	if err != nil {
+		return c.fail("%v", err)
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_CancelJob{CancelJob: &api.CancelJobResponse{Job: j}}})
+}
+
+func (s *Server) releaseJob(ctx context.Context, c *call) error {
+	j, err := s.jobs.Release(ctx, c.req.GetReleaseJob().GetJob())
+	if err != nil {
+		return c.fail("%v", err)
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_ReleaseJob{ReleaseJob: &api.ReleaseJobResponse{Job: j}}})
+}
+
+func (s *Server) assignJob(ctx context.Context, c *call) error {
+	r := c.req.GetAssignJob()
+	j, err := s.jobs.Assign(ctx, r.GetJob(), r.GetNodes())
+	if err != nil {
+		return c.fail("%v", err)
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_AssignJob{AssignJob: &api.AssignJobResponse{Job: j}}})
+}
+
+func (s *Server) rebalance(ctx context.Context, c *call) error {
+	r, err := s.jobs.Rebalance(ctx, c.req.GetRebalance())
+	if err != nil {
+		return c.fail("%v", err)
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_Rebalance{Rebalance: r}})
+}
+
+func (s *Server) checkpointJob(ctx context.Context, c *call) error {
+	j, err := s.jobs.Checkpoint(ctx, c.req.GetCheckpointJob().GetJob())
+	if err != nil {
+		return c.fail("%v", err)
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_CheckpointJob{CheckpointJob: &api.CheckpointJobResponse{Job: j}}})
+}
+
+func (s *Server) restartJob(ctx context.Context, c *call) error {
+	r := c.req.GetRestartJob()
+	j, err := s.jobs.Restart(ctx, r.GetJob(), r.GetFromCheckpoint(), r.GetExclude(), c.caller.Name)
+	if err != nil {
+		return c.fail("%v", err)
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_RestartJob{RestartJob: &api.RestartJobResponse{Job: j}}})
+}
+
+// cordon answers gpuctl cordon, uncordon and drain. The node's new state
+// is stored before the answer; a drain also queues moves of the jobs
+// running there.
+func (s *Server) cordon(ctx context.Context, c *call) error {
+	r := c.req.GetCordon()
+	if r.GetNode() == "" {
+		return c.fail("%s: no node named: `gpuctl nodes` lists them", r.GetAction())
+	}
+	n, err := s.nodes.SetCordon(r.GetNode(), r.GetAction(), r.GetReason())
+	if err != nil {
+		return c.fail("%s %s: %v", r.GetAction(), r.GetNode(), err)
+	}
+	resp := &api.CordonResponse{Node: n}
+	switch r.GetAction() {
+	case nodes.ActionDrain:
+		if resp.Jobs, err = s.jobs.Drain(ctx, r.GetNode()); err != nil {
+			return c.fail("drain %s: cordoned, but its jobs could not be planned: %v", r.GetNode(), err)
+		}
+	case nodes.ActionUncordon:
+		// Pending jobs may fit now.
+		s.jobs.Kick()
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_Cordon{Cordon: resp}})
+}
+
+func (s *Server) createToken(_ context.Context, c *call) error {
+	ttl := time.Duration(c.req.GetCreateToken().GetTtlSeconds()) * time.Second
+	if ttl <= 0 {
+		ttl = 24 * time.Hour
+	}
+	tok, exp, err := s.auth.CreateToken(ttl)
+	if err != nil {
+		return c.fail("create token: %v", err)
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_CreateToken{CreateToken: &api.CreateTokenResponse{Token: tok, ExpiresUnixNano: exp.UnixNano()}}})
+}
+
+func (s *Server) injectFault(ctx context.Context, c *call) error {
+	r := c.req.GetInjectFault()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := s.nodes.Command(cctx, r.GetNode(), &api.Command{Body: &api.Command_InjectFault{InjectFault: r.GetFault()}}); err != nil {
+		return c.fail("inject fault: %v", err)
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_InjectFault{InjectFault: &api.InjectFaultResponse{}}})
 }

@@ -1,6 +1,10 @@
 // Package controlplane is gpuctl serve: it accepts nodemons and clients
-// over QUIC, keeps the live state of the cluster, persists what must
-// survive a restart, detects failed nodes, and answers the scripted views.
+// over QUIC and wires the parts that do the work (see docs/ARCHITECTURE.md):
+// the node registry (controlplane/nodes), the job owner (controlplane/jobs),
+// the stall detector (controlplane/stalls), the watch hub
+// (controlplane/watch) and the observe broker (controlplane/observe). It
+// also answers client requests through one fail-closed authorization table
+// and records every change a client asks for as an audit event.
 package controlplane
 
 import (
@@ -12,10 +16,14 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/controlplane/jobs"
+	"github.com/gpuctl/gpuctl/controlplane/nodes"
+	"github.com/gpuctl/gpuctl/controlplane/observe"
+	"github.com/gpuctl/gpuctl/controlplane/stalls"
+	"github.com/gpuctl/gpuctl/controlplane/watch"
 	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/store"
 	"github.com/gpuctl/gpuctl/transport"
@@ -31,8 +39,8 @@ type Config struct {
 	ExtraNames []string
 	// AdvertiseAddr is written into admin.yaml; default the bound address.
 	AdvertiseAddr string
-	// HistoryLen is the number of samples kept per GPU, default 600 (10 min at 1 s).
-	HistoryLen int
+	// History sizes each GPU's sample history (nodes.HistoryConfig).
+	History nodes.HistoryConfig
 	// ObserveHistory is the number of traced calls and flows kept for
 	// `gpuctl observe --last`, default 100000.
 	ObserveHistory int
@@ -40,13 +48,18 @@ type Config struct {
 	DetectEvery time.Duration
 	// StallEvery is the NCCL stall detector's period, default 250 ms.
 	StallEvery time.Duration
+	// WatchEvery is the least time between two batches to one watcher,
+	// so fast-changing nodes coalesce; default 100 ms.
+	WatchEvery time.Duration
 	// Policy is the scheduling policy (scheduler.PolicyNames), default
-	// DefaultPolicy.
+	// jobs.DefaultPolicy.
 	Policy string
 	// ValidateCommand is the short all-reduce a recovering job's new nodes
 	// run first, one rank per node (e.g. ringtrain --steps 3 --compute-ms 0
 	// --bytes 1M); empty skips it.
 	ValidateCommand []string
+	// Jobs tunes the job owner beyond the fields above (tests).
+	Jobs jobs.Config
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -59,34 +72,27 @@ type Server struct {
 	name  string
 	auth  *transport.Authority
 	store store.Store
-	st    *state
-	jobs  *jobManager
+	hub   *watch.Hub
+	obs   *observe.Broker
+	nodes *nodes.Registry
+	jobs  *jobs.Manager
+	stall *stalls.Detector
 	ln    *transport.Listener
-	cmdID atomic.Uint64
-	// stallPass serialises stall detector passes with stall listings.
-	stallPass sync.Mutex
-	wg        sync.WaitGroup
-	// stalls is the NCCL stall detector's state (stalls.go).
-	stalls *stallDetector
-	// onStall, when set, is called once for every stall when it is first
-	// declared, on a goroutine of its own, with a copy of the stall.
-	onStall func(*api.Stall)
+	wg    sync.WaitGroup
 }
 
 // AdminConfigPath is the client configuration gpuctl serve writes for the
 // cluster's first administrator.
 func AdminConfigPath(dataDir string) string { return filepath.Join(dataDir, "admin.yaml") }
 
-// New opens (creating on first start) the data dir's CA and store.
+// New opens (creating on first start) the data dir's CA and store and
+// loads the cluster's nodes and jobs.
 func New(cfg Config) (*Server, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("serve: --data-dir is required")
 	}
 	if cfg.Listen == "" {
 		cfg.Listen = ":7443"
-	}
-	if cfg.HistoryLen <= 0 {
-		cfg.HistoryLen = 600
 	}
 	if cfg.ObserveHistory <= 0 {
 		cfg.ObserveHistory = 100_000
@@ -97,6 +103,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.StallEvery <= 0 {
 		cfg.StallEvery = 250 * time.Millisecond
 	}
+	if cfg.WatchEvery <= 0 {
+		cfg.WatchEvery = 100 * time.Millisecond
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -104,7 +113,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Policy == "" {
-		cfg.Policy = DefaultPolicy
+		cfg.Policy = jobs.DefaultPolicy
 	}
 	policy, err := scheduler.PolicyByName(cfg.Policy)
 	if err != nil {
@@ -121,48 +130,106 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	state, err := newState(cfg.Log, st, cfg.HistoryLen, cfg.ObserveHistory)
+	s, err := newServer(cfg, auth, st, policy)
 	if err != nil {
 		st.Close()
 		return nil, fmt.Errorf("serve: %w", err)
 	}
+	return s, nil
+}
+
+// newServer wires the parts over an open store.
+func newServer(cfg Config, auth *transport.Authority, st store.Store, policy scheduler.Policy) (*Server, error) {
 	host, _ := os.Hostname()
-	srv := &Server{cfg: cfg, log: cfg.Log, name: host, auth: auth, store: st, st: state, stalls: newStallDetector()}
-	srv.jobs, err = newJobManager(jobConfig{Policy: policy, CheckpointRoot: filepath.Join(cfg.DataDir, "checkpoints"),
-		ValidateCommand: cfg.ValidateCommand},
-		cfg.Log.With("part", "jobs"), st, srv, state.listNodes, cfg.Now)
+	s := &Server{cfg: cfg, log: cfg.Log, name: host, auth: auth, store: st, hub: watch.New(watch.Options{}),
+		obs: observe.NewBroker(cfg.ObserveHistory)}
+	if recent, err := st.Events(store.EventFilter{Limit: 1000}); err == nil {
+		s.hub.LoadEvents(recent)
+	} else {
+		return nil, fmt.Errorf("load events: %w", err)
+	}
+	// The job owner is the node registry's sink and the registry is the
+	// job owner's view of nodes; the sink only queues, so the registry can
+	// be built first with the owner's queue standing in.
+	sink := &deferredSink{}
+	reg, err := nodes.New(nodes.Config{Store: st, Publish: s.hub, Observe: s.obs, Sink: sink, ServerName: host,
+		History: cfg.History, Now: cfg.Now, Log: cfg.Log.With("part", "nodes")})
 	if err != nil {
-		st.Close()
-		return nil, fmt.Errorf("serve: %w", err)
+		return nil, err
 	}
-	srv.jobs.ranks = state.jobRanks
-	srv.onStall = srv.jobs.stalled
-	if c, ok := any(srv).(cordoner); ok {
-		srv.jobs.cordon = c.Cordon
+	s.nodes = reg
+	jc := cfg.Jobs
+	jc.Store, jc.Nodes, jc.Publish, jc.Policy, jc.Now = st, reg, s.hub, policy, cfg.Now
+	jc.Log = cfg.Log.With("part", "jobs")
+	if jc.CheckpointRoot == "" {
+		jc.CheckpointRoot = filepath.Join(cfg.DataDir, "checkpoints")
 	}
-	state.onEvent = srv.jobs.onEvent
-	return srv, nil
+	if jc.ValidateCommand == nil {
+		jc.ValidateCommand = cfg.ValidateCommand
+	}
+	mgr, err := jobs.New(jc)
+	if err != nil {
+		return nil, err
+	}
+	sink.set(mgr)
+	s.jobs = mgr
+	for _, n := range reg.Nodes() {
+		s.hub.PublishNode(n)
+	}
+	for _, j := range mgr.View().Jobs {
+		s.hub.PublishJob(j)
+	}
+	s.stall = stalls.New(mgr, reg, s.hub, cfg.Now, cfg.Log.With("part", "stalls"))
+	return s, nil
+}
+
+// deferredSink forwards node happenings to the job owner once it exists;
+// before that (while the owner loads) there is nothing to forward.
+type deferredSink struct {
+	mu sync.Mutex
+	m  *jobs.Manager
+}
+
+func (d *deferredSink) set(m *jobs.Manager) {
+	d.mu.Lock()
+	d.m = m
+	d.mu.Unlock()
+}
+
+func (d *deferredSink) get() *jobs.Manager {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.m
+}
+
+func (d *deferredSink) NodeUp(name string, reg *api.NodeRegistration, joined bool) {
+	if m := d.get(); m != nil {
+		m.NodeUp(name, reg, joined)
+	}
+}
+
+func (d *deferredSink) NodeDown(name, reason string) {
+	if m := d.get(); m != nil {
+		m.NodeDown(name, reason)
+	}
+}
+
+func (d *deferredSink) NodeEvents(name string, events []*api.Event) {
+	if m := d.get(); m != nil {
+		m.NodeEvents(name, events)
+	}
 }
 
 // Listen binds the UDP port and writes admin.yaml if it is missing. Call
 // it before Serve; Addr is valid after it.
 func (s *Server) Listen(ctx context.Context) error {
-	ln, err := transport.Listen(ctx, s.cfg.Listen, s.auth, transport.ListenConfig{Logger: s.log, OnJoin: s.admit})
+	ln, err := transport.Listen(ctx, s.cfg.Listen, s.auth, transport.ListenConfig{Logger: s.log,
+		OnJoin: func(_ context.Context, info transport.JoinInfo) error { return s.nodes.Admit(info.Node) }})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	s.ln = ln
 	return s.writeAdminConfig()
-}
-
-// admit refuses a join under the name of a node that is connected now: two
-// hosts must not share an identity. A known node that is down may rejoin
-// (a reinstalled host keeps its name and its cordon).
-func (s *Server) admit(_ context.Context, info transport.JoinInfo) error {
-	if _, err := s.st.session(info.Node); err == nil {
-		return fmt.Errorf("node name %q is in use by a connected node: pick another --name, or stop that nodemon first", info.Node)
-	}
-	return nil
 }
 
 func (s *Server) writeAdminConfig() error {
@@ -194,6 +261,27 @@ func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 // Authority is the cluster's certificate authority.
 func (s *Server) Authority() *transport.Authority { return s.auth }
 
+// Hub is the server's watch hub.
+func (s *Server) Hub() *watch.Hub { return s.hub }
+
+// run starts the loops that make the server work without listening: the
+// job owner, the failure and stall detectors.
+func (s *Server) run(ctx context.Context) {
+	s.wg.Add(3)
+	go func() {
+		defer s.wg.Done()
+		s.nodes.Detect(ctx, s.cfg.DetectEvery)
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.jobs.Run(ctx)
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.stall.Run(ctx, s.cfg.StallEvery)
+	}()
+}
+
 // Serve accepts connections until ctx ends, then closes the store.
 func (s *Server) Serve(ctx context.Context) error {
 	if s.ln == nil {
@@ -201,21 +289,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			return err
 		}
 	}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.detect(ctx)
-	}()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.jobs.run(ctx)
-	}()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.watchStalls(ctx)
-	}()
+	s.run(ctx)
 	for {
 		conn, err := s.ln.Accept(ctx)
 		if err != nil {
@@ -232,59 +306,46 @@ func (s *Server) Serve(ctx context.Context) error {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			switch {
-			case conn.Role() == transport.RoleNode:
-				s.serveNode(ctx, conn)
-			default:
-				s.serveClient(ctx, conn)
+			if conn.Role() == transport.RoleNode {
+				s.nodes.Serve(ctx, conn)
+				return
 			}
+			s.serveClient(ctx, conn)
 		}()
 	}
 }
 
-// detect runs the failure detector: a node whose heartbeats stop is down
-// within twice its heartbeat interval plus one detector period.
-func (s *Server) detect(ctx context.Context) {
-	t := time.NewTicker(s.cfg.DetectEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.st.checkHeartbeats(s.now())
-		}
+// Nodes returns the live state of every known node (shared, read-only).
+func (s *Server) Nodes() []*api.NodeStatus { return s.nodes.Nodes() }
+
+// Collectives returns the per-rank NCCL aggregates of job ("" = all).
+func (s *Server) Collectives(job string) []*api.CollectiveStat { return s.nodes.Collectives(job, "") }
+
+// Jobs returns every job, oldest first (shared, read-only).
+func (s *Server) Jobs() []*api.Job { return s.jobs.View().Jobs }
+
+// Stalls returns the NCCL stalls declared now, of one job (id or name) or
+// of every job when job is "".
+func (s *Server) Stalls(job string) ([]*api.Stall, error) {
+	if job == "" {
+		return s.stall.List(""), nil
 	}
-}
-
-func (s *Server) now() time.Time { return s.cfg.Now() }
-
-// Command sends a command to a connected node and waits for its ack.
-func (s *Server) Command(ctx context.Context, node string, c *api.Command) error {
-	sess, err := s.st.session(node)
-	if err != nil {
-		return err
-	}
-	c.Id = s.cmdID.Add(1)
-	return sess.command(ctx, c)
-}
-
-// CommandAck sends a command to a connected node and returns its ack,
-// which carries what a reading command (ReadLogs) read.
-func (s *Server) CommandAck(ctx context.Context, node string, c *api.Command) (*api.CommandAck, error) {
-	sess, err := s.st.session(node)
+	j, err := s.jobs.Lookup(job)
 	if err != nil {
 		return nil, err
 	}
-	c.Id = s.cmdID.Add(1)
-	return sess.commandAck(ctx, c)
+	return s.stall.List(j.GetId()), nil
 }
 
-// Nodes returns the live state of every known node.
-func (s *Server) Nodes() []*api.NodeStatus { return s.st.listNodes() }
+// Cordon stops new placements on node, saying why; what runs there keeps
+// running.
+func (s *Server) Cordon(node, reason string) error {
+	_, err := s.nodes.SetCordon(node, nodes.ActionCordon, reason)
+	return err
+}
 
-// Collectives returns the per-rank NCCL aggregates of job ("" = all).
-func (s *Server) Collectives(job string) []*api.CollectiveStat { return s.st.listCollectives(job, "") }
-
-// Jobs returns every job, oldest first.
-func (s *Server) Jobs() []*api.Job { return s.jobs.list("") }
+// Command sends a command to a connected node and waits for its ack.
+func (s *Server) Command(ctx context.Context, node string, c *api.Command) error {
+	_, err := s.nodes.Command(ctx, node, c)
+	return err
+}

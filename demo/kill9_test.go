@@ -119,7 +119,9 @@ func TestServerKill9LosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	running := waitFor(t, cl, r.GetJob().GetId(), 20*time.Second, "running", func(j *api.Job) error { return runningWith(j, 1, 2) })
-	waiting, err := cl.SubmitJob(ctx, &api.SubmitJobRequest{Source: "kill -9 test",
+	// A job that can never fit is refused at submit unless held: held, it
+	// stays pending across the restart.
+	waiting, err := cl.SubmitJob(ctx, &api.SubmitJobRequest{Source: "kill -9 test", Hold: true,
 		SpecYaml: "name: waiter\ngpus: 64\ncommand: [/bin/true]\n"})
 	if err != nil {
 		t.Fatal(err)

@@ -50,6 +50,27 @@ func Assign(s *Snapshot, req *JobRequest, nodes []string) (Placement, error) {
 	return pl, nil
 }
 
+// AssignExact is Assign for an operator who names the nodes: the job uses
+// every named node or is refused, saying which would be left unused.
+func AssignExact(s *Snapshot, req *JobRequest, nodes []string) (Placement, error) {
+	pl, err := Assign(s, req, nodes)
+	if err != nil {
+		return pl, err
+	}
+	used := pl.Nodes()
+	var idle []string
+	for _, n := range nodes {
+		if !slices.Contains(used, n) {
+			idle = append(idle, n)
+		}
+	}
+	if len(idle) > 0 {
+		return Placement{}, fmt.Errorf("%w: assign %s: its %d GPUs fit on %s and would leave %s unused: name exactly the nodes it should run on",
+			ErrInvalidRequest, req.ID, len(pl.Ranks), strings.Join(used, ","), strings.Join(idle, ","))
+	}
+	return pl, nil
+}
+
 // Packing measures how well running jobs are packed; lower is better.
 type Packing struct {
 	// FragmentedNodes are ready nodes with both allocated and free GPUs.

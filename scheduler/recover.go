@@ -393,3 +393,19 @@ func shrink(view *Snapshot, req *JobRequest, old *Placement, failed []string) (P
 	}
 	return Placement{}, false
 }
+
+// Grow places an elastic job at data-parallel size dp with its own GPUs
+// counting as free: where a job that shrank after a failure runs once it
+// grows back. ok is false when that size does not fit now.
+func Grow(s *Snapshot, req *JobRequest, dp int) (Placement, bool) {
+	view := recoveryView(s, req.ID, nil)
+	r := *req
+	sh := r.shape()
+	sh.DP = dp
+	r.Shape, r.GPUs, r.ElasticDP = sh, 0, nil
+	if r.GPUsPerNode > 0 && sh.Size()%r.GPUsPerNode != 0 {
+		return Placement{}, false
+	}
+	p, err := newState(&view).placeShape(&r, sh, placeOpts{quiet: true})
+	return p, err == nil
+}

@@ -13,26 +13,7 @@ var bucketJobs = []byte("jobs")
 
 // PutJob creates or replaces a job's record under its id.
 func (s *Bolt) PutJob(j *api.Job) error {
-	id := j.GetId()
-	if id == "" {
-		return fmt.Errorf("put job: record has no id")
-	}
-	b, err := proto.Marshal(j)
-	if err != nil {
-		return fmt.Errorf("put job %s: %w", id, err)
-	}
-	if err := s.db.Update(func(tx *bolt.Tx) error {
-		// Created here rather than at open so a store written before jobs
-		// existed opens unchanged.
-		bk, err := tx.CreateBucketIfNotExists(bucketJobs)
-		if err != nil {
-			return err
-		}
-		return bk.Put([]byte(id), b)
-	}); err != nil {
-		return fmt.Errorf("put job %s: %w", id, err)
-	}
-	return nil
+	return s.Update(func(tx Tx) error { return tx.PutJob(j) })
 }
 
 // Job returns the job with id, or ErrNotFound.

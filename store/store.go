@@ -18,8 +18,17 @@ type EventFilter struct {
 	Node string
 	// SinceUnixNano drops events older than this.
 	SinceUnixNano int64
+	// Job limits to one job's events; empty means all.
+	Job string
 	// Limit keeps only the newest Limit events; 0 means all.
 	Limit int
+}
+
+// Tx is the writes of one transaction: they commit together or not at all.
+type Tx interface {
+	PutNode(n *api.NodeStatus) error
+	PutJob(j *api.Job) error
+	AppendEvent(e *api.Event) error
 }
 
 // Store is the persistence interface of the control plane. The bbolt
@@ -41,8 +50,13 @@ type Store interface {
 	LastNodeEventSeq(node string) (uint64, error)
 	// AppendEvent persists an event raised by the server itself.
 	AppendEvent(e *api.Event) error
-	// Events returns events matching f, oldest first.
+	// Events returns events matching f in time order, oldest first
+	// (events of several nodes interleave by their time, however late a
+	// node delivered them).
 	Events(f EventFilter) ([]*api.Event, error)
+	// Update runs fn in one transaction: its writes commit together or,
+	// when fn or the commit fails, not at all.
+	Update(fn func(Tx) error) error
 	// PutJob creates or replaces a job's record (its spec, plan, state and
 	// placement) under its id.
 	PutJob(j *api.Job) error

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpuctl/gpuctl/controlplane"
+	"github.com/gpuctl/gpuctl/controlplane/jobs"
 	"github.com/gpuctl/gpuctl/logging"
 	"github.com/gpuctl/gpuctl/scheduler"
 )
@@ -64,7 +65,7 @@ certificate and admin.yaml (a client config with an admin certificate) in
 	f.StringVar(&cfg.Listen, "listen", ":7443", "UDP address to listen on")
 	f.StringSliceVar(&cfg.ExtraNames, "server-name", nil, "extra DNS name or IP for the server certificate (repeatable)")
 	f.StringVar(&cfg.AdvertiseAddr, "advertise", "", "server address written into admin.yaml (default: the bound address)")
-	f.StringVar(&cfg.Policy, "policy", controlplane.DefaultPolicy, "scheduling policy: "+strings.Join(scheduler.PolicyNames(), ", "))
+	f.StringVar(&cfg.Policy, "policy", jobs.DefaultPolicy, "scheduling policy: "+strings.Join(scheduler.PolicyNames(), ", "))
 	f.StringVar(&validate, "validate-command", "", "short all-reduce that nodes new to a recovering job run first, one rank per node\n(e.g. \"ringtrain --steps 3 --compute-ms 0 --bytes 1M\"); empty: NVML health only")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFile, "log-file", "", "log to this file instead of stderr")

@@ -1,4 +1,7 @@
-package controlplane
+// Package observe fans the traced NCCL calls and flows that nodes send out
+// to the clients following them (gpuctl observe, the console), and keeps a
+// bounded history for --last and --since.
+package observe
 
 import (
 	"sync"
@@ -11,40 +14,46 @@ import (
 // before further items are counted as lost to it.
 const subscriberBuffer = 8192
 
-// broker fans traced calls and flows out to observers and keeps a bounded
+// Broker fans traced calls and flows out to observers and keeps a bounded
 // history for --last and --since.
-type broker struct {
+type Broker struct {
 	mu          sync.Mutex
-	history     *ring[*api.ObserveItem]
-	subs        map[*subscriber]struct{}
+	history     *ring
+	subs        map[*Subscriber]struct{}
 	lostAtNodes uint64
 }
 
-type subscriber struct {
+// Subscriber is one following observer.
+type Subscriber struct {
 	filter *api.ObserveFilter
-	ch     chan *api.ObserveItem
-	lost   atomic.Uint64
+	// C carries the items the observer wants.
+	C    chan *api.ObserveItem
+	lost atomic.Uint64
 }
 
-func newBroker(historyLen int) *broker {
-	return &broker{history: newRing[*api.ObserveItem](historyLen), subs: map[*subscriber]struct{}{}}
+// Lost is how many items the subscriber missed because it fell behind.
+func (s *Subscriber) Lost() uint64 { return s.lost.Load() }
+
+// NewBroker returns a broker keeping historyLen recent items.
+func NewBroker(historyLen int) *Broker {
+	return &Broker{history: newRing(historyLen), subs: map[*Subscriber]struct{}{}}
 }
 
-// publish records items and hands each to every observer that wants it,
+// Publish records items and hands each to every observer that wants it,
 // never blocking: an observer whose buffer is full has the item counted as
 // lost, and is told so in its next batch.
-func (b *broker) publish(items []*api.ObserveItem, lostAtNodes uint64) {
+func (b *Broker) Publish(items []*api.ObserveItem, lostAtNodes uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.lostAtNodes = lostAtNodes
 	for _, it := range items {
 		b.history.push(it)
 		for s := range b.subs {
-			if !matches(s.filter, it) {
+			if !Matches(s.filter, it) {
 				continue
 			}
 			select {
-			case s.ch <- it:
+			case s.C <- it:
 			default:
 				s.lost.Add(1)
 			}
@@ -52,9 +61,9 @@ func (b *broker) publish(items []*api.ObserveItem, lostAtNodes uint64) {
 	}
 }
 
-// subscribe registers an observer and returns, atomically with it, the
+// Subscribe registers an observer and returns, atomically with it, the
 // matching history selected by last and since, so no item falls between.
-func (b *broker) subscribe(f *api.ObserveFilter, last int, sinceUnixNano int64, follow bool) (*subscriber, []*api.ObserveItem) {
+func (b *Broker) Subscribe(f *api.ObserveFilter, last int, sinceUnixNano int64, follow bool) (*Subscriber, []*api.ObserveItem) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var past []*api.ObserveItem
@@ -63,7 +72,7 @@ func (b *broker) subscribe(f *api.ObserveFilter, last int, sinceUnixNano int64, 
 		if sinceUnixNano != 0 && itemTime(it) < sinceUnixNano {
 			continue
 		}
-		if !matches(f, it) {
+		if !Matches(f, it) {
 			continue
 		}
 		past = append(past, it)
@@ -77,12 +86,13 @@ func (b *broker) subscribe(f *api.ObserveFilter, last int, sinceUnixNano int64, 
 	if !follow {
 		return nil, past
 	}
-	s := &subscriber{filter: f, ch: make(chan *api.ObserveItem, subscriberBuffer)}
+	s := &Subscriber{filter: f, C: make(chan *api.ObserveItem, subscriberBuffer)}
 	b.subs[s] = struct{}{}
 	return s, past
 }
 
-func (b *broker) unsubscribe(s *subscriber) {
+// Unsubscribe ends a subscription.
+func (b *Broker) Unsubscribe(s *Subscriber) {
 	if s == nil {
 		return
 	}
@@ -91,7 +101,8 @@ func (b *broker) unsubscribe(s *subscriber) {
 	delete(b.subs, s)
 }
 
-func (b *broker) nodeLosses() uint64 {
+// NodeLosses is the sum of the records every node reports it lost.
+func (b *Broker) NodeLosses() uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.lostAtNodes
@@ -104,9 +115,9 @@ func itemTime(it *api.ObserveItem) int64 {
 	return it.GetFlow().GetTimeUnixNano()
 }
 
-// matches applies an observe filter. With neither kind selected, both
+// Matches applies an observe filter. With neither kind selected, both
 // kinds pass; collective-only criteria exclude flows.
-func matches(f *api.ObserveFilter, it *api.ObserveItem) bool {
+func Matches(f *api.ObserveFilter, it *api.ObserveItem) bool {
 	if f == nil {
 		return true
 	}
@@ -153,3 +164,30 @@ func matches(f *api.ObserveFilter, it *api.ObserveItem) bool {
 	}
 	return fl.GetTxBytes()+fl.GetRxBytes() >= f.MinBytes
 }
+
+// ring is a bounded FIFO of items that drops its oldest when full.
+type ring struct {
+	buf   []*api.ObserveItem
+	start int
+	n     int
+}
+
+func newRing(capacity int) *ring { return &ring{buf: make([]*api.ObserveItem, capacity)} }
+
+func (r *ring) push(v *api.ObserveItem) {
+	if len(r.buf) == 0 {
+		return
+	}
+	if r.n < len(r.buf) {
+		r.buf[(r.start+r.n)%len(r.buf)] = v
+		r.n++
+		return
+	}
+	r.buf[r.start] = v
+	r.start = (r.start + 1) % len(r.buf)
+}
+
+func (r *ring) len() int { return r.n }
+
+// at returns the i-th oldest item.
+func (r *ring) at(i int) *api.ObserveItem { return r.buf[(r.start+i)%len(r.buf)] }

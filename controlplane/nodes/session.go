@@ -1,4 +1,4 @@
-package controlplane
+package nodes
 
 import (
 	"context"
@@ -15,9 +15,9 @@ import (
 // handshakeTimeout bounds the wait for a node's hello and registration.
 const handshakeTimeout = 10 * time.Second
 
-// nodeSession is one connected nodemon.
-type nodeSession struct {
-	srv  *Server
+// session is one connected nodemon.
+type session struct {
+	r    *Registry
 	conn *transport.Conn
 	name string
 
@@ -30,14 +30,14 @@ type nodeSession struct {
 }
 
 // close ends the session with a reason the node will log.
-func (ns *nodeSession) close(reason string) {
+func (ns *session) close(reason string) {
 	ns.conn.CloseWithError(transport.CodeNoError, reason)
 }
 
-// serveNode runs a node's session until its connection ends.
-func (s *Server) serveNode(ctx context.Context, conn *transport.Conn) {
-	ns := &nodeSession{srv: s, conn: conn, name: conn.Name(), pending: map[uint64]chan *api.CommandAck{}}
-	log := s.log.With("node", ns.name, "remote", conn.RemoteAddr().String())
+// Serve runs a node's session until its connection ends.
+func (r *Registry) Serve(ctx context.Context, conn *transport.Conn) {
+	ns := &session{r: r, conn: conn, name: conn.Name(), pending: map[uint64]chan *api.CommandAck{}}
+	log := r.log.With("node", ns.name, "remote", conn.RemoteAddr().String())
 	if err := ns.handshake(ctx); err != nil {
 		log.Warn("node handshake failed", "err", err)
 		conn.CloseWithError(transport.CodeRefused, err.Error())
@@ -63,12 +63,12 @@ func (s *Server) serveNode(ctx context.Context, conn *transport.Conn) {
 		// starts every node down until it reconnects anyway.
 		return
 	}
-	s.st.disconnected(ns.name, ns, reason, s.now())
+	r.disconnected(ns.name, ns, reason)
 	log.Info("node disconnected", "reason", reason)
 }
 
 // handshake reads the control stream's hello and registration.
-func (ns *nodeSession) handshake(ctx context.Context) error {
+func (ns *session) handshake(ctx context.Context) error {
 	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()
 	st, err := ns.conn.AcceptStream(hctx)
@@ -92,12 +92,12 @@ func (ns *nodeSession) handshake(ctx context.Context) error {
 		st.Send(&api.ServerMessage{Body: &api.ServerMessage_Welcome{Welcome: &api.Welcome{Version: api.CurrentVersion(), Error: err.Error()}}})
 		return err
 	}
-	last, err := ns.srv.store.LastNodeEventSeq(ns.name)
+	last, err := ns.r.cfg.Store.LastNodeEventSeq(ns.name)
 	if err != nil {
 		return err
 	}
 	if err := ns.send(&api.ServerMessage{Body: &api.ServerMessage_Welcome{Welcome: &api.Welcome{
-		Version: api.CurrentVersion(), ServerName: ns.srv.name, LastEventSeq: last}}}); err != nil {
+		Version: api.CurrentVersion(), ServerName: ns.r.cfg.ServerName, LastEventSeq: last}}}); err != nil {
 		return err
 	}
 	var reg api.AgentMessage
@@ -112,10 +112,10 @@ func (ns *nodeSession) handshake(ctx context.Context) error {
 		return fmt.Errorf("node registers as %q but its certificate names %q: run nodemon with --name %s or rejoin with a new token", r.GetName(), ns.name, ns.name)
 	}
 	st.SetReadDeadline(time.Time{})
-	return ns.srv.st.register(r, ns.conn.RemoteAddr().String(), ns, ns.srv.now())
+	return ns.r.register(r, ns.conn.RemoteAddr().String(), ns)
 }
 
-func (ns *nodeSession) send(m *api.ServerMessage) error {
+func (ns *session) send(m *api.ServerMessage) error {
 	ns.writeMu.Lock()
 	defer ns.writeMu.Unlock()
 	ns.control.SetWriteDeadline(time.Now().Add(5 * time.Second))
@@ -123,7 +123,7 @@ func (ns *nodeSession) send(m *api.ServerMessage) error {
 }
 
 // readControl handles heartbeats and command acks until the stream ends.
-func (ns *nodeSession) readControl() error {
+func (ns *session) readControl() error {
 	for {
 		var m api.AgentMessage
 		if err := ns.control.Recv(&m); err != nil {
@@ -131,7 +131,7 @@ func (ns *nodeSession) readControl() error {
 		}
 		switch b := m.Body.(type) {
 		case *api.AgentMessage_Heartbeat:
-			ns.srv.st.heartbeat(ns.name, ns.srv.now())
+			ns.r.beat(ns.name, ns)
 		case *api.AgentMessage_CommandAck:
 			ns.mu.Lock()
 			if ch, ok := ns.pending[b.CommandAck.GetId()]; ok {
@@ -146,7 +146,7 @@ func (ns *nodeSession) readControl() error {
 }
 
 // acceptStreams serves the node's telemetry and event streams.
-func (ns *nodeSession) acceptStreams(ctx context.Context, log interface{ Warn(string, ...any) }) {
+func (ns *session) acceptStreams(ctx context.Context, log interface{ Warn(string, ...any) }) {
 	for {
 		st, err := ns.conn.AcceptStream(ctx)
 		if err != nil {
@@ -164,21 +164,21 @@ func (ns *nodeSession) acceptStreams(ctx context.Context, log interface{ Warn(st
 	}
 }
 
-func (ns *nodeSession) readTelemetry(st *transport.Stream) {
+func (ns *session) readTelemetry(st *transport.Stream) {
 	for {
 		var m api.AgentMessage
 		if err := st.Recv(&m); err != nil {
 			return
 		}
 		if t := m.GetTelemetry(); t != nil {
-			ns.srv.st.ingest(ns.name, t, ns.srv.now())
+			ns.r.ingest(ns.name, ns, t)
 		}
 	}
 }
 
 // readEvents persists each event before acknowledging it; the node keeps
 // every unacknowledged event and sends it again after a reconnect.
-func (ns *nodeSession) readEvents(st *transport.Stream, log interface{ Warn(string, ...any) }) {
+func (ns *session) readEvents(st *transport.Stream, log interface{ Warn(string, ...any) }) {
 	for {
 		var m api.AgentMessage
 		if err := st.Recv(&m); err != nil {
@@ -188,7 +188,7 @@ func (ns *nodeSession) readEvents(st *transport.Stream, log interface{ Warn(stri
 		if e == nil {
 			continue
 		}
-		top, err := ns.srv.st.nodeEvents(ns.name, []*api.Event{e})
+		top, err := ns.r.nodeEvents(ns.name, ns, []*api.Event{e})
 		if err != nil {
 			// Not acknowledged: the node resends it once the store recovers.
 			log.Warn("persist node event", "seq", e.GetSeq(), "err", err)
@@ -201,14 +201,14 @@ func (ns *nodeSession) readEvents(st *transport.Stream, log interface{ Warn(stri
 }
 
 // command sends c to the node and waits for its acknowledgement.
-func (ns *nodeSession) command(ctx context.Context, c *api.Command) error {
+func (ns *session) command(ctx context.Context, c *api.Command) error {
 	_, err := ns.commandAck(ctx, c)
 	return err
 }
 
 // commandAck sends c to the node and returns its acknowledgement, which
 // carries the data of commands that read (ReadLogs).
-func (ns *nodeSession) commandAck(ctx context.Context, c *api.Command) (*api.CommandAck, error) {
+func (ns *session) commandAck(ctx context.Context, c *api.Command) (*api.CommandAck, error) {
 	ch := make(chan *api.CommandAck, 1)
 	ns.mu.Lock()
 	if ns.closed {
@@ -237,12 +237,51 @@ func (ns *nodeSession) commandAck(ctx context.Context, c *api.Command) (*api.Com
 	}
 }
 
-func (ns *nodeSession) failPending(reason string) {
+func (ns *session) failPending(reason string) {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
 	ns.closed = true
 	for id, ch := range ns.pending {
 		ch <- &api.CommandAck{Id: id, Error: reason}
 		delete(ns.pending, id)
+	}
+}
+
+// Command sends a command to a connected node and returns its ack, which
+// carries what a reading command (ReadLogs) read.
+func (r *Registry) Command(ctx context.Context, node string, c *api.Command) (*api.CommandAck, error) {
+	r.mu.RLock()
+	e, ok := r.nodes[node]
+	var (
+		sess *session
+		why  string
+	)
+	if ok {
+		sess, why = e.session, e.rec.GetDownReason()
+	}
+	r.mu.RUnlock()
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("unknown node %q: `gpuctl nodes` lists the known ones", node)
+	case sess == nil:
+		return nil, fmt.Errorf("node %q is not connected (%s)", node, why)
+	}
+	c.Id = r.cmdID.Add(1)
+	return sess.commandAck(ctx, c)
+}
+
+// Detect runs the heartbeat failure detector every period until ctx ends:
+// a node whose heartbeats stop is down within twice its heartbeat interval
+// plus one period.
+func (r *Registry) Detect(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.CheckHeartbeats()
+		}
 	}
 }

@@ -1,0 +1,675 @@
+// Package jobs owns the control plane's job state: jobs, their attempts,
+// recoveries, moves and validation gangs. One goroutine owns all of it, as
+// etcd's server applies every change in one loop: node sessions, the
+// detectors and client requests send it typed messages, which it applies in
+// the order they came, then writes what changed in one store transaction,
+// and only then acts (commands to nodes) and answers. Nothing else reads or
+// writes a job; readers get the committed copies through View.
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/controlplane/nodes"
+	"github.com/gpuctl/gpuctl/jobspec"
+	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/store"
+)
+
+// Nodes is what the job owner needs of the node registry.
+type Nodes interface {
+	// Nodes returns every node's status (shared, read-only).
+	Nodes() []*api.NodeStatus
+	// Ranks returns, per node that is up, its ranks of job ("" = all).
+	Ranks(job string) []nodes.NodeRanks
+	// Command sends one command to a node and waits for its ack.
+	Command(ctx context.Context, node string, c *api.Command) (*api.CommandAck, error)
+	// SetCordon cordons (or drains, uncordons) a node with a reason.
+	SetCordon(node, action, reason string) (*api.NodeStatus, error)
+}
+
+// Publisher takes every committed job and persisted event, for watch
+// streams; the objects are never modified afterwards.
+type Publisher interface {
+	PublishJob(j *api.Job)
+	PublishEvent(e *api.Event)
+}
+
+// Config tunes the job owner; zero fields take the defaults noted.
+type Config struct {
+	Store store.Store
+	Nodes Nodes
+	// Publish may be nil.
+	Publish Publisher
+	// Policy orders the queue, default scheduler's default policy.
+	Policy scheduler.Policy
+	// Every is the scheduling period, default 1 s; changes also start a
+	// pass.
+	Every time.Duration
+	// PortBase and PortRange bound the ports handed to jobs (a pair each,
+	// MASTER_PORT and MASTER_PORT+1), default 29500 and 1000.
+	PortBase, PortRange int
+	// CheckpointRoot holds <job>/ for jobs that name no checkpoint dir.
+	CheckpointRoot string
+	// MoveGrace is how long a move waits for its checkpoint before it
+	// stops the ranks anyway, default 2 min.
+	MoveGrace time.Duration
+	// KillAfter is how long ranks have after SIGTERM before SIGKILL,
+	// default 30 s.
+	KillAfter time.Duration
+	// CommandTimeout bounds one command to one node, default 10 s.
+	CommandTimeout time.Duration
+	// SignalTimeout bounds a signal to one node, default 2 s: stops
+	// resend, and a failed node must not hold up the others.
+	SignalTimeout time.Duration
+	// MaxMoves bounds a rebalance plan, default 8.
+	MaxMoves int
+	// MaxExplained bounds how many pending jobs per pass get a placer
+	// explanation, default 64; the rest read "queued".
+	MaxExplained int
+	// ValidateCommand is the short all-reduce run on nodes new to a
+	// recovering job before it lands there (one rank per node); empty
+	// skips it, leaving NVML health as the only check.
+	ValidateCommand []string
+	// ValidateTimeout bounds a validation gang, default 30 s.
+	ValidateTimeout time.Duration
+	// MaxValidations bounds the validation rounds of one recovery, default 3.
+	MaxValidations int
+	// RecoveryKillAfter is how long a recovering job's surviving ranks
+	// have after SIGTERM before SIGKILL, default 5 s: they are stuck in a
+	// collective with a dead peer, not saving anything.
+	RecoveryKillAfter time.Duration
+	// ReconnectGrace is added to twice a node's heartbeat to bound how long
+	// a disconnected node may hold live ranks (after a server restart,
+	// before it reconnects) until it counts as down; default 5 s.
+	ReconnectGrace time.Duration
+	// Now is the clock, default time.Now.
+	Now func() time.Time
+	Log *slog.Logger
+}
+
+func (c *Config) defaults() {
+	if c.Policy == nil {
+		c.Policy, _ = scheduler.PolicyByName(DefaultPolicy)
+	}
+	if c.Every <= 0 {
+		c.Every = time.Second
+	}
+	if c.PortBase <= 0 {
+		c.PortBase = 29500
+	}
+	if c.PortRange <= 0 {
+		c.PortRange = 1000
+	}
+	if c.MoveGrace <= 0 {
+		c.MoveGrace = 2 * time.Minute
+	}
+	if c.KillAfter <= 0 {
+		c.KillAfter = 30 * time.Second
+	}
+	if c.CommandTimeout <= 0 {
+		c.CommandTimeout = 10 * time.Second
+	}
+	if c.SignalTimeout <= 0 {
+		c.SignalTimeout = 2 * time.Second
+	}
+	if c.MaxMoves <= 0 {
+		c.MaxMoves = 8
+	}
+	if c.MaxExplained <= 0 {
+		c.MaxExplained = 64
+	}
+	if c.ValidateTimeout <= 0 {
+		c.ValidateTimeout = 30 * time.Second
+	}
+	if c.MaxValidations <= 0 {
+		c.MaxValidations = 3
+	}
+	if c.RecoveryKillAfter <= 0 {
+		c.RecoveryKillAfter = 5 * time.Second
+	}
+	if c.ReconnectGrace <= 0 {
+		c.ReconnectGrace = 5 * time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+}
+
+// DefaultPolicy is the scheduling policy gpuctl serve uses without --policy:
+// priorities with aging (no starvation), preemption of checkpointing jobs,
+// and EASY backfill so small jobs use GPUs a blocked big job cannot.
+const DefaultPolicy = "priority+backfill"
+
+// entry is one job: the working record the owner changes, the copy last
+// committed (shared with readers), and its parsed job file.
+type entry struct {
+	job       *api.Job
+	committed *api.Job
+	// spec is nil only for a stored job whose file no longer parses; such
+	// a job is failed on load.
+	spec *jobspec.Spec
+	// resume, when resumeSet, is the step the next start resumes from
+	// (recovery decided it); otherwise the latest checkpoint is used.
+	resume    int64
+	resumeSet bool
+	// killSent is set once a stop has sent SIGKILL.
+	killSent bool
+}
+
+// Manager is the job owner.
+type Manager struct {
+	cfg  Config
+	log  *slog.Logger
+	in   inbox
+	disp *dispatcher
+	view atomic.Pointer[View]
+
+	// Everything below belongs to the loop goroutine.
+	jobs map[string]*entry
+	// moves are the moves not yet begun; they run one at a time.
+	moves []scheduler.Move
+	// recs are the recoveries in progress, vals the validation gangs.
+	recs map[string]*recovery
+	vals map[string]*validation
+	prog map[string]*progress
+	// idem maps a submit's idempotency key to the job it created.
+	idem map[string]string
+	// pass gathers the writes, events and commands of the loop's current
+	// step until they are committed together.
+	pass *txn
+	// waiting are replies held until a launch they depend on answers.
+	waiting map[launchKey][]chan reply
+	// stalled is the set of jobs the stall detector last declared.
+	stalled map[string]bool
+	// loadedAt is when the manager loaded the store: nodes holding ranks
+	// must reconnect within their grace of it.
+	loadedAt time.Time
+	kicked   bool
+	// strict makes a transition the lifecycle table does not allow panic
+	// (tests); otherwise it is logged.
+	strict bool
+}
+
+// New loads every stored job. A job whose stored file no longer parses
+// cannot be launched again, so it is failed (with why) rather than
+// silently dropped.
+func New(cfg Config) (*Manager, error) {
+	cfg.defaults()
+	m := &Manager{cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, recs: map[string]*recovery{},
+		vals: map[string]*validation{}, prog: map[string]*progress{}, idem: map[string]string{},
+		waiting: map[launchKey][]chan reply{}, stalled: map[string]bool{}, pass: &txn{}, loadedAt: cfg.Now()}
+	m.in.sig = make(chan struct{}, 1)
+	m.disp = newDispatcher(cfg.Nodes.Command, cfg.Log)
+	stored, err := cfg.Store.Jobs()
+	if err != nil {
+		return nil, fmt.Errorf("load jobs: %w", err)
+	}
+	now := m.now()
+	for _, j := range stored {
+		en := &entry{job: j, committed: proto.Clone(j).(*api.Job)}
+		m.jobs[j.GetId()] = en
+		if key := j.GetIdempotencyKey(); key != "" {
+			m.idem[key] = j.GetId()
+		}
+		spec, err := jobspec.Parse(j.GetSpecSource(), []byte(j.GetSpecYaml()))
+		if err == nil {
+			en.spec = spec
+		} else if !terminal(j.GetState()) {
+			m.giveUp(en, fmt.Sprintf("stored job file no longer parses: %v", err), now)
+		}
+		if en.spec != nil && j.GetState() == api.JobState_JOB_STATE_RECOVERING {
+			// The recovery restarts from its first step: stop what is
+			// left, choose nodes, validate, relaunch.
+			m.recs[j.GetId()] = &recovery{failure: scheduler.Failure{Kind: scheduler.FailRankExit}, reason: strings.TrimPrefix(j.GetReason(), "recovering: "),
+				since: now, stepAt: j.GetStep(), resume: -1, cordon: map[string]string{}}
+		}
+	}
+	if err := m.commit(m.pass); err != nil {
+		return nil, fmt.Errorf("load jobs: %w", err)
+	}
+	m.publishView()
+	return m, nil
+}
+
+func (m *Manager) now() time.Time { return m.cfg.Now() }
+
+// Run owns the jobs until ctx ends: it applies messages as they come and
+// schedules every period and after every change.
+func (m *Manager) Run(ctx context.Context) {
+	m.disp.start(ctx)
+	t := time.NewTicker(m.cfg.Every)
+	defer t.Stop()
+	due := true
+	for {
+		m.step(due)
+		due = false
+		select {
+		case <-ctx.Done():
+			m.failWaiting("the server is stopping")
+			return
+		case <-t.C:
+			due = true
+		case <-m.in.sig:
+		}
+	}
+}
+
+// step applies the queued messages, runs a scheduling pass when one is
+// due or something asked for one, and commits.
+func (m *Manager) step(pass bool) {
+	for _, msg := range m.in.drain() {
+		m.handle(msg)
+	}
+	if pass || m.kicked {
+		m.kicked = false
+		m.reconcile()
+	}
+	if err := m.commit(m.pass); err != nil {
+		// Kept, with its commands, for the next step: nothing is acted
+		// on before it is stored.
+		m.log.Error("commit job changes; retrying on the next pass", "err", err)
+	}
+}
+
+// kick asks for a scheduling pass in this step.
+func (m *Manager) kick() { m.kicked = true }
+
+// ------------------------------------------------------------ messages
+
+// inbox is the owner's queue: senders never block, and messages are
+// applied in the order they were posted.
+type inbox struct {
+	mu  sync.Mutex
+	q   []any
+	sig chan struct{}
+}
+
+func (b *inbox) post(msg any) {
+	b.mu.Lock()
+	b.q = append(b.q, msg)
+	b.mu.Unlock()
+	select {
+	case b.sig <- struct{}{}:
+	default:
+	}
+}
+
+func (b *inbox) drain() []any {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	q := b.q
+	b.q = nil
+	return q
+}
+
+type (
+	msgNodeUp struct {
+		node string
+		reg  *api.NodeRegistration
+	}
+	msgNodeDown   struct{ node, reason string }
+	msgNodeEvents struct {
+		node   string
+		events []*api.Event
+	}
+	msgLaunched struct {
+		job     string
+		attempt uint32
+		errs    map[string]error
+	}
+	msgValidationLaunched struct {
+		gang string
+		errs map[string]error
+	}
+	msgCordoned struct {
+		job, node, reason string
+		took              time.Duration
+		err               error
+	}
+	msgStalls struct {
+		declared []*api.Stall
+		stalled  map[string]bool
+		events   []*api.Event
+		done     chan struct{}
+	}
+	msgCall struct {
+		fn    func() (any, error)
+		reply chan reply
+	}
+)
+
+type reply struct {
+	v   any
+	err error
+}
+
+// deferred is what a request returns when its answer waits for a launch
+// to be acknowledged by the nodes.
+type deferred struct{ key launchKey }
+
+type launchKey struct {
+	job     string
+	attempt uint32
+}
+
+// NodeUp, NodeDown and NodeEvents make the manager a nodes.Sink: they only
+// queue.
+func (m *Manager) NodeUp(name string, reg *api.NodeRegistration, _ bool) {
+	m.in.post(msgNodeUp{node: name, reg: reg})
+}
+
+// NodeDown queues a node's loss.
+func (m *Manager) NodeDown(name, reason string) { m.in.post(msgNodeDown{node: name, reason: reason}) }
+
+// NodeEvents queues a node's persisted events.
+func (m *Manager) NodeEvents(name string, events []*api.Event) {
+	m.in.post(msgNodeEvents{node: name, events: events})
+}
+
+func (m *Manager) handle(msg any) {
+	switch msg := msg.(type) {
+	case msgNodeUp:
+		m.nodeUp(msg.node, msg.reg)
+	case msgNodeDown:
+		m.nodeDown(msg.node, msg.reason, m.now())
+		m.kick()
+	case msgNodeEvents:
+		for _, e := range msg.events {
+			m.nodeEvent(e)
+		}
+	case msgLaunched:
+		m.launched(msg)
+	case msgValidationLaunched:
+		m.validationLaunched(msg)
+	case msgCordoned:
+		m.cordoned(msg)
+	case msgStalls:
+		m.stalls(msg)
+	case msgCall:
+		m.call(msg)
+	default:
+		m.log.Error("job owner got an unknown message", "type", fmt.Sprintf("%T", msg))
+	}
+}
+
+// do runs fn on the owner and returns its answer once its changes are
+// committed (or why they could not be).
+func (m *Manager) do(ctx context.Context, fn func() (any, error)) (any, error) {
+	ch := make(chan reply, 1)
+	m.in.post(msgCall{fn: fn, reply: ch})
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for the job owner: %w", ctx.Err())
+	}
+}
+
+// call applies one request in a transaction of its own: its answer goes
+// out only once its writes are stored, and a failed commit undoes them.
+func (m *Manager) call(c msgCall) {
+	if err := m.commit(m.pass); err != nil {
+		c.reply <- reply{err: fmt.Errorf("the store refuses writes: %w", err)}
+		return
+	}
+	outer := m.pass
+	m.pass = &txn{}
+	defer func() { m.pass = outer }()
+	v, err := c.fn()
+	if cerr := m.commit(m.pass); cerr != nil {
+		m.rollback(m.pass)
+		c.reply <- reply{err: fmt.Errorf("could not store the change, nothing was done: %w", cerr)}
+		return
+	}
+	if d, ok := v.(deferred); ok && err == nil {
+		m.waiting[d.key] = append(m.waiting[d.key], c.reply)
+		return
+	}
+	c.reply <- reply{v: v, err: err}
+}
+
+// answer releases the replies waiting on a launch: the job as it stands,
+// or the launch's failure.
+func (m *Manager) answer(key launchKey) {
+	chans := m.waiting[key]
+	if len(chans) == 0 {
+		return
+	}
+	delete(m.waiting, key)
+	var r reply
+	if en := m.jobs[key.job]; en != nil {
+		out := proto.Clone(en.job).(*api.Job)
+		r.v = out
+		if out.GetState() == api.JobState_JOB_STATE_FAILED || out.GetAttempt() != key.attempt {
+			r.err = fmt.Errorf("job %s: %s", out.GetId(), out.GetReason())
+		}
+	} else {
+		r.err = fmt.Errorf("job %s is gone", key.job)
+	}
+	for _, ch := range chans {
+		ch <- r
+	}
+}
+
+func (m *Manager) failWaiting(why string) {
+	for key, chans := range m.waiting {
+		for _, ch := range chans {
+			ch <- reply{err: errors.New(why)}
+		}
+		delete(m.waiting, key)
+	}
+}
+
+// ---------------------------------------------------------- transactions
+
+// txn is the writes of one step: jobs changed, events raised, and the
+// commands to send once both are stored.
+type txn struct {
+	dirty   []*entry
+	events  []*api.Event
+	effects []effect
+}
+
+func (t *txn) empty() bool { return len(t.dirty) == 0 && len(t.events) == 0 && len(t.effects) == 0 }
+
+// save marks en changed in the current step.
+func (m *Manager) save(en *entry) {
+	if !slices.Contains(m.pass.dirty, en) {
+		m.pass.dirty = append(m.pass.dirty, en)
+	}
+}
+
+// raise adds a server event to the current step.
+func (m *Manager) raise(e *api.Event) {
+	if e.TimeUnixNano == 0 {
+		e.TimeUnixNano = m.now().UnixNano()
+	}
+	if e.Severity == api.Severity_SEVERITY_UNSPECIFIED {
+		e.Severity = api.Severity_SEVERITY_INFO
+	}
+	m.pass.events = append(m.pass.events, e)
+}
+
+// act adds a command fan-out to run once the step is committed.
+func (m *Manager) act(e effect) { m.pass.effects = append(m.pass.effects, e) }
+
+// commit writes t in one store transaction, then publishes what changed
+// and sends its commands. On failure t is left as it was.
+func (m *Manager) commit(t *txn) error {
+	if t.empty() {
+		return nil
+	}
+	if len(t.dirty) > 0 || len(t.events) > 0 {
+		err := m.cfg.Store.Update(func(tx store.Tx) error {
+			for _, en := range t.dirty {
+				if err := tx.PutJob(en.job); err != nil {
+					return err
+				}
+			}
+			for _, e := range t.events {
+				if err := tx.AppendEvent(e); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	for _, en := range t.dirty {
+		en.committed = proto.Clone(en.job).(*api.Job)
+		if m.cfg.Publish != nil {
+			m.cfg.Publish.PublishJob(en.committed)
+		}
+	}
+	if m.cfg.Publish != nil {
+		for _, e := range t.events {
+			m.cfg.Publish.PublishEvent(e)
+		}
+	}
+	if len(t.dirty) > 0 {
+		m.publishView()
+	}
+	for _, e := range t.effects {
+		e(m.disp)
+	}
+	*t = txn{}
+	return nil
+}
+
+// rollback undoes t's job changes in memory: each job goes back to what
+// was last committed (a job never committed is forgotten).
+func (m *Manager) rollback(t *txn) {
+	for _, en := range t.dirty {
+		if en.committed == nil {
+			delete(m.jobs, en.job.GetId())
+			continue
+		}
+		en.job = proto.Clone(en.committed).(*api.Job)
+	}
+	*t = txn{}
+}
+
+// check verifies a transition against the lifecycle table.
+func (m *Manager) check(from Phase, ev Event, j *api.Job) {
+	if err := transitioned(from, ev, j); err != nil {
+		if m.strict {
+			panic(err)
+		}
+		m.log.Error("lifecycle", "err", err)
+	}
+}
+
+// -------------------------------------------------------------- reading
+
+// View is the committed jobs, oldest first, as the owner last stored
+// them. It is never modified: a new one replaces it after every commit.
+type View struct {
+	Jobs    []*api.Job
+	byID    map[string]*api.Job
+	targets []StallTarget
+}
+
+func (m *Manager) publishView() {
+	v := &View{byID: make(map[string]*api.Job, len(m.jobs)), targets: m.stallTargets()}
+	for _, en := range m.jobs {
+		if en.committed != nil {
+			v.Jobs = append(v.Jobs, en.committed)
+			v.byID[en.committed.GetId()] = en.committed
+		}
+	}
+	slices.SortFunc(v.Jobs, func(a, b *api.Job) int {
+		if c := a.GetSubmitUnixNano() - b.GetSubmitUnixNano(); c != 0 {
+			if c < 0 {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.GetId(), b.GetId())
+	})
+	m.view.Store(v)
+}
+
+// View returns the committed jobs; readers share them and must not modify
+// them.
+func (m *Manager) View() *View { return m.view.Load() }
+
+// Find resolves an id or a name. A name matching several jobs picks the
+// one still active, and is an error when that is ambiguous.
+func (v *View) Find(key string) (*api.Job, error) {
+	if j, ok := v.byID[key]; ok {
+		return j, nil
+	}
+	var all, live []*api.Job
+	for _, j := range v.Jobs {
+		if j.GetName() == key {
+			all = append(all, j)
+			if !terminal(j.GetState()) {
+				live = append(live, j)
+			}
+		}
+	}
+	switch {
+	case len(all) == 0:
+		return nil, fmt.Errorf("unknown job %q: `gpuctl jobs` lists them", key)
+	case len(all) == 1:
+		return all[0], nil
+	case len(live) == 1:
+		return live[0], nil
+	}
+	ids := make([]string, len(all))
+	for i, j := range all {
+		ids[i] = j.GetId() + " (" + stateName(j.GetState()) + ")"
+	}
+	return nil, fmt.Errorf("job name %q matches %s: name one by id", key, strings.Join(ids, ", "))
+}
+
+// findEntry resolves an id or a name on the owner.
+func (m *Manager) findEntry(key string) (*entry, error) {
+	j, err := m.View().Find(key)
+	if err != nil {
+		if en, ok := m.jobs[key]; ok {
+			return en, nil
+		}
+		return nil, err
+	}
+	en := m.jobs[j.GetId()]
+	if en == nil {
+		return nil, fmt.Errorf("unknown job %q: `gpuctl jobs` lists them", key)
+	}
+	return en, nil
+}
+
+// sorted returns every entry, oldest first.
+func (m *Manager) sorted() []*entry {
+	out := make([]*entry, 0, len(m.jobs))
+	for _, en := range m.jobs {
+		out = append(out, en)
+	}
+	slices.SortFunc(out, func(a, b *entry) int {
+		if c := a.job.GetSubmitUnixNano() - b.job.GetSubmitUnixNano(); c != 0 {
+			if c < 0 {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.job.GetId(), b.job.GetId())
+	})
+	return out
+}

@@ -1,0 +1,605 @@
+package jobs
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/controlplane/nodes"
+	"github.com/gpuctl/gpuctl/jobspec"
+	"github.com/gpuctl/gpuctl/scheduler"
+)
+
+// Recovery carries out scheduler.Recover's decisions. A failed job goes
+// RECOVERING: its surviving ranks are stopped (SIGTERM, SIGKILL after the
+// recovery grace), its failed nodes cordoned, and only once every old rank
+// is seen to exit or its node is down does the scheduler choose where the
+// next attempt runs. Nodes new to the job are first checked with a short
+// all-reduce (the validation gang); a node that fails it is cordoned and
+// another chosen. The next attempt then resumes from the latest complete
+// checkpoint. Each step is an EVENT_KIND_RECOVERY event.
+
+// lostRank marks a rank given up with its node: not seen to exit, so its
+// pid may still show on the node's GPUs when the node returns.
+const lostRank = "node down"
+
+// recovery is the in-memory progress of one job's recovery; what must
+// survive a restart (state, exclusions, counters) is on the job itself.
+type recovery struct {
+	failure scheduler.Failure
+	reason  string
+	since   time.Time
+	// stepAt is the step the job had reached when it failed.
+	stepAt int64
+	// resume is the operator's --from-checkpoint step, -1 for the latest.
+	resume int64
+	// cordon lists failed nodes still to cordon, with why.
+	cordon map[string]string
+	// stoppedAt is when the last old rank was seen gone.
+	stoppedAt time.Time
+	decision  *scheduler.Recovery
+	// validation is the gang checking the decision's new nodes.
+	validation string
+	rounds     int
+}
+
+// validation is one validation gang: one rank per node of the new set.
+type validation struct {
+	id, job string
+	nodes   []string
+	gpus    map[string]uint32
+	port    uint32
+	started time.Time
+	ranks   map[string]*valRank
+}
+
+type valRank struct {
+	pid    uint32
+	exited bool
+	code   int32
+	signal string
+	err    string
+}
+
+func restartPolicy(p jobspec.RestartPolicy) scheduler.RestartPolicy {
+	switch p {
+	case jobspec.ReplaceNode:
+		return scheduler.RestartReplace
+	case jobspec.Shrink:
+		return scheduler.RestartShrink
+	case jobspec.NoRestart:
+		return scheduler.RestartNone
+	}
+	return scheduler.RestartInPlace
+}
+
+func (m *Manager) recoveryEvent(j *api.Job, sev api.Severity, d time.Duration, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	m.log.Info("recovery", "job", j.GetId(), "attempt", j.GetAttempt(), "step", msg, "seconds", d.Seconds())
+	m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_RECOVERY, Severity: sev, Job: j.GetId(), Message: msg,
+		DurationSeconds: d.Seconds(), Step: j.GetStep()})
+}
+
+// recoverRequest is the scheduler's view of a failed job.
+func (m *Manager) recoverRequest(en *entry, f scheduler.Failure) scheduler.RecoverRequest {
+	j := en.job
+	f.Exclude = slices.Clone(j.GetExclude())
+	r := m.request(en)
+	if full := m.fullDP(en); full > r.Shape.DP {
+		// An elastic job that shrank recovers toward its full size.
+		r.Shape.DP = full
+	}
+	return scheduler.RecoverRequest{Job: r, Placement: placementOf(j.GetPlacement(), shapeOf(j)),
+		Policy: restartPolicy(en.spec.RestartPolicy), Restarts: int(j.GetRestarts()), MaxRestarts: en.spec.Restarts(), Failure: f}
+}
+
+// giveUp records that a job broke for good: it fails and its remaining
+// ranks are stopped, since a gang with a dead rank hangs in its next
+// collective.
+func (m *Manager) giveUp(en *entry, reason string, now time.Time) {
+	j := en.job
+	from := phaseOf(j)
+	if rec := m.recs[j.GetId()]; rec != nil {
+		delete(m.recs, j.GetId())
+		m.endValidation(rec)
+		m.cordons(j, rec)
+		j.DowntimeSeconds += now.Sub(rec.since).Seconds()
+	}
+	j.State = api.JobState_JOB_STATE_FAILED
+	j.Reason = reason
+	j.EndUnixNano = now.UnixNano()
+	j.MoveTarget = nil
+	if liveRanks(j) > 0 {
+		j.Stopping = api.JobStop_JOB_STOP_FAILED
+		j.StopSinceUnixNano, j.TermSentUnixNano = now.UnixNano(), 0
+	} else {
+		j.Stopping = api.JobStop_JOB_STOP_NONE
+		m.endAttempt(j, now, reason)
+	}
+	if from != Failed {
+		m.check(from, EvGiveUp, j)
+	}
+	m.save(en)
+	m.log.Warn("job failed", "job", j.GetId(), "attempt", j.GetAttempt(), "reason", reason)
+}
+
+// fail handles a failure of a running (or recovering) job under its
+// restart policy: it gives up at once when the policy says so, else the
+// job goes RECOVERING and the passes carry the recovery out.
+func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.Time) {
+	j := en.job
+	from := phaseOf(j)
+	defer m.save(en)
+	if rec := m.recs[j.GetId()]; rec != nil {
+		// Another failure while recovering: its nodes are avoided too,
+		// and a node or GPU failure explains a rank exit seen first.
+		if f.Kind != scheduler.FailRankExit && rec.failure.Kind == scheduler.FailRankExit {
+			rec.failure.Kind = f.Kind
+		}
+		for _, n := range f.Nodes {
+			if !slices.Contains(rec.failure.Nodes, n) {
+				rec.failure.Nodes = append(rec.failure.Nodes, n)
+			}
+			if f.Kind != scheduler.FailRankExit && !slices.Contains(j.Exclude, n) {
+				j.Exclude = append(j.Exclude, n)
+			}
+		}
+		m.noteCordons(rec, f, reason)
+		m.recoveryEvent(j, api.Severity_SEVERITY_WARNING, 0, "another failure while recovering: %s", reason)
+		return
+	}
+	if en.spec == nil {
+		m.giveUp(en, reason, now)
+		return
+	}
+	snap := m.snapshot(now)
+	req := m.recoverRequest(en, f)
+	d := scheduler.Recover(&snap, &req)
+	if d.Action == scheduler.GiveUp {
+		m.recoveryEvent(j, api.Severity_SEVERITY_CRITICAL, 0, "%s; not restarted: %s", reason, d.Reason)
+		m.giveUp(en, fmt.Sprintf("%s (not restarted: %s)", reason, d.Reason), now)
+		return
+	}
+	rec := &recovery{failure: f, reason: reason, since: now, stepAt: j.GetStep(), resume: -1, cordon: map[string]string{}}
+	m.noteCordons(rec, f, reason)
+	m.recs[j.GetId()] = rec
+	m.addAttained(j, now)
+	m.endAttempt(j, now, reason)
+	j.StartUnixNano = 0
+	j.State = api.JobState_JOB_STATE_RECOVERING
+	j.Reason = "recovering: " + reason
+	// Reserve where the next attempt is likely to go, so that queued jobs
+	// do not take the spares while the old ranks stop; the decision is
+	// made again once they are gone.
+	j.MoveTarget = jobNodes(&d.Placement)
+	for _, n := range f.Nodes {
+		if f.Kind != scheduler.FailRankExit && !slices.Contains(j.Exclude, n) {
+			j.Exclude = append(j.Exclude, n)
+		}
+	}
+	for _, n := range f.Exclude {
+		if !slices.Contains(j.Exclude, n) {
+			j.Exclude = append(j.Exclude, n)
+		}
+	}
+	j.Stopping = api.JobStop_JOB_STOP_NONE
+	if liveRanks(j) > 0 {
+		j.Stopping = api.JobStop_JOB_STOP_FAILED
+		j.StopSinceUnixNano, j.TermSentUnixNano = now.UnixNano(), 0
+	}
+	ev := EvFail
+	if f.Kind == scheduler.FailManual {
+		ev = EvRestart
+	}
+	m.check(from, ev, j)
+	m.recoveryEvent(j, api.Severity_SEVERITY_WARNING, 0, "failure detected (last reported step %d): %s; stopping %d live ranks", j.GetStep(), reason, liveRanks(j))
+	m.kick()
+}
+
+// noteCordons queues the failed nodes a failure makes unfit: down nodes
+// (so that nothing lands there when they return unvouched for) and nodes
+// with a GPU fault.
+func (m *Manager) noteCordons(rec *recovery, f scheduler.Failure, reason string) {
+	switch f.Kind {
+	case scheduler.FailNodeDown, scheduler.FailGPUFault:
+		for _, n := range f.Nodes {
+			if _, ok := rec.cordon[n]; !ok {
+				rec.cordon[n] = reason
+			}
+		}
+	}
+}
+
+// gpuFault handles an event that makes a GPU unfit (api.GPUFault): a
+// running job with a rank on that node recovers without it.
+func (m *Manager) gpuFault(e *api.Event) {
+	fault, ok := api.GPUFault(e)
+	if !ok {
+		return
+	}
+	what := strings.TrimSpace(e.GetMessage())
+	if what == "" {
+		what = fault
+	}
+	now := m.now()
+	for _, en := range m.sorted() {
+		j := en.job
+		if !active(j) && phaseOf(j) != Recovering {
+			continue
+		}
+		on := false
+		for _, jn := range j.GetPlacement() {
+			on = on || jn.GetNode() == e.GetNode()
+		}
+		if !on {
+			continue
+		}
+		reason := fmt.Sprintf("GPU %d of %s faulted: %s", e.GetGpuIndex(), e.GetNode(), what)
+		m.fail(en, scheduler.Failure{Kind: scheduler.FailGPUFault, Nodes: []string{e.GetNode()}}, reason, now)
+	}
+	m.kick()
+}
+
+// recoveries moves every recovery along one step.
+func (m *Manager) recoveries(now time.Time) {
+	var ranks map[string][]*api.RankStatus
+	for _, en := range m.sorted() {
+		j := en.job
+		rec := m.recs[j.GetId()]
+		if rec == nil {
+			continue
+		}
+		if j.GetState() != api.JobState_JOB_STATE_RECOVERING {
+			// Cancelled (or otherwise ended) while recovering.
+			delete(m.recs, j.GetId())
+			m.endValidation(rec)
+			continue
+		}
+		m.cordons(j, rec)
+		if liveRanks(j) > 0 {
+			// The survivors' last reports say how far the job got.
+			if ranks == nil {
+				ranks = ranksByJob(m.cfg.Nodes.Ranks(""))
+			}
+			for _, r := range ranks[j.GetId()] {
+				if r.GetAttempt() == j.GetAttempt() && r.GetStep() > rec.stepAt {
+					rec.stepAt = r.GetStep()
+				}
+			}
+			continue
+		}
+		if rec.stoppedAt.IsZero() {
+			rec.stoppedAt = now
+			m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "every rank of attempt %d has exited or its node is down", j.GetAttempt())
+		}
+		if rec.validation != "" {
+			m.checkValidation(en, rec, now)
+			continue
+		}
+		m.decide(en, rec, now)
+	}
+}
+
+func ranksByJob(nrs []nodes.NodeRanks) map[string][]*api.RankStatus {
+	out := map[string][]*api.RankStatus{}
+	for _, nr := range nrs {
+		for _, r := range nr.Ranks {
+			out[r.GetJob()] = append(out[r.GetJob()], r)
+		}
+	}
+	return out
+}
+
+// cordons queues the cordons of the failed nodes not yet cordoned; each
+// comes back as msgCordoned for its recovery event.
+func (m *Manager) cordons(j *api.Job, rec *recovery) {
+	if len(rec.cordon) == 0 {
+		return
+	}
+	todo := rec.cordon
+	rec.cordon = map[string]string{}
+	id := j.GetId()
+	setCordon, post := m.cfg.Nodes.SetCordon, m.in.post
+	m.act(func(d *dispatcher) {
+		d.async(func() {
+			for _, node := range slices.Sorted(mapKeys(todo)) {
+				start := time.Now()
+				_, err := setCordon(node, nodes.ActionCordon, fmt.Sprintf("recovering job %s: %s", id, todo[node]))
+				post(msgCordoned{job: id, node: node, reason: todo[node], took: time.Since(start), err: err})
+			}
+		})
+	})
+}
+
+func (m *Manager) cordoned(msg msgCordoned) {
+	en := m.jobs[msg.job]
+	if en == nil {
+		return
+	}
+	if msg.err != nil {
+		m.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, msg.took, "could not cordon %s: %v", msg.node, msg.err)
+		return
+	}
+	m.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, msg.took, "cordoned %s: %s", msg.node, msg.reason)
+}
+
+// decide asks the scheduler where the next attempt runs, then validates
+// new nodes or relaunches at once.
+func (m *Manager) decide(en *entry, rec *recovery, now time.Time) {
+	j := en.job
+	snap := m.snapshot(now)
+	req := m.recoverRequest(en, rec.failure)
+	d := scheduler.Recover(&snap, &req)
+	if d.Action == scheduler.GiveUp {
+		m.recoveryEvent(j, api.Severity_SEVERITY_CRITICAL, now.Sub(rec.since), "giving up: %s", d.Reason)
+		m.giveUp(en, fmt.Sprintf("%s (not recovered: %s)", rec.reason, d.Reason), now)
+		return
+	}
+	rec.decision = &d
+	j.MoveTarget = jobNodes(&d.Placement)
+	m.save(en)
+	m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "decided to %s: %s", d.Action, d.Reason)
+	if len(d.Added) > 0 && len(m.cfg.ValidateCommand) > 0 {
+		m.validate(en, rec, now)
+		return
+	}
+	m.relaunch(en, rec, now)
+}
+
+// validate launches the validation gang on the decision's nodes and holds
+// their GPUs for the job meanwhile.
+func (m *Manager) validate(en *entry, rec *recovery, now time.Time) {
+	j := en.job
+	pl := rec.decision.Placement
+	rec.rounds++
+	v := &validation{id: fmt.Sprintf("%s-validate-%d", j.GetId(), j.GetAttempt()+1), job: j.GetId(),
+		gpus: map[string]uint32{}, started: now, ranks: map[string]*valRank{}}
+	if rec.rounds > 1 {
+		v.id += fmt.Sprintf(".%d", rec.rounds)
+	}
+	for _, sl := range pl.Ranks {
+		if _, ok := v.gpus[sl.Node]; !ok {
+			v.gpus[sl.Node] = uint32(sl.GPU)
+			v.nodes = append(v.nodes, sl.Node)
+			v.ranks[sl.Node] = &valRank{}
+		}
+	}
+	v.port = m.port(v.id, 1)
+	m.vals[v.id] = v
+	rec.validation = v.id
+	j.MoveTarget = jobNodes(&pl)
+	j.Reason = fmt.Sprintf("recovering: validating %s before relaunch (%s)", strings.Join(v.nodes, ","), rec.reason)
+	m.save(en)
+	m.recoveryEvent(j, api.Severity_SEVERITY_INFO, 0, "validating %d nodes (%s) with %s", len(v.nodes), strings.Join(v.nodes, ","), v.id)
+	launches := map[string]*api.LaunchRanks{}
+	for i, node := range v.nodes {
+		launches[node] = &api.LaunchRanks{Job: v.id, Attempt: 1, Command: m.cfg.ValidateCommand, WorldSize: int32(len(v.nodes)),
+			MasterAddr: m.addrOf(v.nodes[0]), MasterPort: v.port, NodeRank: int32(i), NumNodes: int32(len(v.nodes)),
+			Ranks: []*api.RankSpec{{Rank: int32(i), LocalRank: 0, Gpus: []uint32{v.gpus[node]}}}}
+	}
+	gang, nodes := v.id, slices.Clone(v.nodes)
+	timeout, post := m.cfg.CommandTimeout, m.in.post
+	m.act(func(d *dispatcher) {
+		d.fanOut(nodes, func(node string) *api.Command {
+			return &api.Command{Body: &api.Command_Launch{Launch: launches[node]}}
+		}, timeout, func(errs map[string]error) {
+			if len(errs) > 0 {
+				post(msgValidationLaunched{gang: gang, errs: errs})
+			}
+		})
+	})
+}
+
+func (m *Manager) validationLaunched(msg msgValidationLaunched) {
+	v := m.vals[msg.gang]
+	if v == nil {
+		return
+	}
+	for node, err := range msg.errs {
+		if r := v.ranks[node]; r != nil {
+			r.exited, r.code, r.err = true, -1, err.Error()
+		}
+	}
+	m.kick()
+}
+
+// checkValidation waits for the gang: all exits 0 relaunches the job; a
+// failure or the timeout cordons the new nodes that did not pass and
+// decides again without them.
+func (m *Manager) checkValidation(en *entry, rec *recovery, now time.Time) {
+	j := en.job
+	v := m.vals[rec.validation]
+	if v == nil {
+		rec.validation = ""
+		return
+	}
+	done, failed := true, false
+	for _, r := range v.ranks {
+		if !r.exited {
+			done = false
+		} else if r.code != 0 || r.signal != "" || r.err != "" {
+			failed = true
+		}
+	}
+	timedOut := now.Sub(v.started) >= m.cfg.ValidateTimeout
+	if done && !failed {
+		delete(m.vals, v.id)
+		rec.validation = ""
+		m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(v.started), "validation %s passed on %s", v.id, strings.Join(v.nodes, ","))
+		m.relaunch(en, rec, now)
+		return
+	}
+	if !failed && !timedOut {
+		return
+	}
+	// Blame the new nodes whose rank did not pass; if theirs all passed,
+	// the new set as a whole did not work together.
+	added := rec.decision.Added
+	var blame, why []string
+	for _, node := range v.nodes {
+		r := v.ranks[node]
+		var what string
+		switch {
+		case r.err != "":
+			what = "launch failed: " + r.err
+		case !r.exited:
+			what = fmt.Sprintf("no exit within %s", m.cfg.ValidateTimeout)
+		case r.signal != "":
+			what = "killed by " + r.signal
+		case r.code != 0:
+			what = fmt.Sprintf("exited with code %d", r.code)
+		default:
+			continue
+		}
+		why = append(why, node+": "+what)
+		if slices.Contains(added, node) {
+			blame = append(blame, node)
+		}
+	}
+	if len(blame) == 0 {
+		blame = slices.Clone(added)
+	}
+	delete(m.vals, v.id)
+	rec.validation = ""
+	rec.decision = nil
+	m.signalNodes(v.id, v.nodes, "SIGKILL")
+	m.recoveryEvent(j, api.Severity_SEVERITY_WARNING, now.Sub(v.started), "validation %s failed (%s); cordoning %s and choosing again",
+		v.id, strings.Join(why, "; "), strings.Join(blame, ","))
+	for _, n := range blame {
+		rec.cordon[n] = "failed validation " + v.id + " (" + strings.Join(why, "; ") + ")"
+		if !slices.Contains(j.Exclude, n) {
+			j.Exclude = append(j.Exclude, n)
+		}
+	}
+	m.save(en)
+	if rec.rounds >= m.cfg.MaxValidations {
+		m.giveUp(en, fmt.Sprintf("%s (not recovered: %d validation rounds failed, last: %s)", rec.reason, rec.rounds, strings.Join(why, "; ")), now)
+	}
+	m.cordons(j, rec)
+}
+
+// endValidation forgets a recovery's validation gang and kills what may be
+// left of it.
+func (m *Manager) endValidation(rec *recovery) {
+	v := m.vals[rec.validation]
+	if v == nil {
+		return
+	}
+	delete(m.vals, v.id)
+	var live []string
+	for _, n := range v.nodes {
+		if r := v.ranks[n]; r != nil && !r.exited {
+			live = append(live, n)
+		}
+	}
+	m.signalNodes(v.id, live, "SIGKILL")
+}
+
+// validationEvent applies a rank start or exit of a validation gang; it
+// reports whether e belonged to one.
+func (m *Manager) validationEvent(e *api.Event) bool {
+	v := m.vals[e.GetJob()]
+	if v == nil {
+		return false
+	}
+	r := v.ranks[e.GetNode()]
+	if r == nil {
+		return true
+	}
+	switch e.GetKind() {
+	case api.EventKind_EVENT_KIND_JOB:
+		if r.pid == 0 {
+			r.pid = e.GetPid()
+		}
+	case api.EventKind_EVENT_KIND_PROCESS_EXIT:
+		if r.pid == 0 || r.pid == e.GetPid() {
+			r.exited, r.code, r.signal = true, e.GetExitCode(), e.GetSignal()
+			m.kick()
+		}
+	}
+	return true
+}
+
+// relaunch starts the next attempt on the decision's placement from the
+// latest complete checkpoint, and books the counters.
+func (m *Manager) relaunch(en *entry, rec *recovery, now time.Time) {
+	j := en.job
+	d := rec.decision
+	resume := j.GetLastCheckpointStep()
+	if rec.resume >= 0 {
+		resume = rec.resume
+	}
+	lost := max(rec.stepAt-resume, 0)
+	p := m.progressOf(j.GetId())
+	if lost > 0 && p.AttemptSteps > 0 {
+		// The lost steps' time was counted useful when they ran.
+		j.UsefulSeconds = max(j.GetUsefulSeconds()-float64(lost)*p.AttemptUseful/float64(p.AttemptSteps), 0)
+	}
+	if n := len(j.GetAttempts()); n > 0 {
+		j.Attempts[n-1].LostSteps = lost
+	}
+	j.LostSteps += lost
+	j.Restarts++
+	j.DowntimeSeconds += now.Sub(rec.since).Seconds()
+	delete(m.recs, j.GetId())
+	en.resume, en.resumeSet = resume, true
+	if !m.start(en, d.Placement, now, "") {
+		m.recs[j.GetId()] = rec
+		return
+	}
+	j.Step = resume
+	p.Restart(resume)
+	m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since),
+		"attempt %d running on %s from step %d (%d steps lost; failed at step %d): %s", j.GetAttempt(),
+		strings.Join(d.Placement.Nodes(), ","), resume, lost, rec.stepAt, d.Reason)
+}
+
+// lostNodes treats a node that holds live ranks but has not been connected
+// for its grace (twice its heartbeat plus ReconnectGrace) as down. The
+// failure detector does this for nodes it sees go; this catches nodes a
+// restarted server loaded as disconnected that never came back.
+func (m *Manager) lostNodes(all []*api.NodeStatus, now time.Time) {
+	var holding map[string]bool
+	for _, en := range m.jobs {
+		for _, jn := range en.job.GetPlacement() {
+			for _, r := range jn.GetRanks() {
+				if !r.GetExited() {
+					if holding == nil {
+						holding = map[string]bool{}
+					}
+					holding[jn.GetNode()] = true
+				}
+			}
+		}
+	}
+	if holding == nil {
+		return
+	}
+	known := map[string]bool{}
+	for _, n := range all {
+		name := n.GetRegistration().GetName()
+		known[name] = true
+		if !holding[name] || n.GetConnected() {
+			continue
+		}
+		hb := time.Duration(n.GetRegistration().GetHeartbeatIntervalMs()) * time.Millisecond
+		if hb <= 0 {
+			hb = nodes.DefaultHeartbeat
+		}
+		grace := 2*hb + m.cfg.ReconnectGrace
+		since := m.loadedAt
+		if seen := time.Unix(0, n.GetLastSeenUnixNano()); seen.After(since) {
+			since = seen
+		}
+		if now.Sub(since) > grace {
+			m.nodeDown(name, fmt.Sprintf("not reconnected within %s", grace.Round(time.Millisecond)), now)
+		}
+	}
+	for name := range holding {
+		if !known[name] && now.Sub(m.loadedAt) > m.cfg.ReconnectGrace {
+			m.nodeDown(name, "node unknown to the server", now)
+		}
+	}
+}

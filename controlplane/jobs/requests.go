@@ -1,0 +1,492 @@
+package jobs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/jobspec"
+	"github.com/gpuctl/gpuctl/scheduler"
+)
+
+// The requests clients make of jobs. Each runs on the owner through do,
+// and answers once what it changed is stored.
+
+// clone copies a job out of the owner.
+func clone(j *api.Job) *api.Job { return proto.Clone(j).(*api.Job) }
+
+// List returns the committed jobs matching key (id or name; "" = all),
+// oldest first, without involving the owner. A key that matches no job is
+// an error.
+func (m *Manager) List(key string) ([]*api.Job, error) {
+	v := m.View()
+	if key == "" {
+		return v.Jobs, nil
+	}
+	var out []*api.Job
+	for _, j := range v.Jobs {
+		if j.GetId() == key || j.GetName() == key {
+			out = append(out, j)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("unknown job %q: `gpuctl jobs` lists them", key)
+	}
+	return out, nil
+}
+
+// Lookup returns the committed job named by id or name.
+func (m *Manager) Lookup(key string) (*api.Job, error) { return m.View().Find(key) }
+
+// Submit parses and plans a job, then either shows where it would go now
+// (dry run) or stores it as pending before answering.
+func (m *Manager) Submit(ctx context.Context, req *api.SubmitJobRequest) (*api.SubmitJobResponse, error) {
+	source := req.GetSource()
+	if source == "" {
+		source = "job"
+	}
+	spec, err := jobspec.Parse(source, []byte(req.GetSpecYaml()))
+	if err != nil {
+		return nil, err
+	}
+	plan, err := planFor(spec)
+	if err != nil {
+		return nil, err
+	}
+	v, err := m.do(ctx, func() (any, error) { return m.submit(req, source, spec, plan) })
+	if err != nil {
+		return nil, err
+	}
+	return v.(*api.SubmitJobResponse), nil
+}
+
+func (m *Manager) submit(req *api.SubmitJobRequest, source string, spec *jobspec.Spec, plan *api.JobPlan) (*api.SubmitJobResponse, error) {
+	now := m.now()
+	if key := req.GetIdempotencyKey(); key != "" && !req.GetDryRun() {
+		if id, ok := m.idem[key]; ok && m.jobs[id] != nil {
+			// A retry of a submit whose answer was lost: the job it
+			// created, not a second one.
+			return &api.SubmitJobResponse{Job: clone(m.jobs[id].job)}, nil
+		}
+	}
+	j := &api.Job{Name: spec.Name, Tenant: spec.Tenant, Priority: int32(spec.Priority), SpecYaml: req.GetSpecYaml(),
+		SpecSource: source, Plan: plan, State: api.JobState_JOB_STATE_PENDING, SubmitUnixNano: now.UnixNano(),
+		Hold: req.GetHold(), CheckpointDir: spec.Checkpoint.Dir, PendingReason: "waiting for the scheduler",
+		FullGpus: plan.GetTp() * plan.GetPp() * plan.GetDp()}
+	en := &entry{job: j, spec: spec}
+	if req.GetDryRun() {
+		return m.dryRun(en), nil
+	}
+	if !j.GetHold() {
+		snap := m.snapshot(now)
+		j.Id = "new"
+		r := m.request(en)
+		if why, never := scheduler.NeverFits(&snap, &r); never {
+			return nil, fmt.Errorf("job %s can never run on this cluster as built: %s; add nodes first, or submit with --hold to keep it waiting", spec.Name, why)
+		}
+	}
+	id, err := m.newID()
+	if err != nil {
+		return nil, err
+	}
+	j.Id = id
+	if key := req.GetIdempotencyKey(); key != "" {
+		j.IdempotencyKey = key
+		m.idem[key] = id
+	}
+	if j.CheckpointDir == "" && m.cfg.CheckpointRoot != "" {
+		j.CheckpointDir = filepath.Join(m.cfg.CheckpointRoot, id)
+	}
+	if j.Hold {
+		j.PendingReason = fmt.Sprintf("held: place it with `gpuctl assign %s --nodes …` or let the scheduler with `gpuctl release %s`", id, id)
+	}
+	m.jobs[id] = en
+	m.save(en)
+	m.log.Info("job submitted", "job", id, "name", j.Name, "gpus", spec.TotalGPUs(), "plan", shapeOf(j).String())
+	m.kick()
+	return &api.SubmitJobResponse{Job: clone(j)}, nil
+}
+
+// newID returns a short unused job id.
+func (m *Manager) newID() (string, error) {
+	for range 16 {
+		var b [3]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return "", fmt.Errorf("job id: %w", err)
+		}
+		id := "j-" + hex.EncodeToString(b[:])
+		if _, taken := m.jobs[id]; !taken {
+			return id, nil
+		}
+	}
+	return "", errors.New("job id: no free id after 16 tries")
+}
+
+// dryRun places the job on the cluster as it is now, without queueing it;
+// pending_reason says why it would wait.
+func (m *Manager) dryRun(en *entry) *api.SubmitJobResponse {
+	j := en.job
+	j.Id = "dry-run"
+	snap := m.snapshot(m.now())
+	r := m.request(en)
+	ahead := uint32(len(snap.Pending))
+	pl, err := scheduler.Place(&snap, &r)
+	var pe *scheduler.PlacementError
+	switch {
+	case err == nil:
+		j.Placement = jobNodes(&pl)
+		j.PendingReason = ""
+		if ahead > 0 {
+			j.PendingReason = fmt.Sprintf("fits now; %d queued jobs are ahead of it", ahead)
+		}
+	case errors.As(err, &pe):
+		if why, never := scheduler.NeverFits(&snap, &r); never {
+			j.PendingReason = why + ": it would be refused"
+		} else {
+			j.PendingReason = pe.Explain(&r)
+		}
+	default:
+		j.PendingReason = err.Error()
+	}
+	return &api.SubmitJobResponse{Job: j, QueuedAhead: ahead}
+}
+
+// jobAnswer runs a request that answers with a job.
+func (m *Manager) jobAnswer(ctx context.Context, fn func() (*api.Job, error)) (*api.Job, error) {
+	v, err := m.do(ctx, func() (any, error) {
+		j, err := fn()
+		if j == nil {
+			return nil, err
+		}
+		return j, err
+	})
+	if j, ok := v.(*api.Job); ok {
+		return j, err
+	}
+	return nil, err
+}
+
+// Cancel ends a job: a queued one at once, a running one by SIGTERM to its
+// ranks (SIGKILL after the grace); its GPUs stay held until they are gone.
+func (m *Manager) Cancel(ctx context.Context, key, who string) (*api.Job, error) {
+	return m.jobAnswer(ctx, func() (*api.Job, error) {
+		en, err := m.findEntry(key)
+		if err != nil {
+			return nil, err
+		}
+		j := en.job
+		if err := may(j, EvCancel); err != nil {
+			return nil, fmt.Errorf("%w (%s)", err, j.GetReason())
+		}
+		from := phaseOf(j)
+		now := m.now()
+		if j.GetState() == api.JobState_JOB_STATE_RUNNING {
+			m.addAttained(j, now)
+		}
+		j.State = api.JobState_JOB_STATE_CANCELLED
+		j.EndUnixNano = now.UnixNano()
+		j.Reason = "cancelled by " + who
+		j.PendingReason, j.MoveTarget = "", nil
+		m.moves = slices.DeleteFunc(m.moves, func(mv scheduler.Move) bool { return mv.Job == j.GetId() })
+		if live := liveRanks(j); live > 0 {
+			j.Stopping = api.JobStop_JOB_STOP_CANCEL
+			j.StopSinceUnixNano, j.TermSentUnixNano = now.UnixNano(), 0
+			m.log.Info("stopping cancelled job's ranks", "job", j.GetId(), "live", live)
+		} else {
+			j.Stopping = api.JobStop_JOB_STOP_NONE
+			m.endAttempt(j, now, j.Reason)
+		}
+		m.check(from, EvCancel, j)
+		m.save(en)
+		m.log.Info("job cancelled", "job", j.GetId(), "by", who)
+		m.kick()
+		return clone(j), nil
+	})
+}
+
+// Release lets a held job be scheduled.
+func (m *Manager) Release(ctx context.Context, key string) (*api.Job, error) {
+	return m.jobAnswer(ctx, func() (*api.Job, error) {
+		en, err := m.findEntry(key)
+		if err != nil {
+			return nil, err
+		}
+		j := en.job
+		if j.GetState() != api.JobState_JOB_STATE_PENDING || !j.GetHold() {
+			return nil, fmt.Errorf("job %s is %s and not held: only a held pending job can be released", j.GetId(), phaseOf(j))
+		}
+		snap := m.snapshot(m.now())
+		r := m.request(en)
+		if why, never := scheduler.NeverFits(&snap, &r); never {
+			return nil, fmt.Errorf("job %s can never run on this cluster as built: %s; it stays held", j.GetId(), why)
+		}
+		j.Hold = false
+		j.PendingReason = "waiting for the scheduler"
+		m.save(en)
+		m.kick()
+		return clone(j), nil
+	})
+}
+
+// Assign starts a pending job on exactly the named nodes; the answer waits
+// for the nodes to acknowledge the launch.
+func (m *Manager) Assign(ctx context.Context, key string, nodes []string) (*api.Job, error) {
+	v, err := m.do(ctx, func() (any, error) {
+		en, err := m.findEntry(key)
+		if err != nil {
+			return nil, err
+		}
+		j := en.job
+		switch {
+		case j.GetState() == api.JobState_JOB_STATE_RUNNING:
+			var on []string
+			for _, jn := range j.GetPlacement() {
+				on = append(on, jn.GetNode())
+			}
+			return nil, fmt.Errorf("job %s is running on %s: checkpoint-restart it first (`gpuctl rebalance --apply` moves running jobs that checkpoint)", j.GetId(), strings.Join(on, ","))
+		case j.GetState() != api.JobState_JOB_STATE_PENDING:
+			return nil, fmt.Errorf("job %s is %s; only a pending job can be assigned", j.GetId(), stateName(j.GetState()))
+		case en.spec == nil:
+			return nil, fmt.Errorf("job %s has no usable job file", j.GetId())
+		}
+		now := m.now()
+		snap := m.snapshot(now)
+		r := m.request(en)
+		pl, err := scheduler.AssignExact(&snap, &r, nodes)
+		if err != nil {
+			var pe *scheduler.PlacementError
+			if errors.As(err, &pe) {
+				return nil, pe.AssignError(&r, nodes)
+			}
+			return nil, err
+		}
+		if !m.start(en, pl, now, "") {
+			return nil, fmt.Errorf("assign %s: could not record the placement; see the server log", j.GetId())
+		}
+		m.kick()
+		return deferred{key: launchKey{job: j.GetId(), attempt: j.GetAttempt()}}, nil
+	})
+	if j, ok := v.(*api.Job); ok {
+		return j, err
+	}
+	return nil, err
+}
+
+// Rebalance plans moves of running, checkpointing jobs that pack the
+// cluster tighter; with apply they run one by one: checkpoint, stop,
+// relaunch on the new GPUs resuming from the checkpoint.
+func (m *Manager) Rebalance(ctx context.Context, req *api.RebalanceRequest) (*api.RebalanceResponse, error) {
+	v, err := m.do(ctx, func() (any, error) {
+		maxMoves := int(req.GetMaxMoves())
+		if maxMoves <= 0 {
+			maxMoves = m.cfg.MaxMoves
+		}
+		if req.GetApply() {
+			busy := len(m.moves) > 0
+			for _, en := range m.jobs {
+				if en.job.GetStopping() == api.JobStop_JOB_STOP_MOVE {
+					busy = true
+				}
+			}
+			if busy {
+				return nil, errors.New("a rebalance is already moving jobs; wait until `gpuctl jobs` shows none moving, then plan again")
+			}
+		}
+		snap := m.snapshot(m.now())
+		plan := scheduler.Rebalance(&snap, maxMoves)
+		out := &api.RebalanceResponse{Before: packingOf(plan.Before), After: packingOf(plan.After)}
+		for _, mv := range plan.Moves {
+			out.Moves = append(out.Moves, &api.RebalanceMove{Job: mv.Job, From: jobNodes(&mv.From), To: jobNodes(&mv.To),
+				Before: packingOf(mv.Before), After: packingOf(mv.After)})
+		}
+		if !req.GetApply() || len(plan.Moves) == 0 {
+			return out, nil
+		}
+		m.moves = plan.Moves
+		out.Applied = true
+		m.log.Info("rebalance started", "moves", len(plan.Moves), "cost_before", plan.Before.Cost(), "cost_after", plan.After.Cost())
+		m.kick()
+		return out, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*api.RebalanceResponse), nil
+}
+
+func packingOf(p scheduler.Packing) *api.Packing {
+	return &api.Packing{FragmentedNodes: int32(p.FragmentedNodes), ExtraSwitches: int32(p.ExtraSwitches),
+		ExtraRacks: int32(p.ExtraRacks), Cost: p.Cost()}
+}
+
+// Checkpoint asks every rank of a running job to checkpoint now (SIGUSR1).
+func (m *Manager) Checkpoint(ctx context.Context, key string) (*api.Job, error) {
+	return m.jobAnswer(ctx, func() (*api.Job, error) {
+		en, err := m.findEntry(key)
+		if err != nil {
+			return nil, err
+		}
+		j := en.job
+		if !active(j) {
+			return nil, fmt.Errorf("job %s is %s: only a running job can checkpoint", j.GetId(), phaseOf(j))
+		}
+		if j.GetCheckpointDir() == "" {
+			return nil, fmt.Errorf("job %s has no checkpoint dir: set checkpoint.dir in its job file", j.GetId())
+		}
+		m.progressOf(j.GetId()).CheckpointAt = m.now()
+		m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_CHECKPOINT, Job: j.GetId(), Message: "checkpoint requested (SIGUSR1 to every rank)", Step: j.GetStep()})
+		m.signal(j, "SIGUSR1")
+		return clone(j), nil
+	})
+}
+
+// Restart restarts a running job (or a failed one) from a checkpoint,
+// optionally avoiding nodes: the same recovery a failure gets, without the
+// max_restarts bound. A restart the scheduler cannot place is refused
+// before any rank is touched.
+func (m *Manager) Restart(ctx context.Context, key, from string, exclude []string, who string) (*api.Job, error) {
+	return m.jobAnswer(ctx, func() (*api.Job, error) {
+		en, err := m.findEntry(key)
+		if err != nil {
+			return nil, err
+		}
+		j := en.job
+		resume := int64(-1)
+		switch from {
+		case "", "latest":
+		default:
+			n, err := strconv.ParseInt(from, 10, 64)
+			if err != nil || n < 0 {
+				return nil, fmt.Errorf("--from-checkpoint %q: give latest or a step number", from)
+			}
+			if n > 0 && !slices.Contains(j.GetCheckpointSteps(), n) {
+				return nil, fmt.Errorf("--from-checkpoint %d: no checkpoint of step %d was reported for job %s (reported: %s)", n, n, j.GetId(), stepList(j.GetCheckpointSteps()))
+			}
+			resume = n
+		}
+		known := map[string]bool{}
+		for _, n := range m.cfg.Nodes.Nodes() {
+			known[n.GetRegistration().GetName()] = true
+		}
+		for _, n := range exclude {
+			if !known[n] {
+				return nil, fmt.Errorf("--exclude %s: unknown node: `gpuctl nodes` lists them", n)
+			}
+		}
+		if en.spec == nil {
+			return nil, fmt.Errorf("job %s has no usable job file", j.GetId())
+		}
+		if err := may(j, EvRestart); err != nil {
+			return nil, err
+		}
+		if j.GetState() == api.JobState_JOB_STATE_FAILED && len(j.GetPlacement()) == 0 {
+			return nil, fmt.Errorf("job %s failed before it ever ran: fix its job file and submit it again", j.GetId())
+		}
+		now := m.now()
+		snap := m.snapshot(now)
+		req := m.recoverRequest(en, scheduler.Failure{Kind: scheduler.FailManual})
+		req.Failure.Exclude = append(req.Failure.Exclude, exclude...)
+		if d := scheduler.Recover(&snap, &req); d.Action == scheduler.GiveUp {
+			return nil, fmt.Errorf("restart %s refused, the job is left as it is: %s", j.GetId(), d.Reason)
+		}
+		reason := "restart requested by " + who
+		if len(exclude) > 0 {
+			reason += " excluding " + strings.Join(exclude, ",")
+		}
+		if j.GetState() == api.JobState_JOB_STATE_FAILED {
+			j.EndUnixNano = 0
+		}
+		m.fail(en, scheduler.Failure{Kind: scheduler.FailManual, Exclude: exclude}, reason, now)
+		if rec := m.recs[j.GetId()]; rec != nil {
+			rec.resume = resume
+		}
+		out := clone(j)
+		if out.GetState() == api.JobState_JOB_STATE_FAILED {
+			return out, fmt.Errorf("job %s: %s", out.GetId(), out.GetReason())
+		}
+		return out, nil
+	})
+}
+
+func stepList(steps []int64) string {
+	if len(steps) == 0 {
+		return "none yet"
+	}
+	s := make([]string, len(steps))
+	for i, n := range steps {
+		s[i] = strconv.FormatInt(n, 10)
+	}
+	return strings.Join(s, ", ")
+}
+
+// Drain queues a move off node for every running job there that can be
+// moved (it checkpoints and fits elsewhere), and says for each job with
+// live ranks on the node what becomes of it. The node must already be
+// draining. The moves run one at a time like a rebalance: checkpoint,
+// stop, relaunch resuming from it.
+func (m *Manager) Drain(ctx context.Context, node string) ([]*api.DrainedJob, error) {
+	v, err := m.do(ctx, func() (any, error) {
+		snap := m.snapshot(m.now())
+		queued := map[string][]string{}
+		for i := range m.moves {
+			queued[m.moves[i].Job] = m.moves[i].To.Nodes()
+		}
+		var cands []scheduler.DrainJob
+		for _, en := range m.sorted() {
+			j := en.job
+			if !liveOn(j, node) {
+				continue
+			}
+			c := scheduler.DrainJob{Placement: placementOf(j.GetPlacement(), shapeOf(j)),
+				Checkpoints: en.spec != nil && en.spec.Checkpoint.Dir != ""}
+			if en.spec != nil {
+				c.Request = m.request(en)
+			} else {
+				c.Request = scheduler.JobRequest{ID: j.GetId()}
+			}
+			switch {
+			case j.GetStopping() == api.JobStop_JOB_STOP_MOVE:
+				for _, jn := range j.GetMoveTarget() {
+					c.MovingTo = append(c.MovingTo, jn.GetNode())
+				}
+				if c.MovingTo == nil {
+					c.MovingTo = []string{}
+				}
+			case !active(j):
+				c.Stopping = "job " + phaseOf(j).String()
+			case queued[j.GetId()] != nil:
+				c.MovingTo = queued[j.GetId()]
+			}
+			cands = append(cands, c)
+		}
+		var out []*api.DrainedJob
+		for _, o := range scheduler.PlanDrain(&snap, node, m.moves, cands) {
+			d := &api.DrainedJob{Job: o.Job, To: o.To, Reason: o.Reason, Moving: o.Reason == ""}
+			if o.Move != nil {
+				m.moves = append(m.moves, *o.Move)
+				m.log.Info("drain: moving job", "node", node, "job", o.Job, "to", o.To)
+			}
+			out = append(out, d)
+		}
+		m.kick()
+		return out, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.([]*api.DrainedJob), nil
+}
+
+// Kick asks for a scheduling pass soon (a node uncordoned, say).
+func (m *Manager) Kick() {
+	m.in.post(msgCall{fn: func() (any, error) { m.kick(); return nil, nil }, reply: make(chan reply, 1)})
+}

@@ -1,0 +1,847 @@
+package jobs
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/costmodel"
+)
+
+// reconcile is one scheduling pass: nodes lost for good, stops, recoveries,
+// moves, the scheduler's decisions, and every running job's progress.
+func (m *Manager) reconcile() {
+	now := m.now()
+	nodes := m.cfg.Nodes.Nodes()
+	m.lostNodes(nodes, now)
+	m.stops(nodes, now)
+	m.recoveries(now)
+	m.growBack(now)
+	m.beginMoves(now)
+	m.schedule(now)
+	m.progressAll(nodes, now)
+}
+
+// unmanaged is the job the scheduler sees on a GPU that runs processes
+// gpuctl did not launch.
+const unmanaged = "(unmanaged)"
+
+// schedNodeState maps a node's status to the scheduler's view: only a
+// ready node takes work, and a cordon outranks liveness for the reason.
+func schedNodeState(n *api.NodeStatus) scheduler.NodeState {
+	switch {
+	case n.GetDraining():
+		return scheduler.NodeDraining
+	case n.GetCordoned():
+		return scheduler.NodeCordoned
+	case n.GetState() == api.NodeState_NODE_STATE_READY && n.GetConnected():
+		return scheduler.NodeReady
+	}
+	return scheduler.NodeDown
+}
+
+// gpuProfile maps an NVML model name ("NVIDIA H100 80GB HBM3") to the cost
+// model's hardware profile (h100) whose name parts it contains, longest
+// match first, so nodes and job files name models the same way. Unknown
+// models keep their NVML name.
+func gpuProfile(model string) string {
+	low := strings.ToLower(model)
+	best := ""
+	for _, name := range costmodel.HardwareNames() {
+		all := true
+		for _, part := range strings.Split(name, "-") {
+			if !strings.Contains(low, part) {
+				all = false
+				break
+			}
+		}
+		if all && len(name) > len(best) {
+			best = name
+		}
+	}
+	if best == "" {
+		return model
+	}
+	return best
+}
+
+// snapshot builds the scheduler's view: every known node with its state,
+// labels and healthy GPUs; a GPU belongs to a job while a rank of it lives
+// there (whatever the job's state) or a move or recovery is about to land
+// there; running jobs and the queue.
+func (m *Manager) snapshot(now time.Time) scheduler.Snapshot {
+	return m.snapshotOf(m.cfg.Nodes.Nodes(), now)
+}
+
+func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.Snapshot {
+	alloc := map[string]map[uint32]string{}
+	hold := func(node string, gpu uint32, id string) {
+		if alloc[node] == nil {
+			alloc[node] = map[uint32]string{}
+		}
+		alloc[node][gpu] = id
+	}
+	// ours holds every pid gpuctl launched, live or not (a GPU sample may
+	// still list a rank that has just exited), except ranks given up with
+	// their node: if those still run when it returns, their GPUs are busy.
+	ours := map[string]map[uint32]bool{}
+	entries := m.sorted()
+	for _, en := range entries {
+		j := en.job
+		for _, jn := range j.GetPlacement() {
+			if ours[jn.GetNode()] == nil {
+				ours[jn.GetNode()] = map[uint32]bool{}
+			}
+			for _, r := range jn.GetRanks() {
+				if r.GetSignal() != lostRank {
+					ours[jn.GetNode()][r.GetPid()] = true
+				}
+				if !r.GetExited() {
+					hold(jn.GetNode(), r.GetGpu(), j.GetId())
+				}
+			}
+		}
+		for _, jn := range j.GetMoveTarget() {
+			for _, r := range jn.GetRanks() {
+				hold(jn.GetNode(), r.GetGpu(), j.GetId())
+			}
+		}
+	}
+	for _, v := range m.vals {
+		for node, gpu := range v.gpus {
+			if ours[node] == nil {
+				ours[node] = map[uint32]bool{}
+			}
+			if r := v.ranks[node]; r != nil && r.pid != 0 {
+				ours[node][r.pid] = true
+			}
+			if alloc[node][gpu] == "" {
+				hold(node, gpu, v.job)
+			}
+		}
+	}
+	snap := scheduler.Snapshot{Now: now.Unix()}
+	for _, n := range nodes {
+		name := n.GetRegistration().GetName()
+		node := scheduler.Node{Name: name, State: schedNodeState(n), Labels: n.GetRegistration().GetLabels()}
+		for _, g := range n.GetGpus() {
+			if node.GPUModel == "" {
+				node.GPUModel = gpuProfile(g.GetInfo().GetModel())
+			}
+			idx := g.GetInfo().GetIndex()
+			job := alloc[name][idx]
+			if job == "" {
+				// A process gpuctl did not start (a job launched around it)
+				// makes the GPU busy all the same.
+				for _, p := range g.GetLast().GetProcesses() {
+					if !ours[name][p.GetPid()] {
+						job = unmanaged
+						break
+					}
+				}
+			}
+			node.GPUs = append(node.GPUs, scheduler.GPU{Index: int(idx), Healthy: g.GetHealthy(), Job: job})
+		}
+		snap.Nodes = append(snap.Nodes, node)
+	}
+	grace := int64(m.preemptGrace() / time.Second)
+	for _, en := range entries {
+		j := en.job
+		if en.spec == nil {
+			continue
+		}
+		switch j.GetState() {
+		case api.JobState_JOB_STATE_RUNNING:
+			if len(j.GetPlacement()) == 0 {
+				continue
+			}
+			rj := scheduler.RunningJob{Request: m.request(en), Placement: placementOf(j.GetPlacement(), shapeOf(j)),
+				Start: j.GetStartUnixNano() / 1e9, Stopping: !active(j)}
+			if rj.Stopping {
+				rj.StopBy = j.GetStopSinceUnixNano()/1e9 + grace
+			}
+			snap.Running = append(snap.Running, rj)
+		case api.JobState_JOB_STATE_PENDING:
+			if !j.GetHold() {
+				snap.Pending = append(snap.Pending, m.request(en))
+			}
+		}
+	}
+	return snap
+}
+
+// request is the job as the scheduler sees it. A job that checkpoints
+// (its file names a checkpoint dir) can be stopped and resumed, so it is
+// preemptible and movable; others are never stopped by the scheduler.
+func (m *Manager) request(en *entry) scheduler.JobRequest {
+	j, s := en.job, en.spec
+	ckpt := s.Checkpoint.Dir != ""
+	r := scheduler.JobRequest{
+		ID: j.GetId(), Tenant: s.Tenant, Priority: s.Priority, Submit: j.GetSubmitUnixNano() / 1e9,
+		Shape: shapeOf(j), AllowMixed: s.AllowMixed, Estimate: int64(s.EstimatedRuntime / time.Second),
+		Attained: j.GetAttainedGpuSeconds(), Preemptible: ckpt, Checkpoint: ckpt,
+	}
+	if s.GPUModel != "" {
+		if hw, err := costmodel.LookupHardware(s.GPUModel); err == nil {
+			r.GPUModel = hw.Name
+		}
+	}
+	if per := s.GPUsPerNode; per > 0 && s.TotalGPUs()%per == 0 && s.TotalGPUs() >= per {
+		r.GPUsPerNode = per
+	}
+	if s.Elastic != nil {
+		r.ElasticDP = slices.Clone(s.Elastic.DataParallel)
+	}
+	return r
+}
+
+func shapeOf(j *api.Job) scheduler.Shape {
+	p := j.GetPlan()
+	return scheduler.Shape{TP: int(p.GetTp()), PP: int(p.GetPp()), DP: int(p.GetDp())}
+}
+
+// placementOf rebuilds the scheduler's placement from a job's nodes.
+func placementOf(nodes []*api.JobNode, shape scheduler.Shape) scheduler.Placement {
+	n := 0
+	for _, jn := range nodes {
+		n += len(jn.GetRanks())
+	}
+	pl := scheduler.Placement{Shape: shape, Ranks: make([]scheduler.Slot, n)}
+	for _, jn := range nodes {
+		for _, r := range jn.GetRanks() {
+			if k := int(r.GetRank()); k >= 0 && k < n {
+				pl.Ranks[k] = scheduler.Slot{Node: jn.GetNode(), GPU: int(r.GetGpu())}
+			}
+		}
+	}
+	return pl
+}
+
+// jobNodes lays a placement out per node, local ranks in rank order (the
+// torchrun convention LaunchEnv follows).
+func jobNodes(pl *scheduler.Placement) []*api.JobNode {
+	var out []*api.JobNode
+	for _, nl := range scheduler.LaunchEnv(pl, 0, nil) {
+		jn := &api.JobNode{Node: nl.Node}
+		for _, re := range nl.Ranks {
+			jn.Gpus = append(jn.Gpus, uint32(re.GPU))
+			jn.Ranks = append(jn.Ranks, &api.JobRank{Rank: int32(re.Rank), LocalRank: int32(re.LocalRank), Gpu: uint32(re.GPU)})
+		}
+		out = append(out, jn)
+	}
+	return out
+}
+
+func liveRanks(j *api.Job) int {
+	n := 0
+	for _, jn := range j.GetPlacement() {
+		for _, r := range jn.GetRanks() {
+			if !r.GetExited() {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func jobGPUs(j *api.Job) int {
+	n := 0
+	for _, jn := range j.GetPlacement() {
+		n += len(jn.GetRanks())
+	}
+	return n
+}
+
+// liveOn reports whether job j has a live rank on node.
+func liveOn(j *api.Job, node string) bool {
+	for _, jn := range j.GetPlacement() {
+		if jn.GetNode() != node {
+			continue
+		}
+		for _, r := range jn.GetRanks() {
+			if !r.GetExited() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// findRank returns the current attempt's rank on node, or nil.
+func findRank(j *api.Job, node string, rank int32) *api.JobRank {
+	for _, jn := range j.GetPlacement() {
+		if jn.GetNode() != node {
+			continue
+		}
+		for _, r := range jn.GetRanks() {
+			if r.GetRank() == rank {
+				return r
+			}
+		}
+	}
+	return nil
+}
+
+// preemptGrace is how long a preempted job may take to checkpoint.
+func (m *Manager) preemptGrace() time.Duration {
+	if p, ok := m.cfg.Policy.(scheduler.Preemptor); ok && p.Grace() > 0 {
+		return time.Duration(p.Grace()) * time.Second
+	}
+	return m.cfg.MoveGrace
+}
+
+// ----------------------------------------------------------------- stops
+
+// stops drives every stopping job: SIGTERM once its checkpoint landed (or
+// its grace ran out), SIGKILL if ranks outlive KillAfter, and the next
+// phase once every rank is gone.
+func (m *Manager) stops(nodes []*api.NodeStatus, now time.Time) {
+	for _, en := range m.sorted() {
+		j := en.job
+		if j.GetStopping() == api.JobStop_JOB_STOP_NONE {
+			continue
+		}
+		if liveRanks(j) == 0 {
+			m.finishStop(en, now)
+			continue
+		}
+		changed := false
+		if j.GetTermSentUnixNano() == 0 {
+			term := true
+			switch j.GetStopping() {
+			case api.JobStop_JOB_STOP_PREEMPT, api.JobStop_JOB_STOP_MOVE:
+				grace := m.cfg.MoveGrace
+				if j.GetStopping() == api.JobStop_JOB_STOP_PREEMPT {
+					grace = m.preemptGrace()
+				}
+				// The nodes report each checkpoint that lands; the server
+				// need not see the checkpoint dir itself.
+				term = j.GetLastCheckpointStep() > j.GetStopCheckpointStep() || now.Sub(time.Unix(0, j.GetStopSinceUnixNano())) >= grace
+			}
+			if term {
+				en.killSent = false
+				j.TermSentUnixNano = now.UnixNano()
+				m.signal(j, "SIGTERM")
+				changed = true
+			}
+		} else if grace := m.killAfter(j); now.Sub(time.Unix(0, j.GetTermSentUnixNano())) >= grace {
+			if en.killSent {
+				// SIGKILL cannot be ignored: a rank still counted live a
+				// grace after it is one its node no longer has (its exit
+				// was lost with a restarted nodemon).
+				m.giveUpRanks(en, nodes)
+			} else {
+				m.log.Warn("ranks outlived SIGTERM; killing", "job", j.GetId(), "live", liveRanks(j))
+				m.signal(j, "SIGKILL")
+				en.killSent = true
+			}
+			j.TermSentUnixNano = now.UnixNano()
+			changed = true
+		}
+		if changed {
+			m.save(en)
+		}
+	}
+}
+
+// killAfter is how long a stopping job's ranks have after SIGTERM.
+func (m *Manager) killAfter(j *api.Job) time.Duration {
+	if j.GetState() == api.JobState_JOB_STATE_RECOVERING {
+		return m.cfg.RecoveryKillAfter
+	}
+	return m.cfg.KillAfter
+}
+
+// giveUpRanks marks exited the ranks a SIGKILL and a grace did not account
+// for. A rank on a connected node that is still counted live then is one
+// its nodemon no longer knows (the exit was lost when it restarted).
+func (m *Manager) giveUpRanks(en *entry, nodes []*api.NodeStatus) {
+	j := en.job
+	connected := map[string]bool{}
+	for _, n := range nodes {
+		connected[n.GetRegistration().GetName()] = n.GetConnected()
+	}
+	var gone []string
+	for _, jn := range j.GetPlacement() {
+		if !connected[jn.GetNode()] {
+			// Its ranks may still run there: they count gone only with
+			// the node (lostNodes).
+			continue
+		}
+		for _, r := range jn.GetRanks() {
+			if !r.GetExited() {
+				r.Exited, r.ExitCode, r.Signal = true, -1, "unaccounted after SIGKILL"
+				gone = append(gone, fmt.Sprintf("%s rank %d (pid %d)", jn.GetNode(), r.GetRank(), r.GetPid()))
+			}
+		}
+	}
+	m.log.Warn("ranks unaccounted for a grace after SIGKILL; counting them gone", "job", j.GetId(), "ranks", gone)
+}
+
+// finishStop moves a job whose ranks are all gone to its next phase.
+func (m *Manager) finishStop(en *entry, now time.Time) {
+	j := en.job
+	from := phaseOf(j)
+	en.killSent = false
+	stop := j.GetStopping()
+	defer m.check(from, EvStopped, j)
+	m.save(en)
+	m.endAttempt(j, now, j.GetReason())
+	if stop == api.JobStop_JOB_STOP_MOVE {
+		target := j.GetMoveTarget()
+		shape := shapeOf(j)
+		if n := countRanks(target); n > 0 && shape.Size() != n {
+			// A resize: the target's data-parallel size is the new one.
+			shape.DP = n / max(shape.TP*shape.PP, 1)
+		}
+		pl := placementOf(target, shape)
+		why := m.targetBusy(j.GetId(), &pl, now)
+		if why == "" {
+			m.addAttained(j, now)
+			m.start(en, pl, now, "")
+			return
+		}
+		j.Reason = "move target no longer free (" + why + "); back in the queue, resumes from its checkpoint"
+	}
+	j.Stopping, j.TermSentUnixNano, j.StopSinceUnixNano, j.MoveTarget = api.JobStop_JOB_STOP_NONE, 0, 0, nil
+	switch stop {
+	case api.JobStop_JOB_STOP_PREEMPT:
+		m.requeue(en, now)
+		j.Preemptions++
+	case api.JobStop_JOB_STOP_MOVE:
+		m.requeue(en, now)
+	}
+}
+
+func countRanks(nodes []*api.JobNode) int {
+	n := 0
+	for _, jn := range nodes {
+		n += len(jn.GetRanks())
+	}
+	return n
+}
+
+func (m *Manager) addAttained(j *api.Job, now time.Time) {
+	if j.GetStartUnixNano() > 0 {
+		j.AttainedGpuSeconds += now.Sub(time.Unix(0, j.GetStartUnixNano())).Seconds() * float64(jobGPUs(j))
+	}
+}
+
+// requeue puts a stopped job back in the queue; it resumes from its
+// checkpoint when it starts again.
+func (m *Manager) requeue(en *entry, now time.Time) {
+	j := en.job
+	m.addAttained(j, now)
+	j.State = api.JobState_JOB_STATE_PENDING
+	j.Placement = nil
+	j.StartUnixNano = 0
+	j.PendingReason = "waiting for the scheduler"
+	m.kick()
+}
+
+// targetBusy says why a placement's GPUs cannot take job id now, or "".
+func (m *Manager) targetBusy(id string, pl *scheduler.Placement, now time.Time) string {
+	snap := m.snapshot(now)
+	nodes := map[string]*scheduler.Node{}
+	for i := range snap.Nodes {
+		nodes[snap.Nodes[i].Name] = &snap.Nodes[i]
+	}
+	for _, s := range pl.Ranks {
+		n := nodes[s.Node]
+		if n == nil || n.State != scheduler.NodeReady {
+			return "node " + s.Node + " is not ready"
+		}
+		for _, g := range n.GPUs {
+			if g.Index != s.GPU {
+				continue
+			}
+			if !g.Healthy {
+				return fmt.Sprintf("GPU %d of %s is unhealthy", s.GPU, s.Node)
+			}
+			if g.Job != "" && g.Job != id {
+				return fmt.Sprintf("GPU %d of %s is taken by %s", s.GPU, s.Node, g.Job)
+			}
+		}
+	}
+	return ""
+}
+
+// signal sends sig to the job's ranks on every node that still has live
+// ones, once the step is committed. Failures are logged: the stop timers
+// send again.
+func (m *Manager) signal(j *api.Job, sig string) {
+	id := j.GetId()
+	var nodes []string
+	for _, jn := range j.GetPlacement() {
+		for _, r := range jn.GetRanks() {
+			if !r.GetExited() {
+				nodes = append(nodes, jn.GetNode())
+				break
+			}
+		}
+	}
+	m.signalNodes(id, nodes, sig)
+}
+
+func (m *Manager) signalNodes(id string, nodes []string, sig string) {
+	if len(nodes) == 0 {
+		return
+	}
+	log, timeout := m.log, m.cfg.SignalTimeout
+	m.act(func(d *dispatcher) {
+		d.fanOut(nodes, func(string) *api.Command {
+			return &api.Command{Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: id, Signal: sig}}}
+		}, timeout, func(errs map[string]error) {
+			for node, err := range errs {
+				log.Warn("signal ranks", "job", id, "node", node, "signal", sig, "err", err)
+			}
+			log.Info("signalled ranks", "job", id, "signal", sig, "nodes", nodes)
+		})
+	})
+}
+
+// ----------------------------------------------------------------- moves
+
+// beginMoves begins the next queued move once none is in flight:
+// checkpoint (SIGUSR1) now, SIGTERM when it lands, relaunch when all
+// ranks are gone.
+func (m *Manager) beginMoves(now time.Time) {
+	for _, en := range m.jobs {
+		if en.job.GetStopping() == api.JobStop_JOB_STOP_MOVE {
+			return
+		}
+	}
+	for len(m.moves) > 0 {
+		mv := m.moves[0]
+		m.moves = m.moves[1:]
+		en := m.jobs[mv.Job]
+		if en == nil || may(en.job, EvMove) != nil {
+			continue
+		}
+		j := en.job
+		cur := placementOf(j.GetPlacement(), shapeOf(j))
+		if !slices.Equal(cur.Ranks, mv.From.Ranks) {
+			m.log.Info("move skipped: the job moved since it was planned", "job", j.GetId())
+			continue
+		}
+		m.startMove(en, mv.To, "moving to "+strings.Join(mv.To.Nodes(), ",")+" (rebalance): checkpointing", now)
+		return
+	}
+}
+
+// startMove stops a running job by checkpoint to relaunch it on to.
+func (m *Manager) startMove(en *entry, to scheduler.Placement, reason string, now time.Time) {
+	j := en.job
+	from := phaseOf(j)
+	j.Stopping = api.JobStop_JOB_STOP_MOVE
+	j.MoveTarget = jobNodes(&to)
+	j.StopSinceUnixNano, j.TermSentUnixNano = now.UnixNano(), 0
+	j.StopCheckpointStep = j.GetLastCheckpointStep()
+	j.Reason = reason
+	m.check(from, EvMove, j)
+	m.save(en)
+	m.signal(j, "SIGUSR1")
+}
+
+// ------------------------------------------------------------ scheduling
+
+// schedule runs the scheduler over the live snapshot and applies its
+// decisions, then explains why each job still pending waits.
+func (m *Manager) schedule(now time.Time) {
+	snap := m.snapshot(now)
+	// A job that cannot fit even the idle cluster would block the queue
+	// head forever; it waits aside, with why, until the cluster grows.
+	never := map[string]string{}
+	queue := snap.Pending[:0:0]
+	for _, r := range snap.Pending {
+		if why, ok := scheduler.NeverFits(&snap, &r); ok {
+			never[r.ID] = why + ", so it waits for nodes to join"
+			continue
+		}
+		queue = append(queue, r)
+	}
+	snap.Pending = queue
+	var (
+		started = map[string]bool{}
+		reserve *scheduler.Reserve
+		preempt []string
+	)
+	for _, d := range scheduler.Schedule(&snap, m.cfg.Policy) {
+		en := m.jobs[d.JobID()]
+		if en == nil {
+			continue
+		}
+		switch d := d.(type) {
+		case scheduler.Start:
+			if m.start(en, d.Placement, now, "") {
+				started[d.Job] = true
+			}
+		case scheduler.Preempt:
+			if m.preempt(en, d, now) {
+				preempt = append(preempt, d.Job)
+			}
+		case scheduler.Reserve:
+			reserve = &d
+		case scheduler.Reject:
+			m.giveUp(en, "rejected by the scheduler: "+d.Err.Error(), now)
+		}
+	}
+	m.explain(now, started, never, reserve, preempt)
+}
+
+// start records a new attempt on pl and queues its launch; it reports
+// whether the attempt was recorded. why, when set, replaces the default
+// reason.
+func (m *Manager) start(en *entry, pl scheduler.Placement, now time.Time, why string) bool {
+	if en.spec == nil || len(pl.Ranks) == 0 {
+		return false
+	}
+	j := en.job
+	from := phaseOf(j)
+	if err := may(j, EvStart); err != nil {
+		m.log.Error("start refused", "err", err)
+		return false
+	}
+	j.Attempt++
+	if pl.Shape.DP > 0 {
+		m.resize(en, pl.Shape.DP)
+	}
+	j.Placement = jobNodes(&pl)
+	j.MasterAddr = m.addrOf(pl.Ranks[0].Node)
+	j.MasterPort = m.port(j.GetId(), j.GetAttempt())
+	j.ResumeStep = 0
+	switch {
+	case en.resumeSet:
+		j.ResumeStep = en.resume
+		en.resume, en.resumeSet = 0, false
+	case j.GetAttempt() > 1:
+		j.ResumeStep = j.GetLastCheckpointStep()
+	}
+	j.State = api.JobState_JOB_STATE_RUNNING
+	j.StartUnixNano = now.UnixNano()
+	if j.GetFirstStartUnixNano() == 0 {
+		j.FirstStartUnixNano = now.UnixNano()
+	}
+	j.Stalled = false
+	j.PendingReason, j.Hold = "", false
+	j.Stopping, j.TermSentUnixNano, j.StopSinceUnixNano, j.MoveTarget = api.JobStop_JOB_STOP_NONE, 0, 0, nil
+	j.Reason = fmt.Sprintf("attempt %d started on %s", j.GetAttempt(), strings.Join(pl.Nodes(), ","))
+	if j.GetResumeStep() > 0 {
+		j.Reason += fmt.Sprintf(", resuming from step %d", j.GetResumeStep())
+	}
+	if why != "" {
+		j.Reason = why
+	}
+	j.Attempts = append(j.Attempts, &api.JobAttempt{Attempt: j.GetAttempt(), StartUnixNano: now.UnixNano(), Nodes: pl.Nodes(),
+		Gpus: int32(len(pl.Ranks)), Dp: j.GetPlan().GetDp(), ResumeStep: j.GetResumeStep(), LastStep: j.GetResumeStep()})
+	m.check(from, EvStart, j)
+	m.save(en)
+	m.launch(en)
+	return true
+}
+
+// launch queues the current attempt's launch on every node of it; a node
+// that refuses comes back as msgLaunched.
+func (m *Manager) launch(en *entry) {
+	j := en.job
+	launches := map[string]*api.LaunchRanks{}
+	var nodes []string
+	for i, jn := range j.GetPlacement() {
+		l := &api.LaunchRanks{Job: j.GetId(), Attempt: j.GetAttempt(), Command: en.spec.Command, Env: en.spec.Env,
+			WorldSize: int32(jobGPUs(j)), MasterAddr: j.GetMasterAddr(), MasterPort: j.GetMasterPort(),
+			CheckpointDir: j.GetCheckpointDir(), ResumeStep: j.GetResumeStep(),
+			NodeRank: int32(i), NumNodes: int32(len(j.GetPlacement()))}
+		for _, r := range jn.GetRanks() {
+			l.Ranks = append(l.Ranks, &api.RankSpec{Rank: r.GetRank(), LocalRank: r.GetLocalRank(), Gpus: []uint32{r.GetGpu()}})
+		}
+		launches[jn.GetNode()] = l
+		nodes = append(nodes, jn.GetNode())
+	}
+	id, attempt := j.GetId(), j.GetAttempt()
+	m.log.Info("job starting", "job", id, "attempt", attempt, "nodes", nodes, "master", fmt.Sprintf("%s:%d", j.GetMasterAddr(), j.GetMasterPort()))
+	timeout, post := m.cfg.CommandTimeout, m.in.post
+	m.act(func(d *dispatcher) {
+		d.fanOut(nodes, func(node string) *api.Command {
+			return &api.Command{Body: &api.Command_Launch{Launch: launches[node]}}
+		}, timeout, func(errs map[string]error) {
+			post(msgLaunched{job: id, attempt: attempt, errs: errs})
+		})
+	})
+}
+
+// launched applies the nodes' answers to a launch: a node that refused
+// fails the attempt (its ranks there never started; the others stop).
+func (m *Manager) launched(msg msgLaunched) {
+	defer m.answer(launchKey{msg.job, msg.attempt})
+	if len(msg.errs) == 0 {
+		return
+	}
+	en := m.jobs[msg.job]
+	if en == nil || en.job.GetAttempt() != msg.attempt {
+		return
+	}
+	j := en.job
+	var msgs []string
+	for _, jn := range j.GetPlacement() {
+		err, ok := msg.errs[jn.GetNode()]
+		if !ok {
+			continue
+		}
+		msgs = append(msgs, fmt.Sprintf("%s: %v", jn.GetNode(), err))
+		for _, r := range jn.GetRanks() {
+			if !r.GetExited() && r.GetPid() == 0 {
+				r.Exited, r.ExitCode, r.Signal = true, -1, "not launched"
+			}
+		}
+	}
+	m.save(en)
+	if active(j) {
+		refused := slices.Sorted(mapKeys(msg.errs))
+		m.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: refused}, "launch failed on "+strings.Join(msgs, "; "), m.now())
+	}
+	m.kick()
+}
+
+// preempt begins stopping a job the scheduler preempts: checkpoint first
+// when it checkpoints, then SIGTERM (stops), then back to the queue once
+// its ranks are gone.
+func (m *Manager) preempt(en *entry, d scheduler.Preempt, now time.Time) bool {
+	j := en.job
+	if may(j, EvPreempt) != nil {
+		return false
+	}
+	from := phaseOf(j)
+	j.Stopping = api.JobStop_JOB_STOP_PREEMPT
+	j.StopSinceUnixNano, j.TermSentUnixNano = now.UnixNano(), 0
+	j.StopCheckpointStep = j.GetLastCheckpointStep()
+	j.Reason = fmt.Sprintf("preempted for %s: %s", d.For, d.Reason)
+	sig := "SIGUSR1"
+	if !d.CheckpointFirst {
+		sig = "SIGTERM"
+		j.TermSentUnixNano = now.UnixNano()
+	}
+	m.check(from, EvPreempt, j)
+	m.save(en)
+	m.log.Info("preempting job", "job", j.GetId(), "for", d.For, "signal", sig)
+	m.signal(j, sig)
+	return true
+}
+
+// port picks the attempt's MASTER_PORT: a hash of job and attempt into
+// the configured range, stepping past ports of jobs still holding ranks,
+// so a relaunch never meets its predecessor's listener. Each job gets a
+// pair, MASTER_PORT and MASTER_PORT+1, since trainers (ringtrain among
+// them) meet on a second communicator at the next port.
+func (m *Manager) port(id string, attempt uint32) uint32 {
+	used := map[int]bool{}
+	for _, en := range m.jobs {
+		if en.job.GetId() != id && liveRanks(en.job) > 0 {
+			used[int(en.job.GetMasterPort())] = true
+		}
+	}
+	for _, v := range m.vals {
+		used[int(v.port)] = true
+	}
+	pairs := max(m.cfg.PortRange/2, 1)
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%s/%d", id, attempt)
+	off := int(h.Sum32() % uint32(pairs))
+	for i := range pairs {
+		p := m.cfg.PortBase + 2*((off+i)%pairs)
+		if !used[p] {
+			return uint32(p)
+		}
+	}
+	return uint32(m.cfg.PortBase + 2*off)
+}
+
+// addrOf is the address ranks dial for node: the host its nodemon
+// connects from, else its hostname, else its name.
+func (m *Manager) addrOf(node string) string {
+	for _, n := range m.cfg.Nodes.Nodes() {
+		if n.GetRegistration().GetName() != node {
+			continue
+		}
+		if host, _, err := net.SplitHostPort(n.GetRemoteAddr()); err == nil && host != "" {
+			return host
+		}
+		if h := n.GetRegistration().GetHostname(); h != "" {
+			return h
+		}
+	}
+	return node
+}
+
+// explain sets every waiting job's pending reason.
+func (m *Manager) explain(now time.Time, started map[string]bool, never map[string]string, reserve *scheduler.Reserve, preempting []string) {
+	var snap scheduler.Snapshot
+	built := false
+	explained := 0
+	for _, en := range m.sorted() {
+		j := en.job
+		if j.GetState() != api.JobState_JOB_STATE_PENDING || started[j.GetId()] || en.spec == nil {
+			continue
+		}
+		var why string
+		switch {
+		case j.GetHold():
+			why = fmt.Sprintf("held: place it with `gpuctl assign %s --nodes …` or let the scheduler with `gpuctl release %s`", j.GetId(), j.GetId())
+		case never[j.GetId()] != "":
+			why = never[j.GetId()]
+		case explained >= m.cfg.MaxExplained:
+			why = "queued"
+		default:
+			explained++
+			if !built {
+				snap, built = m.snapshot(now), true
+			}
+			why = m.waitReason(&snap, en, reserve, preempting)
+		}
+		if why != j.GetPendingReason() {
+			j.PendingReason = why
+			m.save(en)
+		}
+	}
+}
+
+// waitReason says why a queued job is not running: the placer's reasons
+// when it does not fit, else which job it waits behind.
+func (m *Manager) waitReason(snap *scheduler.Snapshot, en *entry, reserve *scheduler.Reserve, preempting []string) string {
+	r := m.request(en)
+	_, err := scheduler.Place(snap, &r)
+	mine := reserve != nil && reserve.Job == r.ID
+	var pe *scheduler.PlacementError
+	switch {
+	case err == nil && mine && len(preempting) > 0:
+		return "starts once preempted " + strings.Join(preempting, ", ") + " stop"
+	case err == nil && reserve != nil && !mine:
+		return fmt.Sprintf("fits now, but waits behind %s, first in the %s order", reserve.Job, m.cfg.Policy.Name())
+	case err == nil:
+		return "fits now; starting on the next scheduling pass"
+	case errors.As(err, &pe):
+		why := pe.Explain(&r)
+		if mine && len(preempting) > 0 {
+			why += "; preempting " + strings.Join(preempting, ", ")
+		} else if mine && reserve.Known {
+			why += fmt.Sprintf("; next in line, expected to start in %s", time.Duration(max(reserve.At-snap.Now, 0))*time.Second)
+		}
+		return why
+	}
+	return err.Error()
+}
+
+func mapKeys[V any](mp map[string]V) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range mp {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}

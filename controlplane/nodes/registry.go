@@ -1,0 +1,443 @@
+// Package nodes is the control plane's view of its nodes: the nodemon
+// sessions, each node's live state (liveness, cordon, GPU health, latest
+// samples and history, the ranks it runs, calls in flight), the NCCL call
+// aggregates, and the heartbeat failure detector.
+//
+// Liveness and schedulability are kept apart, as Kubernetes shows
+// NotReady,SchedulingDisabled: a node is ready or down by what its nodemon
+// does, and cordoned or draining by what an operator (or recovery)
+// decided. A down node is disconnected, and its figures are stale.
+//
+// The registry owns node state under one lock. What the job owner must act
+// on (a node up or down, its events) goes to a Sink in the order it
+// happened, from inside that lock, so node up and down for one node are
+// never seen the wrong way round; the sink must only queue.
+package nodes
+
+import (
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/controlplane/observe"
+	"github.com/gpuctl/gpuctl/store"
+)
+
+// DefaultHeartbeat is assumed for a node that registers without one.
+const DefaultHeartbeat = time.Second
+
+// Sink hears what happens to nodes, in order. Its methods are called with
+// the registry's lock held and must not block or call back.
+type Sink interface {
+	// NodeUp: a node registered (joined is true the first time ever).
+	NodeUp(name string, reg *api.NodeRegistration, joined bool)
+	// NodeDown: a node was declared down (connection closed, or silent).
+	NodeDown(name, reason string)
+	// NodeEvents: events a node sent, once persisted, each seen once.
+	NodeEvents(name string, events []*api.Event)
+}
+
+// Publisher takes every new node status and persisted event, for watch
+// streams. Objects handed over are never modified afterwards.
+type Publisher interface {
+	PublishNode(n *api.NodeStatus)
+	PublishEvent(e *api.Event)
+}
+
+// Config configures a Registry; zero fields take the defaults noted.
+type Config struct {
+	Store store.Store
+	// Publish, Observe and Sink may be nil.
+	Publish Publisher
+	Observe *observe.Broker
+	Sink    Sink
+	// ServerName is sent to nodes in the welcome.
+	ServerName string
+	// History sizes each GPU's sample history.
+	History HistoryConfig
+	// Now is the clock, default time.Now.
+	Now func() time.Time
+	Log *slog.Logger
+}
+
+// Registry is the set of known nodes.
+type Registry struct {
+	cfg   Config
+	log   *slog.Logger
+	cmdID atomic.Uint64
+
+	mu          sync.RWMutex
+	nodes       map[string]*entry
+	collectives map[collKey]*api.CollectiveStat
+	// lostAtNodes is the sum of every node's lost-record counters.
+	lostAtNodes uint64
+}
+
+// entry is one node. rec is its current status; it is replaced, never
+// modified, once handed out, so readers share it without copying.
+type entry struct {
+	rec       *api.NodeStatus
+	lastBeat  time.Time
+	heartbeat time.Duration
+	history   map[uint32]*history
+	// inFlight and ranks are the node's latest report of calls in progress
+	// and of the ranks it launched, replaced by every batch that carries
+	// them.
+	inFlight []*api.CollectiveRecord
+	ranks    []*api.RankStatus
+	// session is the node's live connection; nil while it is down.
+	session *session
+}
+
+func (e *entry) down() bool { return e.rec.GetState() != api.NodeState_NODE_STATE_READY }
+
+type collKey struct {
+	node string
+	pid  uint32
+	comm uint64
+	op   api.NCCLOp
+}
+
+// New loads every known node from the store. Until a node reconnects it
+// cannot be vouched for: it starts down, keeping its cordon.
+func New(cfg Config) (*Registry, error) {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	cfg.History.defaults()
+	r := &Registry{cfg: cfg, log: cfg.Log, nodes: map[string]*entry{}, collectives: map[collKey]*api.CollectiveStat{}}
+	known, err := cfg.Store.Nodes()
+	if err != nil {
+		return nil, fmt.Errorf("load nodes: %w", err)
+	}
+	now := cfg.Now()
+	for _, n := range known {
+		n = migrate(n)
+		n.Connected = false
+		n.Stale = true
+		if n.State != api.NodeState_NODE_STATE_DOWN {
+			n.State, n.DownReason, n.StateSinceUnixNano = api.NodeState_NODE_STATE_DOWN, "not reconnected since the server started", now.UnixNano()
+		}
+		r.nodes[n.GetRegistration().GetName()] = &entry{rec: n, history: map[uint32]*history{}}
+	}
+	return r, nil
+}
+
+// migrate turns a record stored before liveness and cordon were apart
+// (state cordoned or draining) into today's shape.
+func migrate(n *api.NodeStatus) *api.NodeStatus {
+	switch n.GetState() {
+	case api.NodeState_NODE_STATE_CORDONED:
+		n.Cordoned, n.State = true, api.NodeState_NODE_STATE_DOWN
+	case api.NodeState_NODE_STATE_DRAINING:
+		n.Cordoned, n.Draining, n.State = true, true, api.NodeState_NODE_STATE_DOWN
+	}
+	return n
+}
+
+func (r *Registry) now() time.Time { return r.cfg.Now() }
+
+// setLocked makes next the node's status and announces it; persist also
+// writes it to the store (a failure is logged: the change has happened).
+func (r *Registry) setLocked(e *entry, next *api.NodeStatus, persist bool) {
+	e.rec = next
+	if persist {
+		if err := r.cfg.Store.PutNode(next); err != nil {
+			r.log.Error("persist node", "node", next.GetRegistration().GetName(), "err", err)
+		}
+	}
+	if r.cfg.Publish != nil {
+		r.cfg.Publish.PublishNode(next)
+	}
+}
+
+// raiseLocked persists a server-side node event and announces it.
+func (r *Registry) raiseLocked(e *api.Event) {
+	if err := r.cfg.Store.AppendEvent(e); err != nil {
+		r.log.Error("persist event", "node", e.GetNode(), "kind", e.GetKind(), "err", err)
+		return
+	}
+	if r.cfg.Publish != nil {
+		r.cfg.Publish.PublishEvent(e)
+	}
+}
+
+// register records a node that connected through sess. A known node
+// keeps its cordon and GPU health; its inventory is what it reports now.
+func (r *Registry) register(reg *api.NodeRegistration, remote string, sess *session) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.now()
+	name := reg.GetName()
+	e, known := r.nodes[name]
+	if !known {
+		e = &entry{rec: &api.NodeStatus{}, history: map[uint32]*history{}}
+	}
+	if old := e.session; old != nil && old != sess {
+		// The established session wins while it is alive: two hosts must
+		// not share one identity, and a node's GPUs must not flip between
+		// two inventories. A silent one is replaced.
+		if silent := now.Sub(e.lastBeat); silent <= 2*e.heartbeat {
+			return fmt.Errorf("node %q is already connected from %s (heard %s ago): two hosts cannot share one node identity; stop the other nodemon, or run `gpuctl node remove %s` if this host replaced it",
+				name, e.rec.GetRemoteAddr(), silent.Round(time.Millisecond), name)
+		}
+		old.close("replaced by a new connection after " + now.Sub(e.lastBeat).Round(time.Millisecond).String() + " of silence")
+	}
+	next := copyStatus(e.rec)
+	next.Registration = reg
+	next.RemoteAddr = remote
+	next.Connected = true
+	next.LastSeenUnixNano = now.UnixNano()
+	next.State, next.DownReason, next.Stale = api.NodeState_NODE_STATE_READY, "", false
+	next.StateSinceUnixNano = now.UnixNano()
+	next.Gpus = mergeGPUs(e.rec.GetGpus(), reg.GetGpus())
+	if err := r.cfg.Store.PutNode(next); err != nil {
+		return fmt.Errorf("persist node %s: %w", name, err)
+	}
+	e.session = sess
+	e.lastBeat = now
+	e.heartbeat = time.Duration(reg.GetHeartbeatIntervalMs()) * time.Millisecond
+	if e.heartbeat <= 0 {
+		e.heartbeat = DefaultHeartbeat
+	}
+	e.ranks, e.inFlight = reg.GetRunning(), nil
+	r.nodes[name] = e
+	r.setLocked(e, next, false)
+	kind, msg := api.EventKind_EVENT_KIND_NODE_UP, "node connected from "+remote
+	if !known {
+		kind, msg = api.EventKind_EVENT_KIND_NODE_JOINED, fmt.Sprintf("node joined from %s with %d GPUs", remote, len(reg.GetGpus()))
+	}
+	r.raiseLocked(&api.Event{Node: name, TimeUnixNano: now.UnixNano(), Kind: kind, Severity: api.Severity_SEVERITY_INFO, Message: msg})
+	if r.cfg.Sink != nil {
+		r.cfg.Sink.NodeUp(name, reg, !known)
+	}
+	return nil
+}
+
+// mergeGPUs keeps health flags of GPUs that are still present (by UUID).
+func mergeGPUs(old []*api.GPUStatus, infos []*api.GPUInfo) []*api.GPUStatus {
+	byUUID := map[string]*api.GPUStatus{}
+	for _, g := range old {
+		byUUID[g.GetInfo().GetUuid()] = g
+	}
+	out := make([]*api.GPUStatus, 0, len(infos))
+	for _, info := range infos {
+		g := &api.GPUStatus{Info: info, Healthy: true}
+		if prev, ok := byUUID[info.GetUuid()]; ok {
+			g.Healthy, g.UnhealthyReason, g.Last = prev.GetHealthy(), prev.GetUnhealthyReason(), prev.GetLast()
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+// beat notes that name is alive.
+func (r *Registry) beat(name string, sess *session) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e, ok := r.nodes[name]; ok && e.session == sess {
+		e.lastBeat = r.now()
+	}
+}
+
+// disconnected records that a node's session ended.
+func (r *Registry) disconnected(name string, sess *session, reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.nodes[name]
+	if !ok || e.session != sess {
+		return
+	}
+	r.downLocked(name, e, "connection closed: "+reason)
+}
+
+// downLocked declares a node down: its session is closed (a nodemon that
+// is only slow reconnects and registers again), its figures go stale, and
+// the sink hears of it.
+func (r *Registry) downLocked(name string, e *entry, reason string) {
+	if e.session != nil {
+		e.session.close("declared down: " + reason)
+		e.session = nil
+	}
+	if e.down() {
+		return
+	}
+	now := r.now()
+	next := copyStatus(e.rec)
+	next.State, next.DownReason, next.Connected, next.Stale = api.NodeState_NODE_STATE_DOWN, reason, false, true
+	next.StateSinceUnixNano = now.UnixNano()
+	e.inFlight = nil
+	r.setLocked(e, next, true)
+	r.log.Info("node down", "node", name, "reason", reason)
+	r.raiseLocked(&api.Event{Node: name, TimeUnixNano: now.UnixNano(), Kind: api.EventKind_EVENT_KIND_NODE_DOWN,
+		Severity: api.Severity_SEVERITY_CRITICAL, Message: reason})
+	if r.cfg.Sink != nil {
+		r.cfg.Sink.NodeDown(name, reason)
+	}
+}
+
+// CheckHeartbeats declares down every node silent for more than twice its
+// heartbeat interval and returns their names.
+func (r *Registry) CheckHeartbeats() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.now()
+	var down []string
+	for name, e := range r.nodes {
+		if e.down() || e.lastBeat.IsZero() {
+			continue
+		}
+		if silent := now.Sub(e.lastBeat); silent > 2*e.heartbeat {
+			r.downLocked(name, e, fmt.Sprintf("no heartbeat for %s", silent.Round(time.Millisecond)))
+			down = append(down, name)
+		}
+	}
+	sort.Strings(down)
+	return down
+}
+
+// Cordon actions.
+const (
+	ActionCordon   = "cordon"
+	ActionUncordon = "uncordon"
+	ActionDrain    = "drain"
+)
+
+// SetCordon applies a cordon action (cordon, uncordon or drain) to node,
+// persists it, raises an event and returns the node's new status. A cordon
+// outlives an outage and a restart; a cordon with no reason keeps the
+// reason it had.
+func (r *Registry) SetCordon(node, action, reason string) (*api.NodeStatus, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.nodes[node]
+	if !ok {
+		return nil, r.unknownLocked(node)
+	}
+	cur := e.rec
+	next := copyStatus(cur)
+	var msg string
+	switch action {
+	case ActionUncordon:
+		if !cur.GetCordoned() {
+			return cur, nil
+		}
+		next.Cordoned, next.Draining, next.CordonReason = false, false, ""
+		msg = "uncordoned: takes new work"
+		if e.down() {
+			msg += " once it reconnects"
+		}
+	case ActionCordon, ActionDrain:
+		if reason == "" {
+			reason = cur.GetCordonReason()
+		}
+		drain := action == ActionDrain
+		if cur.GetCordoned() && cur.GetDraining() == drain && reason == cur.GetCordonReason() {
+			return cur, nil
+		}
+		next.Cordoned, next.Draining, next.CordonReason = true, drain, reason
+		msg = "cordoned: takes no new work"
+		if drain {
+			msg = "draining: takes no new work; its jobs move elsewhere"
+		}
+		if reason != "" {
+			msg += " (" + reason + ")"
+		}
+	default:
+		return nil, fmt.Errorf("unknown node action %q: use cordon, uncordon or drain", action)
+	}
+	if err := r.cfg.Store.PutNode(next); err != nil {
+		return nil, fmt.Errorf("persist node %s: %w", node, err)
+	}
+	r.setLocked(e, next, false)
+	r.log.Info("node cordon", "node", node, "action", action, "reason", reason)
+	r.raiseLocked(&api.Event{Node: node, TimeUnixNano: r.now().UnixNano(), Kind: api.EventKind_EVENT_KIND_CORDON,
+		Severity: api.Severity_SEVERITY_INFO, Message: msg})
+	return next, nil
+}
+
+func (r *Registry) unknownLocked(node string) error {
+	return fmt.Errorf("unknown node %q: `gpuctl nodes` lists the %d known ones", node, len(r.nodes))
+}
+
+// Nodes returns every node's status, sorted by name. The statuses are
+// shared: callers must not modify them.
+func (r *Registry) Nodes() []*api.NodeStatus {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]*api.NodeStatus, 0, len(r.nodes))
+	for _, e := range r.nodes {
+		out = append(out, e.rec)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].GetRegistration().GetName() < out[j].GetRegistration().GetName()
+	})
+	return out
+}
+
+// Node returns one node's status (shared, read-only), or an error naming
+// what to do.
+func (r *Registry) Node(name string) (*api.NodeStatus, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e, ok := r.nodes[name]
+	if !ok {
+		return nil, r.unknownLocked(name)
+	}
+	return e.rec, nil
+}
+
+// Known reports whether name is a known node.
+func (r *Registry) Known(name string) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	_, ok := r.nodes[name]
+	return ok
+}
+
+// Connected reports whether node has a live session now.
+func (r *Registry) Connected(name string) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e, ok := r.nodes[name]
+	return ok && e.session != nil
+}
+
+// Admit refuses a join under the name of a node that is connected now:
+// two hosts must not share an identity. A known node that is down may
+// rejoin (a reinstalled host keeps its name and its cordon).
+func (r *Registry) Admit(name string) error {
+	if r.Connected(name) {
+		return fmt.Errorf("node name %q is in use by a connected node: pick another --name, or stop that nodemon first", name)
+	}
+	return nil
+}
+
+// copyStatus returns a new status with n's fields; the GPU slice is
+// copied, the GPUs themselves shared (they are replaced, not modified).
+func copyStatus(n *api.NodeStatus) *api.NodeStatus {
+	return &api.NodeStatus{
+		Registration:       n.GetRegistration(),
+		State:              n.GetState(),
+		LastSeenUnixNano:   n.GetLastSeenUnixNano(),
+		Gpus:               append([]*api.GPUStatus(nil), n.GetGpus()...),
+		CordonReason:       n.GetCordonReason(),
+		RemoteAddr:         n.GetRemoteAddr(),
+		Connected:          n.GetConnected(),
+		LostCollectives:    n.GetLostCollectives(),
+		LostNetEvents:      n.GetLostNetEvents(),
+		DroppedBatches:     n.GetDroppedBatches(),
+		Cordoned:           n.GetCordoned(),
+		Draining:           n.GetDraining(),
+		DownReason:         n.GetDownReason(),
+		Stale:              n.GetStale(),
+		StateSinceUnixNano: n.GetStateSinceUnixNano(),
+	}
+}

@@ -1,0 +1,427 @@
+// Package stall finds NCCL stalls from the sequence numbers ranks report.
+// Every rank numbers the collectives it makes on a communicator, so the
+// ranks of a healthy job never disagree for long: a collective completes on
+// every rank or on none. When ranks disagree on where they are (some inside
+// collective k+1 or past it, others still at k), or all sit inside the same
+// collective, for longer than the job's stall threshold, the communicator is
+// stalled; the ranks furthest behind (or, when all are inside, the stopped
+// or idle ones) are the ones holding it up.
+//
+// The package is pure: a Detector is the memory between passes, and Update
+// is a function of it, the time it is given and the ranks' reports.
+package stall
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Call is a collective in progress.
+type Call struct {
+	// Op is the collective's short name (allreduce, allgather, …).
+	Op  string
+	Seq uint64
+}
+
+// Comm is one rank's progress on one communicator.
+type Comm struct {
+	// Handle is the communicator's address in the rank's own memory.
+	Handle uint64
+	// Created is when ncclCommInitRank returned (unix ns), 0 if not traced.
+	Created int64
+	// Done is the last completed collective's seq and op.
+	Done   uint64
+	DoneOp string
+	// In is the collective in progress, nil between calls.
+	In *Call
+}
+
+// position orders a rank's progress on a communicator: 2k once it has
+// completed collective k, 2k-1 while it is inside collective k.
+func (c *Comm) position() uint64 {
+	p := 2 * c.Done
+	if c.In != nil && c.In.Seq > 0 && 2*c.In.Seq-1 > p {
+		p = 2*c.In.Seq - 1
+	}
+	return p
+}
+
+// inCall reports whether the rank is inside the collective after Done.
+func (c *Comm) inCall() bool { return c.position()%2 == 1 }
+
+// Rank is one live rank at one instant.
+type Rank struct {
+	Rank int32
+	Node string
+	Pid  uint32
+	// ProcState is the process state from /proc (R, S, D, T, Z).
+	ProcState string
+	// CPU is the CPU seconds it has used.
+	CPU float64
+	// Comms are its communicators in creation order (SortComms), so the
+	// i-th communicator of every rank of a job is the same one: handles
+	// are addresses private to each rank.
+	Comms []Comm
+}
+
+// SortComms orders a rank's communicators by traced creation; those whose
+// creation was not seen follow, by handle.
+func SortComms(cs []Comm) {
+	slices.SortFunc(cs, func(a, b Comm) int {
+		switch {
+		case a.Created != 0 && b.Created != 0 && a.Created != b.Created:
+			return cmp.Compare(a.Created, b.Created)
+		case a.Created != 0 && b.Created == 0:
+			return -1
+		case a.Created == 0 && b.Created != 0:
+			return 1
+		}
+		return cmp.Compare(a.Handle, b.Handle)
+	})
+}
+
+// Job is one running job at one instant.
+type Job struct {
+	ID        string
+	Threshold time.Duration
+	Ranks     []Rank
+}
+
+// StalledRank is a rank as a stall names it.
+type StalledRank struct {
+	Rank int32
+	Node string
+	Pid  uint32
+	// Op and Seq are the collective it sits in when InCall, else the last
+	// it completed.
+	Op        string
+	Seq       uint64
+	InCall    bool
+	ProcState string
+}
+
+// Stall is one stalled communicator of a job.
+type Stall struct {
+	Job string
+	// Comm is the communicator's creation index, and Handle its address in
+	// its lowest rank's memory.
+	Comm      int
+	Handle    uint64
+	Lagging   []StalledRank
+	Waiting   []StalledRank
+	Since     time.Time
+	Threshold time.Duration
+	Diagnosis string
+}
+
+// Change is a stall declared or cleared by one update.
+type Change struct {
+	Stall   Stall
+	Cleared bool
+	// Why a cleared stall ended; Lasted how long it lasted.
+	Why    string
+	Lasted time.Duration
+}
+
+type key struct {
+	job  string
+	comm int
+}
+
+type pidKey struct {
+	node string
+	pid  uint32
+}
+
+// track follows one communicator while its ranks disagree.
+type track struct {
+	// low is the lowest position of its ranks; since is when the ranks
+	// began to disagree with the lowest at low. Progress of the lowest
+	// rank restarts the clock.
+	low   uint64
+	since time.Time
+	stall *Stall
+}
+
+type cpuMark struct {
+	seconds float64
+	changed time.Time
+}
+
+// Detector is the memory between updates. It is not safe for concurrent
+// use.
+type Detector struct {
+	tracks map[key]*track
+	cpu    map[pidKey]cpuMark
+}
+
+// New returns an empty detector.
+func New() *Detector {
+	return &Detector{tracks: map[key]*track{}, cpu: map[pidKey]cpuMark{}}
+}
+
+// Update folds in one report of every running job and returns the stalls
+// it declared and cleared, in job then start order.
+func (d *Detector) Update(now time.Time, jobs []Job) []Change {
+	var changes []Change
+	running := map[string]bool{}
+	seen := map[key]bool{}
+	seenPid := map[pidKey]bool{}
+	for _, j := range jobs {
+		running[j.ID] = true
+		ncomm := 0
+		for _, r := range j.Ranks {
+			k := pidKey{r.Node, r.Pid}
+			seenPid[k] = true
+			if m, ok := d.cpu[k]; !ok || m.seconds != r.CPU {
+				d.cpu[k] = cpuMark{seconds: r.CPU, changed: now}
+			}
+			ncomm = max(ncomm, len(r.Comms))
+		}
+		for c := range ncomm {
+			var members []*Rank
+			for i := range j.Ranks {
+				if c < len(j.Ranks[i].Comms) {
+					members = append(members, &j.Ranks[i])
+				}
+			}
+			if len(members) < 2 {
+				continue
+			}
+			low, agree := progress(members, c)
+			if agree {
+				continue
+			}
+			k := key{j.ID, c}
+			seen[k] = true
+			t := d.tracks[k]
+			if t != nil && t.low != low {
+				if t.stall != nil {
+					changes = append(changes, Change{Stall: *t.stall, Cleared: true, Why: "the ranks progress again", Lasted: now.Sub(t.since)})
+				}
+				t = nil
+			}
+			if t == nil {
+				t = &track{low: low, since: now}
+				d.tracks[k] = t
+			}
+			if now.Sub(t.since) < j.Threshold {
+				continue
+			}
+			s := d.diagnose(j, c, members, t.since, now)
+			if t.stall == nil {
+				changes = append(changes, Change{Stall: s})
+			}
+			t.stall = &s
+		}
+	}
+	for k, t := range d.tracks {
+		if seen[k] {
+			continue
+		}
+		if t.stall != nil {
+			why := "the ranks progress again"
+			if !running[k.job] {
+				why = "the job is no longer running"
+			}
+			changes = append(changes, Change{Stall: *t.stall, Cleared: true, Why: why, Lasted: now.Sub(t.since)})
+		}
+		delete(d.tracks, k)
+	}
+	for k := range d.cpu {
+		if !seenPid[k] {
+			delete(d.cpu, k)
+		}
+	}
+	slices.SortStableFunc(changes, func(a, b Change) int { return compare(&a.Stall, &b.Stall) })
+	return changes
+}
+
+// progress returns the lowest position of the members on communicator c,
+// and whether they agree: all between the same two collectives.
+func progress(members []*Rank, c int) (low uint64, agree bool) {
+	low = members[0].Comms[c].position()
+	high := low
+	for _, r := range members[1:] {
+		p := r.Comms[c].position()
+		low, high = min(low, p), max(high, p)
+	}
+	return low, low == high && low%2 == 0
+}
+
+// diagnose names the ranks holding communicator c up and the ones waiting.
+func (d *Detector) diagnose(j Job, c int, members []*Rank, since, now time.Time) Stall {
+	low, _ := progress(members, c)
+	allInside := true
+	for _, r := range members {
+		if r.Comms[c].position() != low {
+			allInside = false
+		}
+	}
+	var lagging, waiting []*Rank
+	switch {
+	case !allInside:
+		// The ranks furthest behind are the ones the others wait for.
+		for _, r := range members {
+			if r.Comms[c].position() == low {
+				lagging = append(lagging, r)
+			} else {
+				waiting = append(waiting, r)
+			}
+		}
+	default:
+		// Everyone is inside the same collective: a stopped rank, else
+		// ranks that have used no CPU since the stall began while others
+		// have, are the suspects.
+		for _, r := range members {
+			if stopped(r.ProcState) {
+				lagging = append(lagging, r)
+			}
+		}
+		if len(lagging) == 0 {
+			var idle []*Rank
+			for _, r := range members {
+				if !d.cpuSince(r, since) {
+					idle = append(idle, r)
+				}
+			}
+			if len(idle) > 0 && len(idle) < len(members) {
+				lagging = idle
+			}
+		}
+		for _, r := range members {
+			if !slices.Contains(lagging, r) {
+				waiting = append(waiting, r)
+			}
+		}
+	}
+	s := Stall{Job: j.ID, Comm: c, Handle: members[0].Comms[c].Handle, Since: since, Threshold: j.Threshold}
+	for _, r := range lagging {
+		s.Lagging = append(s.Lagging, stalledRank(r, c))
+	}
+	for _, r := range waiting {
+		s.Waiting = append(s.Waiting, stalledRank(r, c))
+	}
+	s.Diagnosis = d.diagnosis(c, members, lagging, waiting, since, now)
+	return s
+}
+
+func stalledRank(r *Rank, c int) StalledRank {
+	cm := &r.Comms[c]
+	sr := StalledRank{Rank: r.Rank, Node: r.Node, Pid: r.Pid, Op: cm.DoneOp, Seq: cm.Done, ProcState: r.ProcState}
+	if cm.inCall() {
+		sr.InCall, sr.Op, sr.Seq = true, cm.In.Op, cm.In.Seq
+	}
+	return sr
+}
+
+func stopped(procState string) bool { return procState == "T" || procState == "t" }
+
+// cpuSince reports whether r used CPU after t.
+func (d *Detector) cpuSince(r *Rank, t time.Time) bool {
+	m, ok := d.cpu[pidKey{r.Node, r.Pid}]
+	return ok && m.changed.After(t)
+}
+
+// diagnosis says in a sentence what holds the communicator up:
+// "rank 2 (node-01 pid 4242) is stopped (SIGSTOP?) after allreduce seq 41;
+// ranks 0,1,3 wait in allreduce seq 42 for 5.2s".
+func (d *Detector) diagnosis(c int, members, lagging, waiting []*Rank, since, now time.Time) string {
+	dur := now.Sub(since).Round(100 * time.Millisecond)
+	var parts []string
+	for _, r := range lagging {
+		parts = append(parts, fmt.Sprintf("rank %d (%s pid %d) %s %s", r.Rank, r.Node, r.Pid, d.doing(r, c, since), where(&r.Comms[c])))
+	}
+	if len(lagging) == 0 {
+		cm := &members[0].Comms[c]
+		return fmt.Sprintf("all %d ranks wait in %s seq %d for %s and none is stopped or idle: suspect the network between them or a hung GPU",
+			len(members), cm.In.Op, cm.In.Seq, dur)
+	}
+	// Group the waiting ranks by where they are.
+	type at struct {
+		in  bool
+		op  string
+		seq uint64
+	}
+	var order []at
+	groups := map[at][]int32{}
+	for _, r := range waiting {
+		sr := stalledRank(r, c)
+		a := at{sr.InCall, sr.Op, sr.Seq}
+		if _, ok := groups[a]; !ok {
+			order = append(order, a)
+		}
+		groups[a] = append(groups[a], r.Rank)
+	}
+	for _, a := range order {
+		verb := "wait in"
+		if !a.in {
+			verb = "are past"
+		}
+		parts = append(parts, fmt.Sprintf("%s %s %s seq %d", rankList(groups[a]), verb, a.op, a.seq))
+	}
+	return strings.Join(parts, "; ") + " for " + dur.String()
+}
+
+// doing says what a lagging rank's process is doing.
+func (d *Detector) doing(r *Rank, c int, since time.Time) string {
+	switch r.ProcState {
+	case "T", "t":
+		return "is stopped (SIGSTOP?)"
+	case "Z", "X":
+		return "has exited"
+	case "D":
+		return "is blocked in the kernel (state D)"
+	}
+	if d.cpuSince(r, since) {
+		if r.Comms[c].inCall() {
+			return "is running"
+		}
+		return "is busy outside NCCL"
+	}
+	return "makes no CPU progress"
+}
+
+// where says where a rank is on its communicator.
+func where(cm *Comm) string {
+	switch {
+	case cm.inCall():
+		return fmt.Sprintf("inside %s seq %d", cm.In.Op, cm.In.Seq)
+	case cm.Done > 0:
+		return fmt.Sprintf("after %s seq %d", cm.DoneOp, cm.Done)
+	}
+	return "before its first collective"
+}
+
+// rankList renders "rank 3" or "ranks 0,1,3".
+func rankList(ranks []int32) string {
+	s := make([]string, len(ranks))
+	for i, r := range ranks {
+		s[i] = strconv.Itoa(int(r))
+	}
+	if len(ranks) == 1 {
+		return "rank " + s[0]
+	}
+	return "ranks " + strings.Join(s, ",")
+}
+
+func compare(a, b *Stall) int {
+	return cmp.Or(strings.Compare(a.Job, b.Job), a.Since.Compare(b.Since), cmp.Compare(a.Handle, b.Handle))
+}
+
+// Declared returns the stalls declared now, of job ("" = every job), by
+// job, oldest first.
+func (d *Detector) Declared(job string) []Stall {
+	var out []Stall
+	for k, t := range d.tracks {
+		if t.stall != nil && (job == "" || k.job == job) {
+			out = append(out, *t.stall)
+		}
+	}
+	slices.SortFunc(out, func(a, b Stall) int { return compare(&a, &b) })
+	return out
+}
