@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
-	"strconv"
 
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/controlplane"
@@ -54,21 +53,12 @@ func startSSHConsole(ctx context.Context, f sshConsoleFlags, srv *controlplane.S
 	return ss.Addr(), nil
 }
 
-// selfClientFactory makes clients of this server for SSH sessions: a
-// certificate from the cluster CA with the session's name and role, over
-// QUIC on loopback, so the server checks every request of the session
-// against its role like any other client's.
-func selfClientFactory(ctx context.Context, srv *controlplane.Server) sshserve.Factory {
-	port := 0
-	if a, ok := srv.Addr().(*net.UDPAddr); ok {
-		port = a.Port
-	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+// selfClientFactory makes clients of this server for SSH sessions: the
+// server's in-process transport acting as the session's key (its name and
+// role), so every request goes through the same authorization and audit
+// as any other client's.
+func selfClientFactory(_ context.Context, srv *controlplane.Server) sshserve.Factory {
 	return func(user string, role transport.Role) (*client.Client, error) {
-		id, err := srv.Authority().IssueClient(user, role)
-		if err != nil {
-			return nil, err
-		}
-		return client.DialIdentity(ctx, addr, id)
+		return client.New(srv.Local(controlplane.Caller{Name: user, Role: role, Via: "ssh"})), nil
 	}
 }
