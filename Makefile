@@ -7,7 +7,7 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 GOTEST    ?= $(GO) test -count=1 -p 1 -timeout 30m
 PKGS      := ./...
 
-.PHONY: all build workload test bench generate check-generated demo lint clean
+.PHONY: all build workload test bench bench-tui generate check-generated demo lint clean
 
 all: build
 
@@ -27,6 +27,13 @@ test: build lint
 # shared 2-core machine. Compare runs with benchstat.
 bench: build
 	GPUCTL_BIN=$(CURDIR)/bin $(GO) test -run '^$$' -bench . -benchmem -benchtime 2x -timeout 30m $(PKGS)
+
+# The console's benchmarks: a frame of the overview (2,000 nodes x 8 GPUs)
+# and of the node table, a snapshot, key press to redraw while 2,000 nodes
+# stream at 1 Hz, and server CPU with 20 SSH sessions. `make bench` runs
+# them too (they live in ./tui/...).
+bench-tui:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 20x ./tui/...
 
 bin/protoc-gen-go: go.mod
 	$(GO) build -o $@ google.golang.org/protobuf/cmd/protoc-gen-go

@@ -68,12 +68,19 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 		}
 		return nil, fmt.Errorf("load client config %s: %w", path, err)
 	}
+	return DialIdentity(ctx, cfg.Server, id)
+}
+
+// DialIdentity connects to the server at addr (host:port) as id, for a
+// caller that holds an identity rather than a config file (the SSH
+// console's per-session clients).
+func DialIdentity(ctx context.Context, addr string, id *transport.Identity) (*Client, error) {
 	q := &quicTransport{dial: func(ctx context.Context) (*transport.Conn, error) {
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		conn, err := transport.DialClient(dctx, cfg.Server, id)
+		conn, err := transport.DialClient(dctx, addr, id)
 		if err != nil {
-			return nil, fmt.Errorf("connect to gpuctl serve at %s: %w", cfg.Server, err)
+			return nil, fmt.Errorf("connect to gpuctl serve at %s: %w", addr, err)
 		}
 		return conn, nil
 	}}

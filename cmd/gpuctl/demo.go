@@ -9,12 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/gpuctl/gpuctl/demo"
-	"github.com/gpuctl/gpuctl/views"
 )
 
 func init() { subcommands = append(subcommands, newDemoCmd) }
@@ -25,6 +23,8 @@ func newDemoCmd() *cobra.Command {
 	var (
 		headless bool
 		dataDir  string
+		console  consoleFlags
+		sshf     sshConsoleFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -32,7 +32,8 @@ func newDemoCmd() *cobra.Command {
 		Long: `Run gpuctl's embedded default: a control plane and N nodemon processes with
 simulated DGX H100 hosts on loopback, and the reference ring trainer spread over
 two of them, so real QUIC, real processes, real TCP collectives and (as root)
-real eBPF traces flow. With --headless it prints one line
+real eBPF traces flow, and opens the console on it. With --headless it prints
+one line
 
   gpuctl demo ready config=PATH
 
@@ -76,6 +77,13 @@ gpuctl commands at it with --config PATH or GPUCTL_CONFIG=PATH.`,
 				return err
 			}
 			defer c.Stop()
+			if sshf.listen != "" {
+				addr, err := startSSHConsole(ctx, sshf, c.Server, dataDir, opts.Log)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "gpuctl console over ssh on %s\n", addr)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "gpuctl demo ready config=%s\n", c.Config)
 			// On stderr, so the ready line stays the one line scripts read.
 			writeMetricsHelp(cmd.ErrOrStderr(), c, filepath.Join(binDir, "..", "deploy"))
@@ -83,12 +91,18 @@ gpuctl commands at it with --config PATH or GPUCTL_CONFIG=PATH.`,
 				<-ctx.Done()
 				return nil
 			}
-			return printViews(ctx.Done(), cmd.OutOrStdout(), c)
+			if console.logFile == "" {
+				console.logFile = filepath.Join(dataDir, "console.log")
+			}
+			return runConsole(ctx, console, c.Config)
 		},
 	}
 	f := cmd.Flags()
 	f.IntVar(&opts.Nodes, "nodes", opts.Nodes, "number of nodemon processes")
-	f.BoolVar(&headless, "headless", false, "print the ready line and run until interrupted, without views")
+	f.BoolVar(&headless, "headless", false, "print the ready line and run until interrupted, without the console")
+	console.add(f, false)
+	f.StringVar(&sshf.listen, "ssh-listen", "", "also serve the console over SSH on this TCP address")
+	f.StringVar(&sshf.authorizedKeys, "ssh-authorized-keys", "", "keys allowed into the SSH console (role=operator ssh-ed25519 AAAA… alice)")
 	f.StringVar(&dataDir, "data-dir", "", "keep the cluster's state here (default: a temporary dir removed at exit)")
 	f.StringVar(&opts.Sim, "sim", opts.Sim, "simulated host profile: dgx-h100, dgx-a100 or dgx-h200")
 	f.StringVar(&opts.EBPF, "ebpf", opts.EBPF, "nodemon eBPF mode: auto, required or off")
@@ -123,32 +137,4 @@ func writeMetricsHelp(w io.Writer, c *demo.Cluster, deploy string) {
 	fmt.Fprintf(w, "Grafana: import %s, or start Grafana with\n"+
 		"  GPUCTL_DEPLOY=%s GF_PATHS_PROVISIONING=%s grafana-server\n",
 		filepath.Join(deploy, "grafana", "gpuctl.json"), deploy, filepath.Join(deploy, "grafana", "provisioning"))
-}
-
-// printViews refreshes the node and collective views until done.
-func printViews(done <-chan struct{}, w io.Writer, c *demo.Cluster) error {
-	t := time.NewTicker(2 * time.Second)
-	defer t.Stop()
-	for {
-		fmt.Fprint(w, "\033[H\033[2J")
-		fmt.Fprintf(w, "gpuctl demo — %s — Ctrl-C stops it; other shells: GPUCTL_CONFIG=%s gpuctl nodes\n", time.Now().Format(time.TimeOnly), c.Config)
-		if c.MetricsAddr != "" {
-			fmt.Fprintf(w, "Prometheus: gpuctl serve at http://%s/metrics, nodemons at %s…%s (deploy/prometheus.yml scrapes them)\n",
-				c.MetricsAddr, c.NodeMetricsAddrs[c.NodeNames[0]], c.NodeMetricsAddrs[c.NodeNames[len(c.NodeNames)-1]])
-		}
-		fmt.Fprintln(w)
-		o := views.Options{Format: views.Table, Width: terminalWidth(w), Now: time.Now()}
-		if err := views.Nodes(w, o, c.Server.Nodes()); err != nil {
-			return err
-		}
-		fmt.Fprintln(w)
-		if err := views.Collectives(w, o, c.Server.Collectives(c.JobID)); err != nil {
-			return err
-		}
-		select {
-		case <-done:
-			return nil
-		case <-t.C:
-		}
-	}
 }

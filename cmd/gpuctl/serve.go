@@ -22,6 +22,7 @@ func newServeCmd() *cobra.Command {
 		cfg               controlplane.Config
 		logLevel, logFile string
 		validate          string
+		sshf              sshConsoleFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -49,6 +50,13 @@ certificate and admin.yaml (a client config with an admin certificate) in
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "gpuctl serve listening on %s (udp); admin config %s\n",
 				srv.Addr(), controlplane.AdminConfigPath(cfg.DataDir))
+			if sshf.listen != "" {
+				addr, err := startSSHConsole(ctx, sshf, srv, cfg.DataDir, log)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "gpuctl console over ssh on %s (tcp)\n", addr)
+			}
 			return srv.Serve(ctx)
 		},
 	}
@@ -61,5 +69,7 @@ certificate and admin.yaml (a client config with an admin certificate) in
 	f.StringVar(&validate, "validate-command", "", "short all-reduce that nodes new to a recovering job run first, one rank per node\n(e.g. \"ringtrain --steps 3 --compute-ms 0 --bytes 1M\"); empty: NVML health only")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFile, "log-file", "", "log to this file instead of stderr")
+	f.StringVar(&sshf.listen, "ssh-listen", "", "serve the console over SSH on this TCP address, e.g. :2222 (host key in --data-dir)")
+	f.StringVar(&sshf.authorizedKeys, "ssh-authorized-keys", "", "keys allowed into the SSH console, one per line with its role:\nrole=operator ssh-ed25519 AAAA… alice")
 	return cmd
 }

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+
+	"github.com/gpuctl/gpuctl/client"
+	"github.com/gpuctl/gpuctl/controlplane"
+	"github.com/gpuctl/gpuctl/transport"
+	"github.com/gpuctl/gpuctl/tui/feed"
+	"github.com/gpuctl/gpuctl/tui/sshserve"
+)
+
+// sshConsoleFlags are gpuctl serve's console-over-SSH options.
+type sshConsoleFlags struct {
+	listen, authorizedKeys string
+}
+
+// startSSHConsole serves the console over SSH next to the control plane
+// until ctx ends: one shared watch for every session, and per session a
+// client with the identity and role of the key that logged in.
+func startSSHConsole(ctx context.Context, f sshConsoleFlags, srv *controlplane.Server, dataDir string, log *slog.Logger) (net.Addr, error) {
+	factory := selfClientFactory(ctx, srv)
+	feedClient, err := factory("ssh-console", transport.RoleViewer)
+	if err != nil {
+		return nil, fmt.Errorf("ssh console: %w", err)
+	}
+	hub := feed.New(feedClient, feed.Options{Log: log})
+	ss, err := sshserve.New(sshserve.Config{Listen: f.listen, AuthorizedKeys: f.authorizedKeys,
+		HostKey: filepath.Join(dataDir, "ssh_host_ed25519_key"), Factory: factory, Hub: hub, Log: log})
+	if err != nil {
+		feedClient.Close()
+		return nil, err
+	}
+	if err := ss.Listen(); err != nil {
+		feedClient.Close()
+		return nil, err
+	}
+	go func() {
+		defer feedClient.Close()
+		if err := hub.Run(ctx); err != nil {
+			log.Error("ssh console: watch ended", "err", err)
+		}
+	}()
+	go func() {
+		if err := ss.Serve(ctx); err != nil {
+			log.Error("ssh console stopped", "err", err)
+		}
+	}()
+	return ss.Addr(), nil
+}
+
+// selfClientFactory makes clients of this server for SSH sessions: the
+// server's in-process transport acting as the session's key (its name and
+// role), so every request goes through the same authorization and audit
+// as any other client's.
+func selfClientFactory(_ context.Context, srv *controlplane.Server) sshserve.Factory {
+	return func(user string, role transport.Role) (*client.Client, error) {
+		return client.New(srv.Local(controlplane.Caller{Name: user, Role: role, Via: "ssh"})), nil
+	}
+}

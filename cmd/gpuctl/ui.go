@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"golang.org/x/term"
+
+	"github.com/gpuctl/gpuctl/client"
+	"github.com/gpuctl/gpuctl/logging"
+	"github.com/gpuctl/gpuctl/transport"
+	"github.com/gpuctl/gpuctl/tui"
+)
+
+func init() { subcommands = append(subcommands, newUICmd) }
+
+// consoleFlags are the console's options, on `gpuctl`, `gpuctl ui` and
+// `gpuctl demo`.
+type consoleFlags struct {
+	config   string
+	readonly bool
+	logFile  string
+	start    string
+}
+
+func (f *consoleFlags) add(fs *pflag.FlagSet, withConfig bool) {
+	if withConfig {
+		fs.StringVar(&f.config, "config", "", "client config file (default $GPUCTL_CONFIG, then ~/.config/gpuctl/config.yaml)")
+	}
+	fs.BoolVar(&f.readonly, "readonly", false, "hide every action: look, change nothing")
+	fs.StringVar(&f.logFile, "log-file", "", "console log file (default ~/.cache/gpuctl/console.log; the console never logs to the terminal)")
+	fs.StringVar(&f.start, "view", "overview", "first view: overview, nodes, jobs, stalls, events, observe, plan")
+}
+
+func newUICmd() *cobra.Command {
+	var f consoleFlags
+	cmd := &cobra.Command{
+		Use:   "ui",
+		Short: "Open the operator console (the default when gpuctl runs without a subcommand)",
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return runConsole(cmd.Context(), f, "") },
+	}
+	f.add(cmd.Flags(), true)
+	return cmd
+}
+
+// runConsole opens the console against the server the config names (or
+// configPath when set, as gpuctl demo does).
+func runConsole(ctx context.Context, f consoleFlags, configPath string) error {
+	if !term.IsTerminal(int(os.Stdout.Fd())) {
+		return errors.New("the console needs a terminal; use the scripted commands (gpuctl nodes, jobs, …) in pipes and scripts")
+	}
+	path := configPath
+	if path == "" {
+		p, err := client.ConfigPath(f.config)
+		if err != nil {
+			return err
+		}
+		path = p
+	}
+	_, id, err := transport.LoadClientConfig(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("client config %s not found: pass --config, set $%s, or try `gpuctl demo`", path, client.EnvConfig)
+		}
+		return err
+	}
+	logFile := f.logFile
+	if logFile == "" {
+		dir, err := os.UserCacheDir()
+		if err != nil {
+			dir = os.TempDir()
+		}
+		dir = filepath.Join(dir, "gpuctl")
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("console log dir: %w", err)
+		}
+		logFile = filepath.Join(dir, "console.log")
+	}
+	log, closer, err := logging.New("info", logFile)
+	if err != nil {
+		return err
+	}
+	defer closer.Close()
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM)
+	defer stop()
+	cl, err := client.Dial(ctx, path)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	log.Info("console start", "server", path, "user", id.Name, "role", string(id.Role), "readonly", f.readonly)
+	return tui.Run(ctx, cl, tui.Options{Role: id.Role, User: id.Name, ReadOnly: f.readonly, Start: f.start, Log: log})
+}

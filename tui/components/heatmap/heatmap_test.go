@@ -1,0 +1,47 @@
+package heatmap
+
+import (
+	"testing"
+
+	"github.com/gpuctl/gpuctl/tui/fixture"
+)
+
+func TestLayoutFits(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		nodes, w, h int
+		color       bool
+		perNode     bool
+		scrolls     bool
+	}{
+		{"2000 nodes every GPU in 200x50 colour", 2000, 200, 45, true, false, false},
+		{"2000 nodes at 80x24 colour aggregate, two nodes a cell", 2000, 80, 19, true, true, false},
+		{"40 nodes at 80x24 mono every GPU", 40, 80, 19, false, false, false},
+		{"2000 nodes at 80x24 mono aggregate and scroll", 2000, 80, 19, false, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := fixture.Cluster(tc.nodes, 8)
+			l := NewLayout(s.Nodes, tc.w, tc.h, Auto, tc.color)
+			if l.PerNode != tc.perNode {
+				t.Errorf("per node %v, want %v", l.PerNode, tc.perNode)
+			}
+			if got := l.Rows > tc.h; got != tc.scrolls {
+				t.Errorf("rows %d in %d: scrolls %v, want %v", l.Rows, tc.h, got, tc.scrolls)
+			}
+			seen := 0
+			for _, line := range l.Lines {
+				if len(line)+l.Margin > tc.w {
+					t.Errorf("a line is %d wide, more than %d", len(line)+l.Margin, tc.w)
+				}
+				for _, i := range line {
+					if i >= 0 {
+						seen++
+					}
+				}
+			}
+			if seen != tc.nodes {
+				t.Errorf("layout holds %d nodes, want %d", seen, tc.nodes)
+			}
+		})
+	}
+}

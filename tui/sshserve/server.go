@@ -1,0 +1,196 @@
+// Package sshserve serves the console over SSH: one bubbletea program per
+// session, every session fed by one shared watch (a feed.Hub), each
+// acting through a client made for the identity and role of the key that
+// authenticated it. Keys not listed in the authorized-keys file are
+// refused during authentication, before any console starts.
+package sshserve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	tea "charm.land/bubbletea/v2"
+	"charm.land/ssh"
+	"charm.land/wish/v2"
+	"charm.land/wish/v2/activeterm"
+	"charm.land/wish/v2/bubbletea"
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/gpuctl/gpuctl/client"
+	"github.com/gpuctl/gpuctl/transport"
+	"github.com/gpuctl/gpuctl/tui"
+	"github.com/gpuctl/gpuctl/tui/feed"
+)
+
+// Factory makes the client a session acts through: requests carry user's
+// identity and role, and the server checks that role on every request.
+type Factory func(user string, role transport.Role) (*client.Client, error)
+
+// Config configures a Server.
+type Config struct {
+	// Listen is the TCP address, e.g. ":2222".
+	Listen string
+	// HostKey is the host key file, created (ed25519) on first start.
+	HostKey string
+	// AuthorizedKeys is the authorized-keys file (see ParseAuthorizedKeys).
+	AuthorizedKeys string
+	Factory        Factory
+	// Hub is the shared subscription every session's console is fed from.
+	Hub *feed.Hub
+	// ReadOnly hides every action in every session.
+	ReadOnly bool
+	Log      *slog.Logger
+	// IdleTimeout ends a session nobody typed in for that long (0: never).
+	IdleTimeout time.Duration
+}
+
+// Server is the SSH console server.
+type Server struct {
+	cfg  Config
+	keys *keyFile
+	srv  *ssh.Server
+	ln   net.Listener
+	log  *slog.Logger
+}
+
+// New checks the configuration and the authorized-keys file and builds the
+// server; Listen and Serve start it.
+func New(cfg Config) (*Server, error) {
+	switch {
+	case cfg.Factory == nil:
+		return nil, errors.New("ssh console: no client factory")
+	case cfg.Hub == nil:
+		return nil, errors.New("ssh console: no feed")
+	case cfg.AuthorizedKeys == "":
+		return nil, errors.New("ssh console: --ssh-authorized-keys is required: list each key with its role (role=operator ssh-ed25519 AAAA… alice)")
+	case cfg.HostKey == "":
+		return nil, errors.New("ssh console: no host key path")
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, keys: &keyFile{path: cfg.AuthorizedKeys}, log: log}
+	if _, err := s.keys.load(); err != nil {
+		return nil, fmt.Errorf("ssh console: %w", err)
+	}
+	opts := []ssh.Option{
+		wish.WithHostKeyPath(cfg.HostKey),
+		wish.WithPublicKeyAuth(s.authorize),
+		wish.WithMiddleware(
+			bubbletea.MiddlewareWithProgramHandler(s.program),
+			activeterm.Middleware(),
+			s.logSessions,
+		),
+	}
+	if cfg.IdleTimeout > 0 {
+		opts = append(opts, wish.WithIdleTimeout(cfg.IdleTimeout))
+	}
+	srv, err := wish.NewServer(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("ssh console: %w", err)
+	}
+	s.srv = srv
+	return s, nil
+}
+
+// authorize admits only keys listed in the authorized-keys file.
+func (s *Server) authorize(ctx ssh.Context, pub ssh.PublicKey) bool {
+	k, ok, err := s.keys.lookup(pub)
+	if err != nil {
+		s.log.Error("ssh console: authorized keys unreadable; refusing", "err", err)
+		return false
+	}
+	if !ok {
+		s.log.Warn("ssh console: key refused", "user", ctx.User(), "remote", ctx.RemoteAddr().String(),
+			"fingerprint", fingerprint(pub))
+		return false
+	}
+	s.log.Info("ssh console: key accepted", "name", k.Name, "role", string(k.Role), "remote", ctx.RemoteAddr().String())
+	return true
+}
+
+func fingerprint(pub ssh.PublicKey) string {
+	if pub == nil {
+		return ""
+	}
+	return gossh.FingerprintSHA256(pub)
+}
+
+// program starts one console for a session, with the role of the key the
+// session authenticated with (looked up again: the file may have changed).
+func (s *Server) program(sess ssh.Session) *tea.Program {
+	k, ok, err := s.keys.lookup(sess.PublicKey())
+	if err != nil || !ok {
+		wish.Fatalln(sess, "gpuctl: this key is not (or no longer) authorized for the console")
+		return nil
+	}
+	cl, err := s.cfg.Factory(k.Name, k.Role)
+	if err != nil {
+		s.log.Error("ssh console: no client for session", "name", k.Name, "err", err)
+		wish.Fatalln(sess, "gpuctl: cannot reach the control plane: "+err.Error())
+		return nil
+	}
+	m := tui.New(tui.Options{Client: cl, Role: k.Role, User: k.Name + "@ssh", ReadOnly: s.cfg.ReadOnly, Log: s.log.With("ssh", k.Name)})
+	p := tea.NewProgram(m, bubbletea.MakeOptions(sess)...)
+	unsub := s.cfg.Hub.Subscribe(p.Send)
+	go func() {
+		<-sess.Context().Done()
+		unsub()
+		cl.Close()
+	}()
+	return p
+}
+
+func (s *Server) logSessions(next ssh.Handler) ssh.Handler {
+	return func(sess ssh.Session) {
+		start := time.Now()
+		k, _, _ := s.keys.lookup(sess.PublicKey())
+		s.log.Info("ssh console: session start", "name", k.Name, "role", string(k.Role), "remote", sess.RemoteAddr().String())
+		next(sess)
+		s.log.Info("ssh console: session end", "name", k.Name, "duration", time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// Listen binds the TCP address.
+func (s *Server) Listen() error {
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("ssh console: listen %s: %w", s.cfg.Listen, err)
+	}
+	s.ln = ln
+	return nil
+}
+
+// Addr is the bound address (after Listen).
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Serve accepts sessions until ctx ends, then closes every session.
+func (s *Server) Serve(ctx context.Context) error {
+	if s.ln == nil {
+		if err := s.Listen(); err != nil {
+			return err
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.srv.Serve(s.ln) }()
+	select {
+	case err := <-done:
+		if errors.Is(err, ssh.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("ssh console: %w", err)
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := s.srv.Shutdown(sctx); err != nil {
+			s.srv.Close()
+		}
+		<-done
+		return nil
+	}
+}

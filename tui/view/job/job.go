@@ -1,0 +1,631 @@
+// Package job is one job of the console: its placement and ranks with
+// their collective state, an x-ray of its parallel groups (data-parallel
+// replicas, pipeline stages, tensor groups, ranks), a stage × replica grid
+// coloured by the time ranks spend inside collectives so the straggler
+// stands out, and the tail of a rank's log.
+package job
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"charm.land/bubbles/v2/help"
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/tui/actions"
+	"github.com/gpuctl/gpuctl/tui/app"
+	"github.com/gpuctl/gpuctl/tui/components/table"
+	"github.com/gpuctl/gpuctl/tui/styles"
+)
+
+// Refresh is how often the job's collectives are fetched again.
+const Refresh = 2 * time.Second
+
+// Tab is a part of the job view.
+type Tab int
+
+// The job view's tabs.
+const (
+	TabRanks Tab = iota
+	TabXray
+	TabGrid
+	TabLogs
+)
+
+var tabNames = []string{"1 ranks", "2 x-ray", "3 grid", "4 logs"}
+
+// KeyMap is the job view's keys.
+type KeyMap struct {
+	table.KeyMap
+	Ranks, Xray, Grid, Logs, Follow, Node, Checkpoint, Restart, Cancel key.Binding
+}
+
+// ShortHelp implements help.KeyMap.
+func (k KeyMap) ShortHelp() []key.Binding {
+	return []key.Binding{k.Ranks, k.Xray, k.Grid, k.Logs, k.Node, k.Checkpoint, k.Restart, k.Cancel}
+}
+
+// FullHelp implements help.KeyMap.
+func (k KeyMap) FullHelp() [][]key.Binding {
+	return [][]key.Binding{{k.Up, k.Down, k.Ranks, k.Xray, k.Grid, k.Logs, k.Follow, k.Node}, {k.Checkpoint, k.Restart, k.Cancel}}
+}
+
+// RankState is what the console knows of one rank.
+type RankState struct {
+	Rank, TP, PP, DP int
+	Node             string
+	GPU, PID         uint32
+	Exited           bool
+	ExitCode         int32
+	Op               string
+	Seq              uint64
+	// InCall is the share of wall time inside collectives since the
+	// previous fetch (0..1), -1 before two fetches.
+	InCall  float64
+	Lagging bool
+}
+
+// Coords places rank r of a tp·pp·dp job in its groups, by the rule the
+// placer numbers ranks with (scheduler.Shape, Megatron-LM's order): tp
+// innermost, then dp, then pp: r = tp + TP·(dp + DP·pp).
+func Coords(r, tp, dp int) (t, d, p int) {
+	tp, dp = max(tp, 1), max(dp, 1)
+	return r % tp, (r / tp) % dp, r / (tp * dp)
+}
+
+// Model is the job view.
+type Model struct {
+	ctx  *app.Context
+	key  string
+	keys KeyMap
+	tab  Tab
+	tbl  table.Model
+	// focus is the rank to select once the job is known (a stall jump).
+	focus int
+
+	gen       uint64
+	colls     []*api.CollectiveStat
+	prevCall  map[int32]float64
+	prevAt    time.Time
+	share     map[int32]float64
+	collErr   error
+	scroll    int
+	logGen    uint64
+	logCancel context.CancelFunc
+	logRank   int32
+	logLines  []string
+	logErr    error
+	follow    bool
+}
+
+// New returns the view of job key (an id or a name), with rank selected
+// when it is not negative.
+func New(ctx *app.Context, key string, rank int) *Model {
+	k := KeyMap{KeyMap: table.DefaultKeyMap(),
+		Ranks:      app.Bind("1", "ranks", "1"),
+		Xray:       app.Bind("2", "x-ray", "2"),
+		Grid:       app.Bind("3", "grid", "3"),
+		Logs:       app.Bind("4/L", "logs of the rank", "4", "L"),
+		Follow:     app.Bind("f", "follow logs", "f"),
+		Node:       app.Bind("enter", "open the rank's node", "enter"),
+		Checkpoint: app.Bind("C", "checkpoint", "C"),
+		Restart:    app.Bind("R", "restart", "R"),
+		Cancel:     app.Bind("ctrl+k", "cancel job", "ctrl+k"),
+	}
+	k.Mark.SetEnabled(false)
+	k.Sort.SetEnabled(false)
+	k.Reverse.SetEnabled(false)
+	ctx.Gate(&k.Checkpoint, app.ActCheckpoint)
+	ctx.Gate(&k.Restart, app.ActRestart)
+	ctx.Gate(&k.Cancel, app.ActCancel)
+	m := &Model{ctx: ctx, key: key, keys: k, focus: rank, follow: true, logRank: -1,
+		tbl: table.New(rankColumns...), prevCall: map[int32]float64{}, share: map[int32]float64{}}
+	m.tbl.SortCol = -1
+	m.syncRows()
+	return m
+}
+
+var rankColumns = []table.Column{
+	{Title: "RANK", Width: 5, Right: true}, {Title: "TP", Width: 3, Right: true}, {Title: "PP", Width: 3, Right: true},
+	{Title: "DP", Width: 4, Right: true}, {Title: "NODE", Width: 14}, {Title: "GPU", Width: 3, Right: true},
+	{Title: "PID", Width: 8, Right: true}, {Title: "STATE", Width: 8}, {Title: "OP", Width: 13}, {Title: "SEQ", Width: 8, Right: true},
+	{Title: "IN NCCL", Width: 0},
+}
+
+// Job returns the job as the latest snapshot has it, or nil.
+func (m *Model) Job() *api.Job { return m.ctx.Snap.Job(m.key) }
+
+// Tab returns the tab shown.
+func (m *Model) Tab() Tab { return m.tab }
+
+// Name implements app.View.
+func (m *Model) Name() string { return "job" }
+
+// Title implements app.View.
+func (m *Model) Title() string {
+	if j := m.Job(); j != nil && j.GetName() != "" {
+		return j.GetName()
+	}
+	return m.key
+}
+
+// KeyMap implements app.View.
+func (m *Model) KeyMap() help.KeyMap { return m.keys }
+
+// Init implements app.View.
+func (m *Model) Init() tea.Cmd { return m.fetch() }
+
+// Close implements app.Closer: it ends the log stream.
+func (m *Model) Close() {
+	if m.logCancel != nil {
+		m.logCancel()
+		m.logCancel = nil
+	}
+}
+
+type collMsg struct {
+	gen   uint64
+	colls []*api.CollectiveStat
+	err   error
+}
+
+type tickMsg struct{ gen uint64 }
+
+func (m *Model) fetch() tea.Cmd {
+	m.gen = m.ctx.NextGen()
+	gen, cl := m.gen, m.ctx.Client
+	id := m.key
+	if j := m.Job(); j != nil {
+		id = j.GetId()
+	}
+	return m.ctx.Task(func() tea.Msg {
+		c, cancel := app.Request()
+		defer cancel()
+		cs, err := cl.Collectives(c, id, "")
+		return collMsg{gen: gen, colls: cs, err: err}
+	})
+}
+
+// Ranks returns every rank of the current placement, in rank order.
+func (m *Model) Ranks() []RankState {
+	j := m.Job()
+	if j == nil {
+		return nil
+	}
+	p := j.GetPlan()
+	lag := map[int32]bool{}
+	for _, s := range m.ctx.Snap.Stalls {
+		if s.GetJob() == j.GetId() {
+			for _, r := range s.GetLaggingRanks() {
+				lag[r.GetRank()] = true
+			}
+		}
+	}
+	type last struct {
+		op  string
+		seq uint64
+		at  int64
+	}
+	lastOp := map[int32]last{}
+	for _, c := range m.colls {
+		if l := lastOp[c.GetRank()]; c.GetLastUnixNano() >= l.at {
+			lastOp[c.GetRank()] = last{c.GetOp().Short(), c.GetSeq(), c.GetLastUnixNano()}
+		}
+	}
+	var out []RankState
+	for _, pn := range j.GetPlacement() {
+		for _, r := range pn.GetRanks() {
+			t, d, pp := Coords(int(r.GetRank()), int(p.GetTp()), int(p.GetDp()))
+			rs := RankState{Rank: int(r.GetRank()), TP: t, PP: pp, DP: d, Node: pn.GetNode(), GPU: r.GetGpu(), PID: r.GetPid(),
+				Exited: r.GetExited(), ExitCode: r.GetExitCode(), InCall: -1, Lagging: lag[r.GetRank()]}
+			if l, ok := lastOp[r.GetRank()]; ok {
+				rs.Op, rs.Seq = l.op, l.seq
+			}
+			if s, ok := m.share[r.GetRank()]; ok {
+				rs.InCall = s
+			}
+			out = append(out, rs)
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Rank < out[b].Rank })
+	return out
+}
+
+func (m *Model) syncRows() {
+	rs := m.Ranks()
+	m.tbl.SetRows(len(rs))
+	if m.focus >= 0 && len(rs) > 0 {
+		for i, r := range rs {
+			if r.Rank == m.focus {
+				m.tbl.Cursor = i
+				m.tbl.Move(0)
+			}
+		}
+		m.focus = -1
+	}
+}
+
+// Update implements app.View.
+func (m *Model) Update(msg tea.Msg) (app.View, tea.Cmd) {
+	switch msg := msg.(type) {
+	case app.SnapshotMsg:
+		m.syncRows()
+	case collMsg:
+		if msg.gen != m.gen {
+			return m, nil
+		}
+		m.collErr = msg.err
+		if msg.err == nil {
+			m.colls = msg.colls
+			m.updateShare(m.ctx.Now())
+		}
+		gen := m.gen
+		return m, m.ctx.Tick(Refresh, func(time.Time) tea.Msg { return tickMsg{gen: gen} })
+	case tickMsg:
+		if msg.gen == m.gen {
+			return m, m.fetch()
+		}
+	case logMsg:
+		return m, m.onLog(msg)
+	case app.WheelMsg:
+		if m.tab == TabLogs || m.tab == TabXray {
+			m.scroll = max(m.scroll+msg.Delta, 0)
+			m.follow = false
+		} else {
+			m.tbl.Scroll(msg.Delta)
+		}
+	case tea.KeyPressMsg:
+		return m, m.onKey(msg)
+	}
+	return m, nil
+}
+
+func (m *Model) updateShare(now time.Time) {
+	sum := map[int32]float64{}
+	for _, c := range m.colls {
+		sum[c.GetRank()] += c.GetInCallSeconds()
+	}
+	if m.prevAt.IsZero() {
+		// Until a second fetch gives a rate, share is over the attempt so far.
+		if st := m.Job().GetStartUnixNano(); st > 0 {
+			if dt := now.Sub(time.Unix(0, st)).Seconds(); dt > 0 {
+				for r, s := range sum {
+					m.share[r] = min(max(s/dt, 0), 1)
+				}
+			}
+		}
+	} else {
+		if dt := now.Sub(m.prevAt).Seconds(); dt > 0 {
+			for r, s := range sum {
+				if p, ok := m.prevCall[r]; ok {
+					m.share[r] = min(max((s-p)/dt, 0), 1)
+				}
+			}
+		}
+	}
+	m.prevCall, m.prevAt = sum, now
+}
+
+func (m *Model) onKey(k tea.KeyPressMsg) tea.Cmd {
+	switch {
+	case key.Matches(k, m.keys.Ranks):
+		m.tab = TabRanks
+		return nil
+	case key.Matches(k, m.keys.Xray):
+		m.tab, m.scroll = TabXray, 0
+		return nil
+	case key.Matches(k, m.keys.Grid):
+		m.tab = TabGrid
+		return nil
+	case key.Matches(k, m.keys.Logs):
+		m.tab = TabLogs
+		return m.startLogs()
+	case key.Matches(k, m.keys.Follow):
+		m.follow = !m.follow
+		m.scroll = 0
+		return nil
+	}
+	if m.tab == TabLogs || m.tab == TabXray {
+		switch k.String() {
+		case "up", "k":
+			m.scroll++
+			m.follow = false
+			return nil
+		case "down", "j":
+			m.scroll = max(m.scroll-1, 0)
+			return nil
+		}
+	}
+	if ok, _ := m.tbl.Update(k, m.keys.KeyMap, nil); ok {
+		return nil
+	}
+	j := m.Job()
+	if j == nil {
+		return nil
+	}
+	switch {
+	case key.Matches(k, m.keys.Node):
+		if r, ok := m.selectedRank(); ok {
+			node := r.Node
+			return func() tea.Msg { return app.JumpMsg{Command: "node " + node} }
+		}
+	case key.Matches(k, m.keys.Checkpoint):
+		return actions.Checkpoint(m.ctx, j)
+	case key.Matches(k, m.keys.Restart):
+		ex := j.GetExclude()
+		for _, r := range m.Ranks() {
+			if r.Lagging {
+				ex = append(ex, r.Node)
+			}
+		}
+		return actions.Restart(m.ctx, j, dedupe(ex))
+	case key.Matches(k, m.keys.Cancel):
+		return actions.Cancel(m.ctx, j)
+	}
+	return nil
+}
+
+func dedupe(s []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, x := range s {
+		if !seen[x] {
+			seen[x] = true
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func (m *Model) selectedRank() (RankState, bool) {
+	rs := m.Ranks()
+	if m.tbl.Cursor < len(rs) {
+		return rs[m.tbl.Cursor], true
+	}
+	return RankState{}, false
+}
+
+// Render implements app.View.
+func (m *Model) Render() string {
+	st := m.ctx.Styles
+	j := m.Job()
+	if j == nil {
+		return st.Crit.Render("job " + m.key + " is not known (any more); :jobs lists them")
+	}
+	var b strings.Builder
+	b.WriteString(m.header(j))
+	tabs := make([]string, len(tabNames))
+	for i, t := range tabNames {
+		if Tab(i) == m.tab {
+			tabs[i] = st.ButtonFocus.Render(t)
+		} else {
+			tabs[i] = st.Button.Render(t)
+		}
+	}
+	b.WriteString(strings.Join(tabs, " ") + "\n")
+	h := m.ctx.Height - strings.Count(b.String(), "\n")
+	switch m.tab {
+	case TabRanks:
+		b.WriteString(m.renderRanks(h))
+	case TabXray:
+		b.WriteString(m.renderXray(h))
+	case TabGrid:
+		b.WriteString(m.renderGrid(h))
+	case TabLogs:
+		b.WriteString(m.renderLogs(h))
+	}
+	return b.String()
+}
+
+func (m *Model) header(j *api.Job) string {
+	st := m.ctx.Styles
+	now := m.ctx.Now()
+	p := j.GetPlan()
+	state := app.JobState(j)
+	if j.GetStalled() {
+		state = st.Crit.Render(state + ", STALLED")
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s · %s · plan %s (%s) · attempt %d · restarts %d · goodput %s\n", st.Bold.Render(j.GetId()), j.GetName(),
+		state, app.Plan(j), orDash(p.GetSource()), j.GetAttempt(), j.GetRestarts(), app.Percent(j.GetGoodput()))
+	fmt.Fprintf(&b, "step %d · step time predicted %s measured %s · last checkpoint step %d (mean %s, advised every %s) · lost steps %d\n",
+		j.GetStep(), app.Secs(p.GetStepSeconds()), app.Secs(p.GetMeasuredStepSeconds()), j.GetLastCheckpointStep(),
+		app.Secs(j.GetCheckpointSeconds()), app.Secs(j.GetAdvisedCheckpointIntervalSeconds()), j.GetLostSteps())
+	started := "-"
+	if j.GetStartUnixNano() > 0 {
+		started = app.Age(now, j.GetStartUnixNano()) + " ago"
+	}
+	fmt.Fprintf(&b, "started %s · master %s:%d · checkpoints %s · %s\n", started, orDash(j.GetMasterAddr()), j.GetMasterPort(),
+		orDash(j.GetCheckpointDir()), orDash(firstNonEmpty(j.GetPendingReason(), j.GetReason())))
+	return b.String()
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, x := range s {
+		if x != "" {
+			return x
+		}
+	}
+	return ""
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func (m *Model) renderRanks(h int) string {
+	st := m.ctx.Styles
+	rs := m.Ranks()
+	out := m.tbl.Render(st, m.ctx.Width, h, m.ctx.Wide, nil, func(i, c int) table.Cell {
+		r := rs[i]
+		switch c {
+		case 0:
+			if r.Lagging {
+				return table.Cell{Text: fmt.Sprintf("L %d", r.Rank), Style: &st.Crit}
+			}
+			return table.Cell{Text: fmt.Sprint(r.Rank)}
+		case 1:
+			return table.Cell{Text: fmt.Sprint(r.TP)}
+		case 2:
+			return table.Cell{Text: fmt.Sprint(r.PP)}
+		case 3:
+			return table.Cell{Text: fmt.Sprint(r.DP)}
+		case 4:
+			return table.Cell{Text: r.Node}
+		case 5:
+			return table.Cell{Text: fmt.Sprint(r.GPU)}
+		case 6:
+			if r.PID == 0 {
+				return table.Cell{Text: "-"}
+			}
+			return table.Cell{Text: fmt.Sprint(r.PID)}
+		case 7:
+			switch {
+			case r.Exited:
+				return table.Cell{Text: fmt.Sprintf("exit %d", r.ExitCode)}
+			case r.PID == 0:
+				return table.Cell{Text: "starting"}
+			}
+			return table.Cell{Text: "running", Style: &st.OK}
+		case 8:
+			return table.Cell{Text: orDash(r.Op)}
+		case 9:
+			return table.Cell{Text: fmt.Sprint(r.Seq)}
+		case 10:
+			if r.InCall < 0 {
+				return table.Cell{Text: "-"}
+			}
+			return table.Cell{Text: fmt.Sprintf("%3.0f%% of wall time", r.InCall*100)}
+		}
+		return table.Cell{}
+	})
+	if m.collErr != nil {
+		out += "\n" + st.FlashErr.Render("collectives: "+m.collErr.Error())
+	}
+	return out
+}
+
+// Xray returns the job's parallel groups as an indented tree: replicas,
+// stages, tensor groups, ranks.
+func (m *Model) Xray() []string {
+	j := m.Job()
+	rs := m.Ranks()
+	p := j.GetPlan()
+	tp, pp, dp := max(int(p.GetTp()), 1), max(int(p.GetPp()), 1), max(int(p.GetDp()), 1)
+	by := map[[3]int]RankState{}
+	for _, r := range rs {
+		by[[3]int{r.DP, r.PP, r.TP}] = r
+	}
+	lines := []string{fmt.Sprintf("%s: %d ranks = tp %d × pp %d × dp %d (rank = tp + %d·(dp + %d·pp))", j.GetName(), len(rs), tp, pp, dp, tp, dp)}
+	for d := range dp {
+		lines = append(lines, fmt.Sprintf("├─ data-parallel replica %d", d))
+		for s := range pp {
+			lines = append(lines, fmt.Sprintf("│  ├─ pipeline stage %d", s))
+			var parts []string
+			for t := range tp {
+				r, ok := by[[3]int{d, s, t}]
+				if !ok {
+					parts = append(parts, fmt.Sprintf("tp%d: not placed", t))
+					continue
+				}
+				lag := ""
+				if r.Lagging {
+					lag = " LAGGING"
+				}
+				parts = append(parts, fmt.Sprintf("r%d %s/gpu%d pid %d%s", r.Rank, r.Node, r.GPU, r.PID, lag))
+			}
+			lines = append(lines, "│  │  └─ tensor group: "+strings.Join(parts, " · "))
+		}
+	}
+	return lines
+}
+
+func (m *Model) renderXray(h int) string {
+	lines := m.Xray()
+	top := min(m.scroll, max(len(lines)-h, 0))
+	end := min(top+h, len(lines))
+	out := make([]string, 0, end-top)
+	for _, l := range lines[top:end] {
+		out = append(out, app.Trunc(l, m.ctx.Width))
+	}
+	return strings.Join(out, "\n")
+}
+
+// Grid returns, per pipeline stage and data-parallel replica, the largest
+// share of wall time a rank of that tensor group spent inside collectives
+// (-1 unknown), and whether the group holds a lagging rank.
+func (m *Model) Grid() (share [][]float64, lag [][]bool) {
+	p := m.Job().GetPlan()
+	pp, dp := max(int(p.GetPp()), 1), max(int(p.GetDp()), 1)
+	share = make([][]float64, pp)
+	lag = make([][]bool, pp)
+	for s := range pp {
+		share[s] = make([]float64, dp)
+		lag[s] = make([]bool, dp)
+		for d := range dp {
+			share[s][d] = -1
+		}
+	}
+	for _, r := range m.Ranks() {
+		if r.PP >= pp || r.DP >= dp {
+			continue
+		}
+		share[r.PP][r.DP] = max(share[r.PP][r.DP], r.InCall)
+		lag[r.PP][r.DP] = lag[r.PP][r.DP] || r.Lagging
+	}
+	return share, lag
+}
+
+func (m *Model) renderGrid(h int) string {
+	st := m.ctx.Styles
+	share, lag := m.Grid()
+	var b strings.Builder
+	b.WriteString(st.Dim.Render("time inside NCCL collectives per tensor group (stage × replica): the ranks the others wait for spend least; L = lagging") + "\n")
+	b.WriteString("       ")
+	cols := min(len(share[0]), max((m.ctx.Width-8)/5, 1))
+	for d := range cols {
+		fmt.Fprintf(&b, "%5s", fmt.Sprintf("dp%d", d))
+	}
+	if cols < len(share[0]) {
+		fmt.Fprintf(&b, "  +%d replicas", len(share[0])-cols)
+	}
+	for s := range min(len(share), max(h-3, 1)) {
+		fmt.Fprintf(&b, "\n%-7s", fmt.Sprintf("pp%d", s))
+		for d := range cols {
+			v := share[s][d]
+			txt := "   ? "
+			if v >= 0 {
+				txt = fmt.Sprintf(" %3.0f ", v*100)
+			}
+			if lag[s][d] {
+				txt = "  L  "
+			}
+			if st.Color {
+				lv := styles.HeatEmpty
+				if v >= 0 {
+					lv = styles.Level(v)
+				}
+				if lag[s][d] {
+					lv = styles.HeatFaulty
+				}
+				txt = bgSeq(lv) + txt + styles.Reset
+			}
+			b.WriteString(txt)
+		}
+	}
+	return b.String()
+}
+
+// bgSeq is the 256-colour background of a heat level.
+func bgSeq(level int) string {
+	palette := [...]int{17, 19, 26, 32, 37, 71, 148, 214, 202, 196, 201, 240, 236}
+	return fmt.Sprintf("\x1b[97;48;5;%dm", palette[level])
+}

@@ -1,0 +1,206 @@
+// Package plan is the planner in the console: the best tensor, pipeline
+// and data parallel layouts of a model on a GPU count, computed locally
+// by the cost model, and why the other layouts lost.
+package plan
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"charm.land/bubbles/v2/help"
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+
+	"github.com/gpuctl/gpuctl/scheduler/costmodel"
+	"github.com/gpuctl/gpuctl/tui/app"
+	"github.com/gpuctl/gpuctl/tui/components/dialog"
+)
+
+// KeyMap is the plan view's keys.
+type KeyMap struct{ Edit key.Binding }
+
+// ShortHelp implements help.KeyMap.
+func (k KeyMap) ShortHelp() []key.Binding { return []key.Binding{k.Edit} }
+
+// FullHelp implements help.KeyMap.
+func (k KeyMap) FullHelp() [][]key.Binding { return [][]key.Binding{{k.Edit}} }
+
+// Model is the plan view.
+type Model struct {
+	ctx              *app.Context
+	keys             KeyMap
+	model, gpu       string
+	gpus             int
+	ranked           []costmodel.Evaluation
+	rejected         []costmodel.Rejection
+	err              error
+	hwName, describe string
+}
+
+// New plans args: [MODEL [GPUS [GPU]]], default gpt3-175b on 1024 H100s.
+func New(ctx *app.Context, args []string) *Model {
+	m := &Model{ctx: ctx, keys: KeyMap{Edit: app.Bind("e", "edit model, GPUs, GPU", "e")}, model: "gpt3-175b", gpus: 1024, gpu: "h100"}
+	if len(args) > 0 {
+		m.model = args[0]
+	}
+	if len(args) > 1 {
+		if n, err := strconv.Atoi(args[1]); err == nil {
+			m.gpus = n
+		}
+	}
+	if len(args) > 2 {
+		m.gpu = args[2]
+	}
+	m.compute()
+	return m
+}
+
+func (m *Model) compute() {
+	m.ranked, m.rejected, m.err = nil, nil, nil
+	mod, tr, err := costmodel.LookupModel(m.model)
+	if err != nil {
+		m.err = err
+		return
+	}
+	hw, err := costmodel.LookupHardware(m.gpu)
+	if err != nil {
+		m.err = err
+		return
+	}
+	if m.gpus <= 0 {
+		m.err = fmt.Errorf("GPUs must be at least 1")
+		return
+	}
+	m.hwName = hw.Name
+	m.describe = fmt.Sprintf("%s (%.1fB params) on %d × %s, global batch %d", mod.Name, mod.Params()/1e9, m.gpus, hw.Name, tr.GlobalBatch)
+	m.ranked, m.rejected = costmodel.Search(mod, hw, m.gpus, costmodel.Options{Training: tr, Tunables: costmodel.DefaultTunables(), MaxVirtualStages: 8})
+}
+
+// Best returns the ranked plans.
+func (m *Model) Best() []costmodel.Evaluation { return m.ranked }
+
+// Name implements app.View.
+func (m *Model) Name() string { return "plan" }
+
+// Title implements app.View.
+func (m *Model) Title() string { return "plan " + m.model }
+
+// Init implements app.View.
+func (m *Model) Init() tea.Cmd { return nil }
+
+// KeyMap implements app.View.
+func (m *Model) KeyMap() help.KeyMap { return m.keys }
+
+type editedMsg struct{ model, gpus, gpu string }
+
+// Update implements app.View.
+func (m *Model) Update(msg tea.Msg) (app.View, tea.Cmd) {
+	switch msg := msg.(type) {
+	case editedMsg:
+		m.model, m.gpu = strings.TrimSpace(msg.model), strings.TrimSpace(msg.gpu)
+		n, err := strconv.Atoi(strings.TrimSpace(msg.gpus))
+		if err != nil {
+			m.err = fmt.Errorf("GPUs %q is not a number", msg.gpus)
+			return m, nil
+		}
+		m.gpus = n
+		m.compute()
+	case tea.KeyPressMsg:
+		if key.Matches(msg, m.keys.Edit) {
+			d := dialog.New(m.ctx.Styles, m.ctx.Now, "plan for", "models: "+strings.Join(costmodel.ModelNames(), ", ")+
+				"\nGPUs: "+strings.Join(costmodel.HardwareNames(), ", "), false,
+				[]dialog.Field{{Label: "model", Value: m.model}, {Label: "GPUs", Value: strconv.Itoa(m.gpus)}, {Label: "GPU", Value: m.gpu}},
+				func(f []dialog.Field) tea.Cmd {
+					return func() tea.Msg { return editedMsg{f[0].Value, f[1].Value, f[2].Value} }
+				})
+			return m, func() tea.Msg { return app.OverlayMsg{Overlay: d} }
+		}
+	}
+	return m, nil
+}
+
+// Render implements app.View.
+func (m *Model) Render() string {
+	st := m.ctx.Styles
+	if m.err != nil {
+		return st.FlashErr.Render("plan: "+m.err.Error()) + "\n" + st.Dim.Render("e edits the model, GPU count and GPU")
+	}
+	var b strings.Builder
+	b.WriteString(st.Bold.Render(app.Trunc(m.describe, m.ctx.Width)) + "\n\n")
+	if len(m.ranked) == 0 {
+		b.WriteString(st.Crit.Render("no plan fits") + "\n")
+	} else {
+		b.WriteString(st.TableHeader.Render(" #  TP  PP   DP MBS   V    STEP  TFLOP/S   MFU   MEM/GPU  BUBBLE") + "\n")
+		for i, e := range m.ranked[:min(len(m.ranked), 5)] {
+			fmt.Fprintf(&b, "%2d %3d %3d %4d %3d %3d %7.2fs %8.0f %5.1f%% %9s %6.1f%%\n", i+1, e.TP, e.PP, e.DP, e.MicroBatch, e.VirtualStages,
+				e.StepSeconds, e.TFLOPSPerGPU, e.MFU*100, costmodel.FormatBytes(e.MemPerGPUBytes), e.BubbleSec/e.StepSeconds*100)
+		}
+		best := m.ranked[0]
+		fmt.Fprintf(&b, "\nbest %s: compute %.2fs, bubble %.2fs, tp comm %.2fs, pp comm %.2fs, dp comm %.2fs (%.2fs exposed)\n",
+			best.Plan, best.ComputeSec, best.BubbleSec, best.TPCommSec, best.PPCommSec, best.DPCommSec, best.DPExposedSec)
+	}
+	lost := append([]costmodel.Rejection(nil), m.rejected...)
+	if len(m.ranked) > 5 {
+		for _, e := range m.ranked[5:] {
+			ev := e
+			lost = append(lost, costmodel.Rejection{Plan: e.Plan, Reason: costmodel.ReasonSlower, Evaluation: &ev,
+				Detail: fmt.Sprintf("slower by %.1f%%", (e.StepSeconds/m.ranked[0].StepSeconds-1)*100)})
+		}
+	}
+	if len(lost) > 0 {
+		counts := map[costmodel.Reason]int{}
+		for _, r := range lost {
+			counts[r.Reason]++
+		}
+		reasons := make([]costmodel.Reason, 0, len(counts))
+		for r := range counts {
+			reasons = append(reasons, r)
+		}
+		sort.Slice(reasons, func(a, b int) bool {
+			if counts[reasons[a]] != counts[reasons[b]] {
+				return counts[reasons[a]] > counts[reasons[b]]
+			}
+			return reasons[a] < reasons[b]
+		})
+		fmt.Fprintf(&b, "\nwhy the others lost (%d):\n", len(lost))
+		for _, r := range reasons {
+			fmt.Fprintf(&b, "  %-28s %d\n", r, counts[r])
+		}
+		room := m.ctx.Height - strings.Count(b.String(), "\n") - 2
+		if cl := closest(lost, min(room, 5)); len(cl) > 0 {
+			b.WriteString("closest losers:\n")
+			for _, r := range cl {
+				b.WriteString(app.Trunc(fmt.Sprintf("  %-34s %s: %s", r.Plan, r.Reason, r.Detail), m.ctx.Width) + "\n")
+			}
+		}
+	}
+	return strings.TrimRight(b.String(), "\n")
+}
+
+// closest picks the losers nearest to winning: the least slower fitting
+// plans and the least overflowing out-of-memory ones, alternately.
+func closest(rej []costmodel.Rejection, n int) []costmodel.Rejection {
+	var slower, oom []costmodel.Rejection
+	for _, r := range rej {
+		switch {
+		case r.Reason == costmodel.ReasonSlower && r.Evaluation != nil:
+			slower = append(slower, r)
+		case r.Reason == costmodel.ReasonOutOfMemory && r.MemPerGPUBytes > 0:
+			oom = append(oom, r)
+		}
+	}
+	sort.SliceStable(slower, func(a, b int) bool { return slower[a].Evaluation.StepSeconds < slower[b].Evaluation.StepSeconds })
+	sort.SliceStable(oom, func(a, b int) bool { return oom[a].MemPerGPUBytes < oom[b].MemPerGPUBytes })
+	var out []costmodel.Rejection
+	for i := 0; len(out) < n && (i < len(slower) || i < len(oom)); i++ {
+		if i < len(slower) {
+			out = append(out, slower[i])
+		}
+		if i < len(oom) && len(out) < n {
+			out = append(out, oom[i])
+		}
+	}
+	return out
+}
