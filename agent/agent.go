@@ -22,7 +22,7 @@ import (
 )
 
 // Version is nodemon's software version reported at registration.
-const Version = "0.1.0"
+const Version = api.Release
 
 // Config configures nodemon.
 type Config struct {

@@ -26,3 +26,7 @@ func CheckVersion(v *Version) error {
 	}
 	return nil
 }
+
+// Release is the gpuctl release every program of this build reports
+// (nodemon, gpuctl serve, gpuctl).
+const Release = "0.1.0"

@@ -29,6 +29,7 @@ func TestEveryRequestTypeHasItsRow(t *testing.T) {
 		"list_stalls":      {transport.RoleViewer, false},
 		"logs":             {transport.RoleViewer, false},
 		"watch":            {transport.RoleViewer, false},
+		"version":          {transport.RoleViewer, false},
 		"submit_job":       {transport.RoleOperator, true},
 		"rebalance":        {transport.RoleOperator, true},
 		"cancel_job":       {transport.RoleOperator, true},

@@ -76,6 +76,7 @@ var routes = map[protoreflect.Name]route{
 	"list_stalls":      {role: transport.RoleViewer, handle: (*Server).listStalls},
 	"logs":             {role: transport.RoleViewer, handle: (*Server).logs},
 	"watch":            {role: transport.RoleViewer, handle: (*Server).watch},
+	"version":          {role: transport.RoleViewer, handle: (*Server).version},
 	"submit_job": {role: transport.RoleOperator, mutates: true, handle: (*Server).submitJob,
 		escalate: func(r *api.ClientRequest) (transport.Role, bool) {
 			if r.GetSubmitJob().GetDryRun() {
@@ -462,4 +463,9 @@ func (s *Server) injectFault(ctx context.Context, c *call) error {
 		return c.fail("inject fault: %v", err)
 	}
 	return c.send(&api.ClientResponse{Body: &api.ClientResponse_InjectFault{InjectFault: &api.InjectFaultResponse{}}})
+}
+
+func (s *Server) version(_ context.Context, c *call) error {
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_Version{Version: &api.VersionResponse{
+		Software: api.Release, Commit: s.cfg.Commit, Protocol: api.CurrentVersion()}}})
 }

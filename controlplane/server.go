@@ -52,7 +52,7 @@ type Config struct {
 	// so fast-changing nodes coalesce; default 100 ms.
 	WatchEvery time.Duration
 	// Policy is the scheduling policy (scheduler.PolicyNames), default
-	// jobs.DefaultPolicy.
+	// scheduler.DefaultPolicy.
 	Policy string
 	// ValidateCommand is the short all-reduce a recovering job's new nodes
 	// run first, one rank per node (e.g. ringtrain --steps 3 --compute-ms 0
@@ -60,6 +60,8 @@ type Config struct {
 	ValidateCommand []string
 	// Jobs tunes the job owner beyond the fields above (tests).
 	Jobs jobs.Config
+	// Commit is the build's VCS revision, reported by gpuctl version.
+	Commit string
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -118,7 +120,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Policy == "" {
-		cfg.Policy = jobs.DefaultPolicy
+		cfg.Policy = scheduler.DefaultPolicy
 	}
 	policy, err := scheduler.PolicyByName(cfg.Policy)
 	if err != nil {
@@ -369,3 +371,6 @@ func (s *Server) DisconnectClients(name, why string) int {
 	}
 	return n
 }
+
+// SetObserver has o hear the job owner's pass and recovery timings.
+func (s *Server) SetObserver(o jobs.Observer) { s.jobs.SetObserver(o) }

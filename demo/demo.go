@@ -133,7 +133,9 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}()
 	c.NodeMetricsAddrs = map[string]string{}
 	if opts.MetricsBasePort > 0 {
-		addr, err := metrics.New(srv, metrics.Options{}).Serve(sctx, "127.0.0.1:"+strconv.Itoa(opts.MetricsBasePort), opts.Log)
+		mx := metrics.New(srv, metrics.Options{})
+		srv.SetObserver(mx)
+		addr, err := mx.Serve(sctx, "127.0.0.1:"+strconv.Itoa(opts.MetricsBasePort), opts.Log)
 		if err != nil {
 			return nil, fmt.Errorf("demo: server %w (choose another --metrics-base-port)", err)
 		}

@@ -203,18 +203,20 @@ func TestJSONOutputsAgainstREADME(t *testing.T) {
 		t.Errorf("version: %v", v)
 	}
 
-	// A held job: released (where the server knows the request), or placed by hand.
-	held := mustJSON(t, "jobs", "submit", "--hold", "--name", "held", "--gpus", "1", "--", "/bin/sleep", "60")["jobs"].([]any)[0].(map[string]any)
-	id := held["id"].(string)
-	if held["hold"] != true || held["state"] != "pending" {
-		t.Fatalf("held job %v", held)
-	}
-	if _, errOut, err := c.gpuctl(t, "release", id, "-o", "json"); err != nil {
-		if !strings.Contains(err.Error(), "unknown request") {
-			t.Fatalf("release: %v\n%s", err, errOut)
+	// Held jobs: one released to the scheduler, one placed by hand.
+	held := func(name string) string {
+		j := mustJSON(t, "jobs", "submit", "--hold", "--name", name, "--gpus", "1", "--", "/bin/sleep", "60")["jobs"].([]any)[0].(map[string]any)
+		if j["hold"] != true || j["state"] != "pending" {
+			t.Fatalf("held job %v", j)
 		}
-		t.Logf("this server does not serve ReleaseJobRequest yet: %v", err)
+		return j["id"].(string)
 	}
+	released := held("released")
+	if j := mustJSON(t, "jobs", "release", released)["jobs"].([]any)[0].(map[string]any); j["hold"] != false {
+		t.Errorf("released job still held: %v", j)
+	}
+	mustJSON(t, "jobs", "cancel", released)
+	id := held("placed")
 	mustJSON(t, "jobs", "assign", id, "--nodes", "node-00")
 	mustJSON(t, "jobs", "restart", id)
 	mustJSON(t, "jobs", "cancel", id)

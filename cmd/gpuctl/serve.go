@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpuctl/gpuctl/controlplane"
-	"github.com/gpuctl/gpuctl/controlplane/jobs"
+	"github.com/gpuctl/gpuctl/controlplane/metrics"
 	"github.com/gpuctl/gpuctl/logging"
 	"github.com/gpuctl/gpuctl/scheduler"
 )
@@ -22,6 +22,7 @@ func newServeCmd() *cobra.Command {
 		cfg               controlplane.Config
 		logLevel, logFile string
 		validate          string
+		metricsAddr       string
 		sshf              sshConsoleFlags
 	)
 	cmd := &cobra.Command{
@@ -38,6 +39,7 @@ certificate and admin.yaml (a client config with an admin certificate) in
 			}
 			defer closer.Close()
 			cfg.Log = log
+			cfg.Commit = buildCommit()
 			cfg.ValidateCommand = strings.Fields(validate)
 			srv, err := controlplane.New(cfg)
 			if err != nil {
@@ -50,6 +52,15 @@ certificate and admin.yaml (a client config with an admin certificate) in
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "gpuctl serve listening on %s (udp); admin config %s\n",
 				srv.Addr(), controlplane.AdminConfigPath(cfg.DataDir))
+			if metricsAddr != "" {
+				mx := metrics.New(srv, metrics.Options{})
+				srv.SetObserver(mx)
+				addr, err := mx.Serve(ctx, metricsAddr, log)
+				if err != nil {
+					return fmt.Errorf("serve: --metrics-addr: %w", err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "Prometheus metrics on http://%s/metrics\n", addr)
+			}
 			if sshf.listen != "" {
 				addr, err := startSSHConsole(ctx, sshf, srv, cfg.DataDir, log)
 				if err != nil {
@@ -65,7 +76,8 @@ certificate and admin.yaml (a client config with an admin certificate) in
 	f.StringVar(&cfg.Listen, "listen", ":7443", "UDP address to listen on")
 	f.StringSliceVar(&cfg.ExtraNames, "server-name", nil, "extra DNS name or IP for the server certificate (repeatable)")
 	f.StringVar(&cfg.AdvertiseAddr, "advertise", "", "server address written into admin.yaml (default: the bound address)")
-	f.StringVar(&cfg.Policy, "policy", jobs.DefaultPolicy, "scheduling policy: "+strings.Join(scheduler.PolicyNames(), ", "))
+	f.StringVar(&metricsAddr, "metrics-addr", "", "serve the cluster's Prometheus metrics on this TCP address, e.g. 127.0.0.1:9400")
+	f.StringVar(&cfg.Policy, "policy", scheduler.DefaultPolicy, "scheduling policy: "+strings.Join(scheduler.PolicyNames(), ", "))
 	f.StringVar(&validate, "validate-command", "", "short all-reduce that nodes new to a recovering job run first, one rank per node\n(e.g. \"ringtrain --steps 3 --compute-ms 0 --bytes 1M\"); empty: NVML health only")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFile, "log-file", "", "log to this file instead of stderr")

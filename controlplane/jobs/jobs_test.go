@@ -557,7 +557,7 @@ func TestSnapshotBuilder(t *testing.T) {
 }
 
 func TestStartPersistsThenLaunches(t *testing.T) {
-	h := newHarness(t, DefaultPolicy, threeNodes()...)
+	h := newHarness(t, scheduler.DefaultPolicy, threeNodes()...)
 	id := h.submit(ringSpec("ring", 2, 2, "env: {FOO: bar}\n"), false)
 	h.reconcile()
 	j := h.job(id)
@@ -647,7 +647,7 @@ func TestExitTransitions(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			h := newHarness(t, DefaultPolicy, threeNodes()...)
+			h := newHarness(t, scheduler.DefaultPolicy, threeNodes()...)
 			id := h.submit(ringSpec("ring", 2, 2, "restart_policy: none\n"), false)
 			h.reconcile()
 			h.started(id)
@@ -691,7 +691,7 @@ func TestExitTransitions(t *testing.T) {
 }
 
 func TestLaunchRefusedFailsJob(t *testing.T) {
-	h := newHarness(t, DefaultPolicy, threeNodes()...)
+	h := newHarness(t, scheduler.DefaultPolicy, threeNodes()...)
 	h.nodes.refuse["n1"] = `command "/bin/true" not found`
 	id := h.submit(ringSpec("ring", 2, 2, ""), false)
 	h.reconcile()
@@ -711,7 +711,7 @@ func TestPendingReasons(t *testing.T) {
 	nodes := threeNodes()
 	nodes = append(nodes, nodeSpec("n3", 4, "r1", "s1", api.NodeState_NODE_STATE_DOWN, false),
 		cordonedNode("n4", 4, "r1", "s1"))
-	h := newHarness(t, DefaultPolicy, nodes...)
+	h := newHarness(t, scheduler.DefaultPolicy, nodes...)
 
 	// A job that can never fit the cluster as built is refused, unless
 	// held; a held one cannot be released into the queue.
@@ -769,7 +769,7 @@ func TestPendingReasons(t *testing.T) {
 }
 
 func TestCancel(t *testing.T) {
-	h := newHarness(t, DefaultPolicy, threeNodes()...)
+	h := newHarness(t, scheduler.DefaultPolicy, threeNodes()...)
 	id := h.submit(ringSpec("long", 2, 2, ""), false)
 	queued := h.submit(ringSpec("queued", 3, 4, ""), false)
 	h.reconcile()
@@ -816,7 +816,7 @@ func TestCancel(t *testing.T) {
 func TestAssign(t *testing.T) {
 	nodes := threeNodes()
 	nodes = append(nodes, nodeSpec("n3", 4, "r1", "s1", api.NodeState_NODE_STATE_DOWN, false))
-	h := newHarness(t, DefaultPolicy, nodes...)
+	h := newHarness(t, scheduler.DefaultPolicy, nodes...)
 	id := h.submit(ringSpec("pinned", 2, 2, ""), true)
 	h.reconcile()
 	if got := h.job(id).GetState(); got != api.JobState_JOB_STATE_PENDING {
@@ -861,14 +861,14 @@ func TestAssign(t *testing.T) {
 }
 
 func TestPersistAcrossRestart(t *testing.T) {
-	h := newHarness(t, DefaultPolicy, threeNodes()...)
+	h := newHarness(t, scheduler.DefaultPolicy, threeNodes()...)
 	id := h.submit(ringSpec("ring", 2, 2, ""), false)
 	waiting := h.submit(ringSpec("big", 3, 4, ""), false)
 	h.reconcile()
 	h.started(id)
 	before := h.job(id)
 
-	h.restart(DefaultPolicy)
+	h.restart(scheduler.DefaultPolicy)
 	after := h.job(id)
 	if after.GetState() != api.JobState_JOB_STATE_RUNNING || after.GetAttempt() != 1 || after.GetMasterPort() != before.GetMasterPort() {
 		t.Fatalf("after restart: %s attempt %d port %d", stateName(after.GetState()), after.GetAttempt(), after.GetMasterPort())
@@ -959,7 +959,7 @@ func TestPreemptCheckpointsThenRequeues(t *testing.T) {
 }
 
 func TestRebalanceMovesOneJob(t *testing.T) {
-	h := newHarness(t, DefaultPolicy, readyNode("n0", 4, "r0", "s0"), readyNode("n1", 4, "r0", "s0"), readyNode("n2", 4, "r1", "s1"))
+	h := newHarness(t, scheduler.DefaultPolicy, readyNode("n0", 4, "r0", "s0"), readyNode("n1", 4, "r0", "s0"), readyNode("n2", 4, "r1", "s1"))
 	ckpt := filepath.Join(h.ckpt, "spread")
 	id := h.submit(ringSpec("spread", 2, 2, "checkpoint: {dir: "+ckpt+"}\n"), true)
 	if _, err := h.assign(id, []string{"n1", "n2"}); err != nil {
@@ -1029,7 +1029,7 @@ func TestPlanFor(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			h := newHarness(t, DefaultPolicy)
+			h := newHarness(t, scheduler.DefaultPolicy)
 			r, err := h.submitReq(&api.SubmitJobRequest{SpecYaml: c.spec, DryRun: true})
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), c.err) {
@@ -1055,7 +1055,7 @@ func TestPlanFor(t *testing.T) {
 }
 
 func TestDryRunPlacesWithoutQueueing(t *testing.T) {
-	h := newHarness(t, DefaultPolicy, threeNodes()...)
+	h := newHarness(t, scheduler.DefaultPolicy, threeNodes()...)
 	r, err := h.submitReq(&api.SubmitJobRequest{SpecYaml: ringSpec("try", 2, 2, ""), DryRun: true})
 	if err != nil {
 		t.Fatal(err)

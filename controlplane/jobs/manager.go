@@ -39,6 +39,16 @@ type Nodes interface {
 	SetCordon(node, action, reason string) (*api.NodeStatus, error)
 }
 
+// Observer hears what the owner measures of itself, for metrics.
+type Observer interface {
+	// ObserveSchedulerPass is one scheduling pass's duration and the
+	// jobs left queued after it.
+	ObserveSchedulerPass(d time.Duration, queued int)
+	// ObserveRecoveryStep is one recovery step (stopped, decided,
+	// validated, relaunched) and how long the recovery had taken by it.
+	ObserveRecoveryStep(step string, d time.Duration)
+}
+
 // Publisher takes every committed job and persisted event, for watch
 // streams; the objects are never modified afterwards.
 type Publisher interface {
@@ -101,7 +111,7 @@ type Config struct {
 
 func (c *Config) defaults() {
 	if c.Policy == nil {
-		c.Policy, _ = scheduler.PolicyByName(DefaultPolicy)
+		c.Policy, _ = scheduler.PolicyByName(scheduler.DefaultPolicy)
 	}
 	if c.Every <= 0 {
 		c.Every = time.Second
@@ -150,11 +160,6 @@ func (c *Config) defaults() {
 	}
 }
 
-// DefaultPolicy is the scheduling policy gpuctl serve uses without --policy:
-// priorities with aging (no starvation), preemption of checkpointing jobs,
-// and EASY backfill so small jobs use GPUs a blocked big job cannot.
-const DefaultPolicy = "priority+backfill"
-
 // entry is one job: the working record the owner changes, the copy last
 // committed (shared with readers), and its parsed job file.
 type entry struct {
@@ -180,6 +185,7 @@ type Manager struct {
 	in   inbox
 	disp *dispatcher
 	view atomic.Pointer[View]
+	obs  atomic.Pointer[Observer]
 
 	// Everything below belongs to the loop goroutine.
 	jobs map[string]*entry
@@ -279,7 +285,11 @@ func (m *Manager) step(pass bool) {
 	}
 	if pass || m.kicked {
 		m.kicked = false
+		start := time.Now()
 		m.reconcile()
+		if o := m.observer(); o != nil {
+			o.ObserveSchedulerPass(time.Since(start), m.queued())
+		}
 	}
 	if err := m.commit(m.pass); err != nil {
 		// Kept, with its commands, for the next step: nothing is acted
@@ -674,4 +684,25 @@ func (m *Manager) sorted() []*entry {
 		return strings.Compare(a.job.GetId(), b.job.GetId())
 	})
 	return out
+}
+
+// SetObserver has o hear the owner's measurements from now on.
+func (m *Manager) SetObserver(o Observer) { m.obs.Store(&o) }
+
+func (m *Manager) observer() Observer {
+	if p := m.obs.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// queued is how many jobs wait for the scheduler.
+func (m *Manager) queued() int {
+	n := 0
+	for _, en := range m.jobs {
+		if en.job.GetState() == api.JobState_JOB_STATE_PENDING && !en.job.GetHold() {
+			n++
+		}
+	}
+	return n
 }

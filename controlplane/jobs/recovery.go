@@ -272,6 +272,7 @@ func (m *Manager) recoveries(now time.Time) {
 		}
 		if rec.stoppedAt.IsZero() {
 			rec.stoppedAt = now
+			m.observeRecovery("stopped", now.Sub(rec.since))
 			m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "every rank of attempt %d has exited or its node is down", j.GetAttempt())
 		}
 		if rec.validation != "" {
@@ -338,6 +339,7 @@ func (m *Manager) decide(en *entry, rec *recovery, now time.Time) {
 		return
 	}
 	rec.decision = &d
+	m.observeRecovery("decided", now.Sub(rec.since))
 	j.MoveTarget = jobNodes(&d.Placement)
 	m.save(en)
 	m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "decided to %s: %s", d.Action, d.Reason)
@@ -427,6 +429,7 @@ func (m *Manager) checkValidation(en *entry, rec *recovery, now time.Time) {
 	if done && !failed {
 		delete(m.vals, v.id)
 		rec.validation = ""
+		m.observeRecovery("validated", now.Sub(rec.since))
 		m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(v.started), "validation %s passed on %s", v.id, strings.Join(v.nodes, ","))
 		m.relaunch(en, rec, now)
 		return
@@ -554,6 +557,7 @@ func (m *Manager) relaunch(en *entry, rec *recovery, now time.Time) {
 	}
 	j.Step = resume
 	p.Restart(resume)
+	m.observeRecovery("relaunched", now.Sub(rec.since))
 	m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since),
 		"attempt %d running on %s from step %d (%d steps lost; failed at step %d): %s", j.GetAttempt(),
 		strings.Join(d.Placement.Nodes(), ","), resume, lost, rec.stepAt, d.Reason)
@@ -604,5 +608,11 @@ func (m *Manager) lostNodes(all []*api.NodeStatus, now time.Time) {
 		if !known[name] && now.Sub(m.loadedAt) > m.cfg.ReconnectGrace {
 			m.nodeDown(name, "node unknown to the server", now)
 		}
+	}
+}
+
+func (m *Manager) observeRecovery(step string, d time.Duration) {
+	if o := m.observer(); o != nil {
+		o.ObserveRecoveryStep(step, d)
 	}
 }
