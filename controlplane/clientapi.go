@@ -40,8 +40,11 @@ func minRole(req *api.ClientRequest) transport.Role {
 	if r, ok := jobMinRole(req); ok {
 		return r
 	}
+	if r, ok := identityMinRole(req); ok {
+		return r
+	}
 	switch req.Body.(type) {
-	case *api.ClientRequest_CreateToken, *api.ClientRequest_InjectFault:
+	case *api.ClientRequest_InjectFault:
 		return transport.RoleAdmin
 	case *api.ClientRequest_Cordon:
 		return transport.RoleOperator
@@ -61,6 +64,9 @@ func (s *Server) handleRequest(ctx context.Context, conn *transport.Conn, st *tr
 	}
 	if need := minRole(&req); !conn.Role().AtLeast(need) {
 		return fail("permission denied: %T needs the %s role, your certificate has %s", req.Body, need, conn.Role())
+	}
+	if resp, ok := s.handleIdentity(ctx, conn, &req); ok {
+		return st.Send(resp)
 	}
 	switch b := req.Body.(type) {
 	case *api.ClientRequest_ListNodes:
@@ -87,16 +93,6 @@ func (s *Server) handleRequest(ctx context.Context, conn *transport.Conn, st *tr
 			return fail("%v", err)
 		}
 		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_GpuHistory{GpuHistory: &api.GPUHistoryResponse{Samples: h}}})
-	case *api.ClientRequest_CreateToken:
-		ttl := time.Duration(b.CreateToken.GetTtlSeconds()) * time.Second
-		if ttl <= 0 {
-			ttl = 24 * time.Hour
-		}
-		tok, exp, err := s.auth.CreateToken(ttl)
-		if err != nil {
-			return fail("create token: %v", err)
-		}
-		return st.Send(&api.ClientResponse{Body: &api.ClientResponse_CreateToken{CreateToken: &api.CreateTokenResponse{Token: tok, ExpiresUnixNano: exp.UnixNano()}}})
 	case *api.ClientRequest_InjectFault:
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()

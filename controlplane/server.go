@@ -47,6 +47,11 @@ type Config struct {
 	// run first, one rank per node (e.g. ringtrain --steps 3 --compute-ms 0
 	// --bytes 1M); empty skips it.
 	ValidateCommand []string
+	// BackupEvery and BackupKeep pace the store's online backups into
+	// <data-dir>/backups (defaults store.DefaultBackupEvery and
+	// store.DefaultBackupKeep); one more is taken at a clean shutdown.
+	BackupEvery time.Duration
+	BackupKeep  int
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -76,6 +81,9 @@ type Server struct {
 // AdminConfigPath is the client configuration gpuctl serve writes for the
 // cluster's first administrator.
 func AdminConfigPath(dataDir string) string { return filepath.Join(dataDir, "admin.yaml") }
+
+// StatePath is the store file in a data dir.
+func StatePath(dataDir string) string { return filepath.Join(dataDir, "state.db") }
 
 // New opens (creating on first start) the data dir's CA and store.
 func New(cfg Config) (*Server, error) {
@@ -117,7 +125,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	st, err := store.OpenBolt(filepath.Join(cfg.DataDir, "state.db"))
+	st, err := store.OpenBolt(StatePath(cfg.DataDir))
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
@@ -128,6 +136,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	host, _ := os.Hostname()
 	srv := &Server{cfg: cfg, log: cfg.Log, name: host, auth: auth, store: st, st: state, stalls: newStallDetector()}
+	srv.wireIdentity()
 	srv.jobs, err = newJobManager(jobConfig{Policy: policy, CheckpointRoot: filepath.Join(cfg.DataDir, "checkpoints"),
 		ValidateCommand: cfg.ValidateCommand},
 		cfg.Log.With("part", "jobs"), st, srv, state.listNodes, cfg.Now)
@@ -147,7 +156,7 @@ func New(cfg Config) (*Server, error) {
 // Listen binds the UDP port and writes admin.yaml if it is missing. Call
 // it before Serve; Addr is valid after it.
 func (s *Server) Listen(ctx context.Context) error {
-	ln, err := transport.Listen(ctx, s.cfg.Listen, s.auth, transport.ListenConfig{Logger: s.log, OnJoin: s.admit})
+	ln, err := transport.Listen(ctx, s.cfg.Listen, s.auth, s.listenConfig())
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
@@ -181,6 +190,7 @@ func (s *Server) writeAdminConfig() error {
 	if err != nil {
 		return fmt.Errorf("serve: issue admin certificate: %w", err)
 	}
+	s.recordUser(id, "gpuctl serve (first start)")
 	if err := transport.WriteClientConfig(path, addr, id); err != nil {
 		return fmt.Errorf("serve: write %s: %w", path, err)
 	}
@@ -216,6 +226,13 @@ func (s *Server) Serve(ctx context.Context) error {
 		defer s.wg.Done()
 		s.watchStalls(ctx)
 	}()
+	if b, ok := s.store.(*store.Bolt); ok {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			b.RunBackups(ctx, s.cfg.BackupEvery, s.cfg.BackupKeep, s.log.With("part", "backup"))
+		}()
+	}
 	for {
 		conn, err := s.ln.Accept(ctx)
 		if err != nil {
