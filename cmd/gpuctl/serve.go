@@ -1,17 +1,18 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/gpuctl/gpuctl/controlplane"
 	"github.com/gpuctl/gpuctl/logging"
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/store"
 )
 
 func init() { subcommands = append(subcommands, newServeCmd) }
@@ -21,6 +22,7 @@ func newServeCmd() *cobra.Command {
 		cfg               controlplane.Config
 		logLevel, logFile string
 		validate          string
+		restore           string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -37,11 +39,16 @@ certificate and admin.yaml (a client config with an admin certificate) in
 			defer closer.Close()
 			cfg.Log = log
 			cfg.ValidateCommand = strings.Fields(validate)
+			if restore != "" {
+				if err := restoreState(cmd, cfg.DataDir, restore); err != nil {
+					return err
+				}
+			}
 			srv, err := controlplane.New(cfg)
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			if err := srv.Listen(ctx); err != nil {
 				return err
@@ -58,7 +65,24 @@ certificate and admin.yaml (a client config with an admin certificate) in
 	f.StringVar(&cfg.AdvertiseAddr, "advertise", "", "server address written into admin.yaml (default: the bound address)")
 	f.StringVar(&cfg.Policy, "policy", controlplane.DefaultPolicy, "scheduling policy: "+strings.Join(scheduler.PolicyNames(), ", "))
 	f.StringVar(&validate, "validate-command", "", "short all-reduce that nodes new to a recovering job run first, one rank per node\n(e.g. \"ringtrain --steps 3 --compute-ms 0 --bytes 1M\"); empty: NVML health only")
+	f.DurationVar(&cfg.BackupEvery, "backup-every", store.DefaultBackupEvery, "how often the store is backed up into <data-dir>/backups (and once more at a clean shutdown)")
+	f.IntVar(&cfg.BackupKeep, "backup-keep", store.DefaultBackupKeep, "backups kept, newest first")
+	f.StringVar(&restore, "restore", "", "put this backup in place of <data-dir>/state.db before starting (the replaced file is kept aside)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFile, "log-file", "", "log to this file instead of stderr")
 	return cmd
+}
+
+// restoreState puts a backup in place of the data dir's state file.
+func restoreState(cmd *cobra.Command, dataDir, backup string) error {
+	aside, err := store.Restore(backup, controlplane.StatePath(dataDir), time.Now())
+	if err != nil {
+		return fmt.Errorf("serve --restore: %w", err)
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "restored %s from %s", controlplane.StatePath(dataDir), backup)
+	if aside != "" {
+		fmt.Fprintf(cmd.ErrOrStderr(), "; the file it replaced is %s", aside)
+	}
+	fmt.Fprintln(cmd.ErrOrStderr())
+	return nil
 }
