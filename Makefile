@@ -7,7 +7,7 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 GOTEST    ?= $(GO) test -count=1 -p 1 -timeout 30m
 PKGS      := ./...
 
-.PHONY: all build workload test bench bench-tui generate check-generated demo lint clean
+.PHONY: all build workload test bench bench-tui fuzz generate check-generated demo lint clean
 
 all: build
 
@@ -34,6 +34,25 @@ bench: build
 # them too (they live in ./tui/...).
 bench-tui:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 20x ./tui/...
+
+# Every fuzz target (each `func Fuzz` in a _test.go), one at a time, for
+# FUZZTIME each. Minimizing an interesting input is capped by count, or a
+# large one (a state file) eats the whole budget. A crasher is written to
+# its package's testdata/fuzz/<Target>/ (commit it with the fix); the run
+# goes on and fails at the end, naming every target that failed.
+FUZZTIME         ?= 30s
+FUZZMINIMIZETIME ?= 100x
+fuzz:
+	@failed=""; n=0; \
+	for dir in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
+		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$dir/*_test.go); do \
+			n=$$((n+1)); echo "== $$dir $$target ($(FUZZTIME))"; \
+			GPUCTL_BIN=$(CURDIR)/bin $(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) \
+				-fuzzminimizetime $(FUZZMINIMIZETIME) $$dir || failed="$$failed $$dir:$$target"; \
+		done; \
+	done; \
+	echo "fuzzed $$n targets for $(FUZZTIME) each"; \
+	if [ -n "$$failed" ]; then echo "fuzz failures:$$failed (crashers are under each package's testdata/fuzz/)"; exit 1; fi
 
 bin/protoc-gen-go: go.mod
 	$(GO) build -o $@ google.golang.org/protobuf/cmd/protoc-gen-go

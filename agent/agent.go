@@ -49,7 +49,9 @@ type Config struct {
 	// CgroupRoot is the cgroup v2 mount for job cgroups, default
 	// /sys/fs/cgroup; "off" turns them off.
 	CgroupRoot string
-	Log        *slog.Logger
+	// AllowRootRanks lets ranks run as root (nodemon --allow-root-ranks).
+	AllowRootRanks bool
+	Log            *slog.Logger
 }
 
 // Agent is a running nodemon.
@@ -106,6 +108,7 @@ func New(cfg Config, p *Probes) (*Agent, error) {
 	x, err := NewExecutor(ExecutorOptions{
 		Node: cfg.Name, DataDir: cfg.DataDir, OnEvent: a.events.add, Log: a.log,
 		LogMaxBytes: cfg.LogMaxBytes, LogKeep: cfg.LogKeep, CgroupRoot: cfg.CgroupRoot,
+		AllowRootRanks: cfg.AllowRootRanks,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("nodemon: %w", err)
@@ -187,15 +190,32 @@ func (a *Agent) identity(ctx context.Context) (*transport.Identity, error) {
 	if a.cfg.Token == "" {
 		return nil, fmt.Errorf("nodemon: no identity in %s yet: pass --token (make one with `gpuctl token create`)", dir)
 	}
-	jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	id, err = transport.Join(jctx, a.cfg.Server, a.cfg.Token, a.cfg.Name, dir)
-	if err != nil {
-		return nil, fmt.Errorf("nodemon: join %s: %w", a.cfg.Server, err)
+	// A server busy with other joins (a rack joining at once, or a flood)
+	// says so; that is worth waiting for, unlike a refusal.
+	backoff := transport.Backoff{Base: joinRetryBase, Max: 30 * time.Second}
+	for {
+		jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		id, err = transport.Join(jctx, a.cfg.Server, a.cfg.Token, a.cfg.Name, dir)
+		cancel()
+		if err == nil {
+			a.log.Info("joined cluster", "server", a.cfg.Server)
+			return id, nil
+		}
+		if !transport.IsBusy(err) || ctx.Err() != nil {
+			return nil, fmt.Errorf("nodemon: join %s: %w", a.cfg.Server, err)
+		}
+		delay := backoff.Next()
+		a.log.Warn("server busy; retrying the join", "err", err, "in", delay.Round(time.Millisecond), "attempt", backoff.Attempt())
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("nodemon: join %s: %w", a.cfg.Server, ctx.Err())
+		case <-time.After(delay):
+		}
 	}
-	a.log.Info("joined cluster", "server", a.cfg.Server)
-	return id, nil
 }
+
+// joinRetryBase is the first pause after a busy server turned a join away.
+const joinRetryBase = 500 * time.Millisecond
 
 // registration describes the node; the ranks running change, so each
 // session fills them in (sessionRegistration).

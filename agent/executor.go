@@ -116,6 +116,10 @@ type ExecutorOptions struct {
 	Poll time.Duration
 	// ProcRoot is where /proc is, for tests.
 	ProcRoot string
+	// AllowRootRanks lets ranks run as root: a job that names no user
+	// while nodemon runs as root, or that names root. Off, such a launch is
+	// refused.
+	AllowRootRanks bool
 }
 
 // Executor launches a job's ranks on this host, reports their exits and
@@ -238,6 +242,15 @@ func (x *Executor) Launch(l *api.LaunchRanks) error {
 	if exe, err = filepath.Abs(exe); err != nil {
 		return fmt.Errorf("launch %s: %w", l.GetJob(), err)
 	}
+	cred, err := x.runAs(l)
+	if err != nil {
+		return fmt.Errorf("launch %s: %w", l.GetJob(), err)
+	}
+	if cred != nil {
+		if err := prepareCheckpointDir(l.GetCheckpointDir(), cred); err != nil {
+			return fmt.Errorf("launch %s: %w", l.GetJob(), err)
+		}
+	}
 	if x.BeforeLaunch != nil {
 		x.BeforeLaunch(l)
 	}
@@ -265,7 +278,7 @@ func (x *Executor) Launch(l *api.LaunchRanks) error {
 		if p, ok := running[r.GetRank()]; ok && !p.exited() {
 			continue
 		}
-		p, err := x.start(l, r, exe)
+		p, err := x.start(l, r, exe, cred)
 		if err != nil {
 			return err
 		}
@@ -280,7 +293,7 @@ func (x *Executor) Launch(l *api.LaunchRanks) error {
 	return nil
 }
 
-func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string) (*rankProc, error) {
+func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string, cred *rankCred) (*rankProc, error) {
 	job, rank := l.GetJob(), r.GetRank()
 	fail := func(err error) (*rankProc, error) {
 		return nil, fmt.Errorf("launch %s rank %d: %w", job, rank, err)
@@ -313,6 +326,9 @@ func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string) (*rank
 			args = append(args, "--cgroup", cgDir)
 		}
 	}
+	if cred != nil {
+		args = append(args, cred.shimArgs()...)
+	}
 	args = append(args, "--")
 	args = append(args, l.GetCommand()...)
 	hr, hw, err := os.Pipe()
@@ -323,6 +339,9 @@ func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string) (*rank
 	defer hr.Close()
 	cmd := exec.Command(x.opts.Shim[0], args...)
 	cmd.Env = rankEnv(x.opts.Node, l, r)
+	if cred != nil {
+		cmd.Env = append(cmd.Env, cred.env()...)
+	}
 	cmd.ExtraFiles = []*os.File{hw}
 	// Its own session: the shim and the rank outlive nodemon, and no
 	// signal meant for nodemon's group reaches them.
@@ -365,7 +384,11 @@ func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string) (*rank
 		},
 		done: make(chan struct{}), tail: tail, parser: newLogParser(),
 	}
-	x.log.Info("rank started", "job", job, "rank", rank, "pid", h.PID, "shim", cmd.Process.Pid, "gpus", r.GetGpus())
+	runAs := "nodemon's user"
+	if cred != nil {
+		runAs = cred.String()
+	}
+	x.log.Info("rank started", "job", job, "rank", rank, "pid", h.PID, "shim", cmd.Process.Pid, "gpus", r.GetGpus(), "as", runAs)
 	x.opts.OnEvent(&api.Event{
 		TimeUnixNano: time.Now().UnixNano(), Kind: api.EventKind_EVENT_KIND_JOB, Severity: api.Severity_SEVERITY_INFO,
 		Pid: uint32(h.PID), Job: job, Rank: rank, Attrs: map[string]string{"attempt": strconv.Itoa(int(l.GetAttempt()))},

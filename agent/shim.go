@@ -61,6 +61,10 @@ func RunShim(args []string, stderr io.Writer) int {
 		keep       = fs.Int("log-keep", DefaultLogKeep, "rotated log files kept")
 		cgroup     = fs.String("cgroup", "", "cgroup v2 directory to start the rank in")
 		helloFD    = fs.Int("hello-fd", -1, "inherited pipe to report the rank's pid on")
+		uid        = fs.Int("uid", -1, "user id to run the rank as (default: the shim's own)")
+		gid        = fs.Int("gid", -1, "group id to run the rank as (with --uid)")
+		groups     = fs.String("groups", "", "supplementary group ids, comma-separated (with --uid)")
+		dir        = fs.String("dir", "", "working directory of the rank (default: the shim's)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -116,7 +120,11 @@ func RunShim(args []string, stderr io.Writer) int {
 	if err != nil {
 		return fail("output pipe: %v", err)
 	}
-	cmd, cgErr, err := startRank(*exe, argv, pw, *cgroup)
+	cred, err := shimCredential(*uid, *gid, *groups)
+	if err != nil {
+		return fail("%v", err)
+	}
+	cmd, cgErr, err := startRank(*exe, argv, pw, *cgroup, cred, *dir)
 	pw.Close()
 	if err != nil {
 		pr.Close()
@@ -196,10 +204,10 @@ func RunShim(args []string, stderr io.Writer) int {
 // out, inside cgroupDir when one is given. When the kernel cannot start it
 // there directly (CLONE_INTO_CGROUP needs Linux 5.7), the rank is moved in
 // just after it starts; cgErr says why when neither worked.
-func startRank(exe string, argv []string, out *os.File, cgroupDir string) (cmd *exec.Cmd, cgErr, err error) {
+func startRank(exe string, argv []string, out *os.File, cgroupDir string, cred *syscall.Credential, dir string) (cmd *exec.Cmd, cgErr, err error) {
 	mk := func() *exec.Cmd {
-		c := &exec.Cmd{Path: exe, Args: argv, Stdout: out, Stderr: out}
-		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+		c := &exec.Cmd{Path: exe, Args: argv, Stdout: out, Stderr: out, Dir: dir}
+		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: cred}
 		return c
 	}
 	if cgroupDir != "" {
@@ -225,6 +233,29 @@ func startRank(exe string, argv []string, out *os.File, cgroupDir string) (cmd *
 		}
 	}
 	return cmd, cgErr, nil
+}
+
+// shimCredential is the account the shim's flags name, or nil for the
+// shim's own.
+func shimCredential(uid, gid int, groups string) (*syscall.Credential, error) {
+	if uid < 0 {
+		return nil, nil
+	}
+	if gid < 0 {
+		return nil, errors.New("--uid needs --gid")
+	}
+	c := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
+	for _, g := range strings.Split(groups, ",") {
+		if g == "" {
+			continue
+		}
+		n, err := strconv.ParseUint(g, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("--groups: %q is not a group id", g)
+		}
+		c.Groups = append(c.Groups, uint32(n))
+	}
+	return c, nil
 }
 
 // readShimStatus reads the status file a shim wrote.

@@ -612,6 +612,58 @@ func (WatchKind) EnumDescriptor() ([]byte, []int) {
 	return file_gpuctl_proto_rawDescGZIP(), []int{8}
 }
 
+// IdentityKind says whose certificate an identity is.
+type IdentityKind int32
+
+const (
+	IdentityKind_IDENTITY_KIND_UNSPECIFIED IdentityKind = 0
+	// A person or a script: a client certificate with a role.
+	IdentityKind_IDENTITY_KIND_USER IdentityKind = 1
+	// A nodemon: a node certificate it got by joining.
+	IdentityKind_IDENTITY_KIND_NODE IdentityKind = 2
+)
+
+// Enum value maps for IdentityKind.
+var (
+	IdentityKind_name = map[int32]string{
+		0: "IDENTITY_KIND_UNSPECIFIED",
+		1: "IDENTITY_KIND_USER",
+		2: "IDENTITY_KIND_NODE",
+	}
+	IdentityKind_value = map[string]int32{
+		"IDENTITY_KIND_UNSPECIFIED": 0,
+		"IDENTITY_KIND_USER":        1,
+		"IDENTITY_KIND_NODE":        2,
+	}
+)
+
+func (x IdentityKind) Enum() *IdentityKind {
+	p := new(IdentityKind)
+	*p = x
+	return p
+}
+
+func (x IdentityKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (IdentityKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_gpuctl_proto_enumTypes[9].Descriptor()
+}
+
+func (IdentityKind) Type() protoreflect.EnumType {
+	return &file_gpuctl_proto_enumTypes[9]
+}
+
+func (x IdentityKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use IdentityKind.Descriptor instead.
+func (IdentityKind) EnumDescriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{9}
+}
+
 type Version struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Major         uint32                 `protobuf:"varint,1,opt,name=major,proto3" json:"major,omitempty"`
@@ -2574,8 +2626,13 @@ type LaunchRanks struct {
 	// 11-14: how ranks run (user, group).
 	// The node's place among the attempt's nodes (NODE_RANK) and how many
 	// nodes the attempt spans.
-	NodeRank      int32 `protobuf:"varint,15,opt,name=node_rank,json=nodeRank,proto3" json:"node_rank,omitempty"`
-	NumNodes      int32 `protobuf:"varint,16,opt,name=num_nodes,json=numNodes,proto3" json:"num_nodes,omitempty"`
+	NodeRank int32 `protobuf:"varint,15,opt,name=node_rank,json=nodeRank,proto3" json:"node_rank,omitempty"`
+	NumNodes int32 `protobuf:"varint,16,opt,name=num_nodes,json=numNodes,proto3" json:"num_nodes,omitempty"`
+	// The user (name or numeric uid) the ranks run as; empty: nodemon's own
+	// user. nodemon refuses root unless started with --allow-root-ranks.
+	RunAsUser string `protobuf:"bytes,11,opt,name=run_as_user,json=runAsUser,proto3" json:"run_as_user,omitempty"`
+	// The group (name or numeric gid); empty: the user's primary group.
+	RunAsGroup    string `protobuf:"bytes,12,opt,name=run_as_group,json=runAsGroup,proto3" json:"run_as_group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2692,6 +2749,20 @@ func (x *LaunchRanks) GetNumNodes() int32 {
 		return x.NumNodes
 	}
 	return 0
+}
+
+func (x *LaunchRanks) GetRunAsUser() string {
+	if x != nil {
+		return x.RunAsUser
+	}
+	return ""
+}
+
+func (x *LaunchRanks) GetRunAsGroup() string {
+	if x != nil {
+		return x.RunAsGroup
+	}
+	return ""
 }
 
 type SignalRanks struct {
@@ -4767,6 +4838,13 @@ type ClientRequest struct {
 	//	*ClientRequest_Logs
 	//	*ClientRequest_Watch
 	//	*ClientRequest_ReleaseJob
+	//	*ClientRequest_CreateJoinToken
+	//	*ClientRequest_ListTokens
+	//	*ClientRequest_RevokeToken
+	//	*ClientRequest_AddUser
+	//	*ClientRequest_ListIdentities
+	//	*ClientRequest_RevokeUser
+	//	*ClientRequest_RemoveNode
 	//	*ClientRequest_Version
 	Body          isClientRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
@@ -4981,6 +5059,69 @@ func (x *ClientRequest) GetReleaseJob() *ReleaseJobRequest {
 	return nil
 }
 
+func (x *ClientRequest) GetCreateJoinToken() *CreateJoinTokenRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_CreateJoinToken); ok {
+			return x.CreateJoinToken
+		}
+	}
+	return nil
+}
+
+func (x *ClientRequest) GetListTokens() *ListTokensRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_ListTokens); ok {
+			return x.ListTokens
+		}
+	}
+	return nil
+}
+
+func (x *ClientRequest) GetRevokeToken() *RevokeTokenRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_RevokeToken); ok {
+			return x.RevokeToken
+		}
+	}
+	return nil
+}
+
+func (x *ClientRequest) GetAddUser() *AddUserRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_AddUser); ok {
+			return x.AddUser
+		}
+	}
+	return nil
+}
+
+func (x *ClientRequest) GetListIdentities() *ListIdentitiesRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_ListIdentities); ok {
+			return x.ListIdentities
+		}
+	}
+	return nil
+}
+
+func (x *ClientRequest) GetRevokeUser() *RevokeUserRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_RevokeUser); ok {
+			return x.RevokeUser
+		}
+	}
+	return nil
+}
+
+func (x *ClientRequest) GetRemoveNode() *RemoveNodeRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_RemoveNode); ok {
+			return x.RemoveNode
+		}
+	}
+	return nil
+}
+
 func (x *ClientRequest) GetVersion() *VersionRequest {
 	if x != nil {
 		if x, ok := x.Body.(*ClientRequest_Version); ok {
@@ -5071,8 +5212,36 @@ type ClientRequest_ReleaseJob struct {
 	ReleaseJob *ReleaseJobRequest `protobuf:"bytes,31,opt,name=release_job,json=releaseJob,proto3,oneof"`
 }
 
-type ClientRequest_Version struct {
+type ClientRequest_CreateJoinToken struct {
 	// 40-49: identities and tokens.
+	CreateJoinToken *CreateJoinTokenRequest `protobuf:"bytes,40,opt,name=create_join_token,json=createJoinToken,proto3,oneof"`
+}
+
+type ClientRequest_ListTokens struct {
+	ListTokens *ListTokensRequest `protobuf:"bytes,41,opt,name=list_tokens,json=listTokens,proto3,oneof"`
+}
+
+type ClientRequest_RevokeToken struct {
+	RevokeToken *RevokeTokenRequest `protobuf:"bytes,42,opt,name=revoke_token,json=revokeToken,proto3,oneof"`
+}
+
+type ClientRequest_AddUser struct {
+	AddUser *AddUserRequest `protobuf:"bytes,43,opt,name=add_user,json=addUser,proto3,oneof"`
+}
+
+type ClientRequest_ListIdentities struct {
+	ListIdentities *ListIdentitiesRequest `protobuf:"bytes,44,opt,name=list_identities,json=listIdentities,proto3,oneof"`
+}
+
+type ClientRequest_RevokeUser struct {
+	RevokeUser *RevokeUserRequest `protobuf:"bytes,45,opt,name=revoke_user,json=revokeUser,proto3,oneof"`
+}
+
+type ClientRequest_RemoveNode struct {
+	RemoveNode *RemoveNodeRequest `protobuf:"bytes,46,opt,name=remove_node,json=removeNode,proto3,oneof"`
+}
+
+type ClientRequest_Version struct {
 	// 50-59: operator tooling (describe, version).
 	Version *VersionRequest `protobuf:"bytes,50,opt,name=version,proto3,oneof"` // 60-69: high availability.
 }
@@ -5115,6 +5284,20 @@ func (*ClientRequest_Watch) isClientRequest_Body() {}
 
 func (*ClientRequest_ReleaseJob) isClientRequest_Body() {}
 
+func (*ClientRequest_CreateJoinToken) isClientRequest_Body() {}
+
+func (*ClientRequest_ListTokens) isClientRequest_Body() {}
+
+func (*ClientRequest_RevokeToken) isClientRequest_Body() {}
+
+func (*ClientRequest_AddUser) isClientRequest_Body() {}
+
+func (*ClientRequest_ListIdentities) isClientRequest_Body() {}
+
+func (*ClientRequest_RevokeUser) isClientRequest_Body() {}
+
+func (*ClientRequest_RemoveNode) isClientRequest_Body() {}
+
 func (*ClientRequest_Version) isClientRequest_Body() {}
 
 type ClientResponse struct {
@@ -5143,6 +5326,13 @@ type ClientResponse struct {
 	//	*ClientResponse_Watch
 	//	*ClientResponse_ReleaseJob
 	//	*ClientResponse_Version
+	//	*ClientResponse_CreateJoinToken
+	//	*ClientResponse_ListTokens
+	//	*ClientResponse_RevokeToken
+	//	*ClientResponse_AddUser
+	//	*ClientResponse_ListIdentities
+	//	*ClientResponse_RevokeUser
+	//	*ClientResponse_RemoveNode
 	Body          isClientResponse_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -5372,6 +5562,69 @@ func (x *ClientResponse) GetVersion() *VersionResponse {
 	return nil
 }
 
+func (x *ClientResponse) GetCreateJoinToken() *CreateJoinTokenResponse {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_CreateJoinToken); ok {
+			return x.CreateJoinToken
+		}
+	}
+	return nil
+}
+
+func (x *ClientResponse) GetListTokens() *ListTokensResponse {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_ListTokens); ok {
+			return x.ListTokens
+		}
+	}
+	return nil
+}
+
+func (x *ClientResponse) GetRevokeToken() *RevokeTokenResponse {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_RevokeToken); ok {
+			return x.RevokeToken
+		}
+	}
+	return nil
+}
+
+func (x *ClientResponse) GetAddUser() *AddUserResponse {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_AddUser); ok {
+			return x.AddUser
+		}
+	}
+	return nil
+}
+
+func (x *ClientResponse) GetListIdentities() *ListIdentitiesResponse {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_ListIdentities); ok {
+			return x.ListIdentities
+		}
+	}
+	return nil
+}
+
+func (x *ClientResponse) GetRevokeUser() *RevokeUserResponse {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_RevokeUser); ok {
+			return x.RevokeUser
+		}
+	}
+	return nil
+}
+
+func (x *ClientResponse) GetRemoveNode() *RemoveNodeResponse {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_RemoveNode); ok {
+			return x.RemoveNode
+		}
+	}
+	return nil
+}
+
 type isClientResponse_Body interface {
 	isClientResponse_Body()
 }
@@ -5456,6 +5709,34 @@ type ClientResponse_Version struct {
 	Version *VersionResponse `protobuf:"bytes,50,opt,name=version,proto3,oneof"`
 }
 
+type ClientResponse_CreateJoinToken struct {
+	CreateJoinToken *CreateJoinTokenResponse `protobuf:"bytes,40,opt,name=create_join_token,json=createJoinToken,proto3,oneof"`
+}
+
+type ClientResponse_ListTokens struct {
+	ListTokens *ListTokensResponse `protobuf:"bytes,41,opt,name=list_tokens,json=listTokens,proto3,oneof"`
+}
+
+type ClientResponse_RevokeToken struct {
+	RevokeToken *RevokeTokenResponse `protobuf:"bytes,42,opt,name=revoke_token,json=revokeToken,proto3,oneof"`
+}
+
+type ClientResponse_AddUser struct {
+	AddUser *AddUserResponse `protobuf:"bytes,43,opt,name=add_user,json=addUser,proto3,oneof"`
+}
+
+type ClientResponse_ListIdentities struct {
+	ListIdentities *ListIdentitiesResponse `protobuf:"bytes,44,opt,name=list_identities,json=listIdentities,proto3,oneof"`
+}
+
+type ClientResponse_RevokeUser struct {
+	RevokeUser *RevokeUserResponse `protobuf:"bytes,45,opt,name=revoke_user,json=revokeUser,proto3,oneof"`
+}
+
+type ClientResponse_RemoveNode struct {
+	RemoveNode *RemoveNodeResponse `protobuf:"bytes,46,opt,name=remove_node,json=removeNode,proto3,oneof"`
+}
+
 func (*ClientResponse_ListNodes) isClientResponse_Body() {}
 
 func (*ClientResponse_ListEvents) isClientResponse_Body() {}
@@ -5495,6 +5776,20 @@ func (*ClientResponse_Watch) isClientResponse_Body() {}
 func (*ClientResponse_ReleaseJob) isClientResponse_Body() {}
 
 func (*ClientResponse_Version) isClientResponse_Body() {}
+
+func (*ClientResponse_CreateJoinToken) isClientResponse_Body() {}
+
+func (*ClientResponse_ListTokens) isClientResponse_Body() {}
+
+func (*ClientResponse_RevokeToken) isClientResponse_Body() {}
+
+func (*ClientResponse_AddUser) isClientResponse_Body() {}
+
+func (*ClientResponse_ListIdentities) isClientResponse_Body() {}
+
+func (*ClientResponse_RevokeUser) isClientResponse_Body() {}
+
+func (*ClientResponse_RemoveNode) isClientResponse_Body() {}
 
 // JobPlan is the parallel layout a job runs with.
 type JobPlan struct {
@@ -8183,6 +8478,1103 @@ func (x *WatchBatch) GetSynced() bool {
 	return false
 }
 
+// Identity is one certificate the cluster CA issued, as the server keeps it.
+type Identity struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  IdentityKind           `protobuf:"varint,1,opt,name=kind,proto3,enum=gpuctl.v1.IdentityKind" json:"kind,omitempty"`
+	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// viewer, operator or admin for users; node for nodes.
+	Role string `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
+	// The certificate's serial number, lowercase hex.
+	Serial string `protobuf:"bytes,4,opt,name=serial,proto3" json:"serial,omitempty"`
+	// SHA-256 of the certificate's public key (PKIX DER), lowercase hex.
+	KeySha256         string `protobuf:"bytes,5,opt,name=key_sha256,json=keySha256,proto3" json:"key_sha256,omitempty"`
+	NotBeforeUnixNano int64  `protobuf:"varint,6,opt,name=not_before_unix_nano,json=notBeforeUnixNano,proto3" json:"not_before_unix_nano,omitempty"`
+	NotAfterUnixNano  int64  `protobuf:"varint,7,opt,name=not_after_unix_nano,json=notAfterUnixNano,proto3" json:"not_after_unix_nano,omitempty"`
+	IssuedUnixNano    int64  `protobuf:"varint,8,opt,name=issued_unix_nano,json=issuedUnixNano,proto3" json:"issued_unix_nano,omitempty"`
+	// Who issued it: the admin who added the user, "join TOKEN-ID" for a
+	// node, "first connection" for a certificate issued before the server
+	// kept identities.
+	IssuedBy string `protobuf:"bytes,9,opt,name=issued_by,json=issuedBy,proto3" json:"issued_by,omitempty"`
+	// Set once revoked; the serial is then on the deny-list.
+	RevokedUnixNano int64  `protobuf:"varint,10,opt,name=revoked_unix_nano,json=revokedUnixNano,proto3" json:"revoked_unix_nano,omitempty"`
+	RevokedBy       string `protobuf:"bytes,11,opt,name=revoked_by,json=revokedBy,proto3" json:"revoked_by,omitempty"`
+	RevokeReason    string `protobuf:"bytes,12,opt,name=revoke_reason,json=revokeReason,proto3" json:"revoke_reason,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Identity) Reset() {
+	*x = Identity{}
+	mi := &file_gpuctl_proto_msgTypes[87]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Identity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Identity) ProtoMessage() {}
+
+func (x *Identity) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[87]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Identity.ProtoReflect.Descriptor instead.
+func (*Identity) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{87}
+}
+
+func (x *Identity) GetKind() IdentityKind {
+	if x != nil {
+		return x.Kind
+	}
+	return IdentityKind_IDENTITY_KIND_UNSPECIFIED
+}
+
+func (x *Identity) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Identity) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *Identity) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *Identity) GetKeySha256() string {
+	if x != nil {
+		return x.KeySha256
+	}
+	return ""
+}
+
+func (x *Identity) GetNotBeforeUnixNano() int64 {
+	if x != nil {
+		return x.NotBeforeUnixNano
+	}
+	return 0
+}
+
+func (x *Identity) GetNotAfterUnixNano() int64 {
+	if x != nil {
+		return x.NotAfterUnixNano
+	}
+	return 0
+}
+
+func (x *Identity) GetIssuedUnixNano() int64 {
+	if x != nil {
+		return x.IssuedUnixNano
+	}
+	return 0
+}
+
+func (x *Identity) GetIssuedBy() string {
+	if x != nil {
+		return x.IssuedBy
+	}
+	return ""
+}
+
+func (x *Identity) GetRevokedUnixNano() int64 {
+	if x != nil {
+		return x.RevokedUnixNano
+	}
+	return 0
+}
+
+func (x *Identity) GetRevokedBy() string {
+	if x != nil {
+		return x.RevokedBy
+	}
+	return ""
+}
+
+func (x *Identity) GetRevokeReason() string {
+	if x != nil {
+		return x.RevokeReason
+	}
+	return ""
+}
+
+// Revocation is one entry of the deny-list: a certificate serial refused at
+// every handshake.
+type Revocation struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Serial          string                 `protobuf:"bytes,1,opt,name=serial,proto3" json:"serial,omitempty"`
+	Kind            IdentityKind           `protobuf:"varint,2,opt,name=kind,proto3,enum=gpuctl.v1.IdentityKind" json:"kind,omitempty"`
+	Name            string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	RevokedUnixNano int64                  `protobuf:"varint,4,opt,name=revoked_unix_nano,json=revokedUnixNano,proto3" json:"revoked_unix_nano,omitempty"`
+	RevokedBy       string                 `protobuf:"bytes,5,opt,name=revoked_by,json=revokedBy,proto3" json:"revoked_by,omitempty"`
+	Reason          string                 `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Revocation) Reset() {
+	*x = Revocation{}
+	mi := &file_gpuctl_proto_msgTypes[88]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Revocation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Revocation) ProtoMessage() {}
+
+func (x *Revocation) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[88]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Revocation.ProtoReflect.Descriptor instead.
+func (*Revocation) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{88}
+}
+
+func (x *Revocation) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *Revocation) GetKind() IdentityKind {
+	if x != nil {
+		return x.Kind
+	}
+	return IdentityKind_IDENTITY_KIND_UNSPECIFIED
+}
+
+func (x *Revocation) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Revocation) GetRevokedUnixNano() int64 {
+	if x != nil {
+		return x.RevokedUnixNano
+	}
+	return 0
+}
+
+func (x *Revocation) GetRevokedBy() string {
+	if x != nil {
+		return x.RevokedBy
+	}
+	return ""
+}
+
+func (x *Revocation) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// JoinTokenUse is one node that joined with a token.
+type JoinTokenUse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	TimeUnixNano  int64                  `protobuf:"varint,2,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinTokenUse) Reset() {
+	*x = JoinTokenUse{}
+	mi := &file_gpuctl_proto_msgTypes[89]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinTokenUse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinTokenUse) ProtoMessage() {}
+
+func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[89]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinTokenUse.ProtoReflect.Descriptor instead.
+func (*JoinTokenUse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{89}
+}
+
+func (x *JoinTokenUse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *JoinTokenUse) GetTimeUnixNano() int64 {
+	if x != nil {
+		return x.TimeUnixNano
+	}
+	return 0
+}
+
+// JoinToken is what the server keeps of a join token: never the token
+// itself, only its id, limits and uses.
+type JoinToken struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Id              string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	CreatedUnixNano int64                  `protobuf:"varint,2,opt,name=created_unix_nano,json=createdUnixNano,proto3" json:"created_unix_nano,omitempty"`
+	ExpiresUnixNano int64                  `protobuf:"varint,3,opt,name=expires_unix_nano,json=expiresUnixNano,proto3" json:"expires_unix_nano,omitempty"`
+	// Joins the token allows (1 unless created with --uses).
+	Uses            uint32          `protobuf:"varint,4,opt,name=uses,proto3" json:"uses,omitempty"`
+	Used            []*JoinTokenUse `protobuf:"bytes,5,rep,name=used,proto3" json:"used,omitempty"`
+	CreatedBy       string          `protobuf:"bytes,6,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	Description     string          `protobuf:"bytes,7,opt,name=description,proto3" json:"description,omitempty"`
+	RevokedUnixNano int64           `protobuf:"varint,8,opt,name=revoked_unix_nano,json=revokedUnixNano,proto3" json:"revoked_unix_nano,omitempty"`
+	RevokedBy       string          `protobuf:"bytes,9,opt,name=revoked_by,json=revokedBy,proto3" json:"revoked_by,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *JoinToken) Reset() {
+	*x = JoinToken{}
+	mi := &file_gpuctl_proto_msgTypes[90]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinToken) ProtoMessage() {}
+
+func (x *JoinToken) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[90]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
+func (*JoinToken) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{90}
+}
+
+func (x *JoinToken) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *JoinToken) GetCreatedUnixNano() int64 {
+	if x != nil {
+		return x.CreatedUnixNano
+	}
+	return 0
+}
+
+func (x *JoinToken) GetExpiresUnixNano() int64 {
+	if x != nil {
+		return x.ExpiresUnixNano
+	}
+	return 0
+}
+
+func (x *JoinToken) GetUses() uint32 {
+	if x != nil {
+		return x.Uses
+	}
+	return 0
+}
+
+func (x *JoinToken) GetUsed() []*JoinTokenUse {
+	if x != nil {
+		return x.Used
+	}
+	return nil
+}
+
+func (x *JoinToken) GetCreatedBy() string {
+	if x != nil {
+		return x.CreatedBy
+	}
+	return ""
+}
+
+func (x *JoinToken) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *JoinToken) GetRevokedUnixNano() int64 {
+	if x != nil {
+		return x.RevokedUnixNano
+	}
+	return 0
+}
+
+func (x *JoinToken) GetRevokedBy() string {
+	if x != nil {
+		return x.RevokedBy
+	}
+	return ""
+}
+
+type CreateJoinTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required, positive: how long the token may be used.
+	TtlSeconds int64 `protobuf:"varint,1,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	// Joins allowed; 0 means 1.
+	Uses          uint32 `protobuf:"varint,2,opt,name=uses,proto3" json:"uses,omitempty"`
+	Description   string `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateJoinTokenRequest) Reset() {
+	*x = CreateJoinTokenRequest{}
+	mi := &file_gpuctl_proto_msgTypes[91]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateJoinTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateJoinTokenRequest) ProtoMessage() {}
+
+func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[91]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
+func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{91}
+}
+
+func (x *CreateJoinTokenRequest) GetTtlSeconds() int64 {
+	if x != nil {
+		return x.TtlSeconds
+	}
+	return 0
+}
+
+func (x *CreateJoinTokenRequest) GetUses() uint32 {
+	if x != nil {
+		return x.Uses
+	}
+	return 0
+}
+
+func (x *CreateJoinTokenRequest) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+type CreateJoinTokenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Info          *JoinToken             `protobuf:"bytes,2,opt,name=info,proto3" json:"info,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateJoinTokenResponse) Reset() {
+	*x = CreateJoinTokenResponse{}
+	mi := &file_gpuctl_proto_msgTypes[92]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateJoinTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateJoinTokenResponse) ProtoMessage() {}
+
+func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[92]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
+func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{92}
+}
+
+func (x *CreateJoinTokenResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *CreateJoinTokenResponse) GetInfo() *JoinToken {
+	if x != nil {
+		return x.Info
+	}
+	return nil
+}
+
+type ListTokensRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTokensRequest) Reset() {
+	*x = ListTokensRequest{}
+	mi := &file_gpuctl_proto_msgTypes[93]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTokensRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTokensRequest) ProtoMessage() {}
+
+func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[93]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
+func (*ListTokensRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{93}
+}
+
+type ListTokensResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tokens        []*JoinToken           `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTokensResponse) Reset() {
+	*x = ListTokensResponse{}
+	mi := &file_gpuctl_proto_msgTypes[94]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTokensResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTokensResponse) ProtoMessage() {}
+
+func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[94]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
+func (*ListTokensResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{94}
+}
+
+func (x *ListTokensResponse) GetTokens() []*JoinToken {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+type RevokeTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The token's id, or the whole token.
+	Id            string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeTokenRequest) Reset() {
+	*x = RevokeTokenRequest{}
+	mi := &file_gpuctl_proto_msgTypes[95]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeTokenRequest) ProtoMessage() {}
+
+func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[95]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
+func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{95}
+}
+
+func (x *RevokeTokenRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type RevokeTokenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         *JoinToken             `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeTokenResponse) Reset() {
+	*x = RevokeTokenResponse{}
+	mi := &file_gpuctl_proto_msgTypes[96]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeTokenResponse) ProtoMessage() {}
+
+func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[96]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
+func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{96}
+}
+
+func (x *RevokeTokenResponse) GetToken() *JoinToken {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+// AddUserRequest asks for a client certificate for a key the client made;
+// the private key never leaves the client.
+type AddUserRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// viewer, operator or admin.
+	Role string `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	// DER-encoded PKIX public key.
+	PublicKeyDer  []byte `protobuf:"bytes,3,opt,name=public_key_der,json=publicKeyDer,proto3" json:"public_key_der,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddUserRequest) Reset() {
+	*x = AddUserRequest{}
+	mi := &file_gpuctl_proto_msgTypes[97]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddUserRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddUserRequest) ProtoMessage() {}
+
+func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[97]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddUserRequest.ProtoReflect.Descriptor instead.
+func (*AddUserRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{97}
+}
+
+func (x *AddUserRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AddUserRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *AddUserRequest) GetPublicKeyDer() []byte {
+	if x != nil {
+		return x.PublicKeyDer
+	}
+	return nil
+}
+
+type AddUserResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	User          *Identity              `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	CertDer       []byte                 `protobuf:"bytes,2,opt,name=cert_der,json=certDer,proto3" json:"cert_der,omitempty"`
+	CaCertDer     []byte                 `protobuf:"bytes,3,opt,name=ca_cert_der,json=caCertDer,proto3" json:"ca_cert_der,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddUserResponse) Reset() {
+	*x = AddUserResponse{}
+	mi := &file_gpuctl_proto_msgTypes[98]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddUserResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddUserResponse) ProtoMessage() {}
+
+func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[98]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddUserResponse.ProtoReflect.Descriptor instead.
+func (*AddUserResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{98}
+}
+
+func (x *AddUserResponse) GetUser() *Identity {
+	if x != nil {
+		return x.User
+	}
+	return nil
+}
+
+func (x *AddUserResponse) GetCertDer() []byte {
+	if x != nil {
+		return x.CertDer
+	}
+	return nil
+}
+
+func (x *AddUserResponse) GetCaCertDer() []byte {
+	if x != nil {
+		return x.CaCertDer
+	}
+	return nil
+}
+
+type ListIdentitiesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// UNSPECIFIED lists users and nodes.
+	Kind          IdentityKind `protobuf:"varint,1,opt,name=kind,proto3,enum=gpuctl.v1.IdentityKind" json:"kind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListIdentitiesRequest) Reset() {
+	*x = ListIdentitiesRequest{}
+	mi := &file_gpuctl_proto_msgTypes[99]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListIdentitiesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListIdentitiesRequest) ProtoMessage() {}
+
+func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[99]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListIdentitiesRequest.ProtoReflect.Descriptor instead.
+func (*ListIdentitiesRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{99}
+}
+
+func (x *ListIdentitiesRequest) GetKind() IdentityKind {
+	if x != nil {
+		return x.Kind
+	}
+	return IdentityKind_IDENTITY_KIND_UNSPECIFIED
+}
+
+type ListIdentitiesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Identities    []*Identity            `protobuf:"bytes,1,rep,name=identities,proto3" json:"identities,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListIdentitiesResponse) Reset() {
+	*x = ListIdentitiesResponse{}
+	mi := &file_gpuctl_proto_msgTypes[100]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListIdentitiesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListIdentitiesResponse) ProtoMessage() {}
+
+func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[100]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListIdentitiesResponse.ProtoReflect.Descriptor instead.
+func (*ListIdentitiesResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{100}
+}
+
+func (x *ListIdentitiesResponse) GetIdentities() []*Identity {
+	if x != nil {
+		return x.Identities
+	}
+	return nil
+}
+
+type RevokeUserRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeUserRequest) Reset() {
+	*x = RevokeUserRequest{}
+	mi := &file_gpuctl_proto_msgTypes[101]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeUserRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeUserRequest) ProtoMessage() {}
+
+func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[101]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeUserRequest.ProtoReflect.Descriptor instead.
+func (*RevokeUserRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{101}
+}
+
+func (x *RevokeUserRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RevokeUserRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type RevokeUserResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every certificate of the user that was revoked.
+	Revoked []*Identity `protobuf:"bytes,1,rep,name=revoked,proto3" json:"revoked,omitempty"`
+	// Connections of the user that were closed.
+	Disconnected  uint32 `protobuf:"varint,2,opt,name=disconnected,proto3" json:"disconnected,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeUserResponse) Reset() {
+	*x = RevokeUserResponse{}
+	mi := &file_gpuctl_proto_msgTypes[102]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeUserResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeUserResponse) ProtoMessage() {}
+
+func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[102]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeUserResponse.ProtoReflect.Descriptor instead.
+func (*RevokeUserResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{102}
+}
+
+func (x *RevokeUserResponse) GetRevoked() []*Identity {
+	if x != nil {
+		return x.Revoked
+	}
+	return nil
+}
+
+func (x *RevokeUserResponse) GetDisconnected() uint32 {
+	if x != nil {
+		return x.Disconnected
+	}
+	return 0
+}
+
+type RemoveNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveNodeRequest) Reset() {
+	*x = RemoveNodeRequest{}
+	mi := &file_gpuctl_proto_msgTypes[103]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveNodeRequest) ProtoMessage() {}
+
+func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[103]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
+func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{103}
+}
+
+func (x *RemoveNodeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RemoveNodeRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type RemoveNodeResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Revoked []*Identity            `protobuf:"bytes,1,rep,name=revoked,proto3" json:"revoked,omitempty"`
+	// Whether the node was connected and has been disconnected.
+	WasConnected  bool `protobuf:"varint,2,opt,name=was_connected,json=wasConnected,proto3" json:"was_connected,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveNodeResponse) Reset() {
+	*x = RemoveNodeResponse{}
+	mi := &file_gpuctl_proto_msgTypes[104]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveNodeResponse) ProtoMessage() {}
+
+func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[104]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
+func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{104}
+}
+
+func (x *RemoveNodeResponse) GetRevoked() []*Identity {
+	if x != nil {
+		return x.Revoked
+	}
+	return nil
+}
+
+func (x *RemoveNodeResponse) GetWasConnected() bool {
+	if x != nil {
+		return x.WasConnected
+	}
+	return false
+}
+
 var File_gpuctl_proto protoreflect.FileDescriptor
 
 const file_gpuctl_proto_rawDesc = "" +
@@ -8381,7 +9773,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x1d\n" +
 	"\n" +
 	"local_rank\x18\x02 \x01(\x05R\tlocalRank\x12\x12\n" +
-	"\x04gpus\x18\x03 \x03(\rR\x04gpus\"\xcc\x03\n" +
+	"\x04gpus\x18\x03 \x03(\rR\x04gpus\"\x8e\x04\n" +
 	"\vLaunchRanks\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x18\n" +
@@ -8399,7 +9791,10 @@ const file_gpuctl_proto_rawDesc = "" +
 	" \x01(\x03R\n" +
 	"resumeStep\x12\x1b\n" +
 	"\tnode_rank\x18\x0f \x01(\x05R\bnodeRank\x12\x1b\n" +
-	"\tnum_nodes\x18\x10 \x01(\x05R\bnumNodes\x1a6\n" +
+	"\tnum_nodes\x18\x10 \x01(\x05R\bnumNodes\x12\x1e\n" +
+	"\vrun_as_user\x18\v \x01(\tR\trunAsUser\x12 \n" +
+	"\frun_as_group\x18\f \x01(\tR\n" +
+	"runAsGroup\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"M\n" +
@@ -8554,7 +9949,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x12InjectFaultRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
 	"\x05fault\x18\x02 \x01(\v2\x16.gpuctl.v1.InjectFaultR\x05fault\"\x15\n" +
-	"\x13InjectFaultResponse\"\xef\t\n" +
+	"\x13InjectFaultResponse\"\xcc\r\n" +
 	"\rClientRequest\x12<\n" +
 	"\n" +
 	"list_nodes\x18\x01 \x01(\v2\x1b.gpuctl.v1.ListNodesRequestH\x00R\tlistNodes\x12?\n" +
@@ -8583,10 +9978,19 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04logs\x18\x1d \x01(\v2\x16.gpuctl.v1.LogsRequestH\x00R\x04logs\x12/\n" +
 	"\x05watch\x18\x1e \x01(\v2\x17.gpuctl.v1.WatchRequestH\x00R\x05watch\x12?\n" +
 	"\vrelease_job\x18\x1f \x01(\v2\x1c.gpuctl.v1.ReleaseJobRequestH\x00R\n" +
-	"releaseJob\x125\n" +
+	"releaseJob\x12O\n" +
+	"\x11create_join_token\x18( \x01(\v2!.gpuctl.v1.CreateJoinTokenRequestH\x00R\x0fcreateJoinToken\x12?\n" +
+	"\vlist_tokens\x18) \x01(\v2\x1c.gpuctl.v1.ListTokensRequestH\x00R\n" +
+	"listTokens\x12B\n" +
+	"\frevoke_token\x18* \x01(\v2\x1d.gpuctl.v1.RevokeTokenRequestH\x00R\vrevokeToken\x126\n" +
+	"\badd_user\x18+ \x01(\v2\x19.gpuctl.v1.AddUserRequestH\x00R\aaddUser\x12K\n" +
+	"\x0flist_identities\x18, \x01(\v2 .gpuctl.v1.ListIdentitiesRequestH\x00R\x0elistIdentities\x12?\n" +
+	"\vrevoke_user\x18- \x01(\v2\x1c.gpuctl.v1.RevokeUserRequestH\x00R\n" +
+	"revokeUser\x12?\n" +
+	"\vremove_node\x18. \x01(\v2\x1c.gpuctl.v1.RemoveNodeRequestH\x00R\n" +
+	"removeNode\x125\n" +
 	"\aversion\x182 \x01(\v2\x19.gpuctl.v1.VersionRequestH\x00R\aversionB\x06\n" +
-	"\x04body\"\x91\n" +
-	"\n" +
+	"\x04body\"\xf5\r\n" +
 	"\x0eClientResponse\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error\x12=\n" +
 	"\n" +
@@ -8617,7 +10021,17 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x05watch\x18\x1e \x01(\v2\x15.gpuctl.v1.WatchBatchH\x00R\x05watch\x12@\n" +
 	"\vrelease_job\x18\x1f \x01(\v2\x1d.gpuctl.v1.ReleaseJobResponseH\x00R\n" +
 	"releaseJob\x126\n" +
-	"\aversion\x182 \x01(\v2\x1a.gpuctl.v1.VersionResponseH\x00R\aversionB\x06\n" +
+	"\aversion\x182 \x01(\v2\x1a.gpuctl.v1.VersionResponseH\x00R\aversion\x12P\n" +
+	"\x11create_join_token\x18( \x01(\v2\".gpuctl.v1.CreateJoinTokenResponseH\x00R\x0fcreateJoinToken\x12@\n" +
+	"\vlist_tokens\x18) \x01(\v2\x1d.gpuctl.v1.ListTokensResponseH\x00R\n" +
+	"listTokens\x12C\n" +
+	"\frevoke_token\x18* \x01(\v2\x1e.gpuctl.v1.RevokeTokenResponseH\x00R\vrevokeToken\x127\n" +
+	"\badd_user\x18+ \x01(\v2\x1a.gpuctl.v1.AddUserResponseH\x00R\aaddUser\x12L\n" +
+	"\x0flist_identities\x18, \x01(\v2!.gpuctl.v1.ListIdentitiesResponseH\x00R\x0elistIdentities\x12@\n" +
+	"\vrevoke_user\x18- \x01(\v2\x1d.gpuctl.v1.RevokeUserResponseH\x00R\n" +
+	"revokeUser\x12@\n" +
+	"\vremove_node\x18. \x01(\v2\x1d.gpuctl.v1.RemoveNodeResponseH\x00R\n" +
+	"removeNodeB\x06\n" +
 	"\x04body\"\xb9\x03\n" +
 	"\aJobPlan\x12\x0e\n" +
 	"\x02tp\x18\x01 \x01(\x05R\x02tp\x12\x0e\n" +
@@ -8841,7 +10255,88 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x05kinds\x18\x04 \x03(\x0e2\x14.gpuctl.v1.WatchKindR\x05kinds\x12#\n" +
 	"\rresync_reason\x18\x05 \x01(\tR\fresyncReason\x120\n" +
 	"\achanges\x18\x06 \x03(\v2\x16.gpuctl.v1.WatchChangeR\achanges\x12\x16\n" +
-	"\x06synced\x18\a \x01(\bR\x06synced*\x88\x02\n" +
+	"\x06synced\x18\a \x01(\bR\x06synced\"\xad\x03\n" +
+	"\bIdentity\x12+\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x17.gpuctl.v1.IdentityKindR\x04kind\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04role\x18\x03 \x01(\tR\x04role\x12\x16\n" +
+	"\x06serial\x18\x04 \x01(\tR\x06serial\x12\x1d\n" +
+	"\n" +
+	"key_sha256\x18\x05 \x01(\tR\tkeySha256\x12/\n" +
+	"\x14not_before_unix_nano\x18\x06 \x01(\x03R\x11notBeforeUnixNano\x12-\n" +
+	"\x13not_after_unix_nano\x18\a \x01(\x03R\x10notAfterUnixNano\x12(\n" +
+	"\x10issued_unix_nano\x18\b \x01(\x03R\x0eissuedUnixNano\x12\x1b\n" +
+	"\tissued_by\x18\t \x01(\tR\bissuedBy\x12*\n" +
+	"\x11revoked_unix_nano\x18\n" +
+	" \x01(\x03R\x0frevokedUnixNano\x12\x1d\n" +
+	"\n" +
+	"revoked_by\x18\v \x01(\tR\trevokedBy\x12#\n" +
+	"\rrevoke_reason\x18\f \x01(\tR\frevokeReason\"\xc8\x01\n" +
+	"\n" +
+	"Revocation\x12\x16\n" +
+	"\x06serial\x18\x01 \x01(\tR\x06serial\x12+\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x17.gpuctl.v1.IdentityKindR\x04kind\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12*\n" +
+	"\x11revoked_unix_nano\x18\x04 \x01(\x03R\x0frevokedUnixNano\x12\x1d\n" +
+	"\n" +
+	"revoked_by\x18\x05 \x01(\tR\trevokedBy\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"H\n" +
+	"\fJoinTokenUse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12$\n" +
+	"\x0etime_unix_nano\x18\x02 \x01(\x03R\ftimeUnixNano\"\xc0\x02\n" +
+	"\tJoinToken\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12*\n" +
+	"\x11created_unix_nano\x18\x02 \x01(\x03R\x0fcreatedUnixNano\x12*\n" +
+	"\x11expires_unix_nano\x18\x03 \x01(\x03R\x0fexpiresUnixNano\x12\x12\n" +
+	"\x04uses\x18\x04 \x01(\rR\x04uses\x12+\n" +
+	"\x04used\x18\x05 \x03(\v2\x17.gpuctl.v1.JoinTokenUseR\x04used\x12\x1d\n" +
+	"\n" +
+	"created_by\x18\x06 \x01(\tR\tcreatedBy\x12 \n" +
+	"\vdescription\x18\a \x01(\tR\vdescription\x12*\n" +
+	"\x11revoked_unix_nano\x18\b \x01(\x03R\x0frevokedUnixNano\x12\x1d\n" +
+	"\n" +
+	"revoked_by\x18\t \x01(\tR\trevokedBy\"o\n" +
+	"\x16CreateJoinTokenRequest\x12\x1f\n" +
+	"\vttl_seconds\x18\x01 \x01(\x03R\n" +
+	"ttlSeconds\x12\x12\n" +
+	"\x04uses\x18\x02 \x01(\rR\x04uses\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\"Y\n" +
+	"\x17CreateJoinTokenResponse\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12(\n" +
+	"\x04info\x18\x02 \x01(\v2\x14.gpuctl.v1.JoinTokenR\x04info\"\x13\n" +
+	"\x11ListTokensRequest\"B\n" +
+	"\x12ListTokensResponse\x12,\n" +
+	"\x06tokens\x18\x01 \x03(\v2\x14.gpuctl.v1.JoinTokenR\x06tokens\"$\n" +
+	"\x12RevokeTokenRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"A\n" +
+	"\x13RevokeTokenResponse\x12*\n" +
+	"\x05token\x18\x01 \x01(\v2\x14.gpuctl.v1.JoinTokenR\x05token\"^\n" +
+	"\x0eAddUserRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\x12$\n" +
+	"\x0epublic_key_der\x18\x03 \x01(\fR\fpublicKeyDer\"u\n" +
+	"\x0fAddUserResponse\x12'\n" +
+	"\x04user\x18\x01 \x01(\v2\x13.gpuctl.v1.IdentityR\x04user\x12\x19\n" +
+	"\bcert_der\x18\x02 \x01(\fR\acertDer\x12\x1e\n" +
+	"\vca_cert_der\x18\x03 \x01(\fR\tcaCertDer\"D\n" +
+	"\x15ListIdentitiesRequest\x12+\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x17.gpuctl.v1.IdentityKindR\x04kind\"M\n" +
+	"\x16ListIdentitiesResponse\x123\n" +
+	"\n" +
+	"identities\x18\x01 \x03(\v2\x13.gpuctl.v1.IdentityR\n" +
+	"identities\"?\n" +
+	"\x11RevokeUserRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"g\n" +
+	"\x12RevokeUserResponse\x12-\n" +
+	"\arevoked\x18\x01 \x03(\v2\x13.gpuctl.v1.IdentityR\arevoked\x12\"\n" +
+	"\fdisconnected\x18\x02 \x01(\rR\fdisconnected\"?\n" +
+	"\x11RemoveNodeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"h\n" +
+	"\x12RemoveNodeResponse\x12-\n" +
+	"\arevoked\x18\x01 \x03(\v2\x13.gpuctl.v1.IdentityR\arevoked\x12#\n" +
+	"\rwas_connected\x18\x02 \x01(\bR\fwasConnected*\x88\x02\n" +
 	"\x06NCCLOp\x12\x17\n" +
 	"\x13NCCL_OP_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12NCCL_OP_ALL_REDUCE\x10\x01\x12\x16\n" +
@@ -8920,7 +10415,11 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x10WATCH_KIND_NODES\x10\x01\x12\x13\n" +
 	"\x0fWATCH_KIND_JOBS\x10\x02\x12\x15\n" +
 	"\x11WATCH_KIND_EVENTS\x10\x03\x12\x15\n" +
-	"\x11WATCH_KIND_STALLS\x10\x04B\x1eZ\x1cgithub.com/gpuctl/gpuctl/apib\x06proto3"
+	"\x11WATCH_KIND_STALLS\x10\x04*]\n" +
+	"\fIdentityKind\x12\x1d\n" +
+	"\x19IDENTITY_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12IDENTITY_KIND_USER\x10\x01\x12\x16\n" +
+	"\x12IDENTITY_KIND_NODE\x10\x02B\x1eZ\x1cgithub.com/gpuctl/gpuctl/apib\x06proto3"
 
 var (
 	file_gpuctl_proto_rawDescOnce sync.Once
@@ -8934,8 +10433,8 @@ func file_gpuctl_proto_rawDescGZIP() []byte {
 	return file_gpuctl_proto_rawDescData
 }
 
-var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 91)
+var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
+var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
 var file_gpuctl_proto_goTypes = []any{
 	(NCCLOp)(0),                     // 0: gpuctl.v1.NCCLOp
 	(EventKind)(0),                  // 1: gpuctl.v1.EventKind
@@ -8946,234 +10445,278 @@ var file_gpuctl_proto_goTypes = []any{
 	(JobState)(0),                   // 6: gpuctl.v1.JobState
 	(JobStop)(0),                    // 7: gpuctl.v1.JobStop
 	(WatchKind)(0),                  // 8: gpuctl.v1.WatchKind
-	(*Version)(nil),                 // 9: gpuctl.v1.Version
-	(*Hello)(nil),                   // 10: gpuctl.v1.Hello
-	(*Welcome)(nil),                 // 11: gpuctl.v1.Welcome
-	(*JoinRequest)(nil),             // 12: gpuctl.v1.JoinRequest
-	(*JoinResponse)(nil),            // 13: gpuctl.v1.JoinResponse
-	(*NVLinkPeer)(nil),              // 14: gpuctl.v1.NVLinkPeer
-	(*GPUInfo)(nil),                 // 15: gpuctl.v1.GPUInfo
-	(*NIC)(nil),                     // 16: gpuctl.v1.NIC
-	(*NodeRegistration)(nil),        // 17: gpuctl.v1.NodeRegistration
-	(*ECCCounts)(nil),               // 18: gpuctl.v1.ECCCounts
-	(*GPUProcess)(nil),              // 19: gpuctl.v1.GPUProcess
-	(*GPUSample)(nil),               // 20: gpuctl.v1.GPUSample
-	(*CollectiveRecord)(nil),        // 21: gpuctl.v1.CollectiveRecord
-	(*NetFlowSample)(nil),           // 22: gpuctl.v1.NetFlowSample
-	(*RDMAPortSample)(nil),          // 23: gpuctl.v1.RDMAPortSample
-	(*Telemetry)(nil),               // 24: gpuctl.v1.Telemetry
-	(*Event)(nil),                   // 25: gpuctl.v1.Event
-	(*EventAck)(nil),                // 26: gpuctl.v1.EventAck
-	(*Heartbeat)(nil),               // 27: gpuctl.v1.Heartbeat
-	(*InjectFault)(nil),             // 28: gpuctl.v1.InjectFault
-	(*RankSpec)(nil),                // 29: gpuctl.v1.RankSpec
-	(*LaunchRanks)(nil),             // 30: gpuctl.v1.LaunchRanks
-	(*SignalRanks)(nil),             // 31: gpuctl.v1.SignalRanks
-	(*ReadLogs)(nil),                // 32: gpuctl.v1.ReadLogs
-	(*Command)(nil),                 // 33: gpuctl.v1.Command
-	(*CommandAck)(nil),              // 34: gpuctl.v1.CommandAck
-	(*RankStatus)(nil),              // 35: gpuctl.v1.RankStatus
-	(*AgentMessage)(nil),            // 36: gpuctl.v1.AgentMessage
-	(*ServerMessage)(nil),           // 37: gpuctl.v1.ServerMessage
-	(*GPUStatus)(nil),               // 38: gpuctl.v1.GPUStatus
-	(*NodeStatus)(nil),              // 39: gpuctl.v1.NodeStatus
-	(*CollectiveStat)(nil),          // 40: gpuctl.v1.CollectiveStat
-	(*ListNodesRequest)(nil),        // 41: gpuctl.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),       // 42: gpuctl.v1.ListNodesResponse
-	(*ListEventsRequest)(nil),       // 43: gpuctl.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),      // 44: gpuctl.v1.ListEventsResponse
-	(*ListCollectivesRequest)(nil),  // 45: gpuctl.v1.ListCollectivesRequest
-	(*ListCollectivesResponse)(nil), // 46: gpuctl.v1.ListCollectivesResponse
-	(*GPUHistoryRequest)(nil),       // 47: gpuctl.v1.GPUHistoryRequest
-	(*GPUHistoryResponse)(nil),      // 48: gpuctl.v1.GPUHistoryResponse
-	(*ObserveFilter)(nil),           // 49: gpuctl.v1.ObserveFilter
-	(*ObserveRequest)(nil),          // 50: gpuctl.v1.ObserveRequest
-	(*ObserveItem)(nil),             // 51: gpuctl.v1.ObserveItem
-	(*ObserveBatch)(nil),            // 52: gpuctl.v1.ObserveBatch
-	(*CreateTokenRequest)(nil),      // 53: gpuctl.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),     // 54: gpuctl.v1.CreateTokenResponse
-	(*VersionRequest)(nil),          // 55: gpuctl.v1.VersionRequest
-	(*VersionResponse)(nil),         // 56: gpuctl.v1.VersionResponse
-	(*InjectFaultRequest)(nil),      // 57: gpuctl.v1.InjectFaultRequest
-	(*InjectFaultResponse)(nil),     // 58: gpuctl.v1.InjectFaultResponse
-	(*ClientRequest)(nil),           // 59: gpuctl.v1.ClientRequest
-	(*ClientResponse)(nil),          // 60: gpuctl.v1.ClientResponse
-	(*JobPlan)(nil),                 // 61: gpuctl.v1.JobPlan
-	(*JobRank)(nil),                 // 62: gpuctl.v1.JobRank
-	(*JobNode)(nil),                 // 63: gpuctl.v1.JobNode
-	(*Job)(nil),                     // 64: gpuctl.v1.Job
-	(*JobAttempt)(nil),              // 65: gpuctl.v1.JobAttempt
-	(*SubmitJobRequest)(nil),        // 66: gpuctl.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),       // 67: gpuctl.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 68: gpuctl.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 69: gpuctl.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),        // 70: gpuctl.v1.CancelJobRequest
-	(*ReleaseJobRequest)(nil),       // 71: gpuctl.v1.ReleaseJobRequest
-	(*ReleaseJobResponse)(nil),      // 72: gpuctl.v1.ReleaseJobResponse
-	(*CancelJobResponse)(nil),       // 73: gpuctl.v1.CancelJobResponse
-	(*AssignJobRequest)(nil),        // 74: gpuctl.v1.AssignJobRequest
-	(*AssignJobResponse)(nil),       // 75: gpuctl.v1.AssignJobResponse
-	(*Packing)(nil),                 // 76: gpuctl.v1.Packing
-	(*RebalanceMove)(nil),           // 77: gpuctl.v1.RebalanceMove
-	(*RebalanceRequest)(nil),        // 78: gpuctl.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),       // 79: gpuctl.v1.RebalanceResponse
-	(*StalledRank)(nil),             // 80: gpuctl.v1.StalledRank
-	(*Stall)(nil),                   // 81: gpuctl.v1.Stall
-	(*ListStallsRequest)(nil),       // 82: gpuctl.v1.ListStallsRequest
-	(*ListStallsResponse)(nil),      // 83: gpuctl.v1.ListStallsResponse
-	(*CordonRequest)(nil),           // 84: gpuctl.v1.CordonRequest
-	(*CordonResponse)(nil),          // 85: gpuctl.v1.CordonResponse
-	(*DrainedJob)(nil),              // 86: gpuctl.v1.DrainedJob
-	(*CheckpointJobRequest)(nil),    // 87: gpuctl.v1.CheckpointJobRequest
-	(*CheckpointJobResponse)(nil),   // 88: gpuctl.v1.CheckpointJobResponse
-	(*RestartJobRequest)(nil),       // 89: gpuctl.v1.RestartJobRequest
-	(*RestartJobResponse)(nil),      // 90: gpuctl.v1.RestartJobResponse
-	(*LogsRequest)(nil),             // 91: gpuctl.v1.LogsRequest
-	(*LogsChunk)(nil),               // 92: gpuctl.v1.LogsChunk
-	(*WatchRequest)(nil),            // 93: gpuctl.v1.WatchRequest
-	(*WatchChange)(nil),             // 94: gpuctl.v1.WatchChange
-	(*WatchBatch)(nil),              // 95: gpuctl.v1.WatchBatch
-	nil,                             // 96: gpuctl.v1.NodeRegistration.LabelsEntry
-	nil,                             // 97: gpuctl.v1.RDMAPortSample.CountersEntry
-	nil,                             // 98: gpuctl.v1.Event.AttrsEntry
-	nil,                             // 99: gpuctl.v1.LaunchRanks.EnvEntry
+	(IdentityKind)(0),               // 9: gpuctl.v1.IdentityKind
+	(*Version)(nil),                 // 10: gpuctl.v1.Version
+	(*Hello)(nil),                   // 11: gpuctl.v1.Hello
+	(*Welcome)(nil),                 // 12: gpuctl.v1.Welcome
+	(*JoinRequest)(nil),             // 13: gpuctl.v1.JoinRequest
+	(*JoinResponse)(nil),            // 14: gpuctl.v1.JoinResponse
+	(*NVLinkPeer)(nil),              // 15: gpuctl.v1.NVLinkPeer
+	(*GPUInfo)(nil),                 // 16: gpuctl.v1.GPUInfo
+	(*NIC)(nil),                     // 17: gpuctl.v1.NIC
+	(*NodeRegistration)(nil),        // 18: gpuctl.v1.NodeRegistration
+	(*ECCCounts)(nil),               // 19: gpuctl.v1.ECCCounts
+	(*GPUProcess)(nil),              // 20: gpuctl.v1.GPUProcess
+	(*GPUSample)(nil),               // 21: gpuctl.v1.GPUSample
+	(*CollectiveRecord)(nil),        // 22: gpuctl.v1.CollectiveRecord
+	(*NetFlowSample)(nil),           // 23: gpuctl.v1.NetFlowSample
+	(*RDMAPortSample)(nil),          // 24: gpuctl.v1.RDMAPortSample
+	(*Telemetry)(nil),               // 25: gpuctl.v1.Telemetry
+	(*Event)(nil),                   // 26: gpuctl.v1.Event
+	(*EventAck)(nil),                // 27: gpuctl.v1.EventAck
+	(*Heartbeat)(nil),               // 28: gpuctl.v1.Heartbeat
+	(*InjectFault)(nil),             // 29: gpuctl.v1.InjectFault
+	(*RankSpec)(nil),                // 30: gpuctl.v1.RankSpec
+	(*LaunchRanks)(nil),             // 31: gpuctl.v1.LaunchRanks
+	(*SignalRanks)(nil),             // 32: gpuctl.v1.SignalRanks
+	(*ReadLogs)(nil),                // 33: gpuctl.v1.ReadLogs
+	(*Command)(nil),                 // 34: gpuctl.v1.Command
+	(*CommandAck)(nil),              // 35: gpuctl.v1.CommandAck
+	(*RankStatus)(nil),              // 36: gpuctl.v1.RankStatus
+	(*AgentMessage)(nil),            // 37: gpuctl.v1.AgentMessage
+	(*ServerMessage)(nil),           // 38: gpuctl.v1.ServerMessage
+	(*GPUStatus)(nil),               // 39: gpuctl.v1.GPUStatus
+	(*NodeStatus)(nil),              // 40: gpuctl.v1.NodeStatus
+	(*CollectiveStat)(nil),          // 41: gpuctl.v1.CollectiveStat
+	(*ListNodesRequest)(nil),        // 42: gpuctl.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),       // 43: gpuctl.v1.ListNodesResponse
+	(*ListEventsRequest)(nil),       // 44: gpuctl.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),      // 45: gpuctl.v1.ListEventsResponse
+	(*ListCollectivesRequest)(nil),  // 46: gpuctl.v1.ListCollectivesRequest
+	(*ListCollectivesResponse)(nil), // 47: gpuctl.v1.ListCollectivesResponse
+	(*GPUHistoryRequest)(nil),       // 48: gpuctl.v1.GPUHistoryRequest
+	(*GPUHistoryResponse)(nil),      // 49: gpuctl.v1.GPUHistoryResponse
+	(*ObserveFilter)(nil),           // 50: gpuctl.v1.ObserveFilter
+	(*ObserveRequest)(nil),          // 51: gpuctl.v1.ObserveRequest
+	(*ObserveItem)(nil),             // 52: gpuctl.v1.ObserveItem
+	(*ObserveBatch)(nil),            // 53: gpuctl.v1.ObserveBatch
+	(*CreateTokenRequest)(nil),      // 54: gpuctl.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),     // 55: gpuctl.v1.CreateTokenResponse
+	(*VersionRequest)(nil),          // 56: gpuctl.v1.VersionRequest
+	(*VersionResponse)(nil),         // 57: gpuctl.v1.VersionResponse
+	(*InjectFaultRequest)(nil),      // 58: gpuctl.v1.InjectFaultRequest
+	(*InjectFaultResponse)(nil),     // 59: gpuctl.v1.InjectFaultResponse
+	(*ClientRequest)(nil),           // 60: gpuctl.v1.ClientRequest
+	(*ClientResponse)(nil),          // 61: gpuctl.v1.ClientResponse
+	(*JobPlan)(nil),                 // 62: gpuctl.v1.JobPlan
+	(*JobRank)(nil),                 // 63: gpuctl.v1.JobRank
+	(*JobNode)(nil),                 // 64: gpuctl.v1.JobNode
+	(*Job)(nil),                     // 65: gpuctl.v1.Job
+	(*JobAttempt)(nil),              // 66: gpuctl.v1.JobAttempt
+	(*SubmitJobRequest)(nil),        // 67: gpuctl.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),       // 68: gpuctl.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 69: gpuctl.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 70: gpuctl.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),        // 71: gpuctl.v1.CancelJobRequest
+	(*ReleaseJobRequest)(nil),       // 72: gpuctl.v1.ReleaseJobRequest
+	(*ReleaseJobResponse)(nil),      // 73: gpuctl.v1.ReleaseJobResponse
+	(*CancelJobResponse)(nil),       // 74: gpuctl.v1.CancelJobResponse
+	(*AssignJobRequest)(nil),        // 75: gpuctl.v1.AssignJobRequest
+	(*AssignJobResponse)(nil),       // 76: gpuctl.v1.AssignJobResponse
+	(*Packing)(nil),                 // 77: gpuctl.v1.Packing
+	(*RebalanceMove)(nil),           // 78: gpuctl.v1.RebalanceMove
+	(*RebalanceRequest)(nil),        // 79: gpuctl.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),       // 80: gpuctl.v1.RebalanceResponse
+	(*StalledRank)(nil),             // 81: gpuctl.v1.StalledRank
+	(*Stall)(nil),                   // 82: gpuctl.v1.Stall
+	(*ListStallsRequest)(nil),       // 83: gpuctl.v1.ListStallsRequest
+	(*ListStallsResponse)(nil),      // 84: gpuctl.v1.ListStallsResponse
+	(*CordonRequest)(nil),           // 85: gpuctl.v1.CordonRequest
+	(*CordonResponse)(nil),          // 86: gpuctl.v1.CordonResponse
+	(*DrainedJob)(nil),              // 87: gpuctl.v1.DrainedJob
+	(*CheckpointJobRequest)(nil),    // 88: gpuctl.v1.CheckpointJobRequest
+	(*CheckpointJobResponse)(nil),   // 89: gpuctl.v1.CheckpointJobResponse
+	(*RestartJobRequest)(nil),       // 90: gpuctl.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),      // 91: gpuctl.v1.RestartJobResponse
+	(*LogsRequest)(nil),             // 92: gpuctl.v1.LogsRequest
+	(*LogsChunk)(nil),               // 93: gpuctl.v1.LogsChunk
+	(*WatchRequest)(nil),            // 94: gpuctl.v1.WatchRequest
+	(*WatchChange)(nil),             // 95: gpuctl.v1.WatchChange
+	(*WatchBatch)(nil),              // 96: gpuctl.v1.WatchBatch
+	(*Identity)(nil),                // 97: gpuctl.v1.Identity
+	(*Revocation)(nil),              // 98: gpuctl.v1.Revocation
+	(*JoinTokenUse)(nil),            // 99: gpuctl.v1.JoinTokenUse
+	(*JoinToken)(nil),               // 100: gpuctl.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),  // 101: gpuctl.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil), // 102: gpuctl.v1.CreateJoinTokenResponse
+	(*ListTokensRequest)(nil),       // 103: gpuctl.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),      // 104: gpuctl.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),      // 105: gpuctl.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),     // 106: gpuctl.v1.RevokeTokenResponse
+	(*AddUserRequest)(nil),          // 107: gpuctl.v1.AddUserRequest
+	(*AddUserResponse)(nil),         // 108: gpuctl.v1.AddUserResponse
+	(*ListIdentitiesRequest)(nil),   // 109: gpuctl.v1.ListIdentitiesRequest
+	(*ListIdentitiesResponse)(nil),  // 110: gpuctl.v1.ListIdentitiesResponse
+	(*RevokeUserRequest)(nil),       // 111: gpuctl.v1.RevokeUserRequest
+	(*RevokeUserResponse)(nil),      // 112: gpuctl.v1.RevokeUserResponse
+	(*RemoveNodeRequest)(nil),       // 113: gpuctl.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),      // 114: gpuctl.v1.RemoveNodeResponse
+	nil,                             // 115: gpuctl.v1.NodeRegistration.LabelsEntry
+	nil,                             // 116: gpuctl.v1.RDMAPortSample.CountersEntry
+	nil,                             // 117: gpuctl.v1.Event.AttrsEntry
+	nil,                             // 118: gpuctl.v1.LaunchRanks.EnvEntry
 }
 var file_gpuctl_proto_depIdxs = []int32{
-	9,   // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
-	9,   // 1: gpuctl.v1.Welcome.version:type_name -> gpuctl.v1.Version
-	9,   // 2: gpuctl.v1.JoinRequest.version:type_name -> gpuctl.v1.Version
-	14,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
-	15,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
-	16,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
-	96,  // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
-	35,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
-	18,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
-	19,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
+	10,  // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
+	10,  // 1: gpuctl.v1.Welcome.version:type_name -> gpuctl.v1.Version
+	10,  // 2: gpuctl.v1.JoinRequest.version:type_name -> gpuctl.v1.Version
+	15,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
+	16,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
+	17,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
+	115, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
+	36,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
+	19,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
+	20,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
 	0,   // 10: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
-	97,  // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
-	20,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
-	21,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
-	22,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
-	23,  // 15: gpuctl.v1.Telemetry.rdma:type_name -> gpuctl.v1.RDMAPortSample
-	21,  // 16: gpuctl.v1.Telemetry.in_flight:type_name -> gpuctl.v1.CollectiveRecord
-	35,  // 17: gpuctl.v1.Telemetry.ranks:type_name -> gpuctl.v1.RankStatus
+	116, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
+	21,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
+	22,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
+	23,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
+	24,  // 15: gpuctl.v1.Telemetry.rdma:type_name -> gpuctl.v1.RDMAPortSample
+	22,  // 16: gpuctl.v1.Telemetry.in_flight:type_name -> gpuctl.v1.CollectiveRecord
+	36,  // 17: gpuctl.v1.Telemetry.ranks:type_name -> gpuctl.v1.RankStatus
 	1,   // 18: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
 	2,   // 19: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
 	3,   // 20: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
-	98,  // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
+	117, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
 	4,   // 22: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
-	99,  // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
-	29,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
-	30,  // 25: gpuctl.v1.Command.launch:type_name -> gpuctl.v1.LaunchRanks
-	31,  // 26: gpuctl.v1.Command.signal:type_name -> gpuctl.v1.SignalRanks
-	28,  // 27: gpuctl.v1.Command.inject_fault:type_name -> gpuctl.v1.InjectFault
-	32,  // 28: gpuctl.v1.Command.read_logs:type_name -> gpuctl.v1.ReadLogs
-	10,  // 29: gpuctl.v1.AgentMessage.hello:type_name -> gpuctl.v1.Hello
-	17,  // 30: gpuctl.v1.AgentMessage.register:type_name -> gpuctl.v1.NodeRegistration
-	27,  // 31: gpuctl.v1.AgentMessage.heartbeat:type_name -> gpuctl.v1.Heartbeat
-	34,  // 32: gpuctl.v1.AgentMessage.command_ack:type_name -> gpuctl.v1.CommandAck
-	25,  // 33: gpuctl.v1.AgentMessage.event:type_name -> gpuctl.v1.Event
-	24,  // 34: gpuctl.v1.AgentMessage.telemetry:type_name -> gpuctl.v1.Telemetry
-	11,  // 35: gpuctl.v1.ServerMessage.welcome:type_name -> gpuctl.v1.Welcome
-	33,  // 36: gpuctl.v1.ServerMessage.command:type_name -> gpuctl.v1.Command
-	26,  // 37: gpuctl.v1.ServerMessage.event_ack:type_name -> gpuctl.v1.EventAck
-	15,  // 38: gpuctl.v1.GPUStatus.info:type_name -> gpuctl.v1.GPUInfo
-	20,  // 39: gpuctl.v1.GPUStatus.last:type_name -> gpuctl.v1.GPUSample
-	17,  // 40: gpuctl.v1.NodeStatus.registration:type_name -> gpuctl.v1.NodeRegistration
+	118, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
+	30,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
+	31,  // 25: gpuctl.v1.Command.launch:type_name -> gpuctl.v1.LaunchRanks
+	32,  // 26: gpuctl.v1.Command.signal:type_name -> gpuctl.v1.SignalRanks
+	29,  // 27: gpuctl.v1.Command.inject_fault:type_name -> gpuctl.v1.InjectFault
+	33,  // 28: gpuctl.v1.Command.read_logs:type_name -> gpuctl.v1.ReadLogs
+	11,  // 29: gpuctl.v1.AgentMessage.hello:type_name -> gpuctl.v1.Hello
+	18,  // 30: gpuctl.v1.AgentMessage.register:type_name -> gpuctl.v1.NodeRegistration
+	28,  // 31: gpuctl.v1.AgentMessage.heartbeat:type_name -> gpuctl.v1.Heartbeat
+	35,  // 32: gpuctl.v1.AgentMessage.command_ack:type_name -> gpuctl.v1.CommandAck
+	26,  // 33: gpuctl.v1.AgentMessage.event:type_name -> gpuctl.v1.Event
+	25,  // 34: gpuctl.v1.AgentMessage.telemetry:type_name -> gpuctl.v1.Telemetry
+	12,  // 35: gpuctl.v1.ServerMessage.welcome:type_name -> gpuctl.v1.Welcome
+	34,  // 36: gpuctl.v1.ServerMessage.command:type_name -> gpuctl.v1.Command
+	27,  // 37: gpuctl.v1.ServerMessage.event_ack:type_name -> gpuctl.v1.EventAck
+	16,  // 38: gpuctl.v1.GPUStatus.info:type_name -> gpuctl.v1.GPUInfo
+	21,  // 39: gpuctl.v1.GPUStatus.last:type_name -> gpuctl.v1.GPUSample
+	18,  // 40: gpuctl.v1.NodeStatus.registration:type_name -> gpuctl.v1.NodeRegistration
 	5,   // 41: gpuctl.v1.NodeStatus.state:type_name -> gpuctl.v1.NodeState
-	38,  // 42: gpuctl.v1.NodeStatus.gpus:type_name -> gpuctl.v1.GPUStatus
+	39,  // 42: gpuctl.v1.NodeStatus.gpus:type_name -> gpuctl.v1.GPUStatus
 	0,   // 43: gpuctl.v1.CollectiveStat.op:type_name -> gpuctl.v1.NCCLOp
-	39,  // 44: gpuctl.v1.ListNodesResponse.nodes:type_name -> gpuctl.v1.NodeStatus
-	25,  // 45: gpuctl.v1.ListEventsResponse.events:type_name -> gpuctl.v1.Event
-	40,  // 46: gpuctl.v1.ListCollectivesResponse.collectives:type_name -> gpuctl.v1.CollectiveStat
-	20,  // 47: gpuctl.v1.GPUHistoryResponse.samples:type_name -> gpuctl.v1.GPUSample
+	40,  // 44: gpuctl.v1.ListNodesResponse.nodes:type_name -> gpuctl.v1.NodeStatus
+	26,  // 45: gpuctl.v1.ListEventsResponse.events:type_name -> gpuctl.v1.Event
+	41,  // 46: gpuctl.v1.ListCollectivesResponse.collectives:type_name -> gpuctl.v1.CollectiveStat
+	21,  // 47: gpuctl.v1.GPUHistoryResponse.samples:type_name -> gpuctl.v1.GPUSample
 	0,   // 48: gpuctl.v1.ObserveFilter.op:type_name -> gpuctl.v1.NCCLOp
-	49,  // 49: gpuctl.v1.ObserveRequest.filter:type_name -> gpuctl.v1.ObserveFilter
-	21,  // 50: gpuctl.v1.ObserveItem.collective:type_name -> gpuctl.v1.CollectiveRecord
-	22,  // 51: gpuctl.v1.ObserveItem.flow:type_name -> gpuctl.v1.NetFlowSample
-	51,  // 52: gpuctl.v1.ObserveBatch.items:type_name -> gpuctl.v1.ObserveItem
-	9,   // 53: gpuctl.v1.VersionResponse.protocol:type_name -> gpuctl.v1.Version
-	28,  // 54: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
-	41,  // 55: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
-	43,  // 56: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
-	45,  // 57: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
-	47,  // 58: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
-	50,  // 59: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
-	53,  // 60: gpuctl.v1.ClientRequest.create_token:type_name -> gpuctl.v1.CreateTokenRequest
-	57,  // 61: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
-	66,  // 62: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
-	68,  // 63: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
-	70,  // 64: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
-	74,  // 65: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
-	78,  // 66: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
-	82,  // 67: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
-	84,  // 68: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
-	87,  // 69: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
-	89,  // 70: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
-	91,  // 71: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
-	93,  // 72: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
-	71,  // 73: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
-	55,  // 74: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
-	42,  // 75: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
-	44,  // 76: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
-	46,  // 77: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
-	48,  // 78: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
-	52,  // 79: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
-	54,  // 80: gpuctl.v1.ClientResponse.create_token:type_name -> gpuctl.v1.CreateTokenResponse
-	58,  // 81: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
-	67,  // 82: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
-	69,  // 83: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
-	73,  // 84: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
-	75,  // 85: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
-	79,  // 86: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
-	83,  // 87: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
-	85,  // 88: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
-	88,  // 89: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
-	90,  // 90: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
-	92,  // 91: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
-	95,  // 92: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
-	72,  // 93: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
-	56,  // 94: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
-	62,  // 95: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
-	61,  // 96: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
-	6,   // 97: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
-	63,  // 98: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
-	7,   // 99: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
-	63,  // 100: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
-	65,  // 101: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
-	64,  // 102: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
-	64,  // 103: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
-	64,  // 104: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
-	64,  // 105: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
-	64,  // 106: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
-	63,  // 107: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
-	63,  // 108: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
-	76,  // 109: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
-	76,  // 110: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
-	77,  // 111: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
-	76,  // 112: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
-	76,  // 113: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
-	0,   // 114: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
-	80,  // 115: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
-	80,  // 116: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
-	81,  // 117: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
-	39,  // 118: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
-	86,  // 119: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
-	64,  // 120: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
-	64,  // 121: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
-	8,   // 122: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
-	8,   // 123: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
-	39,  // 124: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
-	64,  // 125: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
-	25,  // 126: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
-	81,  // 127: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
-	8,   // 128: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
-	94,  // 129: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
-	130, // [130:130] is the sub-list for method output_type
-	130, // [130:130] is the sub-list for method input_type
-	130, // [130:130] is the sub-list for extension type_name
-	130, // [130:130] is the sub-list for extension extendee
-	0,   // [0:130] is the sub-list for field type_name
+	50,  // 49: gpuctl.v1.ObserveRequest.filter:type_name -> gpuctl.v1.ObserveFilter
+	22,  // 50: gpuctl.v1.ObserveItem.collective:type_name -> gpuctl.v1.CollectiveRecord
+	23,  // 51: gpuctl.v1.ObserveItem.flow:type_name -> gpuctl.v1.NetFlowSample
+	52,  // 52: gpuctl.v1.ObserveBatch.items:type_name -> gpuctl.v1.ObserveItem
+	10,  // 53: gpuctl.v1.VersionResponse.protocol:type_name -> gpuctl.v1.Version
+	29,  // 54: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
+	42,  // 55: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
+	44,  // 56: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
+	46,  // 57: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
+	48,  // 58: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
+	51,  // 59: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
+	54,  // 60: gpuctl.v1.ClientRequest.create_token:type_name -> gpuctl.v1.CreateTokenRequest
+	58,  // 61: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
+	67,  // 62: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
+	69,  // 63: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
+	71,  // 64: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
+	75,  // 65: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
+	79,  // 66: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
+	83,  // 67: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
+	85,  // 68: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
+	88,  // 69: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
+	90,  // 70: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
+	92,  // 71: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
+	94,  // 72: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
+	72,  // 73: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
+	101, // 74: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
+	103, // 75: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
+	105, // 76: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
+	107, // 77: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
+	109, // 78: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
+	111, // 79: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
+	113, // 80: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
+	56,  // 81: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
+	43,  // 82: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
+	45,  // 83: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
+	47,  // 84: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
+	49,  // 85: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
+	53,  // 86: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
+	55,  // 87: gpuctl.v1.ClientResponse.create_token:type_name -> gpuctl.v1.CreateTokenResponse
+	59,  // 88: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
+	68,  // 89: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
+	70,  // 90: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
+	74,  // 91: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
+	76,  // 92: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
+	80,  // 93: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
+	84,  // 94: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
+	86,  // 95: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
+	89,  // 96: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
+	91,  // 97: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
+	93,  // 98: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
+	96,  // 99: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
+	73,  // 100: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
+	57,  // 101: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
+	102, // 102: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
+	104, // 103: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
+	106, // 104: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
+	108, // 105: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
+	110, // 106: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
+	112, // 107: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
+	114, // 108: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
+	63,  // 109: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
+	62,  // 110: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
+	6,   // 111: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
+	64,  // 112: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
+	7,   // 113: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
+	64,  // 114: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
+	66,  // 115: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
+	65,  // 116: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
+	65,  // 117: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
+	65,  // 118: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
+	65,  // 119: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
+	65,  // 120: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
+	64,  // 121: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
+	64,  // 122: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
+	77,  // 123: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
+	77,  // 124: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
+	78,  // 125: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
+	77,  // 126: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
+	77,  // 127: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
+	0,   // 128: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
+	81,  // 129: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
+	81,  // 130: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
+	82,  // 131: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
+	40,  // 132: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
+	87,  // 133: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
+	65,  // 134: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
+	65,  // 135: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
+	8,   // 136: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
+	8,   // 137: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
+	40,  // 138: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
+	65,  // 139: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
+	26,  // 140: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
+	82,  // 141: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
+	8,   // 142: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
+	95,  // 143: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
+	9,   // 144: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
+	9,   // 145: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
+	99,  // 146: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
+	100, // 147: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
+	100, // 148: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
+	100, // 149: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
+	97,  // 150: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
+	9,   // 151: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
+	97,  // 152: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
+	97,  // 153: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
+	97,  // 154: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
+	155, // [155:155] is the sub-list for method output_type
+	155, // [155:155] is the sub-list for method input_type
+	155, // [155:155] is the sub-list for extension type_name
+	155, // [155:155] is the sub-list for extension extendee
+	0,   // [0:155] is the sub-list for field type_name
 }
 
 func init() { file_gpuctl_proto_init() }
@@ -9224,6 +10767,13 @@ func file_gpuctl_proto_init() {
 		(*ClientRequest_Logs)(nil),
 		(*ClientRequest_Watch)(nil),
 		(*ClientRequest_ReleaseJob)(nil),
+		(*ClientRequest_CreateJoinToken)(nil),
+		(*ClientRequest_ListTokens)(nil),
+		(*ClientRequest_RevokeToken)(nil),
+		(*ClientRequest_AddUser)(nil),
+		(*ClientRequest_ListIdentities)(nil),
+		(*ClientRequest_RevokeUser)(nil),
+		(*ClientRequest_RemoveNode)(nil),
 		(*ClientRequest_Version)(nil),
 	}
 	file_gpuctl_proto_msgTypes[51].OneofWrappers = []any{
@@ -9247,14 +10797,21 @@ func file_gpuctl_proto_init() {
 		(*ClientResponse_Watch)(nil),
 		(*ClientResponse_ReleaseJob)(nil),
 		(*ClientResponse_Version)(nil),
+		(*ClientResponse_CreateJoinToken)(nil),
+		(*ClientResponse_ListTokens)(nil),
+		(*ClientResponse_RevokeToken)(nil),
+		(*ClientResponse_AddUser)(nil),
+		(*ClientResponse_ListIdentities)(nil),
+		(*ClientResponse_RevokeUser)(nil),
+		(*ClientResponse_RemoveNode)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuctl_proto_rawDesc), len(file_gpuctl_proto_rawDesc)),
-			NumEnums:      9,
-			NumMessages:   91,
+			NumEnums:      10,
+			NumMessages:   109,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -91,14 +91,21 @@ var routes = map[protoreflect.Name]route{
 			}
 			return transport.RoleOperator, true
 		}},
-	"cancel_job":     {role: transport.RoleOperator, mutates: true, handle: (*Server).cancelJob},
-	"assign_job":     {role: transport.RoleOperator, mutates: true, handle: (*Server).assignJob},
-	"checkpoint_job": {role: transport.RoleOperator, mutates: true, handle: (*Server).checkpointJob},
-	"restart_job":    {role: transport.RoleOperator, mutates: true, handle: (*Server).restartJob},
-	"release_job":    {role: transport.RoleOperator, mutates: true, handle: (*Server).releaseJob},
-	"cordon":         {role: transport.RoleOperator, mutates: true, handle: (*Server).cordon},
-	"create_token":   {role: transport.RoleAdmin, mutates: true, handle: (*Server).createToken},
-	"inject_fault":   {role: transport.RoleAdmin, mutates: true, handle: (*Server).injectFault},
+	"cancel_job":        {role: transport.RoleOperator, mutates: true, handle: (*Server).cancelJob},
+	"assign_job":        {role: transport.RoleOperator, mutates: true, handle: (*Server).assignJob},
+	"checkpoint_job":    {role: transport.RoleOperator, mutates: true, handle: (*Server).checkpointJob},
+	"restart_job":       {role: transport.RoleOperator, mutates: true, handle: (*Server).restartJob},
+	"release_job":       {role: transport.RoleOperator, mutates: true, handle: (*Server).releaseJob},
+	"cordon":            {role: transport.RoleOperator, mutates: true, handle: (*Server).cordon},
+	"create_token":      {role: transport.RoleAdmin, mutates: true, handle: (*Server).createTokenOld},
+	"create_join_token": {role: transport.RoleAdmin, mutates: true, handle: (*Server).createJoinToken},
+	"list_tokens":       {role: transport.RoleAdmin, handle: (*Server).listTokens},
+	"revoke_token":      {role: transport.RoleAdmin, mutates: true, handle: (*Server).revokeTokenReq},
+	"add_user":          {role: transport.RoleAdmin, mutates: true, handle: (*Server).addUserReq},
+	"list_identities":   {role: transport.RoleAdmin, handle: (*Server).listIdentities},
+	"revoke_user":       {role: transport.RoleAdmin, mutates: true, handle: (*Server).revokeUserReq},
+	"remove_node":       {role: transport.RoleAdmin, mutates: true, handle: (*Server).removeNodeReq},
+	"inject_fault":      {role: transport.RoleAdmin, mutates: true, handle: (*Server).injectFault},
 }
 
 // authorize returns the route for req and whether the caller may use it,
@@ -441,18 +448,6 @@ func (s *Server) cordon(ctx context.Context, c *call) error {
 		s.jobs.Kick()
 	}
 	return c.send(&api.ClientResponse{Body: &api.ClientResponse_Cordon{Cordon: resp}})
-}
-
-func (s *Server) createToken(_ context.Context, c *call) error {
-	ttl := time.Duration(c.req.GetCreateToken().GetTtlSeconds()) * time.Second
-	if ttl <= 0 {
-		ttl = 24 * time.Hour
-	}
-	tok, exp, err := s.auth.CreateToken(ttl)
-	if err != nil {
-		return c.fail("create token: %v", err)
-	}
-	return c.send(&api.ClientResponse{Body: &api.ClientResponse_CreateToken{CreateToken: &api.CreateTokenResponse{Token: tok, ExpiresUnixNano: exp.UnixNano()}}})
 }
 
 func (s *Server) injectFault(ctx context.Context, c *call) error {

@@ -62,6 +62,11 @@ type Config struct {
 	Jobs jobs.Config
 	// Commit is the build's VCS revision, reported by gpuctl version.
 	Commit string
+	// BackupEvery and BackupKeep pace the store's online backups into
+	// <data-dir>/backups (defaults store.DefaultBackupEvery and
+	// store.DefaultBackupKeep); one more is taken at a clean shutdown.
+	BackupEvery time.Duration
+	BackupKeep  int
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -91,6 +96,9 @@ type Server struct {
 // AdminConfigPath is the client configuration gpuctl serve writes for the
 // cluster's first administrator.
 func AdminConfigPath(dataDir string) string { return filepath.Join(dataDir, "admin.yaml") }
+
+// StatePath is the store file in a data dir.
+func StatePath(dataDir string) string { return filepath.Join(dataDir, "state.db") }
 
 // New opens (creating on first start) the data dir's CA and store and
 // loads the cluster's nodes and jobs.
@@ -133,7 +141,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	st, err := store.OpenBolt(filepath.Join(cfg.DataDir, "state.db"))
+	st, err := store.OpenBolt(StatePath(cfg.DataDir))
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
@@ -150,6 +158,7 @@ func newServer(cfg Config, auth *transport.Authority, st store.Store, policy sch
 	host, _ := os.Hostname()
 	s := &Server{cfg: cfg, log: cfg.Log, name: host, auth: auth, store: st, hub: watch.New(watch.Options{}),
 		obs: observe.NewBroker(cfg.ObserveHistory), clients: map[*transport.Conn]struct{}{}}
+	s.wireIdentity()
 	if recent, err := st.Events(store.EventFilter{Limit: 1000}); err == nil {
 		s.hub.LoadEvents(recent)
 	} else {
@@ -230,8 +239,7 @@ func (d *deferredSink) NodeEvents(name string, events []*api.Event) {
 // Listen binds the UDP port and writes admin.yaml if it is missing. Call
 // it before Serve; Addr is valid after it.
 func (s *Server) Listen(ctx context.Context) error {
-	ln, err := transport.Listen(ctx, s.cfg.Listen, s.auth, transport.ListenConfig{Logger: s.log,
-		OnJoin: func(_ context.Context, info transport.JoinInfo) error { return s.nodes.Admit(info.Node) }})
+	ln, err := transport.Listen(ctx, s.cfg.Listen, s.auth, s.listenConfig())
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
@@ -255,6 +263,7 @@ func (s *Server) writeAdminConfig() error {
 	if err != nil {
 		return fmt.Errorf("serve: issue admin certificate: %w", err)
 	}
+	s.recordUser(id, "gpuctl serve (first start)")
 	if err := transport.WriteClientConfig(path, addr, id); err != nil {
 		return fmt.Errorf("serve: write %s: %w", path, err)
 	}
@@ -287,7 +296,18 @@ func (s *Server) run(ctx context.Context) {
 		defer s.wg.Done()
 		s.stall.Run(ctx, s.cfg.StallEvery)
 	}()
+	if b, ok := s.store.(*store.Bolt); ok {
+		// Inside the wait group, so the backup at shutdown is written
+		// before the store closes.
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			b.RunBackups(ctx, s.cfg.BackupEvery, s.cfg.BackupKeep, s.log.With("part", "backup"))
+		}()
+	}
 }
+
+func (s *Server) now() time.Time { return s.cfg.Now() }
 
 // Serve accepts connections until ctx ends, then closes the store.
 func (s *Server) Serve(ctx context.Context) error {

@@ -141,7 +141,8 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		}
 		c.MetricsAddr = addr.String()
 	}
-	token, _, err := srv.Authority().CreateToken(time.Hour)
+	// One token for the demo's nodes; each takes one of its joins.
+	token, err := srv.CreateJoinToken(time.Hour, opts.Nodes, "gpuctl demo")
 	if err != nil {
 		return nil, fmt.Errorf("demo: %w", err)
 	}
@@ -174,7 +175,9 @@ func (c *Cluster) StartNode(name, token string) error {
 	args := []string{"--server", c.Server.Addr().String(), "--name", name, "--data-dir", dir, "--sim", c.opts.Sim,
 		"--heartbeat", c.opts.Heartbeat.String(), "--ebpf", c.opts.EBPF, "--trace-scope", "node",
 		"--label", "rack=rack-" + strconv.Itoa(idx/2), "--label", "switch=leaf-" + strconv.Itoa(idx/4),
-		"--log-file", filepath.Join(dir, "nodemon.log")}
+		"--log-file", filepath.Join(dir, "nodemon.log"),
+		// The demo's ranks run as whoever runs it, root included.
+		"--allow-root-ranks"}
 	if c.opts.MetricsBasePort > 0 {
 		addr := "127.0.0.1:" + strconv.Itoa(c.opts.MetricsBasePort+1+idx)
 		args = append(args, "--metrics-addr", addr)

@@ -88,14 +88,15 @@ func TestServerKill9LosesNothing(t *testing.T) {
 		return nil
 	})
 	ctx := context.Background()
-	token, _, err := cl.CreateToken(ctx, time.Hour)
+	token, _, err := cl.CreateJoinToken(ctx, client.TokenOptions{TTL: time.Hour, Uses: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 2; i++ {
 		name := NodeName(i)
 		startProc(t, filepath.Join(dir, name+".log"), nodemon, "--server", addr, "--token", token, "--name", name,
-			"--data-dir", filepath.Join(dir, "nodes", name), "--sim", "dgx-h100", "--ebpf", "off", "--trace-scope", "node")
+			"--data-dir", filepath.Join(dir, "nodes", name), "--sim", "dgx-h100", "--ebpf", "off", "--trace-scope", "node",
+			"--allow-root-ranks")
 	}
 	poll(t, 30*time.Second, "2 nodes ready", func() error {
 		nodes, err := cl.Nodes(ctx)

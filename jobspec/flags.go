@@ -32,6 +32,8 @@ type Flags struct {
 	EstimatedRuntime    time.Duration
 	// Env holds KEY=VALUE pairs.
 	Env []string
+	// User and Group are what the ranks run as.
+	User, Group string
 	// Command is everything after "--".
 	Command []string
 }
@@ -47,6 +49,7 @@ var flagNames = map[string]string{
 	"checkpoint.dir": "--checkpoint-dir", "checkpoint.interval": "--checkpoint-interval",
 	"stall_threshold": "--stall-threshold", "restart_policy": "--restart-policy", "max_restarts": "--max-restarts",
 	"elastic.data_parallel": "--elastic-dp", "estimated_runtime": "--estimated-runtime",
+	"user": "--user", "group": "--group",
 }
 
 // FromFlags builds and validates a Spec from command-line values. Problems
@@ -60,6 +63,7 @@ func FromFlags(f Flags) (*Spec, error) {
 		StallThreshold:   f.StallThreshold,
 		RestartPolicy:    RestartPolicy(f.RestartPolicy),
 		EstimatedRuntime: f.EstimatedRuntime,
+		User:             f.User, Group: f.Group,
 	}
 	var probs []Problem
 	for _, kv := range f.Env {

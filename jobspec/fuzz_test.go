@@ -33,6 +33,9 @@ func FuzzParse(f *testing.F) {
 		if p, ok := s.FixedPlan(); ok && p.TP*p.PP*p.DP != s.TotalGPUs() {
 			t.Fatalf("accepted plan %+v does not cover %d GPUs", p, s.TotalGPUs())
 		}
+		if s.User != "" && !validAccount(s.User) || s.Group != "" && (!validAccount(s.Group) || s.User == "") {
+			t.Fatalf("accepted run-as %q:%q", s.User, s.Group)
+		}
 		if _, _, _, err := s.CostModel(); err != nil {
 			t.Fatalf("accepted model does not resolve: %v", err)
 		}

@@ -66,6 +66,11 @@ type Spec struct {
 	Command []string `yaml:"command" json:"command"`
 	// Env is added to every rank's environment.
 	Env map[string]string `yaml:"env,omitempty" json:"env,omitempty"`
+	// User is the account every rank runs as, a name or a numeric uid;
+	// empty: the server's default. Group is the ranks' group (name or
+	// gid); empty: the user's primary group. See CheckRunAs.
+	User  string `yaml:"user,omitempty" json:"user,omitempty"`
+	Group string `yaml:"group,omitempty" json:"group,omitempty"`
 
 	// GPUs is the total GPU count; or give Nodes × GPUsPerNode.
 	GPUs        int `yaml:"gpus,omitempty" json:"gpus,omitempty"`

@@ -89,6 +89,8 @@ func (s *Spec) validate(lines map[string]int) *ValidationError {
 		}
 	}
 
+	s.validateRunAs(c)
+
 	if !s.checkBounds(c) {
 		// Absurd sizes would overflow the arithmetic below.
 		return &ValidationError{Problems: c.probs}

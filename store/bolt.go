@@ -30,12 +30,14 @@ type Bolt struct {
 	maxEvents int
 }
 
-// OpenBolt opens (creating if needed) the store file at path.
+// OpenBolt opens (creating if needed) the store file at path. A file that
+// is empty, truncated or damaged is refused with a *CorruptError naming it
+// and its last backup; it is never replaced by an empty store.
 func OpenBolt(path string) (*Bolt, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("open store: create %s: %w", filepath.Dir(path), err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	db, err := openChecked(path, &bolt.Options{Timeout: 2 * time.Second})
 	if err != nil {
 		if err == bolt.ErrTimeout {
 			return nil, fmt.Errorf("open store %s: locked by another process (is another gpuctl serve using this --data-dir?)", path)

@@ -162,6 +162,7 @@ type Authority struct {
 
 	mu     sync.RWMutex
 	secret []byte
+	ledger TokenLedger
 }
 
 // OpenAuthority loads the cluster CA from dir, creating the CA, the server
@@ -175,6 +176,7 @@ func OpenAuthority(dir string, opts AuthorityOptions) (*Authority, error) {
 		now:       opts.Now,
 		nodeTTL:   opts.NodeCertTTL,
 		clientTTL: opts.ClientCertTTL,
+		ledger:    &memLedger{},
 	}
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
@@ -512,25 +514,57 @@ func (a *Authority) IssueNode(pub crypto.PublicKey, name string) (*x509.Certific
 // IssueClient generates a key and a client certificate with the given role
 // (viewer, operator or admin) and returns them as an Identity.
 func (a *Authority) IssueClient(name string, role Role) (*Identity, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("issue client certificate for %s: generate key: %w", name, err)
+	}
+	cert, err := a.IssueClientFor(key.Public(), name, role)
+	if err != nil {
+		return nil, err
+	}
+	return newIdentity(cert, key, a.caCert)
+}
+
+// IssueClientFor signs a client certificate with the given role for pub, a
+// key the client generated and keeps.
+func (a *Authority) IssueClientFor(pub crypto.PublicKey, name string, role Role) (*x509.Certificate, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, fmt.Errorf("issue client certificate: %w", err)
 	}
 	if !role.IsClient() {
 		return nil, fmt.Errorf("issue client certificate for %s: role %q is not a client role: use viewer, operator or admin", name, role)
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("issue client certificate for %s: generate key: %w", name, err)
+	if err := checkPublicKey(pub); err != nil {
+		return nil, fmt.Errorf("issue client certificate for %s: %w", name, err)
 	}
 	cert, err := a.sign(&x509.Certificate{
 		Subject:     pkix.Name{CommonName: name, OrganizationalUnit: []string{string(role)}, Organization: []string{"gpuctl"}},
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}, key.Public(), a.clientTTL)
+	}, pub, a.clientTTL)
 	if err != nil {
 		return nil, fmt.Errorf("issue client certificate for %s: %w", name, err)
 	}
-	return newIdentity(cert, key, a.caCert)
+	return cert, nil
+}
+
+// Serial returns a certificate's serial number as the deny-list keeps it:
+// lowercase hex.
+func Serial(cert *x509.Certificate) string {
+	if cert == nil || cert.SerialNumber == nil {
+		return ""
+	}
+	return cert.SerialNumber.Text(16)
+}
+
+// KeySHA256 returns the lowercase hex SHA-256 of a public key's PKIX DER
+// encoding, which names a key across certificates.
+func KeySHA256(pub crypto.PublicKey) string {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf("%x", sha256.Sum256(der))
 }
 
 // CACert returns the cluster CA certificate.

@@ -78,6 +78,7 @@ func TestParseClientConfig(t *testing.T) {
 		{"missing key", "server: h:1\nca: a\ncert: b\n", "key: missing"},
 		{"not yaml", "server: [\n", "parse YAML"},
 		{"empty", "", "parse YAML"},
+		{"path and data", "server: h:1\nca: a\ncert: b\nkey: c\nkey_data: x\n", "key and key_data both given"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -101,14 +102,19 @@ func FuzzParseClientConfig(f *testing.F) {
 	f.Add("server: '[::1]:7443'\nca: /x\ncert: /y\nkey: /z\n")
 	f.Add("{}")
 	f.Add("server: &a h:1\nca: *a\n")
+	f.Add("server: h:1\nca_data: x\ncert_data: y\nkey_data: z\n")
+	f.Add("server: h:1\nca: a\nca_data: x\ncert: b\nkey_data: z\n")
 	f.Fuzz(func(t *testing.T, s string) {
 		cfg, err := parseClientConfig([]byte(s), "/base")
 		if err != nil {
 			return
 		}
-		for _, p := range []string{cfg.CA, cfg.Cert, cfg.Key} {
-			if !filepath.IsAbs(p) {
-				t.Fatalf("path %q left relative", p)
+		for _, f := range []struct{ path, data string }{{cfg.CA, cfg.CAData}, {cfg.Cert, cfg.CertData}, {cfg.Key, cfg.KeyData}} {
+			if (f.path == "") == (f.data == "") {
+				t.Fatalf("want exactly one of a path and inline data, got %q and %q", f.path, f.data)
+			}
+			if f.path != "" && !filepath.IsAbs(f.path) {
+				t.Fatalf("path %q left relative", f.path)
 			}
 		}
 		if _, _, err := splitServer(cfg.Server); err != nil {

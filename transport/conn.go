@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -68,6 +69,7 @@ type Conn struct {
 	role Role
 	name string
 	alpn string
+	cert *x509.Certificate
 }
 
 // Role returns the peer's role.
@@ -76,6 +78,12 @@ func (c *Conn) Role() Role { return c.role }
 // Name returns the peer's name (node name, client name, or the server's
 // certificate name on a dialed connection).
 func (c *Conn) Name() string { return c.name }
+
+// Certificate returns the peer's verified leaf certificate.
+func (c *Conn) Certificate() *x509.Certificate { return c.cert }
+
+// Serial returns the serial number of the peer's certificate (see Serial).
+func (c *Conn) Serial() string { return Serial(c.cert) }
 
 // ALPN returns the application protocol the connection speaks.
 func (c *Conn) ALPN() string { return c.alpn }

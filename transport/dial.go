@@ -31,8 +31,11 @@ type Dialer struct {
 }
 
 // NewDialer opens a UDP socket on an ephemeral port for dialing.
-func NewDialer(logger *slog.Logger) (*Dialer, error) {
-	udp, err := net.ListenUDP("udp", nil)
+func NewDialer(logger *slog.Logger) (*Dialer, error) { return newDialerOn(logger, nil) }
+
+// newDialerOn dials from laddr (nil: any address, an ephemeral port).
+func newDialerOn(logger *slog.Logger, laddr *net.UDPAddr) (*Dialer, error) {
+	udp, err := net.ListenUDP("udp", laddr)
 	if err != nil {
 		return nil, fmt.Errorf("open dialer socket: %w", err)
 	}
@@ -100,7 +103,7 @@ func (d *Dialer) dial(ctx context.Context, addr string, tlsConf *tls.Config) (*C
 		qc.CloseWithError(CodeRefused, "server certificate carries no role")
 		return nil, fmt.Errorf("dial %s %s: %w", alpn, addr, err)
 	}
-	return &Conn{qc: qc, role: role, name: name, alpn: alpn}, nil
+	return &Conn{qc: qc, role: role, name: name, alpn: alpn, cert: state.PeerCertificates[0]}, nil
 }
 
 // Join trades token for a node certificate at the server at addr and stores

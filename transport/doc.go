@@ -31,7 +31,18 @@
 // dir's join.secret, and cahash the lowercase hex SHA-256 of the cluster CA
 // certificate's DER bytes (the value `openssl x509 -noout -fingerprint
 // -sha256 -in ca.crt` prints, without colons). The joining node uses cahash
-// to authenticate the server before it holds the CA. Tokens may be used
-// until they expire; RevokeTokens replaces the secret, which invalidates
-// every token issued so far.
+// to authenticate the server before it holds the CA.
+//
+// The signature makes a token hard to forge; the server's record of it (a
+// TokenLedger: the store under gpuctl serve) makes it single-use unless
+// created for more joins, and revocable one by one. A token the server has
+// no record of is refused. RevokeTokens replaces the secret, which
+// invalidates every token issued so far.
+//
+// # Revocation
+//
+// Every node and client certificate is checked at each connection against
+// ListenConfig.CheckPeer, where the server consults its deny-list of
+// revoked serial numbers; Listener.Disconnect closes the connections a
+// revocation catches while they are open.
 package transport

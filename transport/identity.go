@@ -124,13 +124,59 @@ func saveIdentity(id *Identity, certPath, keyPath, caPath string) error {
 	return writeFileNew(certPath, certPEM(id.Certificate.Certificate[0]), 0o644)
 }
 
+// NewClientIdentity builds a client identity from the certificate the
+// server issued (DER), the key the client generated for it and the cluster
+// CA (DER), checking that they belong together.
+func NewClientIdentity(certDER []byte, key crypto.Signer, caDER []byte) (*Identity, error) {
+	cert, err := x509.ParseCertificate(certDER)
+	if err != nil {
+		return nil, fmt.Errorf("parse client certificate: %w", err)
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return nil, fmt.Errorf("parse CA certificate: %w", err)
+	}
+	id, err := newIdentity(cert, key, ca)
+	if err != nil {
+		return nil, err
+	}
+	if !id.Role.IsClient() {
+		return nil, fmt.Errorf("certificate %q carries role %q, not a client role", id.Name, id.Role)
+	}
+	return id, nil
+}
+
 // ClientConfig is a gpuctl client's configuration file: the server to dial
-// and the files of its identity. Relative paths are relative to the file.
+// and its identity, as files (relative paths are relative to the config
+// file) or inline as PEM text (ca_data, cert_data, key_data), one of the
+// two for each.
 type ClientConfig struct {
-	Server string `yaml:"server"`
-	CA     string `yaml:"ca"`
-	Cert   string `yaml:"cert"`
-	Key    string `yaml:"key"`
+	Server   string `yaml:"server"`
+	CA       string `yaml:"ca,omitempty"`
+	Cert     string `yaml:"cert,omitempty"`
+	Key      string `yaml:"key,omitempty"`
+	CAData   string `yaml:"ca_data,omitempty"`
+	CertData string `yaml:"cert_data,omitempty"`
+	KeyData  string `yaml:"key_data,omitempty"`
+}
+
+// ClientConfigYAML returns a self-contained client config for dialing
+// server with id: the certificates and the key inline. Whoever holds it
+// acts as id, so keep it as private as a key file (mode 0600).
+func ClientConfigYAML(server string, id *Identity) ([]byte, error) {
+	if _, _, err := splitServer(server); err != nil {
+		return nil, fmt.Errorf("client config: %w", err)
+	}
+	signer, ok := id.Certificate.PrivateKey.(crypto.Signer)
+	if !ok {
+		return nil, fmt.Errorf("client config: private key of type %T cannot be stored", id.Certificate.PrivateKey)
+	}
+	kp, err := keyPEM(signer)
+	if err != nil {
+		return nil, fmt.Errorf("client config: %w", err)
+	}
+	cfg := ClientConfig{Server: server, CAData: string(certPEM(id.CA.Raw)), CertData: string(certPEM(id.Certificate.Certificate[0])), KeyData: string(kp)}
+	return yaml.Marshal(&cfg)
 }
 
 // WriteClientConfig writes a client config at path (YAML) for dialing
@@ -178,14 +224,56 @@ func LoadClientConfig(path string) (*ClientConfig, *Identity, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("client config %s: %w", path, err)
 	}
-	id, err := loadIdentity(cfg.Cert, cfg.Key, cfg.CA)
+	var id *Identity
+	if cfg.KeyData != "" {
+		id, err = loadInlineIdentity(path, cfg)
+	} else {
+		id, err = loadIdentity(cfg.Cert, cfg.Key, cfg.CA)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("client config %s: %w", path, err)
 	}
 	if !id.Role.IsClient() {
-		return nil, nil, fmt.Errorf("client config %s: %s carries role %q, not a client role", path, cfg.Cert, id.Role)
+		return nil, nil, fmt.Errorf("client config %s: the certificate carries role %q, not a client role", path, id.Role)
 	}
 	return cfg, id, nil
+}
+
+// loadInlineIdentity reads an identity whose parts sit in the config file
+// (or, for the CA and certificate, in files it names).
+func loadInlineIdentity(path string, cfg *ClientConfig) (*Identity, error) {
+	// The file holds a key: the same rule as for key files.
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("holds a private key (key_data) but has mode %#o and is readable by other users: run chmod 600 %s", perm, path)
+	}
+	key, err := parseKeyPEM([]byte(cfg.KeyData))
+	if err != nil {
+		return nil, fmt.Errorf("key_data: %w", err)
+	}
+	cert, err := certFrom("cert", cfg.Cert, cfg.CertData)
+	if err != nil {
+		return nil, err
+	}
+	ca, err := certFrom("ca", cfg.CA, cfg.CAData)
+	if err != nil {
+		return nil, err
+	}
+	return newIdentity(cert, key, ca)
+}
+
+func certFrom(field, path, data string) (*x509.Certificate, error) {
+	if data == "" {
+		return readCertFile(path)
+	}
+	cert, err := parseCertPEM([]byte(data))
+	if err != nil {
+		return nil, fmt.Errorf("%s_data: %w", field, err)
+	}
+	return cert, nil
 }
 
 // parseClientConfig decodes a client config strictly and resolves relative
@@ -195,20 +283,28 @@ func parseClientConfig(data []byte, dir string) (*ClientConfig, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil {
-		return nil, fmt.Errorf("parse YAML (want keys server, ca, cert, key): %w", err)
+		return nil, fmt.Errorf("parse YAML (want keys server, ca, cert, key, or ca_data, cert_data, key_data): %w", err)
 	}
 	if _, _, err := splitServer(cfg.Server); err != nil {
 		return nil, err
 	}
 	for _, f := range []struct {
-		key string
-		val *string
-	}{{"ca", &cfg.CA}, {"cert", &cfg.Cert}, {"key", &cfg.Key}} {
-		if strings.TrimSpace(*f.val) == "" {
-			return nil, fmt.Errorf("%s: missing; give the path of the %s file", f.key, f.key)
+		key        string
+		path, data *string
+	}{{"ca", &cfg.CA, &cfg.CAData}, {"cert", &cfg.Cert, &cfg.CertData}, {"key", &cfg.Key, &cfg.KeyData}} {
+		hasPath, hasData := strings.TrimSpace(*f.path) != "", strings.TrimSpace(*f.data) != ""
+		switch {
+		case hasPath && hasData:
+			return nil, fmt.Errorf("%s and %s_data both given: keep one", f.key, f.key)
+		case !hasPath && !hasData:
+			return nil, fmt.Errorf("%s: missing; give the path of the %s file (or the PEM text as %s_data)", f.key, f.key, f.key)
+		case hasData:
+			*f.path = ""
+			continue
 		}
-		if !filepath.IsAbs(*f.val) {
-			*f.val = filepath.Join(dir, *f.val)
+		*f.data = ""
+		if !filepath.IsAbs(*f.path) {
+			*f.path = filepath.Join(dir, *f.path)
 		}
 	}
 	return &cfg, nil

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"crypto"
 	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/x509"
@@ -27,8 +28,17 @@ const (
 	// acceptQueueTimeout is how long a verified connection waits for the
 	// caller's Accept before it is turned away as busy.
 	acceptQueueTimeout = 10 * time.Second
-	maxConcurrentJoins = 16
-	joinTimeout        = 15 * time.Second
+	// Joins are the one unauthenticated protocol: each holds a slot from
+	// its handshake until it is answered, so slots are few, bounded per
+	// source address as well as in total, and short-lived.
+	maxConcurrentJoins = 32
+	maxJoinsPerAddr    = 4
+	// joinRequestTimeout bounds the wait for a join request, and joinLinger
+	// the wait for the node to close after its answer.
+	joinRequestTimeout = 2 * time.Second
+	joinLinger         = 2 * time.Second
+	// joinHookTimeout bounds the server's own work on a join (its hooks).
+	joinHookTimeout = 5 * time.Second
 )
 
 // JoinInfo describes a node asking to join, for ListenConfig.OnJoin.
@@ -37,6 +47,19 @@ type JoinInfo struct {
 	Remote  net.Addr
 	TokenID string
 	Version *api.Version
+	// PublicKey is the key the node generated; KeySHA256 names it
+	// (KeySHA256 of the key).
+	PublicKey crypto.PublicKey
+	KeySHA256 string
+}
+
+// PeerInfo describes a node or client whose certificate the CA verified,
+// for ListenConfig.CheckPeer.
+type PeerInfo struct {
+	Role   Role
+	Name   string
+	Cert   *x509.Certificate
+	Remote net.Addr
 }
 
 // ListenConfig tunes Listen. The zero value is usable.
@@ -44,30 +67,40 @@ type ListenConfig struct {
 	Logger *slog.Logger
 	// OnJoin, when set, is called after a join token has been verified and
 	// before the node certificate is issued; an error refuses the join and
-	// its text is sent to the node.
+	// its text is sent to the node. The token's use is taken after it.
 	OnJoin func(ctx context.Context, info JoinInfo) error
+	// OnJoined, when set, is called with the certificate issued to a node
+	// before it is sent; an error refuses the join.
+	OnJoined func(ctx context.Context, info JoinInfo, cert *x509.Certificate) error
+	// CheckPeer, when set, is called for every node and client connection
+	// once its certificate verified, before Accept returns it; an error
+	// (a revoked certificate) closes the connection with CodeRefused and
+	// the error's text.
+	CheckPeer func(ctx context.Context, peer PeerInfo) error
 }
 
 // Listener accepts node and client connections on one UDP port and serves
 // joins itself.
 type Listener struct {
-	auth   *Authority
-	log    *slog.Logger
-	onJoin func(context.Context, JoinInfo) error
-	udp    *net.UDPConn
-	tr     *quic.Transport
-	ql     *quic.Listener
+	auth *Authority
+	log  *slog.Logger
+	cfg  ListenConfig
+	udp  *net.UDPConn
+	tr   *quic.Transport
+	ql   *quic.Listener
 
-	conns   chan *Conn
-	done    chan struct{}
-	joinSem chan struct{}
-	wg      sync.WaitGroup
+	conns chan *Conn
+	done  chan struct{}
+	wg    sync.WaitGroup
 
 	closeOnce sync.Once
 	closeErr  error
 
 	mu      sync.Mutex
 	live    map[*quic.Conn]struct{}
+	peers   map[*Conn]struct{} // verified, whether handed out yet or not
+	joins   map[string]int     // joins in progress per source address
+	joining int
 	loopErr error
 	closed  bool
 }
@@ -85,14 +118,15 @@ func Listen(ctx context.Context, addr string, auth *Authority, cfg ListenConfig)
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
 	l := &Listener{
-		auth:    auth,
-		log:     cfg.Logger,
-		onJoin:  cfg.OnJoin,
-		udp:     udp,
-		conns:   make(chan *Conn, acceptQueue),
-		done:    make(chan struct{}),
-		joinSem: make(chan struct{}, maxConcurrentJoins),
-		live:    map[*quic.Conn]struct{}{},
+		auth:  auth,
+		log:   cfg.Logger,
+		cfg:   cfg,
+		udp:   udp,
+		conns: make(chan *Conn, acceptQueue),
+		done:  make(chan struct{}),
+		live:  map[*quic.Conn]struct{}{},
+		peers: map[*Conn]struct{}{},
+		joins: map[string]int{},
 	}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
@@ -265,6 +299,16 @@ func (l *Listener) handle(qc *quic.Conn) {
 		return
 	}
 	c.qc = qc
+	// Known to Disconnect before CheckPeer looks, so a revocation that
+	// lands in between still catches the connection.
+	l.trackPeer(c)
+	if l.cfg.CheckPeer != nil {
+		if err := l.cfg.CheckPeer(qc.Context(), PeerInfo{Role: c.role, Name: c.name, Cert: c.cert, Remote: qc.RemoteAddr()}); err != nil {
+			log.Warn("refused peer", "role", c.role, "name", c.name, "serial", c.Serial(), "err", err)
+			qc.CloseWithError(CodeRefused, err.Error())
+			return
+		}
+	}
 	log.Debug("peer connected", "role", c.role, "name", c.name)
 	timer := time.NewTimer(acceptQueueTimeout)
 	defer timer.Stop()
@@ -276,6 +320,36 @@ func (l *Listener) handle(qc *quic.Conn) {
 		log.Warn("no Accept for verified peer; turning it away", "name", c.name)
 		qc.CloseWithError(CodeBusy, "server busy: try again shortly")
 	}
+}
+
+func (l *Listener) trackPeer(c *Conn) {
+	l.mu.Lock()
+	l.peers[c] = struct{}{}
+	l.mu.Unlock()
+	context.AfterFunc(c.qc.Context(), func() {
+		l.mu.Lock()
+		delete(l.peers, c)
+		l.mu.Unlock()
+	})
+}
+
+// Disconnect closes, with CodeRefused and reason, every verified node or
+// client connection for which match is true (those of a certificate just
+// revoked), whether Accept has returned it yet or not, and returns how
+// many it closed.
+func (l *Listener) Disconnect(match func(c *Conn) bool, reason string) int {
+	l.mu.Lock()
+	var hit []*Conn
+	for c := range l.peers {
+		if match(c) {
+			hit = append(hit, c)
+		}
+	}
+	l.mu.Unlock()
+	for _, c := range hit {
+		c.qc.CloseWithError(CodeRefused, reason)
+	}
+	return len(hit)
 }
 
 // verify checks the client certificate against the cluster CA and the role
@@ -297,39 +371,69 @@ func (l *Listener) verify(alpn string, chain []*x509.Certificate) (*Conn, error)
 	default:
 		return nil, fmt.Errorf("unknown application protocol %q", alpn)
 	}
-	return &Conn{role: role, name: name, alpn: alpn}, nil
+	return &Conn{role: role, name: name, alpn: alpn, cert: chain[0]}, nil
+}
+
+// takeJoinSlot reserves a join slot for a connection from remote, or says
+// why there is none.
+func (l *Listener) takeJoinSlot(remote net.Addr) (release func(), busy string) {
+	host := remote.String()
+	if ua, ok := remote.(*net.UDPAddr); ok {
+		host = ua.IP.String()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.joins[host] >= maxJoinsPerAddr:
+		return nil, fmt.Sprintf("server busy: %d joins from %s in progress; try again shortly", l.joins[host], host)
+	case l.joining >= maxConcurrentJoins:
+		return nil, fmt.Sprintf("server busy with %d other joins; try again shortly", l.joining)
+	}
+	l.joins[host]++
+	l.joining++
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.joining--
+		if l.joins[host]--; l.joins[host] <= 0 {
+			delete(l.joins, host)
+		}
+	}, ""
 }
 
 func (l *Listener) serveJoin(qc *quic.Conn, log *slog.Logger) {
-	select {
-	case l.joinSem <- struct{}{}:
-		defer func() { <-l.joinSem }()
-	default:
-		qc.CloseWithError(CodeBusy, "server busy with other joins: try again shortly")
+	release, busy := l.takeJoinSlot(qc.RemoteAddr())
+	if release == nil {
+		log.Warn("join turned away", "why", busy)
+		qc.CloseWithError(CodeBusy, busy)
 		return
 	}
-	ctx, cancel := context.WithTimeout(qc.Context(), joinTimeout)
+	defer release()
+	rctx, cancel := context.WithTimeout(qc.Context(), joinRequestTimeout)
 	defer cancel()
-	s, err := qc.AcceptStream(ctx)
+	s, err := qc.AcceptStream(rctx)
 	if err != nil {
 		log.Warn("join: no request", "err", err)
-		qc.CloseWithError(CodeProtocol, "no join request received")
+		qc.CloseWithError(CodeProtocol, fmt.Sprintf("no join request within %s", joinRequestTimeout))
 		return
 	}
-	deadline, _ := ctx.Deadline()
-	s.SetDeadline(deadline)
+	deadline, _ := rctx.Deadline()
+	s.SetReadDeadline(deadline)
 	var req api.JoinRequest
 	if err := api.NewFrameReader(s).Read(&req); err != nil {
 		log.Warn("join: bad request", "err", err)
 		qc.CloseWithError(CodeProtocol, "join: unreadable request: "+err.Error())
 		return
 	}
-	resp := l.join(ctx, qc.RemoteAddr(), &req)
+	hctx, hcancel := context.WithTimeout(qc.Context(), joinHookTimeout)
+	resp := l.join(hctx, qc.RemoteAddr(), &req)
+	hcancel()
 	if resp.Error != "" {
 		log.Warn("join refused", "node", req.GetNodeName(), "err", resp.Error)
 	} else {
 		log.Info("node joined", "node", req.GetNodeName())
 	}
+	s.SetWriteDeadline(time.Now().Add(joinLinger))
 	if err := api.WriteFrame(s, resp); err != nil {
 		log.Warn("join: send answer", "err", err)
 		qc.CloseWithError(CodeProtocol, "join: send answer failed")
@@ -338,7 +442,13 @@ func (l *Listener) serveJoin(qc *quic.Conn, log *slog.Logger) {
 	s.Close()
 	// The node closes the connection once it has the answer; closing first
 	// could drop the answer still in flight.
-	<-ctx.Done()
+	linger := time.NewTimer(joinLinger)
+	defer linger.Stop()
+	select {
+	case <-qc.Context().Done():
+	case <-linger.C:
+	case <-l.done:
+	}
 	qc.CloseWithError(CodeNoError, "join done")
 }
 
@@ -349,7 +459,7 @@ func (l *Listener) join(ctx context.Context, remote net.Addr, req *api.JoinReque
 	if err := api.CheckVersion(req.GetVersion()); err != nil {
 		return refuse("%v", err)
 	}
-	if err := l.auth.VerifyToken(req.GetToken()); err != nil {
+	if err := l.auth.CheckToken(req.GetToken()); err != nil {
 		return refuse("%v", err)
 	}
 	if err := ValidateName(req.GetNodeName()); err != nil {
@@ -359,16 +469,27 @@ func (l *Listener) join(ctx context.Context, remote net.Addr, req *api.JoinReque
 	if err != nil {
 		return refuse("public key: %v", err)
 	}
-	if l.onJoin != nil {
-		tok, _ := ParseToken(req.GetToken())
-		info := JoinInfo{Node: req.GetNodeName(), Remote: remote, TokenID: tok.ID, Version: req.GetVersion()}
-		if err := l.onJoin(ctx, info); err != nil {
+	if err := checkPublicKey(pub); err != nil {
+		return refuse("public key: %v", err)
+	}
+	tok, _ := ParseToken(req.GetToken())
+	info := JoinInfo{Node: req.GetNodeName(), Remote: remote, TokenID: tok.ID, Version: req.GetVersion(), PublicKey: pub, KeySHA256: KeySHA256(pub)}
+	if l.cfg.OnJoin != nil {
+		if err := l.cfg.OnJoin(ctx, info); err != nil {
 			return refuse("%v", err)
 		}
+	}
+	if err := l.auth.UseToken(req.GetToken(), req.GetNodeName()); err != nil {
+		return refuse("%v", err)
 	}
 	cert, err := l.auth.IssueNode(pub, req.GetNodeName())
 	if err != nil {
 		return refuse("%v", err)
+	}
+	if l.cfg.OnJoined != nil {
+		if err := l.cfg.OnJoined(ctx, info, cert); err != nil {
+			return refuse("%v", err)
+		}
 	}
 	return &api.JoinResponse{CertDer: cert.Raw, CaCertDer: l.auth.CACert().Raw}
 }

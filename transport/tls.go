@@ -89,6 +89,13 @@ func codeName(c quic.ApplicationErrorCode) string {
 	return fmt.Sprintf("code %#x", uint64(c))
 }
 
+// IsBusy reports whether err is the server turning a connection away for
+// now (CodeBusy): worth retrying after a pause.
+func IsBusy(err error) bool {
+	var pc *PeerClosedError
+	return errors.As(err, &pc) && pc.Code == CodeBusy
+}
+
 // peerError turns the close the peer sent into an error that reads well.
 func peerError(err error) error {
 	var app *quic.ApplicationError

@@ -10,7 +10,12 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpuctl/gpuctl/api"
 )
 
 // Errors VerifyToken wraps, so callers can tell the cases apart.
@@ -19,6 +24,9 @@ var (
 	ErrTokenExpired      = errors.New("join token expired")
 	ErrTokenBadSignature = errors.New("join token signature does not verify")
 	ErrTokenWrongCluster = errors.New("join token belongs to another cluster")
+	ErrTokenUnknown      = errors.New("join token unknown")
+	ErrTokenRevoked      = errors.New("join token revoked")
+	ErrTokenSpent        = errors.New("join token already used")
 )
 
 const (
@@ -90,25 +98,122 @@ func tokenMAC(secret []byte, t Token) []byte {
 	return m.Sum(nil)
 }
 
-// CreateToken returns a join token valid for ttl (at most a year) and the
-// moment it expires.
-func (a *Authority) CreateToken(ttl time.Duration) (string, time.Time, error) {
-	if ttl < time.Second || ttl > maxTokenTTL {
-		return "", time.Time{}, fmt.Errorf("create join token: lifetime %s must be between 1s and %s", ttl, maxTokenTTL)
+// TokenOptions says how a new join token may be used.
+type TokenOptions struct {
+	// TTL is how long the token is valid: more than 0, at most a year.
+	TTL time.Duration
+	// Uses is how many nodes may join with it; 0 means 1.
+	Uses int
+	// CreatedBy and Description are kept with the token's record.
+	CreatedBy   string
+	Description string
+}
+
+// maxTokenUses bounds --uses: a token for a whole rack, not an open door.
+const maxTokenUses = 10_000
+
+// TokenLedger keeps what the server knows of each join token (its limits
+// and the joins made with it), so that a token is good for as many joins as
+// it was made for and can be revoked. The control plane keeps it in the
+// store; an Authority without one keeps it in memory.
+type TokenLedger interface {
+	// PutToken records a new token.
+	PutToken(t *api.JoinToken) error
+	// UpdateToken loads the record of id (nil when there is none), lets
+	// update change it or refuse with an error, and stores the change, all
+	// in one step, so two joins never both take a token's last use.
+	UpdateToken(id string, update func(t *api.JoinToken) error) (*api.JoinToken, error)
+}
+
+// memLedger is the in-memory TokenLedger of an Authority that was given none.
+type memLedger struct {
+	mu     sync.Mutex
+	tokens map[string]*api.JoinToken
+}
+
+func (m *memLedger) PutToken(t *api.JoinToken) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.tokens == nil {
+		m.tokens = map[string]*api.JoinToken{}
 	}
+	m.tokens[t.GetId()] = proto.Clone(t).(*api.JoinToken)
+	return nil
+}
+
+func (m *memLedger) UpdateToken(id string, update func(*api.JoinToken) error) (*api.JoinToken, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var t *api.JoinToken
+	if old := m.tokens[id]; old != nil {
+		t = proto.Clone(old).(*api.JoinToken)
+	}
+	if err := update(t); err != nil {
+		return t, err
+	}
+	if t != nil {
+		m.tokens[id] = t
+	}
+	return t, nil
+}
+
+// SetTokenLedger makes l the keeper of join token records; tokens created
+// before are forgotten.
+func (a *Authority) SetTokenLedger(l TokenLedger) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.ledger = l
+}
+
+func (a *Authority) tokenLedger() TokenLedger {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.ledger
+}
+
+// CreateToken returns a single-use join token valid for ttl (at most a
+// year) and the moment it expires.
+func (a *Authority) CreateToken(ttl time.Duration) (string, time.Time, error) {
+	tok, rec, err := a.IssueToken(TokenOptions{TTL: ttl})
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	return tok, time.Unix(0, rec.GetExpiresUnixNano()), nil
+}
+
+// IssueToken signs a join token under opts, records it in the ledger and
+// returns it with its record.
+func (a *Authority) IssueToken(opts TokenOptions) (string, *api.JoinToken, error) {
+	switch {
+	case opts.TTL <= 0:
+		return "", nil, fmt.Errorf("create join token: lifetime %s is not positive: give how long the token may be used, e.g. --ttl 1h", opts.TTL)
+	case opts.TTL < time.Second || opts.TTL > maxTokenTTL:
+		return "", nil, fmt.Errorf("create join token: lifetime %s must be between 1s and %s", opts.TTL, maxTokenTTL)
+	case opts.Uses < 0 || opts.Uses > maxTokenUses:
+		return "", nil, fmt.Errorf("create join token: %d uses: give 1 to %d nodes that may join with it", opts.Uses, maxTokenUses)
+	}
+	uses := max(opts.Uses, 1)
 	var id [tokenIDLen / 2]byte
 	if _, err := rand.Read(id[:]); err != nil {
-		return "", time.Time{}, fmt.Errorf("create join token: %w", err)
+		return "", nil, fmt.Errorf("create join token: %w", err)
 	}
+	now := a.now()
 	t := Token{
 		ID:     hex.EncodeToString(id[:]),
-		Expiry: a.now().Add(ttl).Truncate(time.Second),
+		Expiry: now.Add(opts.TTL).Truncate(time.Second),
 		CAHash: a.caHash,
 	}
 	a.mu.RLock()
 	t.mac = tokenMAC(a.secret, t)
 	a.mu.RUnlock()
-	return t.String(), t.Expiry, nil
+	rec := &api.JoinToken{
+		Id: t.ID, CreatedUnixNano: now.UnixNano(), ExpiresUnixNano: t.Expiry.UnixNano(), Uses: uint32(uses),
+		CreatedBy: opts.CreatedBy, Description: opts.Description,
+	}
+	if err := a.tokenLedger().PutToken(rec); err != nil {
+		return "", nil, fmt.Errorf("create join token: record it: %w", err)
+	}
+	return t.String(), rec, nil
 }
 
 // VerifyToken checks that s is a token this cluster signed and that it has
@@ -132,6 +237,74 @@ func (a *Authority) VerifyToken(s string) error {
 		return fmt.Errorf("%w at %s (%s ago): create a new one on the server", ErrTokenExpired, t.Expiry.UTC().Format(time.RFC3339), now.Sub(t.Expiry).Round(time.Second))
 	}
 	return nil
+}
+
+// errTokenUsable ends a look at a token's record that changes nothing.
+var errTokenUsable = errors.New("join token usable")
+
+// CheckToken verifies s (VerifyToken) and that its record allows another
+// join, without taking one. The error wraps ErrTokenUnknown,
+// ErrTokenRevoked or ErrTokenSpent besides VerifyToken's errors.
+func (a *Authority) CheckToken(s string) error {
+	if err := a.VerifyToken(s); err != nil {
+		return err
+	}
+	t, _ := ParseToken(s)
+	_, err := a.tokenLedger().UpdateToken(t.ID, func(rec *api.JoinToken) error {
+		if err := tokenUsable(t.ID, rec); err != nil {
+			return err
+		}
+		return errTokenUsable
+	})
+	if errors.Is(err, errTokenUsable) {
+		return nil
+	}
+	return err
+}
+
+// UseToken verifies s and takes one of its joins for node, in one step
+// with the check, so a single-use token admits exactly one node.
+func (a *Authority) UseToken(s, node string) error {
+	if err := a.VerifyToken(s); err != nil {
+		return err
+	}
+	t, _ := ParseToken(s)
+	now := a.now()
+	_, err := a.tokenLedger().UpdateToken(t.ID, func(rec *api.JoinToken) error {
+		if err := tokenUsable(t.ID, rec); err != nil {
+			return err
+		}
+		rec.Used = append(rec.Used, &api.JoinTokenUse{Node: node, TimeUnixNano: now.UnixNano()})
+		return nil
+	})
+	return err
+}
+
+// tokenUsable says why the token's record allows no more joins, or nil.
+func tokenUsable(id string, rec *api.JoinToken) error {
+	const fix = "create a new one with `gpuctl token create`"
+	switch {
+	case rec == nil:
+		return fmt.Errorf("%w: this server has no record of token %s (it was made by another server, or before the server's state was restored from a backup): %s", ErrTokenUnknown, id, fix)
+	case rec.GetRevokedUnixNano() != 0:
+		return fmt.Errorf("%w: token %s was revoked at %s by %s: %s", ErrTokenRevoked, id,
+			time.Unix(0, rec.GetRevokedUnixNano()).UTC().Format(time.RFC3339), orUnknown(rec.GetRevokedBy()), fix)
+	case len(rec.GetUsed()) >= int(max(rec.GetUses(), 1)):
+		var by []string
+		for _, u := range rec.GetUsed() {
+			by = append(by, fmt.Sprintf("%s at %s", u.GetNode(), time.Unix(0, u.GetTimeUnixNano()).UTC().Format(time.RFC3339)))
+		}
+		return fmt.Errorf("%w: token %s allowed %d join(s) and was used by %s: %s (--uses N makes a token several nodes may share)",
+			ErrTokenSpent, id, max(rec.GetUses(), 1), strings.Join(by, ", "), fix)
+	}
+	return nil
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "an unknown admin"
+	}
+	return s
 }
 
 func isLowerHex(s string, n int) bool {

@@ -66,7 +66,7 @@ func startCluster(t *testing.T, nodes int) *cluster {
 	served := make(chan struct{})
 	go func() { srv.Serve(ctx); close(served) }()
 	t.Cleanup(func() { cancel(); <-served })
-	token, _, err := srv.Authority().CreateToken(time.Hour)
+	token, err := srv.CreateJoinToken(time.Hour, nodes, "test cluster")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func startCluster(t *testing.T, nodes int) *cluster {
 			t.Fatal(err)
 		}
 		a, err := agent.New(agent.Config{Server: srv.Addr().String(), Token: token, Name: name, DataDir: filepath.Join(dir, name),
-			Labels: map[string]string{"rack": "r0"}, CgroupRoot: "off"}, probes)
+			Labels: map[string]string{"rack": "r0"}, CgroupRoot: "off", AllowRootRanks: true}, probes)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -76,6 +76,8 @@ scheduler would choose now, without queueing the job. --hold queues it for a man
 	fl.DurationVar(&s.CheckpointInterval, "checkpoint-interval", 0, "checkpoint interval")
 	fl.DurationVar(&s.EstimatedRuntime, "estimated-runtime", 0, "runtime estimate, for backfill and sjf")
 	fl.StringArrayVar(&s.Env, "env", nil, "KEY=VALUE added to every rank's environment (repeatable)")
+	fl.StringVar(&s.User, "user", "", "account the ranks run as (name or uid; default: the server's)")
+	fl.StringVar(&s.Group, "group", "", "group the ranks run as (default: the user's own)")
 	fl.IntSliceVar(&s.ElasticDataParallel, "elastic-dp", nil, "other data-parallel sizes the job accepts")
 	return cmd
 }
@@ -88,7 +90,7 @@ func submitRequest(cmd *cobra.Command, f *submitFlags, args []string) (*api.Subm
 		if len(args) > 0 {
 			return nil, errors.New("submit: give the command in the job file or after --, not both")
 		}
-		for _, name := range []string{"name", "gpus", "nodes", "gpus-per-node", "tp", "pp", "dp", "model"} {
+		for _, name := range []string{"name", "gpus", "nodes", "gpus-per-node", "tp", "pp", "dp", "model", "user", "group"} {
 			if cmd.Flags().Changed(name) {
 				return nil, fmt.Errorf("submit: --%s and -f both describe the job: put it in the file", name)
 			}

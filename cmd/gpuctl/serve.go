@@ -1,11 +1,11 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -13,6 +13,7 @@ import (
 	"github.com/gpuctl/gpuctl/controlplane/metrics"
 	"github.com/gpuctl/gpuctl/logging"
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/store"
 )
 
 func init() { subcommands = append(subcommands, newServeCmd) }
@@ -24,6 +25,7 @@ func newServeCmd() *cobra.Command {
 		validate          string
 		metricsAddr       string
 		sshf              sshConsoleFlags
+		restore           string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -41,11 +43,16 @@ certificate and admin.yaml (a client config with an admin certificate) in
 			cfg.Log = log
 			cfg.Commit = buildCommit()
 			cfg.ValidateCommand = strings.Fields(validate)
+			if restore != "" {
+				if err := restoreState(cmd, cfg.DataDir, restore); err != nil {
+					return err
+				}
+			}
 			srv, err := controlplane.New(cfg)
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			if err := srv.Listen(ctx); err != nil {
 				return err
@@ -79,9 +86,26 @@ certificate and admin.yaml (a client config with an admin certificate) in
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve the cluster's Prometheus metrics on this TCP address, e.g. 127.0.0.1:9400")
 	f.StringVar(&cfg.Policy, "policy", scheduler.DefaultPolicy, "scheduling policy: "+strings.Join(scheduler.PolicyNames(), ", "))
 	f.StringVar(&validate, "validate-command", "", "short all-reduce that nodes new to a recovering job run first, one rank per node\n(e.g. \"ringtrain --steps 3 --compute-ms 0 --bytes 1M\"); empty: NVML health only")
+	f.DurationVar(&cfg.BackupEvery, "backup-every", store.DefaultBackupEvery, "how often the store is backed up into <data-dir>/backups (and once more at a clean shutdown)")
+	f.IntVar(&cfg.BackupKeep, "backup-keep", store.DefaultBackupKeep, "backups kept, newest first")
+	f.StringVar(&restore, "restore", "", "put this backup in place of <data-dir>/state.db before starting (the replaced file is kept aside)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFile, "log-file", "", "log to this file instead of stderr")
 	f.StringVar(&sshf.listen, "ssh-listen", "", "serve the console over SSH on this TCP address, e.g. :2222 (host key in --data-dir)")
 	f.StringVar(&sshf.authorizedKeys, "ssh-authorized-keys", "", "keys allowed into the SSH console, one per line with its role:\nrole=operator ssh-ed25519 AAAA… alice")
 	return cmd
+}
+
+// restoreState puts a backup in place of the data dir's state file.
+func restoreState(cmd *cobra.Command, dataDir, backup string) error {
+	aside, err := store.Restore(backup, controlplane.StatePath(dataDir), time.Now())
+	if err != nil {
+		return fmt.Errorf("serve --restore: %w", err)
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "restored %s from %s", controlplane.StatePath(dataDir), backup)
+	if aside != "" {
+		fmt.Fprintf(cmd.ErrOrStderr(), "; the file it replaced is %s", aside)
+	}
+	fmt.Fprintln(cmd.ErrOrStderr())
+	return nil
 }

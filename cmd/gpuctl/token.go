@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -9,35 +11,84 @@ import (
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
+	"github.com/gpuctl/gpuctl/views"
 )
 
 func init() { subcommands = append(subcommands, newTokenCmd, newFaultCmd) }
 
 func newTokenCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "token", Short: "Manage join tokens for nodes"}
+	cmd := &cobra.Command{Use: "token", Short: "Manage join tokens for nodes: create, list, revoke"}
 	var (
-		config string
-		ttl    time.Duration
+		config, description string
+		ttl                 time.Duration
+		uses                int
 	)
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Make a join token: nodemon --server ADDR --token TOKEN",
-		Args:  cobra.NoArgs,
+		Long: `create makes a join token. It admits one node unless --uses allows more, and
+expires after --ttl. The server keeps its id, never the token: 'gpuctl token list'
+shows who used it, 'gpuctl token revoke ID' ends it early.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if ttl <= 0 {
+				return fmt.Errorf("token create: --ttl %s is not positive: give how long the token may be used, e.g. --ttl 1h", ttl)
+			}
+			if uses < 1 {
+				return fmt.Errorf("token create: --uses %d: give how many nodes may join with it (1 or more)", uses)
+			}
 			return withClient(cmd, config, func(c *client.Client) error {
-				tok, exp, err := c.CreateToken(cmd.Context(), ttl)
+				tok, rec, err := c.CreateJoinToken(cmd.Context(), client.TokenOptions{TTL: ttl, Uses: uses, Description: description})
 				if err != nil {
 					return err
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), tok)
-				fmt.Fprintf(cmd.ErrOrStderr(), "valid until %s\n", exp.Format(time.RFC3339))
+				fmt.Fprintf(cmd.ErrOrStderr(), "token %s: %d join(s), valid until %s\n", rec.GetId(), rec.GetUses(),
+					time.Unix(0, rec.GetExpiresUnixNano()).Format(time.RFC3339))
 				return nil
 			})
 		},
 	}
 	addConfigFlag(create, &config)
 	create.Flags().DurationVar(&ttl, "ttl", 24*time.Hour, "how long the token is valid")
-	cmd.AddCommand(create)
+	create.Flags().IntVar(&uses, "uses", 1, "how many nodes may join with it")
+	create.Flags().StringVar(&description, "description", "", "what the token is for, shown in `gpuctl token list`")
+
+	var v viewFlags
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List join tokens: state, uses, expiry, the nodes that joined with them",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, o views.Options) error {
+				toks, err := c.ListTokens(ctx)
+				if err != nil {
+					return err
+				}
+				return views.Tokens(w, o, toks)
+			})
+		},
+	}
+	v.add(list)
+
+	var revokeConfig string
+	revoke := &cobra.Command{
+		Use:   "revoke ID",
+		Short: "Revoke a join token (by the id `gpuctl token list` shows, or the whole token)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, revokeConfig, func(c *client.Client) error {
+				rec, err := c.RevokeToken(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "token %s revoked (%d of %d joins were used)\n", rec.GetId(), len(rec.GetUsed()), max(rec.GetUses(), 1))
+				return err
+			})
+		},
+	}
+	addConfigFlag(revoke, &revokeConfig)
+	cmd.AddCommand(create, list, revoke)
 	return cmd
 }
 

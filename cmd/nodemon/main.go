@@ -30,15 +30,21 @@ func main() {
 	}
 }
 
-func newRootCmd() *cobra.Command {
-	var (
-		cfg                agent.Config
-		token, tokenFile   string
-		sim, ebpf, metrics string
-		scope              string
-		labels             []string
-		logLevel, logFile  string
-	)
+func newRootCmd() *cobra.Command { return rootCmd(runNodemon) }
+
+// options are nodemon's flags.
+type options struct {
+	cfg                agent.Config
+	token, tokenFile   string
+	sim, ebpf, metrics string
+	scope              string
+	labels             []string
+	logLevel, logFile  string
+}
+
+// rootCmd is nodemon's command with its flags bound, running run.
+func rootCmd(run func(o *options) error) *cobra.Command {
+	o := &options{}
 	cmd := &cobra.Command{
 		Use:           "nodemon --server ADDR [--token TOKEN] [--sim dgx-h100]",
 		Short:         "gpuctl's node agent: GPU telemetry, NCCL tracing and rank execution",
@@ -46,80 +52,89 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 		Args:          cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, closer, err := logging.New(logLevel, logFile)
-			if err != nil {
+			var err error
+			if o.cfg.Token, err = readToken(o.token, o.tokenFile, cmd.InOrStdin()); err != nil {
 				return err
 			}
-			defer closer.Close()
-			cfg.Log = log
-			if cfg.Token, err = readToken(token, tokenFile, cmd.InOrStdin()); err != nil {
-				return err
-			}
-			if cfg.Labels, err = parseLabels(labels); err != nil {
-				return err
-			}
-			mode := agent.EBPFMode(ebpf)
-			switch mode {
-			case agent.EBPFAuto, agent.EBPFRequired, agent.EBPFOff:
-			default:
-				return fmt.Errorf("--ebpf %q: use auto, required or off", ebpf)
-			}
-			if cfg.Name == "" {
-				cfg.Name, _ = os.Hostname()
-			}
-			if scope != "host" && scope != "node" {
-				return fmt.Errorf("--trace-scope %q: use host or node", scope)
-			}
-			probes, err := agent.OpenProbes(agent.ProbeOptions{Node: cfg.Name, Sim: sim, EBPF: mode, OnlyLaunched: scope == "node"}, log)
-			if err != nil {
-				return err
-			}
-			defer probes.Close()
-			a, err := agent.New(cfg, probes)
-			if err != nil {
-				return err
-			}
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			if metrics != "" {
-				// Bound before the agent runs, so a taken port is an error
-				// at start rather than a log line nobody reads.
-				ln, err := net.Listen("tcp", metrics)
-				if err != nil {
-					return fmt.Errorf("--metrics-addr: %w", err)
-				}
-				srv := &http.Server{Handler: a.MetricsHandler(), ReadHeaderTimeout: 5 * time.Second}
-				go func() {
-					if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-						log.Error("metrics endpoint", "addr", metrics, "err", err)
-					}
-				}()
-				defer srv.Close()
-				log.Info("serving Prometheus metrics", "addr", ln.Addr().String())
-			}
-			return a.Run(ctx)
+			return run(o)
 		},
 	}
+	cfg := &o.cfg
 	f := cmd.Flags()
 	f.StringVar(&cfg.Server, "server", "", "UDP address of gpuctl serve (host:port)")
-	f.StringVar(&token, "token", "", "join token from `gpuctl token create` (first start only); - reads it from stdin.\nPrefer --token-file or -: a token on the command line shows in ps")
-	f.StringVar(&tokenFile, "token-file", "", "read the join token from this file (first start only)")
+	f.StringVar(&o.token, "token", "", "join token from `gpuctl token create` (first start only); - reads it from stdin.\nPrefer --token-file or -: a token on the command line shows in ps")
+	f.StringVar(&o.tokenFile, "token-file", "", "read the join token from this file (first start only)")
 	f.StringVar(&cfg.Name, "name", "", "node name (default: host name)")
 	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/nodemon", "where the node identity and rank logs are kept")
-	f.StringVar(&sim, "sim", "", "simulate the GPUs of a host: dgx-h100, dgx-a100 or dgx-h200 (default: real NVML)")
+	f.StringVar(&o.sim, "sim", "", "simulate the GPUs of a host: dgx-h100, dgx-a100 or dgx-h200 (default: real NVML)")
 	f.DurationVar(&cfg.Interval, "interval", time.Second, "GPU sampling interval")
 	f.DurationVar(&cfg.Heartbeat, "heartbeat", time.Second, "heartbeat interval; the server marks the node down after two missed")
-	f.StringSliceVar(&labels, "label", nil, "topology label KEY=VALUE (repeatable), e.g. --label rack=r1 --label switch=s1")
-	f.StringVar(&ebpf, "ebpf", "auto", "eBPF tracing: auto (use where the kernel allows), required, or off")
-	f.StringVar(&scope, "trace-scope", "host", "trace every NCCL process on the host, or only the ranks nodemon launched for this node (node; for hosts shared by several nodemons)")
-	f.StringVar(&metrics, "metrics-addr", "", "serve Prometheus metrics on this TCP address, e.g. 127.0.0.1:9400")
-	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	f.StringVar(&logFile, "log-file", "", "log to this file instead of stderr")
+	f.StringSliceVar(&o.labels, "label", nil, "topology label KEY=VALUE (repeatable), e.g. --label rack=r1 --label switch=s1")
+	f.StringVar(&o.ebpf, "ebpf", "auto", "eBPF tracing: auto (use where the kernel allows), required, or off")
+	f.StringVar(&o.scope, "trace-scope", "host", "trace every NCCL process on the host, or only the ranks nodemon launched for this node (node; for hosts shared by several nodemons)")
+	f.StringVar(&o.metrics, "metrics-addr", "", "serve Prometheus metrics on this TCP address, e.g. 127.0.0.1:9400")
+	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&o.logFile, "log-file", "", "log to this file instead of stderr")
 	f.Int64Var(&cfg.LogMaxBytes, "rank-log-max-bytes", agent.DefaultLogMaxBytes, "rotate a rank's log past this size")
 	f.IntVar(&cfg.LogKeep, "rank-log-keep", agent.DefaultLogKeep, "rotated files kept of each rank's log")
 	f.StringVar(&cfg.CgroupRoot, "cgroup-root", agent.DefaultCgroupRoot, "cgroup v2 mount where each job's ranks get a cgroup (gpuctl/<job>/rank-<R>), or off")
+	f.BoolVar(&cfg.AllowRootRanks, "allow-root-ranks", false, "let ranks run as root (a job that names no user while nodemon runs as root, or names root); refused without it")
 	cmd.AddCommand(newShimCmd())
 	return cmd
+}
+
+// runNodemon opens the probes and runs the agent until SIGINT or SIGTERM.
+func runNodemon(o *options) error {
+	log, closer, err := logging.New(o.logLevel, o.logFile)
+	if err != nil {
+		return err
+	}
+	defer closer.Close()
+	cfg := o.cfg
+	cfg.Log = log
+	if cfg.Labels, err = parseLabels(o.labels); err != nil {
+		return err
+	}
+	mode := agent.EBPFMode(o.ebpf)
+	switch mode {
+	case agent.EBPFAuto, agent.EBPFRequired, agent.EBPFOff:
+	default:
+		return fmt.Errorf("--ebpf %q: use auto, required or off", o.ebpf)
+	}
+	if cfg.Name == "" {
+		cfg.Name, _ = os.Hostname()
+	}
+	if o.scope != "host" && o.scope != "node" {
+		return fmt.Errorf("--trace-scope %q: use host or node", o.scope)
+	}
+	probes, err := agent.OpenProbes(agent.ProbeOptions{Node: cfg.Name, Sim: o.sim, EBPF: mode, OnlyLaunched: o.scope == "node"}, log)
+	if err != nil {
+		return err
+	}
+	defer probes.Close()
+	a, err := agent.New(cfg, probes)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if o.metrics != "" {
+		// Bound before the agent runs, so a taken port is an error at
+		// start rather than a log line nobody reads.
+		ln, err := net.Listen("tcp", o.metrics)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		srv := &http.Server{Handler: a.MetricsHandler(), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics endpoint", "addr", o.metrics, "err", err)
+			}
+		}()
+		defer srv.Close()
+		log.Info("serving Prometheus metrics", "addr", ln.Addr().String())
+	}
+	return a.Run(ctx)
 }
 
 // newShimCmd is the process nodemon runs each rank under (see
@@ -139,6 +154,18 @@ func newShimCmd() *cobra.Command {
 			return nil
 		},
 	}
+}
+
+func parseLabels(in []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, l := range in {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--label %q: want KEY=VALUE", l)
+		}
+		out[k] = v
+	}
+	return out, nil
 }
 
 // readToken returns the join token from --token (the token, or - for
@@ -174,16 +201,4 @@ func readToken(token, file string, stdin io.Reader) (string, error) {
 		return "", fmt.Errorf("join token: %s is empty: put the output of `gpuctl token create` there", src)
 	}
 	return t, nil
-}
-
-func parseLabels(in []string) (map[string]string, error) {
-	out := map[string]string{}
-	for _, l := range in {
-		k, v, ok := strings.Cut(l, "=")
-		if !ok || k == "" {
-			return nil, fmt.Errorf("--label %q: want KEY=VALUE", l)
-		}
-		out[k] = v
-	}
-	return out, nil
 }

@@ -108,3 +108,25 @@ func TestReadToken(t *testing.T) {
 		})
 	}
 }
+
+// TestAllowRootRanksFlag: root ranks are refused unless nodemon is started
+// with --allow-root-ranks, and the flag reaches the agent's config.
+func TestAllowRootRanksFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"--server", "h:1"}, false},
+		{[]string{"--server", "h:1", "--allow-root-ranks"}, true},
+	} {
+		var got *bool
+		cmd := rootCmd(func(o *options) error { v := o.cfg.AllowRootRanks; got = &v; return nil })
+		cmd.SetArgs(tc.args)
+		if err := cmd.Execute(); err != nil {
+			t.Fatal(err)
+		}
+		if got == nil || *got != tc.want {
+			t.Fatalf("nodemon %v: AllowRootRanks = %v, want %v", tc.args, got, tc.want)
+		}
+	}
+}

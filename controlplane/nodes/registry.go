@@ -25,6 +25,7 @@ import (
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane/observe"
 	"github.com/gpuctl/gpuctl/store"
+	"github.com/gpuctl/gpuctl/transport"
 )
 
 // DefaultHeartbeat is assumed for a node that registers without one.
@@ -45,6 +46,7 @@ type Sink interface {
 // streams. Objects handed over are never modified afterwards.
 type Publisher interface {
 	PublishNode(n *api.NodeStatus)
+	DeleteNode(name string)
 	PublishEvent(e *api.Event)
 }
 
@@ -409,6 +411,38 @@ func (r *Registry) Connected(name string) bool {
 	defer r.mu.RUnlock()
 	e, ok := r.nodes[name]
 	return ok && e.session != nil
+}
+
+// Conn returns the connection of node's live session, or nil.
+func (r *Registry) Conn(name string) *transport.Conn {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if e, ok := r.nodes[name]; ok && e.session != nil {
+		return e.session.conn
+	}
+	return nil
+}
+
+// Forget drops a removed node (its store record is already gone): it is no
+// longer listed, and its collectives go with it. A node still connected is
+// declared down first.
+func (r *Registry) Forget(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.nodes[name]
+	if !ok {
+		return
+	}
+	r.downLocked(name, e, "removed from the cluster")
+	delete(r.nodes, name)
+	for k := range r.collectives {
+		if k.node == name {
+			delete(r.collectives, k)
+		}
+	}
+	if r.cfg.Publish != nil {
+		r.cfg.Publish.DeleteNode(name)
+	}
 }
 
 // Admit refuses a join under the name of a node that is connected now:
