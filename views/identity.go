@@ -73,7 +73,6 @@ func Identities(w io.Writer, o Options, ids []*api.Identity) error {
 	return o.writeTable(w, t)
 }
 
-
 // TokenJSON is one join token record in `gpuctl token list -o json`; the
 // token itself is never kept, only its id.
 type TokenJSON struct {
