@@ -368,7 +368,7 @@ func (s *Server) watch(ctx context.Context, c *call) error {
 }
 
 func (s *Server) submitJob(ctx context.Context, c *call) error {
-	r, err := s.jobs.Submit(ctx, c.req.GetSubmitJob())
+	r, err := s.jobs.Submit(ctx, c.req.GetSubmitJob(), string(c.caller.Role))
 	if err != nil {
 		return c.fail("%v", err)
 	}

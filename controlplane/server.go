@@ -24,6 +24,7 @@ import (
 	"github.com/gpuctl/gpuctl/controlplane/observe"
 	"github.com/gpuctl/gpuctl/controlplane/stalls"
 	"github.com/gpuctl/gpuctl/controlplane/watch"
+	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/store"
 	"github.com/gpuctl/gpuctl/transport"
@@ -60,6 +61,8 @@ type Config struct {
 	ValidateCommand []string
 	// Jobs tunes the job owner beyond the fields above (tests).
 	Jobs jobs.Config
+	// RunAs decides the accounts submitters may have ranks run as.
+	RunAs jobspec.RunAsPolicy
 	// Commit is the build's VCS revision, reported by gpuctl version.
 	Commit string
 	// BackupEvery and BackupKeep pace the store's online backups into
@@ -175,7 +178,7 @@ func newServer(cfg Config, auth *transport.Authority, st store.Store, policy sch
 	}
 	s.nodes = reg
 	jc := cfg.Jobs
-	jc.Store, jc.Nodes, jc.Publish, jc.Policy, jc.Now = st, reg, s.hub, policy, cfg.Now
+	jc.Store, jc.Nodes, jc.Publish, jc.Policy, jc.Now, jc.RunAs = st, reg, s.hub, policy, cfg.Now, cfg.RunAs
 	jc.Log = cfg.Log.With("part", "jobs")
 	if jc.CheckpointRoot == "" {
 		jc.CheckpointRoot = filepath.Join(cfg.DataDir, "checkpoints")

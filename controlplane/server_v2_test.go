@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
+	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/store"
 	"github.com/gpuctl/gpuctl/transport"
 )
@@ -19,7 +20,8 @@ import (
 func serveV2(t *testing.T) (*Server, *client.Client) {
 	t.Helper()
 	dir := t.TempDir()
-	s, err := New(Config{DataDir: dir, Listen: "127.0.0.1:0"})
+	// Operators' jobs run as nobody, the default account.
+	s, err := New(Config{DataDir: dir, Listen: "127.0.0.1:0", RunAs: jobspec.RunAsPolicy{DefaultUser: "nobody"}})
 	if err != nil {
 		t.Fatal(err)
 	}

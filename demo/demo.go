@@ -21,6 +21,7 @@ import (
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/controlplane"
 	"github.com/gpuctl/gpuctl/controlplane/metrics"
+	"github.com/gpuctl/gpuctl/jobspec"
 )
 
 // Options configures a demo cluster.
@@ -113,6 +114,9 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		DataDir: filepath.Join(opts.DataDir, "server"), Listen: "127.0.0.1:0",
 		Log:             slog.New(slog.NewTextHandler(srvLog, nil)),
 		ValidateCommand: []string{opts.Ringtrain, "--steps", "3", "--compute-ms", "0", "--bytes", "1M"},
+		// One machine, one person: operators' jobs run as whoever runs
+		// the demo (its nodemons allow that to be root).
+		RunAs: jobspec.RunAsPolicy{NodemonUser: true},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("demo: %w", err)

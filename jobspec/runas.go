@@ -46,6 +46,11 @@ type RunAsPolicy struct {
 	OperatorUsers, OperatorGroups []string
 	// AllowRoot lets admins (never operators) name root or uid/gid 0.
 	AllowRoot bool
+	// NodemonUser lets operators submit jobs that name no user when there
+	// is no default: their ranks run as nodemon's own user, which nodemon
+	// refuses when that is root unless started with --allow-root-ranks. For
+	// a cluster of one trust domain, such as gpuctl demo.
+	NodemonUser bool
 }
 
 // RunAs returns the user and group a job's ranks run as under p: the job's
@@ -91,7 +96,7 @@ func CheckRunAs(s *Spec, role string, p RunAsPolicy) error {
 	if role == RoleAdmin {
 		return nil
 	}
-	if user == "" {
+	if user == "" && !p.NodemonUser {
 		return refuse("user", "required for an operator: name the account the ranks run as (user: in the job file, or --user); this server sets no default (gpuctl serve --run-as-default)")
 	}
 	if s.User != "" && user != p.DefaultUser && !allowed(p.OperatorUsers, user) {

@@ -63,6 +63,8 @@ func TestCheckRunAs(t *testing.T) {
 		{"operator, unlisted group", spec("alice", "wheel"), RoleOperator, open, "group: wheel: an operator may use the groups"},
 		{"operator, no user, no default", spec("", ""), RoleOperator, open, "user: required for an operator"},
 		{"operator, no user, default", spec("", ""), RoleOperator, withDefault, ""},
+		{"operator, no user, nodemon's user allowed", spec("", ""), RoleOperator, RunAsPolicy{NodemonUser: true}, ""},
+		{"operator, root by name, nodemon's user allowed", spec("root", ""), RoleOperator, RunAsPolicy{NodemonUser: true}, "may not run as root"},
 		{"operator, the default named", spec("gpuctl-jobs", ""), RoleOperator, withDefault, ""},
 		{"operator, root", spec("root", ""), RoleOperator, open, "user: root: ranks may not run as root on this cluster"},
 		{"operator, uid 0", spec("0", ""), RoleOperator, any, "user: 0: ranks may not run as root"},

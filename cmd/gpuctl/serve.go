@@ -26,6 +26,7 @@ func newServeCmd() *cobra.Command {
 		metricsAddr       string
 		sshf              sshConsoleFlags
 		restore           string
+		runAsDefault      string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -43,6 +44,7 @@ certificate and admin.yaml (a client config with an admin certificate) in
 			cfg.Log = log
 			cfg.Commit = buildCommit()
 			cfg.ValidateCommand = strings.Fields(validate)
+			cfg.RunAs.DefaultUser, cfg.RunAs.DefaultGroup, _ = strings.Cut(runAsDefault, ":")
 			if restore != "" {
 				if err := restoreState(cmd, cfg.DataDir, restore); err != nil {
 					return err
@@ -86,6 +88,12 @@ certificate and admin.yaml (a client config with an admin certificate) in
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve the cluster's Prometheus metrics on this TCP address, e.g. 127.0.0.1:9400")
 	f.StringVar(&cfg.Policy, "policy", scheduler.DefaultPolicy, "scheduling policy: "+strings.Join(scheduler.PolicyNames(), ", "))
 	f.StringVar(&validate, "validate-command", "", "short all-reduce that nodes new to a recovering job run first, one rank per node\n(e.g. \"ringtrain --steps 3 --compute-ms 0 --bytes 1M\"); empty: NVML health only")
+	f.StringVar(&runAsDefault, "run-as-default", "", "USER[:GROUP] the ranks of a job that names no user run as")
+	f.StringSliceVar(&cfg.RunAs.OperatorUsers, "run-as-users", nil, "accounts operators may name in a job's user: (comma-separated; * any but root); admins may name any")
+	f.StringSliceVar(&cfg.RunAs.OperatorGroups, "run-as-groups", nil, "groups operators may name in a job's group:")
+	f.BoolVar(&cfg.RunAs.AllowRoot, "run-as-allow-root", false, "let admins (never operators) have ranks run as root")
+	f.BoolVar(&cfg.RunAs.NodemonUser, "run-as-nodemon-user", false, "let operators submit jobs that name no user, run as nodemon's own user (one trust domain only)")
+	f.StringVar(&cfg.Jobs.CheckpointRoot, "checkpoint-root", "", "where jobs that name no checkpoint dir checkpoint, <root>/<job> (default <data-dir>/checkpoints; give jobs that run as a user a root they can write)")
 	f.DurationVar(&cfg.BackupEvery, "backup-every", store.DefaultBackupEvery, "how often the store is backed up into <data-dir>/backups (and once more at a clean shutdown)")
 	f.IntVar(&cfg.BackupKeep, "backup-keep", store.DefaultBackupKeep, "backups kept, newest first")
 	f.StringVar(&restore, "restore", "", "put this backup in place of <data-dir>/state.db before starting (the replaced file is kept aside)")

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
+	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/store"
 )
@@ -304,7 +305,7 @@ func (h *harness) call(fn func(ctx context.Context) (any, error)) (any, error) {
 
 func (h *harness) submitReq(req *api.SubmitJobRequest) (*api.SubmitJobResponse, error) {
 	h.t.Helper()
-	v, err := h.call(func(ctx context.Context) (any, error) { return h.m.Submit(ctx, req) })
+	v, err := h.call(func(ctx context.Context) (any, error) { return h.m.Submit(ctx, req, jobspec.RoleAdmin) })
 	r, _ := v.(*api.SubmitJobResponse)
 	return r, err
 }

@@ -104,6 +104,9 @@ type Config struct {
 	// a disconnected node may hold live ranks (after a server restart,
 	// before it reconnects) until it counts as down; default 5 s.
 	ReconnectGrace time.Duration
+	// RunAs decides which accounts a submitter may have ranks run as, and
+	// the default account.
+	RunAs jobspec.RunAsPolicy
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger

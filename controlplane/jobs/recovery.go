@@ -375,10 +375,14 @@ func (m *Manager) validate(en *entry, rec *recovery, now time.Time) {
 	j.Reason = fmt.Sprintf("recovering: validating %s before relaunch (%s)", strings.Join(v.nodes, ","), rec.reason)
 	m.save(en)
 	m.recoveryEvent(j, api.Severity_SEVERITY_INFO, 0, "validating %d nodes (%s) with %s", len(v.nodes), strings.Join(v.nodes, ","), v.id)
+	// The gang runs as the job would: a node that refuses root ranks
+	// refuses them for validation too.
+	user, group := m.cfg.RunAs.RunAs(en.spec)
 	launches := map[string]*api.LaunchRanks{}
 	for i, node := range v.nodes {
 		launches[node] = &api.LaunchRanks{Job: v.id, Attempt: 1, Command: m.cfg.ValidateCommand, WorldSize: int32(len(v.nodes)),
 			MasterAddr: m.addrOf(v.nodes[0]), MasterPort: v.port, NodeRank: int32(i), NumNodes: int32(len(v.nodes)),
+			RunAsUser: user, RunAsGroup: group,
 			Ranks: []*api.RankSpec{{Rank: int32(i), LocalRank: 0, Gpus: []uint32{v.gpus[node]}}}}
 	}
 	gang, nodes := v.id, slices.Clone(v.nodes)

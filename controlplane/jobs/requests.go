@@ -48,15 +48,22 @@ func (m *Manager) List(key string) ([]*api.Job, error) {
 func (m *Manager) Lookup(key string) (*api.Job, error) { return m.View().Find(key) }
 
 // Submit parses and plans a job, then either shows where it would go now
-// (dry run) or stores it as pending before answering.
-func (m *Manager) Submit(ctx context.Context, req *api.SubmitJobRequest) (*api.SubmitJobResponse, error) {
-	source := req.GetSource()
+// (dry run) or stores it as pending before answering. role is the
+// submitter's (viewer, operator, admin): it decides which accounts the job
+// may run as.
+func (m *Manager) Submit(ctx context.Context, req *api.SubmitJobRequest, role string) (*api.SubmitJobResponse, error) {
+	source := api.CleanText(req.GetSource(), 256)
 	if source == "" {
 		source = "job"
 	}
 	spec, err := jobspec.Parse(source, []byte(req.GetSpecYaml()))
 	if err != nil {
 		return nil, err
+	}
+	if !req.GetDryRun() {
+		if err := jobspec.CheckRunAs(spec, role, m.cfg.RunAs); err != nil {
+			return nil, fmt.Errorf("%s: %w", source, err)
+		}
 	}
 	plan, err := planFor(spec)
 	if err != nil {

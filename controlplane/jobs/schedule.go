@@ -651,13 +651,14 @@ func (m *Manager) start(en *entry, pl scheduler.Placement, now time.Time, why st
 // that refuses comes back as msgLaunched.
 func (m *Manager) launch(en *entry) {
 	j := en.job
+	user, group := m.cfg.RunAs.RunAs(en.spec)
 	launches := map[string]*api.LaunchRanks{}
 	var nodes []string
 	for i, jn := range j.GetPlacement() {
 		l := &api.LaunchRanks{Job: j.GetId(), Attempt: j.GetAttempt(), Command: en.spec.Command, Env: en.spec.Env,
 			WorldSize: int32(jobGPUs(j)), MasterAddr: j.GetMasterAddr(), MasterPort: j.GetMasterPort(),
 			CheckpointDir: j.GetCheckpointDir(), ResumeStep: j.GetResumeStep(),
-			NodeRank: int32(i), NumNodes: int32(len(j.GetPlacement()))}
+			NodeRank: int32(i), NumNodes: int32(len(j.GetPlacement())), RunAsUser: user, RunAsGroup: group}
 		for _, r := range jn.GetRanks() {
 			l.Ranks = append(l.Ranks, &api.RankSpec{Rank: r.GetRank(), LocalRank: r.GetLocalRank(), Gpus: []uint32{r.GetGpu()}})
 		}

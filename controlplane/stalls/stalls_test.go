@@ -342,7 +342,7 @@ func TestStallEventsAndJobFlag(t *testing.T) {
 				nms[name] = p.startNode(name, 4, rack, "s"+rack[1:])
 			}
 			spec := "name: ring\ncommand: [/bin/true]\nnodes: 2\ngpus_per_node: 2\nstall_threshold: 2s\nrestart_policy: replace-node\nstall_recovery: " + mode + "\n"
-			r, err := p.jobs.Submit(context.Background(), &api.SubmitJobRequest{SpecYaml: spec, Source: "test.yaml"})
+			r, err := p.jobs.Submit(context.Background(), &api.SubmitJobRequest{SpecYaml: spec, Source: "test.yaml"}, "admin")
 			if err != nil {
 				t.Fatal(err)
 			}
