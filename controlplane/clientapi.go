@@ -433,7 +433,8 @@ func (s *Server) cordon(ctx context.Context, c *call) error {
 	if r.GetNode() == "" {
 		return c.fail("%s: no node named: `gpuctl nodes` lists them", r.GetAction())
 	}
-	n, err := s.nodes.SetCordon(r.GetNode(), r.GetAction(), r.GetReason())
+	// A reason is data: bounded, and stripped of what a terminal would obey.
+	n, err := s.nodes.SetCordon(r.GetNode(), r.GetAction(), api.CleanText(r.GetReason(), 0))
 	if err != nil {
 		return c.fail("%s %s: %v", r.GetAction(), r.GetNode(), err)
 	}

@@ -227,3 +227,33 @@ func TestMutatingRequestsAreAudited(t *testing.T) {
 		t.Fatalf("audit events %v, want %v", got, want)
 	}
 }
+
+// TestReasonsAreCleaned checks that a cordon reason carrying terminal
+// control sequences is stored and listed as plain, bounded text.
+func TestReasonsAreCleaned(t *testing.T) {
+	s, cl := serveV2(t)
+	ctx := context.Background()
+	_, st := fakeNode(t, s, "n1")
+	registerFake(t, st, "n1")
+	waitUntil(t, 5*time.Second, "n1 registered", func() bool { return s.nodes.Known("n1") })
+	r, err := cl.Cordon(ctx, "n1", "cordon", "bad\x1b[2J DIMM\x07\n"+strings.Repeat("x", 2000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := r.GetNode().GetCordonReason()
+	if strings.ContainsAny(got, "\x1b\x07\n") || len(got) > 1100 || !strings.HasPrefix(got, "bad[2J DIMM") {
+		t.Fatalf("cordon reason stored as %q", got)
+	}
+}
+
+// registerFake says hello and registers name on a fake node's control
+// stream, with a long heartbeat so the detector leaves it alone.
+func registerFake(t *testing.T, st *transport.Stream, name string) {
+	t.Helper()
+	st.Send(&api.AgentMessage{Body: &api.AgentMessage_Hello{Hello: &api.Hello{Version: api.CurrentVersion()}}})
+	var m api.ServerMessage
+	if err := st.Recv(&m); err != nil || m.GetWelcome().GetError() != "" {
+		t.Fatalf("welcome: %v %v", err, m.GetWelcome().GetError())
+	}
+	st.Send(&api.AgentMessage{Body: &api.AgentMessage_Register{Register: &api.NodeRegistration{Name: name, HeartbeatIntervalMs: 60000}}})
+}

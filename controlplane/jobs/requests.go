@@ -78,6 +78,9 @@ func (m *Manager) Submit(ctx context.Context, req *api.SubmitJobRequest, role st
 
 func (m *Manager) submit(req *api.SubmitJobRequest, source string, spec *jobspec.Spec, plan *api.JobPlan) (*api.SubmitJobResponse, error) {
 	now := m.now()
+	if key := req.GetIdempotencyKey(); len(key) > 128 {
+		return nil, fmt.Errorf("idempotency key of %d bytes: at most 128", len(key))
+	}
 	if key := req.GetIdempotencyKey(); key != "" && !req.GetDryRun() {
 		if id, ok := m.idem[key]; ok && m.jobs[id] != nil {
 			// A retry of a submit whose answer was lost: the job it
