@@ -277,3 +277,6 @@ func (c *Client) Observe(ctx context.Context, req *api.ObserveRequest, fn func(*
 	}
 	return nil
 }
+
+// Transport is the transport the client makes its requests over.
+func (c *Client) Transport() Transport { return c.t }

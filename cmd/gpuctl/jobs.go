@@ -256,6 +256,7 @@ smaller than it was submitted.`,
 		},
 	}
 	v.add(cmd)
+	v.kinds = []api.WatchKind{api.WatchKind_WATCH_KIND_JOBS}
 	cmd.Flags().StringSliceVar(&f.states, "state", nil, "only jobs in these states: "+strings.Join(views.JobStateNames(), ", "))
 	cmd.Flags().StringVar(&f.tenant, "tenant", "", "only this tenant's jobs")
 	cmd.Flags().BoolVarP(&f.all, "all", "a", false, "include jobs that finished more than a day ago")

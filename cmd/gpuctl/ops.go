@@ -42,6 +42,7 @@ func newStallsCmd() *cobra.Command {
 		},
 	}
 	v.add(cmd)
+	v.kinds = []api.WatchKind{api.WatchKind_WATCH_KIND_STALLS, api.WatchKind_WATCH_KIND_JOBS}
 	cmd.Flags().StringVar(&job, "job", "", "only this job's stalls (id or name)")
 	return cmd
 }

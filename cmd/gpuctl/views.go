@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -32,13 +34,16 @@ type viewFlags struct {
 	every     time.Duration
 	noHeaders bool
 	sortBy    string
+	// kinds are the watch streams the view's data comes from; with them
+	// --watch follows the streams instead of asking again and again.
+	kinds []api.WatchKind
 }
 
 func (v *viewFlags) add(cmd *cobra.Command) {
 	addConfigFlag(cmd, &v.config)
 	cmd.Flags().StringVarP(&v.output, "output", "o", "table", "output format: table, wide or json")
-	cmd.Flags().BoolVarP(&v.watch, "watch", "w", false, "refresh until interrupted")
-	cmd.Flags().DurationVar(&v.every, "interval", 2*time.Second, "refresh interval with --watch")
+	cmd.Flags().BoolVarP(&v.watch, "watch", "w", false, "follow changes until interrupted")
+	cmd.Flags().DurationVar(&v.every, "interval", 2*time.Second, "least time between two refreshes with --watch")
 	cmd.Flags().BoolVar(&v.noHeaders, "no-headers", false, "leave out the table's header line")
 	cmd.Flags().StringVar(&v.sortBy, "sort-by", "", "sort table rows by this column (as in the header, e.g. age or \"last seen\")")
 }
@@ -87,8 +92,11 @@ func withClient(cmd *cobra.Command, config string, f func(c *client.Client) erro
 	return f(c)
 }
 
-// runView fetches and renders once, or repeatedly with --watch (clearing
-// the screen between tables; one JSON document per refresh).
+// runView fetches and renders once, or with --watch again whenever the
+// view's watch streams say something changed (at most every --interval;
+// views without streams ask again every --interval). On a terminal each
+// refresh clears the screen; piped, refreshes follow each other with no
+// escape codes; JSON is one document per refresh.
 func (v *viewFlags) run(cmd *cobra.Command, render func(ctx context.Context, c *client.Client, w io.Writer, o views.Options) error) error {
 	f, err := views.ParseFormat(v.output)
 	if err != nil {
@@ -105,22 +113,151 @@ func (v *viewFlags) run(cmd *cobra.Command, render func(ctx context.Context, c *
 	if !v.watch {
 		return render(ctx, c, w, v.options(cmd, f))
 	}
-	t := time.NewTicker(v.every)
-	defer t.Stop()
-	for {
+	refresh := func(c *client.Client) error {
 		if f != views.JSON {
-			fmt.Fprint(w, "\033[H\033[2J")
-			fmt.Fprintf(w, "every %s  %s\n\n", v.every, time.Now().Format(time.TimeOnly))
+			if isTerminal(w) {
+				fmt.Fprint(w, "\033[H\033[2J")
+			}
+			fmt.Fprintf(w, "%s  (refreshed on change, at most every %s)\n\n", time.Now().Format(time.TimeOnly), v.every)
 		}
-		if err := render(ctx, c, w, v.options(cmd, f)); err != nil {
-			return err
+		err := render(ctx, c, w, v.options(cmd, f))
+		if f != views.JSON && !isTerminal(w) {
+			fmt.Fprintln(w)
 		}
+		return err
+	}
+	if v.kinds == nil {
+		t := time.NewTicker(v.every)
+		defer t.Stop()
+		for {
+			if err := refresh(c); err != nil {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+			}
+		}
+	}
+	changes, snapshot := followWatch(ctx, c, v.kinds, cmd.ErrOrStderr())
+	for {
 		select {
 		case <-ctx.Done():
+			return nil
+		case err := <-changes:
+			if err != nil {
+				return err
+			}
+		}
+		if err := refresh(client.New(&snapshotTransport{snap: snapshot(), next: c.Transport()})); err != nil {
+			return err
+		}
+		t := time.NewTimer(v.every)
+		select {
+		case <-ctx.Done():
+			t.Stop()
 			return nil
 		case <-t.C:
 		}
 	}
+}
+
+// followWatch follows the streams of kinds into a cache. changes is sent
+// nil when something changed since the last snapshot (after the first
+// full one), or the error that ended the watch; snapshot reads the cache.
+func followWatch(ctx context.Context, c *client.Client, kinds []api.WatchKind, stderr io.Writer) (<-chan error, func() client.Snapshot) {
+	var mu sync.Mutex
+	cache := client.NewCache()
+	changes := make(chan error, 1)
+	notify := func(err error) {
+		select {
+		case changes <- err:
+		default:
+		}
+	}
+	go func() {
+		err := c.Watch(ctx, &api.WatchRequest{Kinds: kinds}, client.WatchOptions{
+			OnDisconnect: func(err error, retry time.Duration) {
+				fmt.Fprintf(stderr, "gpuctl: lost the server (%v); reconnecting in %s\n", err, retry.Round(time.Millisecond))
+			}},
+			func(b *api.WatchBatch) error {
+				mu.Lock()
+				cache.Apply(b)
+				synced := cache.Snapshot().Synced
+				mu.Unlock()
+				if synced {
+					notify(nil)
+				}
+				return nil
+			})
+		if err != nil {
+			notify(err)
+		}
+	}()
+	return changes, func() client.Snapshot {
+		mu.Lock()
+		defer mu.Unlock()
+		return cache.Snapshot()
+	}
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// snapshotTransport answers the list requests a watch covers from its
+// snapshot, as the server would, and passes every other request on.
+type snapshotTransport struct {
+	snap client.Snapshot
+	next client.Transport
+}
+
+func (t *snapshotTransport) Close() error { return nil }
+
+func (t *snapshotTransport) Call(ctx context.Context, req *api.ClientRequest, fn func(*api.ClientResponse) error) error {
+	unknownJob := func(key string) error {
+		return fn(&api.ClientResponse{Error: fmt.Sprintf("unknown job %q: `gpuctl jobs` lists them", key)})
+	}
+	switch b := req.Body.(type) {
+	case *api.ClientRequest_ListNodes:
+		return fn(&api.ClientResponse{Body: &api.ClientResponse_ListNodes{ListNodes: &api.ListNodesResponse{Nodes: t.snap.Nodes}}})
+	case *api.ClientRequest_ListJobs:
+		key, jobs := b.ListJobs.GetJob(), t.snap.Jobs
+		if key != "" {
+			jobs = nil
+			for _, j := range t.snap.Jobs {
+				if j.GetId() == key || j.GetName() == key {
+					jobs = append(jobs, j)
+				}
+			}
+			if len(jobs) == 0 {
+				return unknownJob(key)
+			}
+		}
+		return fn(&api.ClientResponse{Body: &api.ClientResponse_ListJobs{ListJobs: &api.ListJobsResponse{Jobs: jobs}}})
+	case *api.ClientRequest_ListStalls:
+		stalls := t.snap.Stalls
+		if key := b.ListStalls.GetJob(); key != "" {
+			j := t.snap.Job(key)
+			if j == nil {
+				return unknownJob(key)
+			}
+			stalls = nil
+			for _, s := range t.snap.Stalls {
+				if s.GetJob() == j.GetId() {
+					stalls = append(stalls, s)
+				}
+			}
+		}
+		return fn(&api.ClientResponse{Body: &api.ClientResponse_ListStalls{ListStalls: &api.ListStallsResponse{Stalls: stalls}}})
+	}
+	return t.next.Call(ctx, req, fn)
 }
 
 // unknownNames is the error for names that match nothing: it says which
@@ -195,6 +332,7 @@ Figures in parentheses are the last ones a down node sent, not live readings.`,
 		},
 	}
 	v.add(cmd)
+	v.kinds = []api.WatchKind{api.WatchKind_WATCH_KIND_NODES}
 	return cmd
 }
 
@@ -218,6 +356,7 @@ func newGPUsCmd() *cobra.Command {
 		},
 	}
 	v.add(cmd)
+	v.kinds = []api.WatchKind{api.WatchKind_WATCH_KIND_NODES}
 	cmd.Flags().StringSliceVar(&node, "node", nil, "only these nodes' GPUs (as the arguments)")
 	return cmd
 }
@@ -233,7 +372,14 @@ func newEventsCmd() *cobra.Command {
 		Use:   "events",
 		Short: "List cluster events: XIDs, ECC, throttling, node up/down, rank exits, recovery, audit",
 		Args:  cobra.NoArgs,
+		Long: `List cluster events, in time order across nodes. With --watch the events
+already there are printed, then each new one as it happens (no screen is
+redrawn; piped, no escape codes are written; JSON is one {"events": [...]}
+document per line).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if v.watch {
+				return streamEvents(cmd, &v, node, job, since, limit)
+			}
 			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, o views.Options) error {
 				req := &api.ListEventsRequest{Node: node, Limit: limit}
 				if since.set {
@@ -265,6 +411,91 @@ func newEventsCmd() *cobra.Command {
 	cmd.Flags().Var(&since, "since", "only events newer than this: a duration (10m, 1d, 2d12h) or an RFC 3339 time")
 	cmd.Flags().Uint32Var(&limit, "limit", 200, "at most this many, newest kept (0 = all)")
 	return cmd
+}
+
+// streamEvents prints the events there are (as without --watch), then
+// every new event as the server stores it, in time order within each
+// batch, until interrupted.
+func streamEvents(cmd *cobra.Command, v *viewFlags, node, job string, since sinceFlag, limit uint32) error {
+	f, err := views.ParseFormat(v.output)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	c, err := dial(ctx, v.config)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	w := cmd.OutOrStdout()
+	o := v.options(cmd, f)
+	var ids map[string]bool
+	if job != "" {
+		jobs, err := c.Jobs(ctx, job)
+		if err != nil {
+			return err
+		}
+		ids = map[string]bool{}
+		for _, j := range jobs {
+			ids[j.GetId()] = true
+		}
+	}
+	keep := func(e *api.Event) bool {
+		if node != "" && e.GetNode() != node {
+			return false
+		}
+		if ids != nil && !ids[e.GetJob()] && !strings.HasPrefix(e.GetJob(), firstKey(ids)+"-validate") {
+			return false
+		}
+		return !since.set || e.GetTimeUnixNano() >= since.at(o.Now).UnixNano()
+	}
+	backlog := limit
+	if backlog == 0 {
+		backlog = 1000
+	}
+	printed := 0
+	return c.Watch(ctx, &api.WatchRequest{Kinds: []api.WatchKind{api.WatchKind_WATCH_KIND_EVENTS}, EventsBacklog: backlog},
+		client.WatchOptions{OnDisconnect: func(err error, retry time.Duration) {
+			fmt.Fprintf(cmd.ErrOrStderr(), "gpuctl: lost the server (%v); reconnecting in %s\n", err, retry.Round(time.Millisecond))
+		}},
+		func(b *api.WatchBatch) error {
+			if b.GetSnapshot() && printed > 0 {
+				// A resync repeats events already printed: say so rather
+				// than print them twice.
+				fmt.Fprintf(cmd.ErrOrStderr(), "gpuctl: the server resynced this watch (%s); events meanwhile may be missing\n", b.GetResyncReason())
+				return nil
+			}
+			var evs []*api.Event
+			for _, ch := range b.GetChanges() {
+				if e := ch.GetEvent(); e != nil && keep(e) {
+					evs = append(evs, e)
+				}
+			}
+			sort.SliceStable(evs, func(i, j int) bool { return evs[i].GetTimeUnixNano() < evs[j].GetTimeUnixNano() })
+			if len(evs) == 0 {
+				return nil
+			}
+			printed += len(evs)
+			if f == views.JSON {
+				doc := struct {
+					Events []views.EventJSON `json:"events"`
+				}{}
+				for _, e := range evs {
+					doc.Events = append(doc.Events, views.EventFromAPI(e))
+				}
+				return json.NewEncoder(w).Encode(doc)
+			}
+			o.NoHeaders = v.noHeaders || printed > len(evs)
+			return views.Events(w, o, evs)
+		})
+}
+
+func firstKey(m map[string]bool) string {
+	for k := range m {
+		return k
+	}
+	return ""
 }
 
 // jobEvents keeps the events of the job named key (id or name).
