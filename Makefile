@@ -19,9 +19,13 @@ workload:
 	$(MAKE) -C workload
 
 # Tests need the reference workload (ringtrain, libnccl.so.2) and the two
-# binaries, which the integration tests start as real processes.
+# binaries, which the integration tests start as real processes. The
+# control plane's packages run again under the race detector: their
+# goroutines share the node registry, the job owner's inbox and the watch
+# hub.
 test: build lint
 	GPUCTL_BIN=$(CURDIR)/bin $(GOTEST) $(PKGS)
+	GPUCTL_BIN=$(CURDIR)/bin $(GOTEST) -race ./controlplane/...
 
 # Benchmarks whose figures go into notes; -benchtime keeps them short on a
 # shared 2-core machine. Compare runs with benchstat.
