@@ -347,6 +347,8 @@ func (a *Agent) commands(ctx context.Context, control *transport.Stream, send fu
 		ack := &api.CommandAck{Id: c.GetId()}
 		if err := a.execute(c, ack); err != nil {
 			ack.Error = err.Error()
+			var je *JobError
+			ack.JobError = errors.As(err, &je)
 			a.log.Warn("command failed", "id", c.GetId(), "err", err)
 		}
 		if err := send(&api.AgentMessage{Body: &api.AgentMessage_CommandAck{CommandAck: ack}}); err != nil {

@@ -228,27 +228,35 @@ func validJobName(job string) error {
 // launch of the same job attempt, or of a rank a restarted nodemon
 // adopted, starts nothing new; a launch of a new attempt while the old one
 // still runs is refused.
+// JobError is a launch refused because of the job (its command, user,
+// checkpoint dir), not because of this node: the server fails the job
+// rather than suspect the node.
+type JobError struct{ Err error }
+
+func (e *JobError) Error() string { return e.Err.Error() }
+func (e *JobError) Unwrap() error { return e.Err }
+
 func (x *Executor) Launch(l *api.LaunchRanks) error {
 	if l.GetJob() == "" || len(l.GetCommand()) == 0 || len(l.GetRanks()) == 0 {
-		return errors.New("launch: job, command and at least one rank are required")
+		return &JobError{errors.New("launch: job, command and at least one rank are required")}
 	}
 	if err := validJobName(l.GetJob()); err != nil {
-		return fmt.Errorf("launch: %w", err)
+		return &JobError{fmt.Errorf("launch: %w", err)}
 	}
 	exe, err := exec.LookPath(l.GetCommand()[0])
 	if err != nil {
-		return fmt.Errorf("launch %s: command %q not found on node %s: %w", l.GetJob(), l.GetCommand()[0], x.opts.Node, err)
+		return &JobError{fmt.Errorf("launch %s: command %q not found on node %s: %w", l.GetJob(), l.GetCommand()[0], x.opts.Node, err)}
 	}
 	if exe, err = filepath.Abs(exe); err != nil {
 		return fmt.Errorf("launch %s: %w", l.GetJob(), err)
 	}
 	cred, err := x.runAs(l)
 	if err != nil {
-		return fmt.Errorf("launch %s: %w", l.GetJob(), err)
+		return &JobError{fmt.Errorf("launch %s: %w", l.GetJob(), err)}
 	}
 	if cred != nil {
 		if err := prepareCheckpointDir(l.GetCheckpointDir(), cred); err != nil {
-			return fmt.Errorf("launch %s: %w", l.GetJob(), err)
+			return &JobError{fmt.Errorf("launch %s: %w", l.GetJob(), err)}
 		}
 	}
 	if x.BeforeLaunch != nil {

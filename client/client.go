@@ -111,7 +111,7 @@ func (c *Client) do(ctx context.Context, req *api.ClientRequest) (*api.ClientRes
 	case resp == nil:
 		return nil, errors.New("the server closed the request without an answer")
 	case resp.GetError() != "":
-		return nil, errors.New(resp.GetError())
+		return nil, &serverError{msg: resp.GetError()}
 	}
 	return resp, nil
 }

@@ -2,19 +2,45 @@ package client
 
 import (
 	"context"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuctl/gpuctl/api"
 )
 
 // SubmitJob submits a job file (YAML text); with req.DryRun it only shows
 // the plan and where the job would be placed now.
+//
+// A submit carries an idempotency key (a fresh one unless req has one): when
+// the answer is lost with the connection, the submit is sent again with the
+// same key, and the server answers with the job the first try created
+// rather than create a second.
 func (c *Client) SubmitJob(ctx context.Context, req *api.SubmitJobRequest) (*api.SubmitJobResponse, error) {
-	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_SubmitJob{SubmitJob: req}})
-	if err != nil {
-		return nil, err
+	if req.GetIdempotencyKey() == "" && !req.GetDryRun() {
+		req = proto.Clone(req).(*api.SubmitJobRequest)
+		req.IdempotencyKey = uuid.NewString()
 	}
-	return r.GetSubmitJob(), nil
+	var err error
+	for try := range submitTries {
+		var r *api.ClientResponse
+		r, err = c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_SubmitJob{SubmitJob: req}})
+		if err == nil {
+			return r.GetSubmitJob(), nil
+		}
+		var se *serverError
+		if errors.As(err, &se) || ctx.Err() != nil || try == submitTries-1 {
+			break
+		}
+		time.Sleep(time.Duration(try+1) * 200 * time.Millisecond)
+	}
+	return nil, err
 }
+
+// submitTries bounds how often a submit whose answer was lost is sent.
+const submitTries = 3
 
 // Jobs lists jobs, oldest first; job (an id or a name) narrows the list,
 // "" lists all.

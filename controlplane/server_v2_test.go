@@ -257,3 +257,47 @@ func registerFake(t *testing.T, st *transport.Stream, name string) {
 	}
 	st.Send(&api.AgentMessage{Body: &api.AgentMessage_Register{Register: &api.NodeRegistration{Name: name, HeartbeatIntervalMs: 60000}}})
 }
+
+// losingTransport delivers the first submit but loses its answer, as a
+// connection dropped just after the server stored the job would.
+type losingTransport struct {
+	next client.Transport
+	lost bool
+}
+
+func (l *losingTransport) Close() error { return nil }
+
+func (l *losingTransport) Call(ctx context.Context, req *api.ClientRequest, fn func(*api.ClientResponse) error) error {
+	if req.GetSubmitJob() != nil && !l.lost {
+		l.lost = true
+		if err := l.next.Call(ctx, req, func(*api.ClientResponse) error { return nil }); err != nil {
+			return err
+		}
+		return fmt.Errorf("connection lost before the answer")
+	}
+	return l.next.Call(ctx, req, fn)
+}
+
+// TestSubmitRetryCreatesNoDuplicate: a submit whose answer was lost is
+// sent again with the same idempotency key and gets the job the first try
+// created; one job exists.
+func TestSubmitRetryCreatesNoDuplicate(t *testing.T) {
+	s, _ := serveV2(t)
+	ctx := context.Background()
+	lt := &losingTransport{next: s.Local(Caller{Name: "ops", Role: transport.RoleAdmin, Via: "test"})}
+	cl := client.New(lt)
+	r, err := cl.SubmitJob(ctx, heldJob("once"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lt.lost {
+		t.Fatal("the first answer was not lost: the test tests nothing")
+	}
+	jobs, err := cl.Jobs(ctx, "once")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(jobs) != 1 || jobs[0].GetId() != r.GetJob().GetId() || jobs[0].GetIdempotencyKey() == "" {
+		t.Fatalf("after a retried submit: %d jobs named once (%v), want the one the retry answered with", len(jobs), jobs)
+	}
+}

@@ -537,3 +537,36 @@ stall_recovery: auto
 	}
 	t.Logf("SIGSTOP rank 1 on %s: stall named after %.2fs, running again on %v after %.2fs", victim.node, named.Seconds(), nodeSet(now), back.Seconds())
 }
+
+// TestBadCommandCordonsNoNode submits a job whose command does not exist:
+// the job fails with the launch error, and no healthy node is cordoned.
+func TestBadCommandCordonsNoNode(t *testing.T) {
+	_, cl := recoveryCluster(t, 3)
+	ctx := context.Background()
+	r, err := cl.SubmitJob(ctx, &api.SubmitJobRequest{Source: "typo.yaml",
+		SpecYaml: "name: typo\nnodes: 2\ngpus_per_node: 1\ncommand: [/nonexistent/train]\nrestart_policy: replace-node\n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := waitFor(t, cl, r.GetJob().GetId(), 20*time.Second, "the job failed", func(j *api.Job) error {
+		if j.GetState() != api.JobState_JOB_STATE_FAILED {
+			return fmt.Errorf("%s: %s", j.GetState(), j.GetReason())
+		}
+		return nil
+	})
+	if !strings.Contains(j.GetReason(), `"/nonexistent/train" not found`) || j.GetRestarts() != 0 {
+		t.Errorf("failed with %q after %d restarts, want the launch error and none", j.GetReason(), j.GetRestarts())
+	}
+	// Give a wrong recovery time to act, then look: no node may be
+	// cordoned for the job's typo.
+	time.Sleep(2 * time.Second)
+	nodes, err := cl.Nodes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if n.GetCordoned() || n.GetState() != api.NodeState_NODE_STATE_READY {
+			t.Errorf("%s is %s cordoned=%v (%s) after a job's bad command", n.GetRegistration().GetName(), n.GetState().Short(), n.GetCordoned(), n.GetCordonReason())
+		}
+	}
+}

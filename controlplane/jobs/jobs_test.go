@@ -30,7 +30,10 @@ type fakeNodes struct {
 	cmds    []sentCmd
 	cordons []string
 	refuse  map[string]string
-	storeAt func(job string) *api.Job
+	// jobFault refuses launches on chosen nodes as nodemon refuses a
+	// job's own mistake (a command it cannot find).
+	jobFault map[string]string
+	storeAt  func(job string) *api.Job
 }
 
 type sentCmd struct {
@@ -81,6 +84,9 @@ func (f *fakeNodes) Command(_ context.Context, node string, c *api.Command) (*ap
 	f.cmds = append(f.cmds, sc)
 	if msg := f.refuse[node]; msg != "" && c.GetLaunch() != nil {
 		return nil, fmt.Errorf("node %s: %s", node, msg)
+	}
+	if msg := f.jobFault[node]; msg != "" && c.GetLaunch() != nil {
+		return nil, &nodes.CommandError{Node: node, Msg: msg, JobFault: true}
 	}
 	return &api.CommandAck{Id: c.GetId()}, nil
 }
@@ -705,6 +711,37 @@ func TestLaunchRefusedFailsJob(t *testing.T) {
 	h.reconcile()
 	if got := signals(h.nodes.take()); !slices.Equal(got, []string{"n0:SIGTERM"}) {
 		t.Errorf("signals %v: the ranks that did start must be stopped", got)
+	}
+}
+
+// TestLaunchErrorIsTheJobsFault: a command no node can find fails the job
+// with the error; no node is cordoned and nothing is restarted.
+func TestLaunchErrorIsTheJobsFault(t *testing.T) {
+	h := newHarness(t, scheduler.DefaultPolicy, threeNodes()...)
+	h.nodes.jobFault = map[string]string{}
+	for _, n := range []string{"n0", "n1", "n2"} {
+		h.nodes.jobFault[n] = `launch: command "/nonexistent/train" not found on node ` + n
+	}
+	id := h.submit(ringSpec("typo", 2, 2, "restart_policy: replace-node\n"), false)
+	h.reconcile()
+	h.reconcile()
+	j := h.job(id)
+	if j.GetState() != api.JobState_JOB_STATE_FAILED || !strings.Contains(j.GetReason(), `command "/nonexistent/train" not found`) {
+		t.Fatalf("state %s reason %q, want failed with the launch error", stateName(j.GetState()), j.GetReason())
+	}
+	if j.GetRestarts() != 0 || j.GetAttempt() != 1 {
+		t.Errorf("restarts %d attempt %d: a job's own launch error must not be retried", j.GetRestarts(), j.GetAttempt())
+	}
+	h.nodes.mu.Lock()
+	cordons := slices.Clone(h.nodes.cordons)
+	h.nodes.mu.Unlock()
+	if len(cordons) != 0 {
+		t.Errorf("cordoned %v for a job's typo", cordons)
+	}
+	for _, n := range h.nodes.Nodes() {
+		if n.GetCordoned() {
+			t.Errorf("%s cordoned", n.GetRegistration().GetName())
+		}
 	}
 }
 

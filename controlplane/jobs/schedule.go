@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/controlplane/nodes"
 	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
 )
@@ -705,9 +706,28 @@ func (m *Manager) launched(msg msgLaunched) {
 	m.save(en)
 	if active(j) {
 		refused := slices.Sorted(mapKeys(msg.errs))
-		m.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: refused}, "launch failed on "+strings.Join(msgs, "; "), m.now())
+		why := "launch failed on " + strings.Join(msgs, "; ")
+		if jobFaults(msg.errs) {
+			// The job's own fault (a typo in its command, a user the node
+			// lacks): no node is to blame, and a restart would fail the
+			// same way.
+			m.giveUp(en, why, m.now())
+		} else {
+			m.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: refused}, why, m.now())
+		}
 	}
 	m.kick()
+}
+
+// jobFaults reports whether every refusal in errs is the job's fault.
+func jobFaults(errs map[string]error) bool {
+	for _, err := range errs {
+		var ce *nodes.CommandError
+		if !errors.As(err, &ce) || !ce.JobFault {
+			return false
+		}
+	}
+	return len(errs) > 0
 }
 
 // preempt begins stopping a job the scheduler preempts: checkpoint first

@@ -228,7 +228,7 @@ func (ns *session) commandAck(ctx context.Context, c *api.Command) (*api.Command
 	select {
 	case ack := <-ch:
 		if msg := ack.GetError(); msg != "" {
-			return nil, fmt.Errorf("node %s: %s", ns.name, msg)
+			return nil, &CommandError{Node: ns.name, Msg: msg, JobFault: ack.GetJobError()}
 		}
 		return ack, nil
 	case <-ctx.Done():
@@ -287,3 +287,14 @@ func (r *Registry) Detect(ctx context.Context, every time.Duration) {
 		}
 	}
 }
+
+// CommandError is a node's refusal of a command. JobFault says the
+// refusal is the job's fault (its command, user or checkpoint dir), not
+// the node's.
+type CommandError struct {
+	Node     string
+	Msg      string
+	JobFault bool
+}
+
+func (e *CommandError) Error() string { return fmt.Sprintf("node %s: %s", e.Node, e.Msg) }
