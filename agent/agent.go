@@ -128,6 +128,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Ranks launched from now on carry the cluster's name, and the probes
+	// leave out another cluster's ranks on a shared host.
+	cluster := transport.ClusterID(id.CA)
+	a.exec.SetCluster(cluster)
+	a.probes.SetCluster(cluster)
 	reg, err := a.registration()
 	if err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -134,6 +135,7 @@ type Executor struct {
 	// BeforeLaunch, when set, runs before a job's ranks start (nodemon
 	// attaches its NCCL probes to the libraries the command links).
 	BeforeLaunch func(*api.LaunchRanks)
+	cluster      atomic.Pointer[string]
 
 	mu     sync.Mutex
 	ranks  map[string]map[int32]*rankProc // job → rank → process
@@ -346,7 +348,7 @@ func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string, cred *
 	}
 	defer hr.Close()
 	cmd := exec.Command(x.opts.Shim[0], args...)
-	cmd.Env = rankEnv(x.opts.Node, l, r)
+	cmd.Env = rankEnv(x.opts.Node, x.clusterID(), l, r)
 	if cred != nil {
 		cmd.Env = append(cmd.Env, cred.env()...)
 	}
@@ -649,8 +651,19 @@ func signalName(s syscall.Signal) string {
 
 // rankEnv is the environment of one rank: the host's, then what
 // api.RankEnv defines.
-func rankEnv(node string, l *api.LaunchRanks, r *api.RankSpec) []string {
-	return append(os.Environ(), api.RankEnv(node, l, r)...)
+func rankEnv(node, cluster string, l *api.LaunchRanks, r *api.RankSpec) []string {
+	return append(os.Environ(), api.RankEnv(node, cluster, l, r)...)
+}
+
+// SetCluster names the cluster this node joined (transport.ClusterID),
+// given to the ranks it launches from then on as GPUCTL_CLUSTER.
+func (x *Executor) SetCluster(id string) { x.cluster.Store(&id) }
+
+func (x *Executor) clusterID() string {
+	if p := x.cluster.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // targets returns the live ranks of job named by ranks (all when empty).

@@ -55,6 +55,9 @@ type Probes struct {
 	nccl    *nccl.Tracer
 	net     *netflow.Tracer
 	rdma    string
+	// procs resolves a traced pid to its job and rank, and says whether
+	// it is this node's; nil without eBPF.
+	procs *nccl.ProcTable
 	// startup holds what the probes have to report before the first sample
 	// (an eBPF probe that could not load, say).
 	startup []*api.Event
@@ -93,6 +96,7 @@ func OpenProbes(opts ProbeOptions, log *slog.Logger) (*Probes, error) {
 	if opts.OnlyLaunched {
 		procs = nccl.NewStrictProcTable("/proc", opts.Node)
 	}
+	p.procs = procs
 	var errs []error
 	if t, err := nccl.New(log, nccl.Options{Procs: procs}); err != nil {
 		errs = append(errs, err)
@@ -309,4 +313,12 @@ func listNICs() []*api.NIC {
 		out = append(out, nic)
 	}
 	return out
+}
+
+// SetCluster names the cluster this node joined: the NCCL and flow probes
+// report no process launched for another cluster.
+func (p *Probes) SetCluster(id string) {
+	if p != nil && p.procs != nil {
+		p.procs.SetCluster(id)
+	}
 }

@@ -11,9 +11,10 @@ import (
 // the rank in its gang in the torchrun convention (RANK, LOCAL_RANK,
 // WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT,
 // CUDA_VISIBLE_DEVICES) and gpuctl's own (GPUCTL_JOB, GPUCTL_NODE,
-// GPUCTL_ATTEMPT, GPUCTL_CHECKPOINT_DIR, GPUCTL_RESUME_STEP). It is the one
-// definition of that environment: nodemon sets exactly this.
-func RankEnv(node string, l *LaunchRanks, r *RankSpec) []string {
+// GPUCTL_CLUSTER when known, GPUCTL_ATTEMPT, GPUCTL_CHECKPOINT_DIR,
+// GPUCTL_RESUME_STEP). It is the one definition of that environment:
+// nodemon sets exactly this.
+func RankEnv(node, cluster string, l *LaunchRanks, r *RankSpec) []string {
 	gpus := make([]string, len(r.GetGpus()))
 	for i, g := range r.GetGpus() {
 		gpus[i] = strconv.Itoa(int(g))
@@ -40,6 +41,9 @@ func RankEnv(node string, l *LaunchRanks, r *RankSpec) []string {
 		"GPUCTL_NODE="+node,
 		"GPUCTL_ATTEMPT="+strconv.Itoa(int(l.GetAttempt())),
 	)
+	if cluster != "" {
+		env = append(env, "GPUCTL_CLUSTER="+cluster)
+	}
 	if l.GetCheckpointDir() != "" {
 		env = append(env, "GPUCTL_CHECKPOINT_DIR="+l.GetCheckpointDir())
 	}

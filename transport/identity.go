@@ -3,8 +3,10 @@ package transport
 import (
 	"bytes"
 	"crypto"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -308,4 +310,15 @@ func parseClientConfig(data []byte, dir string) (*ClientConfig, error) {
 		}
 	}
 	return &cfg, nil
+}
+
+// ClusterID names the cluster a CA certificate is the root of: the first
+// 16 hex digits of its SHA-256. Ranks carry it (GPUCTL_CLUSTER) so that
+// two clusters sharing a host tell their ranks apart.
+func ClusterID(ca *x509.Certificate) string {
+	if ca == nil {
+		return ""
+	}
+	sum := sha256.Sum256(ca.Raw)
+	return hex.EncodeToString(sum[:8])
 }

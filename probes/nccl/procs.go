@@ -15,6 +15,10 @@ const (
 	EnvJob  = "GPUCTL_JOB"
 	EnvRank = "RANK"
 	EnvNode = "GPUCTL_NODE"
+	// EnvCluster names the cluster (its CA) a rank was launched for, so
+	// that nodemons of two clusters sharing a host (two demos) and a node
+	// name each report only their own ranks.
+	EnvCluster = "GPUCTL_CLUSTER"
 )
 
 // ProcTable resolves a pid to the job and rank in its environment and says
@@ -26,8 +30,19 @@ type ProcTable struct {
 	// strict reports only processes whose GPUCTL_NODE is node.
 	strict bool
 
-	mu    sync.Mutex
-	cache map[uint32]procEntry
+	mu      sync.Mutex
+	cluster string
+	cache   map[uint32]procEntry
+}
+
+// SetCluster names this node's cluster: from then on a process launched
+// for another cluster (GPUCTL_CLUSTER set to something else) is not
+// reported, whatever its GPUCTL_NODE says.
+func (p *ProcTable) SetCluster(cluster string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cluster = cluster
+	clear(p.cache)
 }
 
 type procEntry struct {
@@ -75,7 +90,11 @@ func (p *ProcTable) Lookup(pid uint32) (job string, rank int32, keep bool) {
 	}
 	start := st.StartTicks
 	env := parseEnviron(environ)
-	e = procEntry{start: start, job: env.job, rank: env.rank, keep: p.node == "" || env.node == p.node || env.node == "" && !p.strict}
+	p.mu.Lock()
+	ours := p.cluster == "" || env.cluster == "" || env.cluster == p.cluster
+	p.mu.Unlock()
+	mine := ours && (p.node == "" || env.node == p.node || env.node == "" && !p.strict)
+	e = procEntry{start: start, job: env.job, rank: env.rank, keep: mine}
 	p.mu.Lock()
 	p.cache[pid] = e
 	p.mu.Unlock()
@@ -110,9 +129,10 @@ func (p *ProcTable) alive(pid, tid uint32) bool {
 }
 
 type procEnv struct {
-	job  string
-	rank int32
-	node string
+	job     string
+	rank    int32
+	node    string
+	cluster string
 }
 
 // parseEnviron picks gpuctl's variables out of a NUL-separated
@@ -126,12 +146,14 @@ func parseEnviron(b []byte) procEnv {
 			continue
 		}
 		switch string(k) {
-		case EnvJob, EnvNode, EnvRank:
+		case EnvJob, EnvNode, EnvRank, EnvCluster:
 			seen[string(k)] = true
 		}
 		switch string(k) {
 		case EnvJob:
 			env.job = string(v)
+		case EnvCluster:
+			env.cluster = string(v)
 		case EnvNode:
 			env.node = string(v)
 		case EnvRank:

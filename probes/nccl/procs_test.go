@@ -93,6 +93,22 @@ func TestProcTable(t *testing.T) {
 			t.Errorf("strict Lookup(%d) keep = %v, want %v", tc.pid, keep, tc.keep)
 		}
 	}
+	// Two clusters on one host with the same node names: only this
+	// cluster's rank is ours once the cluster is known.
+	fakeProc(t, root, "14", "GPUCTL_JOB=j4\x00RANK=0\x00GPUCTL_NODE=node-a\x00GPUCTL_CLUSTER=c-other\x00", "100")
+	fakeProc(t, root, "15", "GPUCTL_JOB=j5\x00RANK=0\x00GPUCTL_NODE=node-a\x00GPUCTL_CLUSTER=c-mine\x00", "100")
+	if _, _, keep := p.Lookup(14); !keep {
+		t.Error("before the cluster is known a process of node-a is reported")
+	}
+	p.SetCluster("c-mine")
+	for _, tc := range []struct {
+		pid  uint32
+		keep bool
+	}{{14, false}, {15, true}, {10, true}, {12, true}} {
+		if _, _, keep := p.Lookup(tc.pid); keep != tc.keep {
+			t.Errorf("with cluster c-mine, Lookup(%d) keep = %v, want %v", tc.pid, keep, tc.keep)
+		}
+	}
 	if !p.alive(10, 10) || p.alive(10, 99) {
 		t.Error("alive disagrees with the task directories")
 	}
