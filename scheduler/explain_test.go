@@ -1,6 +1,9 @@
 package scheduler
 
-import "testing"
+import (
+	"errors"
+	"testing"
+)
 
 func TestPlacementReason(t *testing.T) {
 	cases := []struct {
@@ -24,5 +27,29 @@ func TestPlacementReason(t *testing.T) {
 				t.Errorf("got  %q\nwant %q", got, c.want)
 			}
 		})
+	}
+}
+
+// TestPendingReasonCountsFreeGPUs places a job that does not fit on a
+// node whose GPUs are partly used and partly unhealthy: the reason counts
+// only the GPUs free and healthy.
+func TestPendingReasonCountsFreeGPUs(t *testing.T) {
+	gpus := make([]GPU, 8)
+	for i := range gpus {
+		gpus[i] = GPU{Index: i, Healthy: true}
+	}
+	for _, i := range []int{0, 1, 2, 3} {
+		gpus[i].Job = "j-other"
+	}
+	gpus[4].Healthy = false
+	snap := Snapshot{Nodes: []Node{{Name: "n0", State: NodeReady, GPUs: gpus}}}
+	r := JobRequest{ID: "j-new", Shape: Shape{TP: 1, PP: 1, DP: 6}}
+	_, err := Place(&snap, &r)
+	var pe *PlacementError
+	if !errors.As(err, &pe) {
+		t.Fatalf("Place: %v, want a PlacementError", err)
+	}
+	if got, want := pe.Explain(&r), "needs 6 GPUs; the 1 node that passes has 3 free GPUs"; got != want {
+		t.Fatalf("reason %q, want %q (8 GPUs, 4 used, 1 unhealthy)", got, want)
 	}
 }
