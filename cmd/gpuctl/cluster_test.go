@@ -196,6 +196,8 @@ func TestJSONOutputsAgainstREADME(t *testing.T) {
 		{"moves", []string{"rebalance"}},
 		{"jobs", []string{"submit", "--dry-run", "--name", "dry", "--gpus", "1", "--", c.ring}},
 		{"jobs", []string{"checkpoint", ring}},
+		{"identities", []string{"user", "list", "--with-nodes"}},
+		{"tokens", []string{"token", "list"}},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) { mustJSON(t, tc.list, tc.args...) })
 	}
@@ -244,7 +246,9 @@ func TestJSONOutputsAgainstREADME(t *testing.T) {
 	// Every command the README documents was run.
 	ran := map[string]bool{"nodes": true, "gpus": true, "events": true, "collectives": true, "jobs": true, "stalls": true, "version": true,
 		"rebalance": true, "submit": true, "checkpoint": true, "assign": true, "restart": true, "cancel": true, "release": true,
-		"cordon": true, "uncordon": true, "drain": true, "observe": true}
+		"cordon": true, "uncordon": true, "drain": true, "observe": true, "user": true, "token": true,
+		// Checked against their types and output by TestJSONDocumentsAreDocumented.
+		"plan": true, "simulate": true}
 	for _, cmd := range contract.Commands() {
 		if !ran[cmd] {
 			t.Errorf("README documents gpuctl %s -o json, which this test does not run", cmd)

@@ -17,14 +17,14 @@ import (
 )
 
 // jsonDocs are the -o json documents of plan and simulate, by the heading
-// of their table in docs/costmodel.md's "JSON output" section.
+// of their table in the README's "JSON output" section.
 var jsonDocs = []struct {
 	heading string
 	typ     reflect.Type
 }{
-	{"gpuctl plan -o json", reflect.TypeFor[planDoc]()},
-	{"gpuctl simulate --trace -o json", reflect.TypeFor[simTraceDoc]()},
-	{"gpuctl simulate --model -o json", reflect.TypeFor[simRunDoc]()},
+	{"`plan`", reflect.TypeFor[planDoc]()},
+	{"`simulate` (with `--trace`)", reflect.TypeFor[simTraceDoc]()},
+	{"`simulate` (with `--model`)", reflect.TypeFor[simRunDoc]()},
 }
 
 var (
@@ -106,18 +106,18 @@ func emittedPaths(v any, prefix string, dataKeyed map[string]bool, out map[strin
 	}
 }
 
-// documented reads the field names of one table of docs/costmodel.md's
-// JSON output section: the first column's backticked names.
+// documented reads the field names of one table of the README's JSON
+// output section: the first column's backticked names.
 func documented(t *testing.T, heading string) map[string]bool {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join("..", "..", "docs", "costmodel.md"))
+	data, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	doc := string(data)
 	i := strings.Index(doc, "\n## JSON output\n")
 	if i < 0 {
-		t.Fatal(`docs/costmodel.md has no "## JSON output" section`)
+		t.Fatal(`README.md has no "## JSON output" section`)
 	}
 	section := doc[i+1:]
 	if j := strings.Index(section[3:], "\n## "); j >= 0 {
@@ -158,9 +158,9 @@ func sortedKeys(m map[string]bool) []string {
 // simulate modes, emits only documented fields, in an object.
 func TestJSONDocumentsAreDocumented(t *testing.T) {
 	emitted := map[string][]byte{
-		"gpuctl plan -o json":             runJSON(t, newPlanCmd, "--model", "gpt-1t", "--gpus", "3072", "--gpu", "h100", "--top", "3", "--tokens", "4.5e11", "-o", "json"),
-		"gpuctl simulate --trace -o json": runJSON(t, newSimulateCmd, "--trace", filepath.Join("..", "..", "scheduler", "trace", "testdata", "philly-multigpu-3034.json"), "--nodes", "40", "-o", "json"),
-		"gpuctl simulate --model -o json": runJSON(t, newSimulateCmd, "--model", "llama2-70b", "--gpus", "256", "--gpu", "h100", "--mtbf", "2h", "--steps", "20000", "-o", "json"),
+		"`plan`":                      runJSON(t, newPlanCmd, "--model", "gpt-1t", "--gpus", "3072", "--gpu", "h100", "--top", "3", "--tokens", "4.5e11", "-o", "json"),
+		"`simulate` (with `--trace`)": runJSON(t, newSimulateCmd, "--trace", filepath.Join("..", "..", "scheduler", "trace", "testdata", "philly-multigpu-3034.json"), "--nodes", "40", "-o", "json"),
+		"`simulate` (with `--model`)": runJSON(t, newSimulateCmd, "--model", "llama2-70b", "--gpus", "256", "--gpu", "h100", "--mtbf", "2h", "--steps", "20000", "-o", "json"),
 	}
 	for _, d := range jsonDocs {
 		t.Run(d.heading, func(t *testing.T) {
@@ -169,7 +169,7 @@ func TestJSONDocumentsAreDocumented(t *testing.T) {
 			docs := documented(t, d.heading)
 			for _, p := range sortedKeys(fields) {
 				if !docs[p] {
-					t.Errorf("field %s is not documented in docs/costmodel.md's %q table", p, d.heading)
+					t.Errorf("field %s is not documented in the README's %q table", p, d.heading)
 				}
 				last := p[strings.LastIndex(p, ".")+1:]
 				last = strings.TrimSuffix(last, "[]")
@@ -179,7 +179,7 @@ func TestJSONDocumentsAreDocumented(t *testing.T) {
 			}
 			for _, p := range sortedKeys(docs) {
 				if !fields[p] {
-					t.Errorf("docs/costmodel.md's %q table documents %s, which the document does not have", d.heading, p)
+					t.Errorf("the README's %q table documents %s, which the document does not have", d.heading, p)
 				}
 			}
 			var v any

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
+	"github.com/gpuctl/gpuctl/views"
 	"github.com/gpuctl/gpuctl/scheduler/launch"
 	"github.com/spf13/cobra"
 )
@@ -590,7 +591,11 @@ func planDocument(in planInput, ranked []costmodel.Evaluation, rejected []costmo
 func writePlanJSON(w io.Writer, in planInput, ranked []costmodel.Evaluation, rejected []costmodel.Rejection, top int) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(planDocument(in, ranked, rejected, top)); err != nil {
+	doc, err := views.WithNulls(planDocument(in, ranked, rejected, top))
+	if err != nil {
+		return fmt.Errorf("plan: write json: %w", err)
+	}
+	if err := enc.Encode(doc); err != nil {
 		return fmt.Errorf("plan: write json: %w", err)
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
+	"github.com/gpuctl/gpuctl/views"
 	"github.com/gpuctl/gpuctl/scheduler/simulate"
 	"github.com/gpuctl/gpuctl/scheduler/trace"
 )
@@ -214,7 +215,11 @@ func simTraceDocument(tracePath string, rows []simRow) simTraceDoc {
 	return doc
 }
 
-func writeJSON(w io.Writer, doc any) error {
+func writeJSON(w io.Writer, v any) error {
+	doc, err := views.WithNulls(v)
+	if err != nil {
+		return fmt.Errorf("write json: %w", err)
+	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(doc); err != nil {

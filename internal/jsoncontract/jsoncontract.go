@@ -48,7 +48,10 @@ func Parse(readme []byte) (*Contract, error) {
 		heading, text, _ := strings.Cut(sec, "\n")
 		var cmds []string
 		for _, m := range backticked.FindAllStringSubmatch(heading, -1) {
-			cmds = append(cmds, m[1])
+			if !strings.HasPrefix(m[1], "-") {
+				// A flag (`--trace`) says which form of the command.
+				cmds = append(cmds, m[1])
+			}
 		}
 		if len(cmds) == 0 {
 			return nil, fmt.Errorf("README: JSON output heading %q names no command in backticks", heading)
