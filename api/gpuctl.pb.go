@@ -5820,14 +5820,19 @@ type JobPlan struct {
 	Mfu            float64 `protobuf:"fixed64,9,opt,name=mfu,proto3" json:"mfu,omitempty"`
 	MemPerGpuBytes int64   `protobuf:"varint,10,opt,name=mem_per_gpu_bytes,json=memPerGpuBytes,proto3" json:"mem_per_gpu_bytes,omitempty"`
 	// Fed back from the running job: its measured seconds per step, and the
-	// efficiency (fraction of peak) that makes the cost model predict it;
-	// 0 until measured, or when the job has no model section.
-	MeasuredStepSeconds  float64 `protobuf:"fixed64,11,opt,name=measured_step_seconds,json=measuredStepSeconds,proto3" json:"measured_step_seconds,omitempty"`
-	CalibratedEfficiency float64 `protobuf:"fixed64,12,opt,name=calibrated_efficiency,json=calibratedEfficiency,proto3" json:"calibrated_efficiency,omitempty"`
+	// cost model's scales that make it predict that step (compute_scale on
+	// the fitted kernel efficiencies, about 1 as fitted; comm_scale on
+	// communication time), with the one calibration moved; 0 until
+	// measured, or when the job has no model section.
+	MeasuredStepSeconds    float64 `protobuf:"fixed64,11,opt,name=measured_step_seconds,json=measuredStepSeconds,proto3" json:"measured_step_seconds,omitempty"`
+	CalibratedComputeScale float64 `protobuf:"fixed64,12,opt,name=calibrated_compute_scale,json=calibratedComputeScale,proto3" json:"calibrated_compute_scale,omitempty"`
 	// Why calibration failed, when it did (the figures it points at).
-	CalibrationNote string `protobuf:"bytes,13,opt,name=calibration_note,json=calibrationNote,proto3" json:"calibration_note,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	CalibrationNote     string  `protobuf:"bytes,13,opt,name=calibration_note,json=calibrationNote,proto3" json:"calibration_note,omitempty"`
+	CalibratedCommScale float64 `protobuf:"fixed64,14,opt,name=calibrated_comm_scale,json=calibratedCommScale,proto3" json:"calibrated_comm_scale,omitempty"`
+	// compute_scale or comm_scale.
+	CalibratedTerm string `protobuf:"bytes,15,opt,name=calibrated_term,json=calibratedTerm,proto3" json:"calibrated_term,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *JobPlan) Reset() {
@@ -5937,9 +5942,9 @@ func (x *JobPlan) GetMeasuredStepSeconds() float64 {
 	return 0
 }
 
-func (x *JobPlan) GetCalibratedEfficiency() float64 {
+func (x *JobPlan) GetCalibratedComputeScale() float64 {
 	if x != nil {
-		return x.CalibratedEfficiency
+		return x.CalibratedComputeScale
 	}
 	return 0
 }
@@ -5947,6 +5952,20 @@ func (x *JobPlan) GetCalibratedEfficiency() float64 {
 func (x *JobPlan) GetCalibrationNote() string {
 	if x != nil {
 		return x.CalibrationNote
+	}
+	return ""
+}
+
+func (x *JobPlan) GetCalibratedCommScale() float64 {
+	if x != nil {
+		return x.CalibratedCommScale
+	}
+	return 0
+}
+
+func (x *JobPlan) GetCalibratedTerm() string {
+	if x != nil {
+		return x.CalibratedTerm
 	}
 	return ""
 }
@@ -10044,7 +10063,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"revokeUser\x12@\n" +
 	"\vremove_node\x18. \x01(\v2\x1d.gpuctl.v1.RemoveNodeResponseH\x00R\n" +
 	"removeNodeB\x06\n" +
-	"\x04body\"\xb9\x03\n" +
+	"\x04body\"\x9b\x04\n" +
 	"\aJobPlan\x12\x0e\n" +
 	"\x02tp\x18\x01 \x01(\x05R\x02tp\x12\x0e\n" +
 	"\x02pp\x18\x02 \x01(\x05R\x02pp\x12\x0e\n" +
@@ -10058,9 +10077,11 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x03mfu\x18\t \x01(\x01R\x03mfu\x12)\n" +
 	"\x11mem_per_gpu_bytes\x18\n" +
 	" \x01(\x03R\x0ememPerGpuBytes\x122\n" +
-	"\x15measured_step_seconds\x18\v \x01(\x01R\x13measuredStepSeconds\x123\n" +
-	"\x15calibrated_efficiency\x18\f \x01(\x01R\x14calibratedEfficiency\x12)\n" +
-	"\x10calibration_note\x18\r \x01(\tR\x0fcalibrationNote\"\xad\x01\n" +
+	"\x15measured_step_seconds\x18\v \x01(\x01R\x13measuredStepSeconds\x128\n" +
+	"\x18calibrated_compute_scale\x18\f \x01(\x01R\x16calibratedComputeScale\x12)\n" +
+	"\x10calibration_note\x18\r \x01(\tR\x0fcalibrationNote\x122\n" +
+	"\x15calibrated_comm_scale\x18\x0e \x01(\x01R\x13calibratedCommScale\x12'\n" +
+	"\x0fcalibrated_term\x18\x0f \x01(\tR\x0ecalibratedTerm\"\xad\x01\n" +
 	"\aJobRank\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x1d\n" +
 	"\n" +

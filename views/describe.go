@@ -179,8 +179,9 @@ func DescribeJob(w io.Writer, o Options, j *api.Job, stalls []*api.Stall, events
 	}
 	if v.Plan.MeasuredStepSeconds != nil {
 		m := fmt.Sprintf("%.3f s/step", *v.Plan.MeasuredStepSeconds)
-		if v.Plan.CalibratedEfficiency != nil {
-			m += fmt.Sprintf(", calibrated efficiency %.3f", *v.Plan.CalibratedEfficiency)
+		if v.Plan.CalibratedComputeScale != nil {
+			m += fmt.Sprintf(", calibrated compute_scale %.3f comm_scale %.3f (moved %s)", *v.Plan.CalibratedComputeScale,
+				deref0(v.Plan.CalibratedCommScale), deref(v.Plan.CalibratedTerm))
 		}
 		d.fact("Measured", m)
 	}

@@ -72,9 +72,11 @@ type PlanJSON struct {
 	MFU             *float64 `json:"predicted_mfu"`
 	MemPerGPUBytes  *int64   `json:"predicted_mem_per_gpu_bytes"`
 	// Measured on the running job and fed back into the cost model.
-	MeasuredStepSeconds  *float64 `json:"measured_step_seconds"`
-	CalibratedEfficiency *float64 `json:"calibrated_efficiency"`
-	CalibrationNote      *string  `json:"calibration_note"`
+	MeasuredStepSeconds    *float64 `json:"measured_step_seconds"`
+	CalibratedComputeScale *float64 `json:"calibrated_compute_scale"`
+	CalibratedCommScale    *float64 `json:"calibrated_comm_scale"`
+	CalibratedTerm         *string  `json:"calibrated_term"`
+	CalibrationNote        *string  `json:"calibration_note"`
 }
 
 // AttemptJSON is one launch of a job, as sacct lists a job's steps.
@@ -185,7 +187,8 @@ func JobFromAPI(j *api.Job) JobJSON {
 		Plan: PlanJSON{TP: p.GetTp(), PP: p.GetPp(), DP: p.GetDp(), MicroBatch: p.GetMicroBatch(),
 			NumMicroBatches: p.GetNumMicroBatches(), VirtualStages: p.GetVirtualStages(), Source: p.GetSource(),
 			StepSeconds: optFloat(p.GetStepSeconds()), MFU: optFloat(p.GetMfu()), MemPerGPUBytes: optInt64(p.GetMemPerGpuBytes()),
-			MeasuredStepSeconds: optFloat(p.GetMeasuredStepSeconds()), CalibratedEfficiency: optFloat(p.GetCalibratedEfficiency()),
+			MeasuredStepSeconds: optFloat(p.GetMeasuredStepSeconds()), CalibratedComputeScale: optFloat(p.GetCalibratedComputeScale()),
+			CalibratedCommScale: optFloat(p.GetCalibratedCommScale()), CalibratedTerm: optString(p.GetCalibratedTerm()),
 			CalibrationNote: optString(p.GetCalibrationNote())},
 		GPUs:    int(p.GetTp() * p.GetPp() * p.GetDp()),
 		Attempt: j.GetAttempt(), Attempts: []AttemptJSON{}, Restarts: j.GetRestarts(), Preemptions: j.GetPreemptions(),

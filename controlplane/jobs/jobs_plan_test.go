@@ -53,8 +53,11 @@ plan: {tp: 8, pp: 4, dp: 2}
 			if p.GetMeasuredStepSeconds() != tc.measured {
 				t.Errorf("measured = %v, want %v", p.GetMeasuredStepSeconds(), tc.measured)
 			}
-			if !tc.wantEff(p.GetCalibratedEfficiency()) {
-				t.Errorf("calibrated efficiency %v (default %v)", p.GetCalibratedEfficiency(), def)
+			if !tc.wantEff(p.GetCalibratedComputeScale()) {
+				t.Errorf("calibrated compute scale %v (default %v)", p.GetCalibratedComputeScale(), def)
+			}
+			if p.GetCalibratedComputeScale() > 0 && p.GetCalibratedTerm() == "" {
+				t.Error("a calibration that moved a term does not say which")
 			}
 			if (p.GetCalibrationNote() != "") != tc.wantNote {
 				t.Errorf("calibration note %q", p.GetCalibrationNote())

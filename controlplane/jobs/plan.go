@@ -100,11 +100,12 @@ func calibrate(s *jobspec.Spec, p *api.JobPlan, measured float64) {
 	}
 	plan := costmodel.Plan{TP: int(p.GetTp()), PP: int(p.GetPp()), DP: int(p.GetDp()), MicroBatch: int(p.GetMicroBatch()),
 		NumMicroBatches: int(p.GetNumMicroBatches()), VirtualStages: int(p.GetVirtualStages())}
-	if err := cfg.Calibrate(plan, measured); err != nil {
-		p.CalibratedEfficiency, p.CalibrationNote = 0, err.Error()
+	cal, err := cfg.CalibrateReport(plan, measured)
+	if err != nil {
+		p.CalibratedComputeScale, p.CalibratedCommScale, p.CalibratedTerm, p.CalibrationNote = 0, 0, "", err.Error()
 		return
 	}
-	p.CalibratedEfficiency, p.CalibrationNote = cfg.Tunables.Efficiency, ""
+	p.CalibratedComputeScale, p.CalibratedCommScale, p.CalibratedTerm, p.CalibrationNote = cal.ComputeScale, cal.CommScale, cal.Term, ""
 }
 
 func predict(p *api.JobPlan, ev costmodel.Evaluation) {
