@@ -13,8 +13,8 @@ import (
 
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
-	"github.com/gpuctl/gpuctl/views"
 	"github.com/gpuctl/gpuctl/scheduler/launch"
+	"github.com/gpuctl/gpuctl/views"
 	"github.com/spf13/cobra"
 )
 

@@ -15,9 +15,9 @@ import (
 
 	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
-	"github.com/gpuctl/gpuctl/views"
 	"github.com/gpuctl/gpuctl/scheduler/simulate"
 	"github.com/gpuctl/gpuctl/scheduler/trace"
+	"github.com/gpuctl/gpuctl/views"
 )
 
 func init() { subcommands = append(subcommands, newSimulateCmd) }
