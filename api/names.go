@@ -115,3 +115,29 @@ func GPUFault(e *Event) (string, bool) {
 	}
 	return "", false
 }
+
+// Short returns a job state as people and scripts name it: pending,
+// running, recovering, succeeded, failed or cancelled.
+func (s JobState) Short() string {
+	switch s {
+	case JobState_JOB_STATE_PENDING:
+		return "pending"
+	case JobState_JOB_STATE_RUNNING:
+		return "running"
+	case JobState_JOB_STATE_RECOVERING:
+		return "recovering"
+	case JobState_JOB_STATE_SUCCEEDED:
+		return "succeeded"
+	case JobState_JOB_STATE_FAILED:
+		return "failed"
+	case JobState_JOB_STATE_CANCELLED:
+		return "cancelled"
+	}
+	return "unknown"
+}
+
+// Ended reports whether a job in state s is over: succeeded, failed or
+// cancelled.
+func (s JobState) Ended() bool {
+	return s == JobState_JOB_STATE_SUCCEEDED || s == JobState_JOB_STATE_FAILED || s == JobState_JOB_STATE_CANCELLED
+}

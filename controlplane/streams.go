@@ -72,31 +72,9 @@ func rankNode(j *api.Job, rank int32) (string, error) {
 		}
 	}
 	if n == 0 {
-		return "", fmt.Errorf("job %s is %s and placed nowhere: it has no logs until it starts", j.GetId(), stateName(j.GetState()))
+		return "", fmt.Errorf("job %s is %s and placed nowhere: it has no logs until it starts", j.GetId(), j.GetState().Short())
 	}
 	return "", fmt.Errorf("job %s has no rank %d: its ranks are 0..%d", j.GetId(), rank, n-1)
-}
-
-func stateName(s api.JobState) string {
-	switch s {
-	case api.JobState_JOB_STATE_PENDING:
-		return "pending"
-	case api.JobState_JOB_STATE_RUNNING:
-		return "running"
-	case api.JobState_JOB_STATE_RECOVERING:
-		return "recovering"
-	case api.JobState_JOB_STATE_SUCCEEDED:
-		return "succeeded"
-	case api.JobState_JOB_STATE_FAILED:
-		return "failed"
-	case api.JobState_JOB_STATE_CANCELLED:
-		return "cancelled"
-	}
-	return "unknown"
-}
-
-func terminal(s api.JobState) bool {
-	return s == api.JobState_JOB_STATE_SUCCEEDED || s == api.JobState_JOB_STATE_FAILED || s == api.JobState_JOB_STATE_CANCELLED
 }
 
 // logs relays one rank's log from its node: everything from the start (or
@@ -120,7 +98,7 @@ func (s *Server) logs(ctx context.Context, c *call) error {
 	tick := time.NewTicker(logsPoll)
 	defer tick.Stop()
 	for {
-		ended := terminal(j.GetState())
+		ended := j.GetState().Ended()
 		for {
 			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			ack, err := s.nodes.Command(cctx, node, &api.Command{Body: &api.Command_ReadLogs{ReadLogs: &api.ReadLogs{

@@ -116,23 +116,7 @@ type JobRankJSON struct {
 
 // JobStateName is a job state as scripts see it: pending, running,
 // recovering, succeeded, failed or cancelled.
-func JobStateName(s api.JobState) string {
-	switch s {
-	case api.JobState_JOB_STATE_PENDING:
-		return "pending"
-	case api.JobState_JOB_STATE_RUNNING:
-		return "running"
-	case api.JobState_JOB_STATE_RECOVERING:
-		return "recovering"
-	case api.JobState_JOB_STATE_SUCCEEDED:
-		return "succeeded"
-	case api.JobState_JOB_STATE_FAILED:
-		return "failed"
-	case api.JobState_JOB_STATE_CANCELLED:
-		return "cancelled"
-	}
-	return "unknown"
-}
+func JobStateName(s api.JobState) string { return s.Short() }
 
 // JobStateNames lists the job states, for flags that take one.
 func JobStateNames() []string {

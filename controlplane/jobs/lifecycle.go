@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/gpuctl/gpuctl/api"
 )
@@ -85,14 +84,10 @@ func phaseOf(j *api.Job) Phase {
 func active(j *api.Job) bool { return phaseOf(j) == Running }
 
 // terminal reports whether a state is an end.
-func terminal(s api.JobState) bool {
-	return s == api.JobState_JOB_STATE_SUCCEEDED || s == api.JobState_JOB_STATE_FAILED || s == api.JobState_JOB_STATE_CANCELLED
-}
+func terminal(s api.JobState) bool { return s.Ended() }
 
 // stateName is a job state as people and scripts read it.
-func stateName(s api.JobState) string {
-	return strings.ToLower(strings.TrimPrefix(s.String(), "JOB_STATE_"))
-}
+func stateName(s api.JobState) string { return s.Short() }
 
 // Event is what moves a job between phases.
 type Event int

@@ -204,27 +204,9 @@ var jobStates = []api.JobState{api.JobState_JOB_STATE_PENDING, api.JobState_JOB_
 	api.JobState_JOB_STATE_SUCCEEDED, api.JobState_JOB_STATE_FAILED, api.JobState_JOB_STATE_CANCELLED}
 
 // JobStateName is a job state as metrics and scripts name it.
-func JobStateName(s api.JobState) string {
-	switch s {
-	case api.JobState_JOB_STATE_PENDING:
-		return "pending"
-	case api.JobState_JOB_STATE_RUNNING:
-		return "running"
-	case api.JobState_JOB_STATE_RECOVERING:
-		return "recovering"
-	case api.JobState_JOB_STATE_SUCCEEDED:
-		return "succeeded"
-	case api.JobState_JOB_STATE_FAILED:
-		return "failed"
-	case api.JobState_JOB_STATE_CANCELLED:
-		return "cancelled"
-	}
-	return "unknown"
-}
+func JobStateName(s api.JobState) string { return s.Short() }
 
-func finished(s api.JobState) bool {
-	return s == api.JobState_JOB_STATE_SUCCEEDED || s == api.JobState_JOB_STATE_FAILED || s == api.JobState_JOB_STATE_CANCELLED
-}
+func finished(s api.JobState) bool { return s.Ended() }
 
 // rateWindow is the least time between two step readings a rate is taken
 // over, so two scrapes close together do not make a noisy rate.
