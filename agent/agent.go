@@ -64,6 +64,8 @@ type Agent struct {
 	telemetry *telemetryBuffer
 	events    *eventQueue
 	metrics   *metrics
+	// beats turns the server's lease renewals into deadlines.
+	beats *leaseClock
 }
 
 // New builds an agent around already-opened probes.
@@ -102,6 +104,7 @@ func New(cfg Config, p *Probes) (*Agent, error) {
 		probes:    p,
 		telemetry: newTelemetryBuffer(cfg.TelemetryBuffer),
 		events:    newEventQueue(100_000),
+		beats:     newLeaseClock(),
 	}
 	a.metrics = newMetrics(cfg.Name, a.events.len, p.inventory)
 	a.events.observe = a.metrics.event
@@ -294,6 +297,9 @@ func (a *Agent) handshake(ctx context.Context, conn *transport.Conn, reg *api.No
 		return nil, err
 	}
 	control.SetDeadline(time.Now().Add(10 * time.Second))
+	// The server hears of this node no earlier than now: a lease it grants
+	// in this session cannot end before now plus the lease.
+	hello := time.Now()
 	if err := control.Send(&api.AgentMessage{Body: &api.AgentMessage_Hello{Hello: &api.Hello{
 		Version: api.CurrentVersion(), Role: "node", Software: "nodemon " + Version}}}); err != nil {
 		return nil, fmt.Errorf("send hello: %w", err)
@@ -310,6 +316,8 @@ func (a *Agent) handshake(ctx context.Context, conn *transport.Conn, reg *api.No
 		return nil, &transport.RefusedError{Reason: w.GetError()}
 	}
 	a.events.welcome(w.GetLastEventSeq())
+	a.beats.reset()
+	a.exec.BeginLease(time.Duration(w.GetLeaseMs())*time.Millisecond, hello)
 	if err := control.Send(&api.AgentMessage{Body: &api.AgentMessage_Register{Register: reg}}); err != nil {
 		return nil, fmt.Errorf("send registration: %w", err)
 	}
@@ -323,8 +331,10 @@ func (a *Agent) heartbeats(ctx context.Context, send func(*api.AgentMessage) err
 	var seq uint64
 	for {
 		seq++
+		now := time.Now()
+		a.beats.sentAt(seq, now)
 		if err := send(&api.AgentMessage{Body: &api.AgentMessage_Heartbeat{Heartbeat: &api.Heartbeat{
-			TimeUnixNano: time.Now().UnixNano(), Seq: seq}}}); err != nil {
+			TimeUnixNano: now.UnixNano(), Seq: seq}}}); err != nil {
 			return err
 		}
 		select {
@@ -344,6 +354,12 @@ func (a *Agent) commands(ctx context.Context, control *transport.Stream, send fu
 				return nil
 			}
 			return err
+		}
+		if l := m.GetLease(); l != nil {
+			if d, ok := a.beats.deadline(l.GetHeartbeatSeq(), time.Duration(l.GetLeaseMs())*time.Millisecond); ok {
+				a.exec.RenewLeases(d)
+			}
+			continue
 		}
 		c := m.GetCommand()
 		if c == nil {
@@ -372,6 +388,11 @@ func (a *Agent) execute(c *api.Command, ack *api.CommandAck) error {
 	case *api.Command_Launch:
 		return a.exec.Launch(b.Launch)
 	case *api.Command_Signal:
+		if b.Signal.GetFence() {
+			killed, err := a.exec.Fence(b.Signal)
+			ack.Killed = killed
+			return err
+		}
 		return a.exec.Signal(b.Signal)
 	case *api.Command_InjectFault:
 		return a.probes.Inject(b.InjectFault)

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,25 +39,61 @@ func newCkptWatch(dir string, reported int64) *ckptWatch {
 	return &ckptWatch{dir: dir, reported: reported, noticed: map[int64]time.Time{}}
 }
 
+// marker is a checkpoint directory's `latest` marker: `N` or, written
+// by an attempt that knows its epoch, `N attempt=A`. A commit from an
+// attempt older than the marker's is refused by the writer (ringtrain), so
+// a stale rank cannot move the marker over a newer attempt's checkpoint.
+type marker struct {
+	step int64
+	// attempt is the attempt that committed the step; 0: not recorded.
+	attempt uint32
+}
+
 // readMarker returns the step in dir/latest, or -1 when there is none.
 func readMarker(dir string) int64 {
-	n, err := parseMarker(dir)
+	m, err := parseMarker(dir)
 	if err != nil {
 		return -1
 	}
-	return n
+	return m.step
 }
 
-func parseMarker(dir string) (int64, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "latest"))
+// parseMarker reads dir/latest. This is the one place gpuctl parses it.
+func parseMarker(dir string) (marker, error) {
+	path := filepath.Join(dir, "latest")
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return -1, err
+		return marker{step: -1}, err
 	}
-	n, err := strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
+	m, err := parseMarkerText(b)
+	if err != nil {
+		return m, fmt.Errorf("checkpoint marker %s: %w", path, err)
+	}
+	return m, nil
+}
+
+func parseMarkerText(b []byte) (marker, error) {
+	bad := func() (marker, error) {
+		return marker{step: -1}, fmt.Errorf("%q is not `STEP` or `STEP attempt=N`", b)
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) == 0 || len(fields) > 2 {
+		return bad()
+	}
+	n, err := strconv.ParseInt(fields[0], 10, 64)
 	if err != nil || n < 0 {
-		return -1, fmt.Errorf("checkpoint marker %s: %q is not a step number", filepath.Join(dir, "latest"), b)
+		return bad()
 	}
-	return n, nil
+	m := marker{step: n}
+	if len(fields) == 2 {
+		v, ok := strings.CutPrefix(fields[1], "attempt=")
+		a, err := strconv.ParseUint(v, 10, 32)
+		if !ok || err != nil || a == 0 {
+			return bad()
+		}
+		m.attempt = uint32(a)
+	}
+	return m, nil
 }
 
 // dirSize is the bytes of the regular files under dir.
@@ -82,13 +118,18 @@ func dirSize(dir string) uint64 {
 func (x *Executor) checkCheckpoint(job string, w *ckptWatch, p0 *rankProc, now time.Time, final bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	marker, err := parseMarker(w.dir)
+	m, err := parseMarker(w.dir)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			x.log.Debug("read checkpoint marker", "job", job, "err", err)
 		}
 		return
 	}
+	if m.attempt > p0.rec.Attempt {
+		// A newer attempt (elsewhere) committed it: not this rank's to report.
+		return
+	}
+	marker := m.step
 	if marker <= w.reported {
 		return
 	}

@@ -110,16 +110,19 @@ func TestParseMarker(t *testing.T) {
 	tests := []struct {
 		content string
 		want    int64
+		attempt uint32
 		wantErr bool
 	}{
-		{"12", 12, false}, {"12\n", 12, false}, {" 7 ", 7, false}, {"", -1, true}, {"-3", -1, true}, {"x", -1, true},
+		{"12", 12, 0, false}, {"12\n", 12, 0, false}, {" 7 ", 7, 0, false}, {"", -1, 0, true}, {"-3", -1, 0, true}, {"x", -1, 0, true},
+		{"40 attempt=2\n", 40, 2, false}, {"40 attempt=0", -1, 0, true}, {"40 attempt=", -1, 0, true},
+		{"40 epoch=2", -1, 0, true}, {"40 attempt=2 x", -1, 0, true}, {"40 attempt=-1", -1, 0, true},
 	}
 	for _, tc := range tests {
 		dir := t.TempDir()
 		os.WriteFile(filepath.Join(dir, "latest"), []byte(tc.content), 0o644)
 		got, err := parseMarker(dir)
-		if got != tc.want || (err != nil) != tc.wantErr {
-			t.Errorf("marker %q: %d, %v; want %d, error %v", tc.content, got, err, tc.want, tc.wantErr)
+		if got.step != tc.want || got.attempt != tc.attempt || (err != nil) != tc.wantErr {
+			t.Errorf("marker %q: %+v, %v; want step %d attempt %d, error %v", tc.content, got, err, tc.want, tc.attempt, tc.wantErr)
 		}
 	}
 	if got := readMarker(t.TempDir()); got != -1 {

@@ -70,7 +70,10 @@ type rankProc struct {
 	// adopted: started by an earlier nodemon, so not this one's child; its
 	// exit is noticed by polling its shim.
 	adopted bool
-	done    chan struct{}
+	// fenced: the server said its attempt is superseded; its lease is
+	// never renewed again.
+	fenced bool
+	done   chan struct{}
 
 	mu     sync.Mutex // guards tail and parser
 	tail   *logTail
@@ -140,11 +143,30 @@ type Executor struct {
 	mu     sync.Mutex
 	ranks  map[string]map[int32]*rankProc // job → rank → process
 	ckpt   map[string]*ckptWatch          // job → watcher, for jobs whose rank 0 runs here
+	lease  leaseState
 	closed bool
 
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
+}
+
+// leaseState is what the executor knows of the server's lease.
+type leaseState struct {
+	// dur is the lease the server grants; 0: none, ranks run unfenced.
+	dur time.Duration
+	// deadline is the latest end of lease the server confirmed; floor the
+	// one a rank launched in this session starts with (the session's start
+	// plus the lease: the server heard the node then).
+	deadline, floor time.Time
+}
+
+// start returns the deadline a rank launched now starts with.
+func (l leaseState) start() time.Time {
+	if l.floor.After(l.deadline) {
+		return l.floor
+	}
+	return l.deadline
 }
 
 // NewExecutor returns an executor for opts. It re-adopts the ranks an
@@ -284,11 +306,21 @@ func (x *Executor) Launch(l *api.LaunchRanks) error {
 		}
 	}
 	defer x.saveLocked()
+	var leasePath string
+	if x.lease.dur > 0 {
+		if err := os.MkdirAll(filepath.Join(x.runDir, l.GetJob()), 0o755); err != nil {
+			return fmt.Errorf("launch %s: %w", l.GetJob(), err)
+		}
+		leasePath = x.leasePath(l.GetJob(), l.GetAttempt())
+		if err := writeLease(leasePath, x.lease.start()); err != nil {
+			return fmt.Errorf("launch %s: %w", l.GetJob(), err)
+		}
+	}
 	for _, r := range l.GetRanks() {
 		if p, ok := running[r.GetRank()]; ok && !p.exited() {
 			continue
 		}
-		p, err := x.start(l, r, exe, cred)
+		p, err := x.start(l, r, exe, cred, leasePath)
 		if err != nil {
 			return err
 		}
@@ -303,7 +335,7 @@ func (x *Executor) Launch(l *api.LaunchRanks) error {
 	return nil
 }
 
-func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string, cred *rankCred) (*rankProc, error) {
+func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string, cred *rankCred, leasePath string) (*rankProc, error) {
 	job, rank := l.GetJob(), r.GetRank()
 	fail := func(err error) (*rankProc, error) {
 		return nil, fmt.Errorf("launch %s rank %d: %w", job, rank, err)
@@ -338,6 +370,9 @@ func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string, cred *
 	}
 	if cred != nil {
 		args = append(args, cred.shimArgs()...)
+	}
+	if leasePath != "" {
+		args = append(args, "--lease", leasePath)
 	}
 	args = append(args, "--")
 	args = append(args, l.GetCommand()...)
@@ -469,6 +504,12 @@ func (x *Executor) exitEvent(p *rankProc, now time.Time, shimSignal string) *api
 	p.mu.Unlock()
 	st, err := readShimStatus(r.StatusPath)
 	switch {
+	case err == nil && st.Fenced != "":
+		// However the rank ended (a trainer may exit 0 on SIGTERM), its
+		// attempt did not finish: the signal says so.
+		ev.ExitCode, ev.Signal, ev.Severity = int32(st.ExitCode), LeaseSignal, api.Severity_SEVERITY_WARNING
+		ev.Attrs["fenced"] = st.Fenced
+		ev.Message = fmt.Sprintf("rank %d (pid %d) stopped by its shim: %s", r.Rank, r.PID, st.Fenced)
 	case err == nil && st.Signal != "":
 		ev.ExitCode, ev.Signal, ev.Severity = -1, st.Signal, api.Severity_SEVERITY_WARNING
 		ev.Message = fmt.Sprintf("rank %d (pid %d) killed by %s", r.Rank, r.PID, st.Signal)
@@ -666,8 +707,9 @@ func (x *Executor) clusterID() string {
 	return ""
 }
 
-// targets returns the live ranks of job named by ranks (all when empty).
-func (x *Executor) targetsLocked(job string, ranks []int32) ([]*rankProc, error) {
+// targets returns the live ranks of job named by ranks (all when empty)
+// of attempt (all when 0).
+func (x *Executor) targetsLocked(job string, ranks []int32, attempt uint32) ([]*rankProc, error) {
 	running, ok := x.ranks[job]
 	if !ok {
 		return nil, fmt.Errorf("job %q has no ranks on node %s", job, x.opts.Node)
@@ -678,7 +720,7 @@ func (x *Executor) targetsLocked(job string, ranks []int32) ([]*rankProc, error)
 	}
 	var out []*rankProc
 	for rank, p := range running {
-		if len(want) > 0 && !want[rank] || p.exited() {
+		if len(want) > 0 && !want[rank] || p.exited() || attempt != 0 && p.rec.Attempt != attempt {
 			continue
 		}
 		out = append(out, p)
@@ -696,12 +738,81 @@ func (x *Executor) Signal(s *api.SignalRanks) error {
 		return fmt.Errorf("signal %s: unknown signal %q (use SIGUSR1, SIGTERM, SIGKILL, SIGSTOP, SIGCONT or SIGINT)", s.GetJob(), s.GetSignal())
 	}
 	x.mu.Lock()
-	procs, err := x.targetsLocked(s.GetJob(), s.GetRanks())
+	procs, err := x.targetsLocked(s.GetJob(), s.GetRanks(), s.GetAttempt())
 	x.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("signal: %w", err)
 	}
 	return errors.Join(signalProcs(procs, sig)...)
+}
+
+// Fence kills the ranks of a superseded attempt (every attempt of the job
+// when s names none) and returns once they are gone: their leases are
+// never renewed again, SIGKILL goes to each rank's group and cgroup, and
+// what it returns are the ranks it killed. A job with no ranks here is
+// already fenced.
+func (x *Executor) Fence(s *api.SignalRanks) ([]*api.RankStatus, error) {
+	x.mu.Lock()
+	procs, _ := x.targetsLocked(s.GetJob(), s.GetRanks(), s.GetAttempt())
+	for _, p := range procs {
+		p.fenced = true
+	}
+	x.mu.Unlock()
+	killed := make([]*api.RankStatus, 0, len(procs))
+	for _, p := range procs {
+		killed = append(killed, &api.RankStatus{Job: p.rec.Job, Attempt: p.rec.Attempt, Rank: p.rec.Rank, Pid: uint32(p.rec.PID)})
+		x.log.Warn("fencing rank of a superseded attempt", "job", p.rec.Job, "attempt", p.rec.Attempt, "rank", p.rec.Rank, "pid", p.rec.PID)
+	}
+	if err := stopProcs(procs, 0, x.opts.Poll); err != nil {
+		return killed, fmt.Errorf("fence %s attempt %d: %w", s.GetJob(), s.GetAttempt(), err)
+	}
+	return killed, nil
+}
+
+// LeaseSignal is the signal of an exit event whose rank its shim stopped
+// because its lease ran out.
+const LeaseSignal = "LEASE"
+
+// leasePath is the lease file of one job attempt.
+func (x *Executor) leasePath(job string, attempt uint32) string {
+	return filepath.Join(x.runDir, job, "lease-"+strconv.FormatUint(uint64(attempt), 10))
+}
+
+// BeginLease starts a session with a server that grants leases of d (0:
+// none): ranks launched in it start with a lease from start, when the
+// node said hello.
+func (x *Executor) BeginLease(d time.Duration, start time.Time) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.lease.dur = d
+	x.lease.floor = time.Time{}
+	if d > 0 {
+		x.lease.floor = start.Add(d)
+	}
+}
+
+// RenewLeases extends the lease of every live rank not fenced to
+// deadline (a deadline no later than one already written changes
+// nothing).
+func (x *Executor) RenewLeases(deadline time.Time) {
+	x.mu.Lock()
+	if x.lease.dur <= 0 || !deadline.After(x.lease.deadline) {
+		x.mu.Unlock()
+		return
+	}
+	x.lease.deadline = deadline
+	paths := map[string]bool{}
+	for _, p := range x.liveLocked() {
+		if !p.fenced {
+			paths[x.leasePath(p.rec.Job, p.rec.Attempt)] = true
+		}
+	}
+	x.mu.Unlock()
+	for path := range paths {
+		if err := writeLease(path, deadline); err != nil {
+			x.log.Error("renew rank lease; its ranks stop when it runs out", "err", err)
+		}
+	}
 }
 
 func signalProcs(procs []*rankProc, sig syscall.Signal) []error {
@@ -725,7 +836,7 @@ func signalProcs(procs []*rankProc, sig syscall.Signal) []error {
 // drives with two SignalRanks commands, for nodemon's own shutdown.
 func (x *Executor) Stop(job string, ranks []int32, grace time.Duration) error {
 	x.mu.Lock()
-	procs, err := x.targetsLocked(job, ranks)
+	procs, err := x.targetsLocked(job, ranks, 0)
 	x.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("stop: %w", err)

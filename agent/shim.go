@@ -45,6 +45,8 @@ type shimStatus struct {
 	CoreDumped    bool   `json:"core_dumped,omitempty"`
 	EndedUnixNano int64  `json:"ended_unix_nano"`
 	Error         string `json:"error,omitempty"`
+	// Fenced says why the shim stopped the rank itself: its lease ran out.
+	Fenced string `json:"fenced,omitempty"`
 }
 
 // RunShim runs the rank shim with the arguments after ShimCommand and
@@ -65,6 +67,7 @@ func RunShim(args []string, stderr io.Writer) int {
 		gid        = fs.Int("gid", -1, "group id to run the rank as (with --uid)")
 		groups     = fs.String("groups", "", "supplementary group ids, comma-separated (with --uid)")
 		dir        = fs.String("dir", "", "working directory of the rank (default: the shim's)")
+		leasePath  = fs.String("lease", "", "lease file: the rank is stopped once the deadline in it has passed")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -103,6 +106,14 @@ func RunShim(args []string, stderr io.Writer) int {
 			return fail("command %q: %v", argv[0], err)
 		}
 		*exe = p
+	}
+	var lease *leaseWatch
+	if *leasePath != "" {
+		// A rank is never started without a lease it can be held to.
+		lease = &leaseWatch{path: *leasePath}
+		if lease.expired(time.Now()); lease.readErr != nil {
+			return fail("%v", lease.readErr)
+		}
 	}
 	w, err := openRotating(*logPath, *maxBytes, *keep)
 	if err != nil {
@@ -161,8 +172,18 @@ func RunShim(args []string, stderr io.Writer) int {
 			syscall.Kill(-pid, s.(syscall.Signal))
 		}
 	}()
+	rankDone := make(chan struct{})
+	fenced := make(chan string, 1)
+	if lease != nil {
+		go enforceLease(lease, pid, *cgroup != "" && cgErr == nil, *cgroup, rankDone, fenced, note)
+	}
 	waitErr := cmd.Wait()
+	close(rankDone)
 	status := shimStatus{RankPID: pid, EndedUnixNano: time.Now().UnixNano()}
+	select {
+	case status.Fenced = <-fenced:
+	default:
+	}
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		status.ExitCode, status.Signal, status.CoreDumped = -1, signalName(ws.Signal()), ws.CoreDump()
 	} else {
@@ -187,6 +208,8 @@ func RunShim(args []string, stderr io.Writer) int {
 	}
 	pr.Close()
 	switch {
+	case status.Fenced != "":
+		note("rank %s stopped by its shim: %s", os.Getenv("RANK"), status.Fenced)
 	case status.Signal != "":
 		note("rank %s exited: killed by %s", os.Getenv("RANK"), status.Signal)
 	default:
@@ -198,6 +221,39 @@ func RunShim(args []string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// enforceLease stops the rank (its whole process group, and its cgroup
+// when it is in one) once its lease has passed: SIGTERM, then SIGKILL
+// after leaseGrace. It says why on fenced before the first signal, so the
+// status written after the rank's exit carries it.
+func enforceLease(lease *leaseWatch, pid int, inCgroup bool, cgroup string, rankDone <-chan struct{}, fenced chan<- string, note func(string, ...any)) {
+	t := time.NewTicker(leaseCheckEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-rankDone:
+			return
+		case now := <-t.C:
+			if !lease.expired(now) {
+				continue
+			}
+			why := fmt.Sprintf("lease expired at %s with no word from the server since (fenced: the server may run this attempt's successor elsewhere)",
+				lease.deadline.UTC().Format(time.RFC3339Nano))
+			fenced <- why
+			note("%s; stopping rank pid %d: SIGTERM, SIGKILL after %s", why, pid, leaseGrace)
+			syscall.Kill(-pid, syscall.SIGTERM)
+			select {
+			case <-rankDone:
+			case <-time.After(leaseGrace):
+				syscall.Kill(-pid, syscall.SIGKILL)
+				if inCgroup {
+					killCgroup(cgroup)
+				}
+			}
+			return
+		}
+	}
 }
 
 // startRank starts the rank in its own process group with its output on

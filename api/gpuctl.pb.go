@@ -785,7 +785,13 @@ type Welcome struct {
 	ServerName string `protobuf:"bytes,3,opt,name=server_name,json=serverName,proto3" json:"server_name,omitempty"`
 	// Highest event seq the server has persisted for this node, so a
 	// restarted nodemon numbers its new events after it.
-	LastEventSeq  uint64 `protobuf:"varint,4,opt,name=last_event_seq,json=lastEventSeq,proto3" json:"last_event_seq,omitempty"`
+	LastEventSeq uint64 `protobuf:"varint,4,opt,name=last_event_seq,json=lastEventSeq,proto3" json:"last_event_seq,omitempty"`
+	// How long the server's confirmation of this node's ranks holds (0: no
+	// lease, ranks run unfenced). Each LeaseRenewal extends it from the
+	// moment the node sent the heartbeat it answers; a rank whose lease runs
+	// out is stopped by its shim, so a node cut off from the server fences
+	// itself and the server may relaunch elsewhere once the lease has passed.
+	LeaseMs       uint32 `protobuf:"varint,5,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -844,6 +850,13 @@ func (x *Welcome) GetServerName() string {
 func (x *Welcome) GetLastEventSeq() uint64 {
 	if x != nil {
 		return x.LastEventSeq
+	}
+	return 0
+}
+
+func (x *Welcome) GetLeaseMs() uint32 {
+	if x != nil {
+		return x.LeaseMs
 	}
 	return 0
 }
@@ -2499,6 +2512,60 @@ func (x *Heartbeat) GetSeq() uint64 {
 	return 0
 }
 
+// LeaseRenewal answers a heartbeat of a node the server counts ready: the
+// node's ranks may run until the heartbeat's send time plus lease_ms.
+type LeaseRenewal struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	HeartbeatSeq  uint64                 `protobuf:"varint,1,opt,name=heartbeat_seq,json=heartbeatSeq,proto3" json:"heartbeat_seq,omitempty"`
+	LeaseMs       uint32                 `protobuf:"varint,2,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseRenewal) Reset() {
+	*x = LeaseRenewal{}
+	mi := &file_gpuctl_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseRenewal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseRenewal) ProtoMessage() {}
+
+func (x *LeaseRenewal) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseRenewal.ProtoReflect.Descriptor instead.
+func (*LeaseRenewal) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *LeaseRenewal) GetHeartbeatSeq() uint64 {
+	if x != nil {
+		return x.HeartbeatSeq
+	}
+	return 0
+}
+
+func (x *LeaseRenewal) GetLeaseMs() uint32 {
+	if x != nil {
+		return x.LeaseMs
+	}
+	return 0
+}
+
 type InjectFault struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	GpuIndex      int32                  `protobuf:"varint,1,opt,name=gpu_index,json=gpuIndex,proto3" json:"gpu_index,omitempty"`
@@ -2509,7 +2576,7 @@ type InjectFault struct {
 
 func (x *InjectFault) Reset() {
 	*x = InjectFault{}
-	mi := &file_gpuctl_proto_msgTypes[19]
+	mi := &file_gpuctl_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2521,7 +2588,7 @@ func (x *InjectFault) String() string {
 func (*InjectFault) ProtoMessage() {}
 
 func (x *InjectFault) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[19]
+	mi := &file_gpuctl_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2534,7 +2601,7 @@ func (x *InjectFault) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFault.ProtoReflect.Descriptor instead.
 func (*InjectFault) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{19}
+	return file_gpuctl_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *InjectFault) GetGpuIndex() int32 {
@@ -2562,7 +2629,7 @@ type RankSpec struct {
 
 func (x *RankSpec) Reset() {
 	*x = RankSpec{}
-	mi := &file_gpuctl_proto_msgTypes[20]
+	mi := &file_gpuctl_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2574,7 +2641,7 @@ func (x *RankSpec) String() string {
 func (*RankSpec) ProtoMessage() {}
 
 func (x *RankSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[20]
+	mi := &file_gpuctl_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2587,7 +2654,7 @@ func (x *RankSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankSpec.ProtoReflect.Descriptor instead.
 func (*RankSpec) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{20}
+	return file_gpuctl_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RankSpec) GetRank() int32 {
@@ -2639,7 +2706,7 @@ type LaunchRanks struct {
 
 func (x *LaunchRanks) Reset() {
 	*x = LaunchRanks{}
-	mi := &file_gpuctl_proto_msgTypes[21]
+	mi := &file_gpuctl_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2651,7 +2718,7 @@ func (x *LaunchRanks) String() string {
 func (*LaunchRanks) ProtoMessage() {}
 
 func (x *LaunchRanks) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[21]
+	mi := &file_gpuctl_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2664,7 +2731,7 @@ func (x *LaunchRanks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LaunchRanks.ProtoReflect.Descriptor instead.
 func (*LaunchRanks) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{21}
+	return file_gpuctl_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LaunchRanks) GetJob() string {
@@ -2771,14 +2838,22 @@ type SignalRanks struct {
 	// Signal name: SIGUSR1, SIGTERM, SIGKILL, SIGSTOP, SIGCONT.
 	Signal string `protobuf:"bytes,2,opt,name=signal,proto3" json:"signal,omitempty"`
 	// Empty means every rank of the job on this node.
-	Ranks         []int32 `protobuf:"varint,3,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
+	Ranks []int32 `protobuf:"varint,3,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
+	// The attempt the signal is for; 0: ranks of every attempt. A rank of
+	// another attempt is left alone, so a late stop of an old attempt never
+	// reaches its successor.
+	Attempt uint32 `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// The attempt is superseded: nodemon stops renewing its lease, kills its
+	// ranks and answers once they are gone, listing them in
+	// CommandAck.killed.
+	Fence         bool `protobuf:"varint,5,opt,name=fence,proto3" json:"fence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SignalRanks) Reset() {
 	*x = SignalRanks{}
-	mi := &file_gpuctl_proto_msgTypes[22]
+	mi := &file_gpuctl_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2790,7 +2865,7 @@ func (x *SignalRanks) String() string {
 func (*SignalRanks) ProtoMessage() {}
 
 func (x *SignalRanks) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[22]
+	mi := &file_gpuctl_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2803,7 +2878,7 @@ func (x *SignalRanks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRanks.ProtoReflect.Descriptor instead.
 func (*SignalRanks) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{22}
+	return file_gpuctl_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SignalRanks) GetJob() string {
@@ -2827,6 +2902,20 @@ func (x *SignalRanks) GetRanks() []int32 {
 	return nil
 }
 
+func (x *SignalRanks) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *SignalRanks) GetFence() bool {
+	if x != nil {
+		return x.Fence
+	}
+	return false
+}
+
 // ReadLogs asks a node for part of one rank's log.
 type ReadLogs struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2841,7 +2930,7 @@ type ReadLogs struct {
 
 func (x *ReadLogs) Reset() {
 	*x = ReadLogs{}
-	mi := &file_gpuctl_proto_msgTypes[23]
+	mi := &file_gpuctl_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2853,7 +2942,7 @@ func (x *ReadLogs) String() string {
 func (*ReadLogs) ProtoMessage() {}
 
 func (x *ReadLogs) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[23]
+	mi := &file_gpuctl_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2866,7 +2955,7 @@ func (x *ReadLogs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadLogs.ProtoReflect.Descriptor instead.
 func (*ReadLogs) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{23}
+	return file_gpuctl_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReadLogs) GetJob() string {
@@ -2913,7 +3002,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_gpuctl_proto_msgTypes[24]
+	mi := &file_gpuctl_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2925,7 +3014,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[24]
+	mi := &file_gpuctl_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2938,7 +3027,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{24}
+	return file_gpuctl_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Command) GetId() uint64 {
@@ -3028,15 +3117,17 @@ type CommandAck struct {
 	// and its node is not suspected.
 	JobError bool `protobuf:"varint,5,opt,name=job_error,json=jobError,proto3" json:"job_error,omitempty"`
 	// ReadLogs: the bytes read and the offset after them.
-	Data          []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
-	NextOffset    int64  `protobuf:"varint,4,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	Data       []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	NextOffset int64  `protobuf:"varint,4,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	// A fencing SignalRanks: the ranks it killed.
+	Killed        []*RankStatus `protobuf:"bytes,6,rep,name=killed,proto3" json:"killed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CommandAck) Reset() {
 	*x = CommandAck{}
-	mi := &file_gpuctl_proto_msgTypes[25]
+	mi := &file_gpuctl_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3048,7 +3139,7 @@ func (x *CommandAck) String() string {
 func (*CommandAck) ProtoMessage() {}
 
 func (x *CommandAck) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[25]
+	mi := &file_gpuctl_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3061,7 +3152,7 @@ func (x *CommandAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandAck.ProtoReflect.Descriptor instead.
 func (*CommandAck) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{25}
+	return file_gpuctl_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CommandAck) GetId() uint64 {
@@ -3099,6 +3190,13 @@ func (x *CommandAck) GetNextOffset() int64 {
 	return 0
 }
 
+func (x *CommandAck) GetKilled() []*RankStatus {
+	if x != nil {
+		return x.Killed
+	}
+	return nil
+}
+
 // RankStatus is what a node knows of one live rank it launched.
 type RankStatus struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -3120,7 +3218,7 @@ type RankStatus struct {
 
 func (x *RankStatus) Reset() {
 	*x = RankStatus{}
-	mi := &file_gpuctl_proto_msgTypes[26]
+	mi := &file_gpuctl_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3132,7 +3230,7 @@ func (x *RankStatus) String() string {
 func (*RankStatus) ProtoMessage() {}
 
 func (x *RankStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[26]
+	mi := &file_gpuctl_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3145,7 +3243,7 @@ func (x *RankStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankStatus.ProtoReflect.Descriptor instead.
 func (*RankStatus) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{26}
+	return file_gpuctl_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RankStatus) GetJob() string {
@@ -3229,7 +3327,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_gpuctl_proto_msgTypes[27]
+	mi := &file_gpuctl_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3241,7 +3339,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[27]
+	mi := &file_gpuctl_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3254,7 +3352,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{27}
+	return file_gpuctl_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *AgentMessage) GetBody() isAgentMessage_Body {
@@ -3366,6 +3464,7 @@ type ServerMessage struct {
 	//	*ServerMessage_Welcome
 	//	*ServerMessage_Command
 	//	*ServerMessage_EventAck
+	//	*ServerMessage_Lease
 	Body          isServerMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3373,7 +3472,7 @@ type ServerMessage struct {
 
 func (x *ServerMessage) Reset() {
 	*x = ServerMessage{}
-	mi := &file_gpuctl_proto_msgTypes[28]
+	mi := &file_gpuctl_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3385,7 +3484,7 @@ func (x *ServerMessage) String() string {
 func (*ServerMessage) ProtoMessage() {}
 
 func (x *ServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[28]
+	mi := &file_gpuctl_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3398,7 +3497,7 @@ func (x *ServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerMessage.ProtoReflect.Descriptor instead.
 func (*ServerMessage) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{28}
+	return file_gpuctl_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ServerMessage) GetBody() isServerMessage_Body {
@@ -3435,6 +3534,15 @@ func (x *ServerMessage) GetEventAck() *EventAck {
 	return nil
 }
 
+func (x *ServerMessage) GetLease() *LeaseRenewal {
+	if x != nil {
+		if x, ok := x.Body.(*ServerMessage_Lease); ok {
+			return x.Lease
+		}
+	}
+	return nil
+}
+
 type isServerMessage_Body interface {
 	isServerMessage_Body()
 }
@@ -3451,11 +3559,17 @@ type ServerMessage_EventAck struct {
 	EventAck *EventAck `protobuf:"bytes,3,opt,name=event_ack,json=eventAck,proto3,oneof"`
 }
 
+type ServerMessage_Lease struct {
+	Lease *LeaseRenewal `protobuf:"bytes,4,opt,name=lease,proto3,oneof"`
+}
+
 func (*ServerMessage_Welcome) isServerMessage_Body() {}
 
 func (*ServerMessage_Command) isServerMessage_Body() {}
 
 func (*ServerMessage_EventAck) isServerMessage_Body() {}
+
+func (*ServerMessage_Lease) isServerMessage_Body() {}
 
 type GPUStatus struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
@@ -3469,7 +3583,7 @@ type GPUStatus struct {
 
 func (x *GPUStatus) Reset() {
 	*x = GPUStatus{}
-	mi := &file_gpuctl_proto_msgTypes[29]
+	mi := &file_gpuctl_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3481,7 +3595,7 @@ func (x *GPUStatus) String() string {
 func (*GPUStatus) ProtoMessage() {}
 
 func (x *GPUStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[29]
+	mi := &file_gpuctl_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3494,7 +3608,7 @@ func (x *GPUStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUStatus.ProtoReflect.Descriptor instead.
 func (*GPUStatus) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{29}
+	return file_gpuctl_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GPUStatus) GetInfo() *GPUInfo {
@@ -3555,7 +3669,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_gpuctl_proto_msgTypes[30]
+	mi := &file_gpuctl_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3567,7 +3681,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[30]
+	mi := &file_gpuctl_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3580,7 +3694,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{30}
+	return file_gpuctl_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *NodeStatus) GetRegistration() *NodeRegistration {
@@ -3708,7 +3822,7 @@ type CollectiveStat struct {
 
 func (x *CollectiveStat) Reset() {
 	*x = CollectiveStat{}
-	mi := &file_gpuctl_proto_msgTypes[31]
+	mi := &file_gpuctl_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3720,7 +3834,7 @@ func (x *CollectiveStat) String() string {
 func (*CollectiveStat) ProtoMessage() {}
 
 func (x *CollectiveStat) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[31]
+	mi := &file_gpuctl_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3733,7 +3847,7 @@ func (x *CollectiveStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectiveStat.ProtoReflect.Descriptor instead.
 func (*CollectiveStat) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{31}
+	return file_gpuctl_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CollectiveStat) GetNode() string {
@@ -3821,7 +3935,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[32]
+	mi := &file_gpuctl_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3833,7 +3947,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[32]
+	mi := &file_gpuctl_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3846,7 +3960,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{32}
+	return file_gpuctl_proto_rawDescGZIP(), []int{33}
 }
 
 type ListNodesResponse struct {
@@ -3858,7 +3972,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[33]
+	mi := &file_gpuctl_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3870,7 +3984,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[33]
+	mi := &file_gpuctl_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3883,7 +3997,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{33}
+	return file_gpuctl_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeStatus {
@@ -3904,7 +4018,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[34]
+	mi := &file_gpuctl_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3916,7 +4030,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[34]
+	mi := &file_gpuctl_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3929,7 +4043,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{34}
+	return file_gpuctl_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListEventsRequest) GetNode() string {
@@ -3962,7 +4076,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[35]
+	mi := &file_gpuctl_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3974,7 +4088,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[35]
+	mi := &file_gpuctl_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3987,7 +4101,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{35}
+	return file_gpuctl_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -4007,7 +4121,7 @@ type ListCollectivesRequest struct {
 
 func (x *ListCollectivesRequest) Reset() {
 	*x = ListCollectivesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[36]
+	mi := &file_gpuctl_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4019,7 +4133,7 @@ func (x *ListCollectivesRequest) String() string {
 func (*ListCollectivesRequest) ProtoMessage() {}
 
 func (x *ListCollectivesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[36]
+	mi := &file_gpuctl_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4032,7 +4146,7 @@ func (x *ListCollectivesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCollectivesRequest.ProtoReflect.Descriptor instead.
 func (*ListCollectivesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{36}
+	return file_gpuctl_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListCollectivesRequest) GetJob() string {
@@ -4058,7 +4172,7 @@ type ListCollectivesResponse struct {
 
 func (x *ListCollectivesResponse) Reset() {
 	*x = ListCollectivesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[37]
+	mi := &file_gpuctl_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4070,7 +4184,7 @@ func (x *ListCollectivesResponse) String() string {
 func (*ListCollectivesResponse) ProtoMessage() {}
 
 func (x *ListCollectivesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[37]
+	mi := &file_gpuctl_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4083,7 +4197,7 @@ func (x *ListCollectivesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCollectivesResponse.ProtoReflect.Descriptor instead.
 func (*ListCollectivesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{37}
+	return file_gpuctl_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListCollectivesResponse) GetCollectives() []*CollectiveStat {
@@ -4103,7 +4217,7 @@ type GPUHistoryRequest struct {
 
 func (x *GPUHistoryRequest) Reset() {
 	*x = GPUHistoryRequest{}
-	mi := &file_gpuctl_proto_msgTypes[38]
+	mi := &file_gpuctl_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4115,7 +4229,7 @@ func (x *GPUHistoryRequest) String() string {
 func (*GPUHistoryRequest) ProtoMessage() {}
 
 func (x *GPUHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[38]
+	mi := &file_gpuctl_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4128,7 +4242,7 @@ func (x *GPUHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHistoryRequest.ProtoReflect.Descriptor instead.
 func (*GPUHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{38}
+	return file_gpuctl_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GPUHistoryRequest) GetNode() string {
@@ -4154,7 +4268,7 @@ type GPUHistoryResponse struct {
 
 func (x *GPUHistoryResponse) Reset() {
 	*x = GPUHistoryResponse{}
-	mi := &file_gpuctl_proto_msgTypes[39]
+	mi := &file_gpuctl_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4166,7 +4280,7 @@ func (x *GPUHistoryResponse) String() string {
 func (*GPUHistoryResponse) ProtoMessage() {}
 
 func (x *GPUHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[39]
+	mi := &file_gpuctl_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4179,7 +4293,7 @@ func (x *GPUHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHistoryResponse.ProtoReflect.Descriptor instead.
 func (*GPUHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{39}
+	return file_gpuctl_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GPUHistoryResponse) GetSamples() []*GPUSample {
@@ -4207,7 +4321,7 @@ type ObserveFilter struct {
 
 func (x *ObserveFilter) Reset() {
 	*x = ObserveFilter{}
-	mi := &file_gpuctl_proto_msgTypes[40]
+	mi := &file_gpuctl_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4219,7 +4333,7 @@ func (x *ObserveFilter) String() string {
 func (*ObserveFilter) ProtoMessage() {}
 
 func (x *ObserveFilter) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[40]
+	mi := &file_gpuctl_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4232,7 +4346,7 @@ func (x *ObserveFilter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveFilter.ProtoReflect.Descriptor instead.
 func (*ObserveFilter) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{40}
+	return file_gpuctl_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ObserveFilter) GetNode() string {
@@ -4318,7 +4432,7 @@ type ObserveRequest struct {
 
 func (x *ObserveRequest) Reset() {
 	*x = ObserveRequest{}
-	mi := &file_gpuctl_proto_msgTypes[41]
+	mi := &file_gpuctl_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4330,7 +4444,7 @@ func (x *ObserveRequest) String() string {
 func (*ObserveRequest) ProtoMessage() {}
 
 func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[41]
+	mi := &file_gpuctl_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4343,7 +4457,7 @@ func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveRequest.ProtoReflect.Descriptor instead.
 func (*ObserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{41}
+	return file_gpuctl_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ObserveRequest) GetFilter() *ObserveFilter {
@@ -4388,7 +4502,7 @@ type ObserveItem struct {
 
 func (x *ObserveItem) Reset() {
 	*x = ObserveItem{}
-	mi := &file_gpuctl_proto_msgTypes[42]
+	mi := &file_gpuctl_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4400,7 +4514,7 @@ func (x *ObserveItem) String() string {
 func (*ObserveItem) ProtoMessage() {}
 
 func (x *ObserveItem) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[42]
+	mi := &file_gpuctl_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4413,7 +4527,7 @@ func (x *ObserveItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveItem.ProtoReflect.Descriptor instead.
 func (*ObserveItem) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{42}
+	return file_gpuctl_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ObserveItem) GetNode() string {
@@ -4479,7 +4593,7 @@ type ObserveBatch struct {
 
 func (x *ObserveBatch) Reset() {
 	*x = ObserveBatch{}
-	mi := &file_gpuctl_proto_msgTypes[43]
+	mi := &file_gpuctl_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4491,7 +4605,7 @@ func (x *ObserveBatch) String() string {
 func (*ObserveBatch) ProtoMessage() {}
 
 func (x *ObserveBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[43]
+	mi := &file_gpuctl_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4504,7 +4618,7 @@ func (x *ObserveBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveBatch.ProtoReflect.Descriptor instead.
 func (*ObserveBatch) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{43}
+	return file_gpuctl_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ObserveBatch) GetItems() []*ObserveItem {
@@ -4545,7 +4659,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[44]
+	mi := &file_gpuctl_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4557,7 +4671,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[44]
+	mi := &file_gpuctl_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4570,7 +4684,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{44}
+	return file_gpuctl_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CreateTokenRequest) GetTtlSeconds() int64 {
@@ -4597,7 +4711,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[45]
+	mi := &file_gpuctl_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4609,7 +4723,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[45]
+	mi := &file_gpuctl_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4622,7 +4736,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{45}
+	return file_gpuctl_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -4649,7 +4763,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_gpuctl_proto_msgTypes[46]
+	mi := &file_gpuctl_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4661,7 +4775,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[46]
+	mi := &file_gpuctl_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4674,7 +4788,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{46}
+	return file_gpuctl_proto_rawDescGZIP(), []int{47}
 }
 
 type VersionResponse struct {
@@ -4689,7 +4803,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_gpuctl_proto_msgTypes[47]
+	mi := &file_gpuctl_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4701,7 +4815,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[47]
+	mi := &file_gpuctl_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4714,7 +4828,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{47}
+	return file_gpuctl_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *VersionResponse) GetSoftware() string {
@@ -4748,7 +4862,7 @@ type InjectFaultRequest struct {
 
 func (x *InjectFaultRequest) Reset() {
 	*x = InjectFaultRequest{}
-	mi := &file_gpuctl_proto_msgTypes[48]
+	mi := &file_gpuctl_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4760,7 +4874,7 @@ func (x *InjectFaultRequest) String() string {
 func (*InjectFaultRequest) ProtoMessage() {}
 
 func (x *InjectFaultRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[48]
+	mi := &file_gpuctl_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4773,7 +4887,7 @@ func (x *InjectFaultRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFaultRequest.ProtoReflect.Descriptor instead.
 func (*InjectFaultRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{48}
+	return file_gpuctl_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *InjectFaultRequest) GetNode() string {
@@ -4798,7 +4912,7 @@ type InjectFaultResponse struct {
 
 func (x *InjectFaultResponse) Reset() {
 	*x = InjectFaultResponse{}
-	mi := &file_gpuctl_proto_msgTypes[49]
+	mi := &file_gpuctl_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4810,7 +4924,7 @@ func (x *InjectFaultResponse) String() string {
 func (*InjectFaultResponse) ProtoMessage() {}
 
 func (x *InjectFaultResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[49]
+	mi := &file_gpuctl_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4823,7 +4937,7 @@ func (x *InjectFaultResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFaultResponse.ProtoReflect.Descriptor instead.
 func (*InjectFaultResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{49}
+	return file_gpuctl_proto_rawDescGZIP(), []int{50}
 }
 
 type ClientRequest struct {
@@ -4864,7 +4978,7 @@ type ClientRequest struct {
 
 func (x *ClientRequest) Reset() {
 	*x = ClientRequest{}
-	mi := &file_gpuctl_proto_msgTypes[50]
+	mi := &file_gpuctl_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4876,7 +4990,7 @@ func (x *ClientRequest) String() string {
 func (*ClientRequest) ProtoMessage() {}
 
 func (x *ClientRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[50]
+	mi := &file_gpuctl_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4889,7 +5003,7 @@ func (x *ClientRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientRequest.ProtoReflect.Descriptor instead.
 func (*ClientRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{50}
+	return file_gpuctl_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ClientRequest) GetBody() isClientRequest_Body {
@@ -5351,7 +5465,7 @@ type ClientResponse struct {
 
 func (x *ClientResponse) Reset() {
 	*x = ClientResponse{}
-	mi := &file_gpuctl_proto_msgTypes[51]
+	mi := &file_gpuctl_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5363,7 +5477,7 @@ func (x *ClientResponse) String() string {
 func (*ClientResponse) ProtoMessage() {}
 
 func (x *ClientResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[51]
+	mi := &file_gpuctl_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5376,7 +5490,7 @@ func (x *ClientResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientResponse.ProtoReflect.Descriptor instead.
 func (*ClientResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{51}
+	return file_gpuctl_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ClientResponse) GetError() string {
@@ -5837,7 +5951,7 @@ type JobPlan struct {
 
 func (x *JobPlan) Reset() {
 	*x = JobPlan{}
-	mi := &file_gpuctl_proto_msgTypes[52]
+	mi := &file_gpuctl_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5849,7 +5963,7 @@ func (x *JobPlan) String() string {
 func (*JobPlan) ProtoMessage() {}
 
 func (x *JobPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[52]
+	mi := &file_gpuctl_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5862,7 +5976,7 @@ func (x *JobPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobPlan.ProtoReflect.Descriptor instead.
 func (*JobPlan) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{52}
+	return file_gpuctl_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *JobPlan) GetTp() int32 {
@@ -5987,7 +6101,7 @@ type JobRank struct {
 
 func (x *JobRank) Reset() {
 	*x = JobRank{}
-	mi := &file_gpuctl_proto_msgTypes[53]
+	mi := &file_gpuctl_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5999,7 +6113,7 @@ func (x *JobRank) String() string {
 func (*JobRank) ProtoMessage() {}
 
 func (x *JobRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[53]
+	mi := &file_gpuctl_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6012,7 +6126,7 @@ func (x *JobRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobRank.ProtoReflect.Descriptor instead.
 func (*JobRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{53}
+	return file_gpuctl_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *JobRank) GetRank() int32 {
@@ -6076,7 +6190,7 @@ type JobNode struct {
 
 func (x *JobNode) Reset() {
 	*x = JobNode{}
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6088,7 +6202,7 @@ func (x *JobNode) String() string {
 func (*JobNode) ProtoMessage() {}
 
 func (x *JobNode) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6101,7 +6215,7 @@ func (x *JobNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobNode.ProtoReflect.Descriptor instead.
 func (*JobNode) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{54}
+	return file_gpuctl_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *JobNode) GetNode() string {
@@ -6205,7 +6319,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6217,7 +6331,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6230,7 +6344,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{55}
+	return file_gpuctl_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *Job) GetId() string {
@@ -6574,7 +6688,7 @@ type JobAttempt struct {
 
 func (x *JobAttempt) Reset() {
 	*x = JobAttempt{}
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6586,7 +6700,7 @@ func (x *JobAttempt) String() string {
 func (*JobAttempt) ProtoMessage() {}
 
 func (x *JobAttempt) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6599,7 +6713,7 @@ func (x *JobAttempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobAttempt.ProtoReflect.Descriptor instead.
 func (*JobAttempt) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{56}
+	return file_gpuctl_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *JobAttempt) GetAttempt() uint32 {
@@ -6703,7 +6817,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6715,7 +6829,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6728,7 +6842,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{57}
+	return file_gpuctl_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *SubmitJobRequest) GetSpecYaml() string {
@@ -6779,7 +6893,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6791,7 +6905,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6804,7 +6918,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{58}
+	return file_gpuctl_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *SubmitJobResponse) GetJob() *Job {
@@ -6831,7 +6945,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6843,7 +6957,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6856,7 +6970,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{59}
+	return file_gpuctl_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListJobsRequest) GetJob() string {
@@ -6875,7 +6989,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6887,7 +7001,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6900,7 +7014,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{60}
+	return file_gpuctl_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -6919,7 +7033,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6931,7 +7045,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6944,7 +7058,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{61}
+	return file_gpuctl_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CancelJobRequest) GetJob() string {
@@ -6964,7 +7078,7 @@ type ReleaseJobRequest struct {
 
 func (x *ReleaseJobRequest) Reset() {
 	*x = ReleaseJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6976,7 +7090,7 @@ func (x *ReleaseJobRequest) String() string {
 func (*ReleaseJobRequest) ProtoMessage() {}
 
 func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6989,7 +7103,7 @@ func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseJobRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{62}
+	return file_gpuctl_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ReleaseJobRequest) GetJob() string {
@@ -7008,7 +7122,7 @@ type ReleaseJobResponse struct {
 
 func (x *ReleaseJobResponse) Reset() {
 	*x = ReleaseJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7020,7 +7134,7 @@ func (x *ReleaseJobResponse) String() string {
 func (*ReleaseJobResponse) ProtoMessage() {}
 
 func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7033,7 +7147,7 @@ func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseJobResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{63}
+	return file_gpuctl_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ReleaseJobResponse) GetJob() *Job {
@@ -7052,7 +7166,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[64]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7064,7 +7178,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[64]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7077,7 +7191,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{64}
+	return file_gpuctl_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -7097,7 +7211,7 @@ type AssignJobRequest struct {
 
 func (x *AssignJobRequest) Reset() {
 	*x = AssignJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[65]
+	mi := &file_gpuctl_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7109,7 +7223,7 @@ func (x *AssignJobRequest) String() string {
 func (*AssignJobRequest) ProtoMessage() {}
 
 func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[65]
+	mi := &file_gpuctl_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7122,7 +7236,7 @@ func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobRequest.ProtoReflect.Descriptor instead.
 func (*AssignJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{65}
+	return file_gpuctl_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *AssignJobRequest) GetJob() string {
@@ -7148,7 +7262,7 @@ type AssignJobResponse struct {
 
 func (x *AssignJobResponse) Reset() {
 	*x = AssignJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[66]
+	mi := &file_gpuctl_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7160,7 +7274,7 @@ func (x *AssignJobResponse) String() string {
 func (*AssignJobResponse) ProtoMessage() {}
 
 func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[66]
+	mi := &file_gpuctl_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7173,7 +7287,7 @@ func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobResponse.ProtoReflect.Descriptor instead.
 func (*AssignJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{66}
+	return file_gpuctl_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *AssignJobResponse) GetJob() *Job {
@@ -7195,7 +7309,7 @@ type Packing struct {
 
 func (x *Packing) Reset() {
 	*x = Packing{}
-	mi := &file_gpuctl_proto_msgTypes[67]
+	mi := &file_gpuctl_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7207,7 +7321,7 @@ func (x *Packing) String() string {
 func (*Packing) ProtoMessage() {}
 
 func (x *Packing) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[67]
+	mi := &file_gpuctl_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7220,7 +7334,7 @@ func (x *Packing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Packing.ProtoReflect.Descriptor instead.
 func (*Packing) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{67}
+	return file_gpuctl_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *Packing) GetFragmentedNodes() int32 {
@@ -7264,7 +7378,7 @@ type RebalanceMove struct {
 
 func (x *RebalanceMove) Reset() {
 	*x = RebalanceMove{}
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7276,7 +7390,7 @@ func (x *RebalanceMove) String() string {
 func (*RebalanceMove) ProtoMessage() {}
 
 func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7289,7 +7403,7 @@ func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceMove.ProtoReflect.Descriptor instead.
 func (*RebalanceMove) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{68}
+	return file_gpuctl_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *RebalanceMove) GetJob() string {
@@ -7338,7 +7452,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7350,7 +7464,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7363,7 +7477,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{69}
+	return file_gpuctl_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *RebalanceRequest) GetApply() bool {
@@ -7393,7 +7507,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7405,7 +7519,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7418,7 +7532,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{70}
+	return file_gpuctl_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *RebalanceResponse) GetMoves() []*RebalanceMove {
@@ -7465,7 +7579,7 @@ type StalledRank struct {
 
 func (x *StalledRank) Reset() {
 	*x = StalledRank{}
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7477,7 +7591,7 @@ func (x *StalledRank) String() string {
 func (*StalledRank) ProtoMessage() {}
 
 func (x *StalledRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7490,7 +7604,7 @@ func (x *StalledRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StalledRank.ProtoReflect.Descriptor instead.
 func (*StalledRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{71}
+	return file_gpuctl_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *StalledRank) GetRank() int32 {
@@ -7560,7 +7674,7 @@ type Stall struct {
 
 func (x *Stall) Reset() {
 	*x = Stall{}
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7572,7 +7686,7 @@ func (x *Stall) String() string {
 func (*Stall) ProtoMessage() {}
 
 func (x *Stall) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7585,7 +7699,7 @@ func (x *Stall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stall.ProtoReflect.Descriptor instead.
 func (*Stall) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{72}
+	return file_gpuctl_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *Stall) GetJob() string {
@@ -7646,7 +7760,7 @@ type ListStallsRequest struct {
 
 func (x *ListStallsRequest) Reset() {
 	*x = ListStallsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7658,7 +7772,7 @@ func (x *ListStallsRequest) String() string {
 func (*ListStallsRequest) ProtoMessage() {}
 
 func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7671,7 +7785,7 @@ func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsRequest.ProtoReflect.Descriptor instead.
 func (*ListStallsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{73}
+	return file_gpuctl_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ListStallsRequest) GetJob() string {
@@ -7690,7 +7804,7 @@ type ListStallsResponse struct {
 
 func (x *ListStallsResponse) Reset() {
 	*x = ListStallsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7702,7 +7816,7 @@ func (x *ListStallsResponse) String() string {
 func (*ListStallsResponse) ProtoMessage() {}
 
 func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7715,7 +7829,7 @@ func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsResponse.ProtoReflect.Descriptor instead.
 func (*ListStallsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{74}
+	return file_gpuctl_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListStallsResponse) GetStalls() []*Stall {
@@ -7737,7 +7851,7 @@ type CordonRequest struct {
 
 func (x *CordonRequest) Reset() {
 	*x = CordonRequest{}
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7749,7 +7863,7 @@ func (x *CordonRequest) String() string {
 func (*CordonRequest) ProtoMessage() {}
 
 func (x *CordonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7762,7 +7876,7 @@ func (x *CordonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonRequest.ProtoReflect.Descriptor instead.
 func (*CordonRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{75}
+	return file_gpuctl_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *CordonRequest) GetNode() string {
@@ -7797,7 +7911,7 @@ type CordonResponse struct {
 
 func (x *CordonResponse) Reset() {
 	*x = CordonResponse{}
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7809,7 +7923,7 @@ func (x *CordonResponse) String() string {
 func (*CordonResponse) ProtoMessage() {}
 
 func (x *CordonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7822,7 +7936,7 @@ func (x *CordonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonResponse.ProtoReflect.Descriptor instead.
 func (*CordonResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{76}
+	return file_gpuctl_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *CordonResponse) GetNode() *NodeStatus {
@@ -7854,7 +7968,7 @@ type DrainedJob struct {
 
 func (x *DrainedJob) Reset() {
 	*x = DrainedJob{}
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7866,7 +7980,7 @@ func (x *DrainedJob) String() string {
 func (*DrainedJob) ProtoMessage() {}
 
 func (x *DrainedJob) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7879,7 +7993,7 @@ func (x *DrainedJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainedJob.ProtoReflect.Descriptor instead.
 func (*DrainedJob) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{77}
+	return file_gpuctl_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *DrainedJob) GetJob() string {
@@ -7919,7 +8033,7 @@ type CheckpointJobRequest struct {
 
 func (x *CheckpointJobRequest) Reset() {
 	*x = CheckpointJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7931,7 +8045,7 @@ func (x *CheckpointJobRequest) String() string {
 func (*CheckpointJobRequest) ProtoMessage() {}
 
 func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7944,7 +8058,7 @@ func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{78}
+	return file_gpuctl_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *CheckpointJobRequest) GetJob() string {
@@ -7963,7 +8077,7 @@ type CheckpointJobResponse struct {
 
 func (x *CheckpointJobResponse) Reset() {
 	*x = CheckpointJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[79]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7975,7 +8089,7 @@ func (x *CheckpointJobResponse) String() string {
 func (*CheckpointJobResponse) ProtoMessage() {}
 
 func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[79]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7988,7 +8102,7 @@ func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{79}
+	return file_gpuctl_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *CheckpointJobResponse) GetJob() *Job {
@@ -8010,7 +8124,7 @@ type RestartJobRequest struct {
 
 func (x *RestartJobRequest) Reset() {
 	*x = RestartJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[80]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8022,7 +8136,7 @@ func (x *RestartJobRequest) String() string {
 func (*RestartJobRequest) ProtoMessage() {}
 
 func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[80]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8035,7 +8149,7 @@ func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobRequest.ProtoReflect.Descriptor instead.
 func (*RestartJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{80}
+	return file_gpuctl_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *RestartJobRequest) GetJob() string {
@@ -8068,7 +8182,7 @@ type RestartJobResponse struct {
 
 func (x *RestartJobResponse) Reset() {
 	*x = RestartJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[81]
+	mi := &file_gpuctl_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8080,7 +8194,7 @@ func (x *RestartJobResponse) String() string {
 func (*RestartJobResponse) ProtoMessage() {}
 
 func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[81]
+	mi := &file_gpuctl_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8093,7 +8207,7 @@ func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobResponse.ProtoReflect.Descriptor instead.
 func (*RestartJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{81}
+	return file_gpuctl_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *RestartJobResponse) GetJob() *Job {
@@ -8116,7 +8230,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[82]
+	mi := &file_gpuctl_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8128,7 +8242,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[82]
+	mi := &file_gpuctl_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8141,7 +8255,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{82}
+	return file_gpuctl_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *LogsRequest) GetJob() string {
@@ -8182,7 +8296,7 @@ type LogsChunk struct {
 
 func (x *LogsChunk) Reset() {
 	*x = LogsChunk{}
-	mi := &file_gpuctl_proto_msgTypes[83]
+	mi := &file_gpuctl_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8194,7 +8308,7 @@ func (x *LogsChunk) String() string {
 func (*LogsChunk) ProtoMessage() {}
 
 func (x *LogsChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[83]
+	mi := &file_gpuctl_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8207,7 +8321,7 @@ func (x *LogsChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsChunk.ProtoReflect.Descriptor instead.
 func (*LogsChunk) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{83}
+	return file_gpuctl_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *LogsChunk) GetData() []byte {
@@ -8246,7 +8360,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_gpuctl_proto_msgTypes[84]
+	mi := &file_gpuctl_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8258,7 +8372,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[84]
+	mi := &file_gpuctl_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8271,7 +8385,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{84}
+	return file_gpuctl_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *WatchRequest) GetKinds() []WatchKind {
@@ -8323,7 +8437,7 @@ type WatchChange struct {
 
 func (x *WatchChange) Reset() {
 	*x = WatchChange{}
-	mi := &file_gpuctl_proto_msgTypes[85]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8335,7 +8449,7 @@ func (x *WatchChange) String() string {
 func (*WatchChange) ProtoMessage() {}
 
 func (x *WatchChange) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[85]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8348,7 +8462,7 @@ func (x *WatchChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchChange.ProtoReflect.Descriptor instead.
 func (*WatchChange) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{85}
+	return file_gpuctl_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *WatchChange) GetRevision() uint64 {
@@ -8431,7 +8545,7 @@ type WatchBatch struct {
 
 func (x *WatchBatch) Reset() {
 	*x = WatchBatch{}
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8443,7 +8557,7 @@ func (x *WatchBatch) String() string {
 func (*WatchBatch) ProtoMessage() {}
 
 func (x *WatchBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8456,7 +8570,7 @@ func (x *WatchBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBatch.ProtoReflect.Descriptor instead.
 func (*WatchBatch) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{86}
+	return file_gpuctl_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *WatchBatch) GetEpoch() string {
@@ -8536,7 +8650,7 @@ type Identity struct {
 
 func (x *Identity) Reset() {
 	*x = Identity{}
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8548,7 +8662,7 @@ func (x *Identity) String() string {
 func (*Identity) ProtoMessage() {}
 
 func (x *Identity) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8561,7 +8675,7 @@ func (x *Identity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Identity.ProtoReflect.Descriptor instead.
 func (*Identity) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{87}
+	return file_gpuctl_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *Identity) GetKind() IdentityKind {
@@ -8664,7 +8778,7 @@ type Revocation struct {
 
 func (x *Revocation) Reset() {
 	*x = Revocation{}
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8676,7 +8790,7 @@ func (x *Revocation) String() string {
 func (*Revocation) ProtoMessage() {}
 
 func (x *Revocation) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8689,7 +8803,7 @@ func (x *Revocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revocation.ProtoReflect.Descriptor instead.
 func (*Revocation) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{88}
+	return file_gpuctl_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *Revocation) GetSerial() string {
@@ -8745,7 +8859,7 @@ type JoinTokenUse struct {
 
 func (x *JoinTokenUse) Reset() {
 	*x = JoinTokenUse{}
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8757,7 +8871,7 @@ func (x *JoinTokenUse) String() string {
 func (*JoinTokenUse) ProtoMessage() {}
 
 func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8770,7 +8884,7 @@ func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinTokenUse.ProtoReflect.Descriptor instead.
 func (*JoinTokenUse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{89}
+	return file_gpuctl_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *JoinTokenUse) GetNode() string {
@@ -8807,7 +8921,7 @@ type JoinToken struct {
 
 func (x *JoinToken) Reset() {
 	*x = JoinToken{}
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8819,7 +8933,7 @@ func (x *JoinToken) String() string {
 func (*JoinToken) ProtoMessage() {}
 
 func (x *JoinToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8832,7 +8946,7 @@ func (x *JoinToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
 func (*JoinToken) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{90}
+	return file_gpuctl_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *JoinToken) GetId() string {
@@ -8911,7 +9025,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8923,7 +9037,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8936,7 +9050,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{91}
+	return file_gpuctl_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *CreateJoinTokenRequest) GetTtlSeconds() int64 {
@@ -8970,7 +9084,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8982,7 +9096,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8995,7 +9109,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{92}
+	return file_gpuctl_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *CreateJoinTokenResponse) GetToken() string {
@@ -9020,7 +9134,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9032,7 +9146,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9045,7 +9159,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{93}
+	return file_gpuctl_proto_rawDescGZIP(), []int{94}
 }
 
 type ListTokensResponse struct {
@@ -9057,7 +9171,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9069,7 +9183,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9082,7 +9196,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{94}
+	return file_gpuctl_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ListTokensResponse) GetTokens() []*JoinToken {
@@ -9102,7 +9216,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9114,7 +9228,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9127,7 +9241,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{95}
+	return file_gpuctl_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -9146,7 +9260,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9158,7 +9272,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9171,7 +9285,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{96}
+	return file_gpuctl_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *RevokeTokenResponse) GetToken() *JoinToken {
@@ -9196,7 +9310,7 @@ type AddUserRequest struct {
 
 func (x *AddUserRequest) Reset() {
 	*x = AddUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9208,7 +9322,7 @@ func (x *AddUserRequest) String() string {
 func (*AddUserRequest) ProtoMessage() {}
 
 func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9221,7 +9335,7 @@ func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserRequest.ProtoReflect.Descriptor instead.
 func (*AddUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{97}
+	return file_gpuctl_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *AddUserRequest) GetName() string {
@@ -9256,7 +9370,7 @@ type AddUserResponse struct {
 
 func (x *AddUserResponse) Reset() {
 	*x = AddUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9268,7 +9382,7 @@ func (x *AddUserResponse) String() string {
 func (*AddUserResponse) ProtoMessage() {}
 
 func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9281,7 +9395,7 @@ func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserResponse.ProtoReflect.Descriptor instead.
 func (*AddUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{98}
+	return file_gpuctl_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *AddUserResponse) GetUser() *Identity {
@@ -9315,7 +9429,7 @@ type ListIdentitiesRequest struct {
 
 func (x *ListIdentitiesRequest) Reset() {
 	*x = ListIdentitiesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9327,7 +9441,7 @@ func (x *ListIdentitiesRequest) String() string {
 func (*ListIdentitiesRequest) ProtoMessage() {}
 
 func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9340,7 +9454,7 @@ func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesRequest.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{99}
+	return file_gpuctl_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *ListIdentitiesRequest) GetKind() IdentityKind {
@@ -9359,7 +9473,7 @@ type ListIdentitiesResponse struct {
 
 func (x *ListIdentitiesResponse) Reset() {
 	*x = ListIdentitiesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9371,7 +9485,7 @@ func (x *ListIdentitiesResponse) String() string {
 func (*ListIdentitiesResponse) ProtoMessage() {}
 
 func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9384,7 +9498,7 @@ func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesResponse.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{100}
+	return file_gpuctl_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *ListIdentitiesResponse) GetIdentities() []*Identity {
@@ -9404,7 +9518,7 @@ type RevokeUserRequest struct {
 
 func (x *RevokeUserRequest) Reset() {
 	*x = RevokeUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9416,7 +9530,7 @@ func (x *RevokeUserRequest) String() string {
 func (*RevokeUserRequest) ProtoMessage() {}
 
 func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9429,7 +9543,7 @@ func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserRequest.ProtoReflect.Descriptor instead.
 func (*RevokeUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{101}
+	return file_gpuctl_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *RevokeUserRequest) GetName() string {
@@ -9458,7 +9572,7 @@ type RevokeUserResponse struct {
 
 func (x *RevokeUserResponse) Reset() {
 	*x = RevokeUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9470,7 +9584,7 @@ func (x *RevokeUserResponse) String() string {
 func (*RevokeUserResponse) ProtoMessage() {}
 
 func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9483,7 +9597,7 @@ func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserResponse.ProtoReflect.Descriptor instead.
 func (*RevokeUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{102}
+	return file_gpuctl_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *RevokeUserResponse) GetRevoked() []*Identity {
@@ -9510,7 +9624,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9522,7 +9636,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9535,7 +9649,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{103}
+	return file_gpuctl_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *RemoveNodeRequest) GetName() string {
@@ -9563,7 +9677,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9575,7 +9689,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9588,7 +9702,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{104}
+	return file_gpuctl_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *RemoveNodeResponse) GetRevoked() []*Identity {
@@ -9616,13 +9730,14 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x05Hello\x12,\n" +
 	"\aversion\x18\x01 \x01(\v2\x12.gpuctl.v1.VersionR\aversion\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12\x1a\n" +
-	"\bsoftware\x18\x03 \x01(\tR\bsoftware\"\x94\x01\n" +
+	"\bsoftware\x18\x03 \x01(\tR\bsoftware\"\xaf\x01\n" +
 	"\aWelcome\x12,\n" +
 	"\aversion\x18\x01 \x01(\v2\x12.gpuctl.v1.VersionR\aversion\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1f\n" +
 	"\vserver_name\x18\x03 \x01(\tR\n" +
 	"serverName\x12$\n" +
-	"\x0elast_event_seq\x18\x04 \x01(\x04R\flastEventSeq\"\x94\x01\n" +
+	"\x0elast_event_seq\x18\x04 \x01(\x04R\flastEventSeq\x12\x19\n" +
+	"\blease_ms\x18\x05 \x01(\rR\aleaseMs\"\x94\x01\n" +
 	"\vJoinRequest\x12,\n" +
 	"\aversion\x18\x01 \x01(\v2\x12.gpuctl.v1.VersionR\aversion\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\x12\x1b\n" +
@@ -9795,7 +9910,10 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\"C\n" +
 	"\tHeartbeat\x12$\n" +
 	"\x0etime_unix_nano\x18\x01 \x01(\x03R\ftimeUnixNano\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x04R\x03seq\"T\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\"N\n" +
+	"\fLeaseRenewal\x12#\n" +
+	"\rheartbeat_seq\x18\x01 \x01(\x04R\fheartbeatSeq\x12\x19\n" +
+	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\"T\n" +
 	"\vInjectFault\x12\x1b\n" +
 	"\tgpu_index\x18\x01 \x01(\x05R\bgpuIndex\x12(\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x14.gpuctl.v1.FaultKindR\x04kind\"Q\n" +
@@ -9827,11 +9945,13 @@ const file_gpuctl_proto_rawDesc = "" +
 	"runAsGroup\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"M\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"}\n" +
 	"\vSignalRanks\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\tR\x06signal\x12\x14\n" +
-	"\x05ranks\x18\x03 \x03(\x05R\x05ranks\"e\n" +
+	"\x05ranks\x18\x03 \x03(\x05R\x05ranks\x12\x18\n" +
+	"\aattempt\x18\x04 \x01(\rR\aattempt\x12\x14\n" +
+	"\x05fence\x18\x05 \x01(\bR\x05fence\"e\n" +
 	"\bReadLogs\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x16\n" +
@@ -9843,7 +9963,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x06signal\x18\x03 \x01(\v2\x16.gpuctl.v1.SignalRanksH\x00R\x06signal\x12;\n" +
 	"\finject_fault\x18\x04 \x01(\v2\x16.gpuctl.v1.InjectFaultH\x00R\vinjectFault\x122\n" +
 	"\tread_logs\x18\x05 \x01(\v2\x13.gpuctl.v1.ReadLogsH\x00R\breadLogsB\x06\n" +
-	"\x04body\"\x84\x01\n" +
+	"\x04body\"\xb3\x01\n" +
 	"\n" +
 	"CommandAck\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
@@ -9851,7 +9971,8 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\tjob_error\x18\x05 \x01(\bR\bjobError\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x12\x1f\n" +
 	"\vnext_offset\x18\x04 \x01(\x03R\n" +
-	"nextOffset\"\x8a\x02\n" +
+	"nextOffset\x12-\n" +
+	"\x06killed\x18\x06 \x03(\v2\x15.gpuctl.v1.RankStatusR\x06killed\"\x8a\x02\n" +
 	"\n" +
 	"RankStatus\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x18\n" +
@@ -9873,11 +9994,12 @@ const file_gpuctl_proto_rawDesc = "" +
 	"commandAck\x12(\n" +
 	"\x05event\x18\x05 \x01(\v2\x10.gpuctl.v1.EventH\x00R\x05event\x124\n" +
 	"\ttelemetry\x18\x06 \x01(\v2\x14.gpuctl.v1.TelemetryH\x00R\ttelemetryB\x06\n" +
-	"\x04body\"\xab\x01\n" +
+	"\x04body\"\xdc\x01\n" +
 	"\rServerMessage\x12.\n" +
 	"\awelcome\x18\x01 \x01(\v2\x12.gpuctl.v1.WelcomeH\x00R\awelcome\x12.\n" +
 	"\acommand\x18\x02 \x01(\v2\x12.gpuctl.v1.CommandH\x00R\acommand\x122\n" +
-	"\tevent_ack\x18\x03 \x01(\v2\x13.gpuctl.v1.EventAckH\x00R\beventAckB\x06\n" +
+	"\tevent_ack\x18\x03 \x01(\v2\x13.gpuctl.v1.EventAckH\x00R\beventAck\x12/\n" +
+	"\x05lease\x18\x04 \x01(\v2\x17.gpuctl.v1.LeaseRenewalH\x00R\x05leaseB\x06\n" +
 	"\x04body\"\xa2\x01\n" +
 	"\tGPUStatus\x12&\n" +
 	"\x04info\x18\x01 \x01(\v2\x12.gpuctl.v1.GPUInfoR\x04info\x12(\n" +
@@ -10467,7 +10589,7 @@ func file_gpuctl_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
+var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 110)
 var file_gpuctl_proto_goTypes = []any{
 	(NCCLOp)(0),                     // 0: gpuctl.v1.NCCLOp
 	(EventKind)(0),                  // 1: gpuctl.v1.EventKind
@@ -10498,96 +10620,97 @@ var file_gpuctl_proto_goTypes = []any{
 	(*Event)(nil),                   // 26: gpuctl.v1.Event
 	(*EventAck)(nil),                // 27: gpuctl.v1.EventAck
 	(*Heartbeat)(nil),               // 28: gpuctl.v1.Heartbeat
-	(*InjectFault)(nil),             // 29: gpuctl.v1.InjectFault
-	(*RankSpec)(nil),                // 30: gpuctl.v1.RankSpec
-	(*LaunchRanks)(nil),             // 31: gpuctl.v1.LaunchRanks
-	(*SignalRanks)(nil),             // 32: gpuctl.v1.SignalRanks
-	(*ReadLogs)(nil),                // 33: gpuctl.v1.ReadLogs
-	(*Command)(nil),                 // 34: gpuctl.v1.Command
-	(*CommandAck)(nil),              // 35: gpuctl.v1.CommandAck
-	(*RankStatus)(nil),              // 36: gpuctl.v1.RankStatus
-	(*AgentMessage)(nil),            // 37: gpuctl.v1.AgentMessage
-	(*ServerMessage)(nil),           // 38: gpuctl.v1.ServerMessage
-	(*GPUStatus)(nil),               // 39: gpuctl.v1.GPUStatus
-	(*NodeStatus)(nil),              // 40: gpuctl.v1.NodeStatus
-	(*CollectiveStat)(nil),          // 41: gpuctl.v1.CollectiveStat
-	(*ListNodesRequest)(nil),        // 42: gpuctl.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),       // 43: gpuctl.v1.ListNodesResponse
-	(*ListEventsRequest)(nil),       // 44: gpuctl.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),      // 45: gpuctl.v1.ListEventsResponse
-	(*ListCollectivesRequest)(nil),  // 46: gpuctl.v1.ListCollectivesRequest
-	(*ListCollectivesResponse)(nil), // 47: gpuctl.v1.ListCollectivesResponse
-	(*GPUHistoryRequest)(nil),       // 48: gpuctl.v1.GPUHistoryRequest
-	(*GPUHistoryResponse)(nil),      // 49: gpuctl.v1.GPUHistoryResponse
-	(*ObserveFilter)(nil),           // 50: gpuctl.v1.ObserveFilter
-	(*ObserveRequest)(nil),          // 51: gpuctl.v1.ObserveRequest
-	(*ObserveItem)(nil),             // 52: gpuctl.v1.ObserveItem
-	(*ObserveBatch)(nil),            // 53: gpuctl.v1.ObserveBatch
-	(*CreateTokenRequest)(nil),      // 54: gpuctl.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),     // 55: gpuctl.v1.CreateTokenResponse
-	(*VersionRequest)(nil),          // 56: gpuctl.v1.VersionRequest
-	(*VersionResponse)(nil),         // 57: gpuctl.v1.VersionResponse
-	(*InjectFaultRequest)(nil),      // 58: gpuctl.v1.InjectFaultRequest
-	(*InjectFaultResponse)(nil),     // 59: gpuctl.v1.InjectFaultResponse
-	(*ClientRequest)(nil),           // 60: gpuctl.v1.ClientRequest
-	(*ClientResponse)(nil),          // 61: gpuctl.v1.ClientResponse
-	(*JobPlan)(nil),                 // 62: gpuctl.v1.JobPlan
-	(*JobRank)(nil),                 // 63: gpuctl.v1.JobRank
-	(*JobNode)(nil),                 // 64: gpuctl.v1.JobNode
-	(*Job)(nil),                     // 65: gpuctl.v1.Job
-	(*JobAttempt)(nil),              // 66: gpuctl.v1.JobAttempt
-	(*SubmitJobRequest)(nil),        // 67: gpuctl.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),       // 68: gpuctl.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 69: gpuctl.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 70: gpuctl.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),        // 71: gpuctl.v1.CancelJobRequest
-	(*ReleaseJobRequest)(nil),       // 72: gpuctl.v1.ReleaseJobRequest
-	(*ReleaseJobResponse)(nil),      // 73: gpuctl.v1.ReleaseJobResponse
-	(*CancelJobResponse)(nil),       // 74: gpuctl.v1.CancelJobResponse
-	(*AssignJobRequest)(nil),        // 75: gpuctl.v1.AssignJobRequest
-	(*AssignJobResponse)(nil),       // 76: gpuctl.v1.AssignJobResponse
-	(*Packing)(nil),                 // 77: gpuctl.v1.Packing
-	(*RebalanceMove)(nil),           // 78: gpuctl.v1.RebalanceMove
-	(*RebalanceRequest)(nil),        // 79: gpuctl.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),       // 80: gpuctl.v1.RebalanceResponse
-	(*StalledRank)(nil),             // 81: gpuctl.v1.StalledRank
-	(*Stall)(nil),                   // 82: gpuctl.v1.Stall
-	(*ListStallsRequest)(nil),       // 83: gpuctl.v1.ListStallsRequest
-	(*ListStallsResponse)(nil),      // 84: gpuctl.v1.ListStallsResponse
-	(*CordonRequest)(nil),           // 85: gpuctl.v1.CordonRequest
-	(*CordonResponse)(nil),          // 86: gpuctl.v1.CordonResponse
-	(*DrainedJob)(nil),              // 87: gpuctl.v1.DrainedJob
-	(*CheckpointJobRequest)(nil),    // 88: gpuctl.v1.CheckpointJobRequest
-	(*CheckpointJobResponse)(nil),   // 89: gpuctl.v1.CheckpointJobResponse
-	(*RestartJobRequest)(nil),       // 90: gpuctl.v1.RestartJobRequest
-	(*RestartJobResponse)(nil),      // 91: gpuctl.v1.RestartJobResponse
-	(*LogsRequest)(nil),             // 92: gpuctl.v1.LogsRequest
-	(*LogsChunk)(nil),               // 93: gpuctl.v1.LogsChunk
-	(*WatchRequest)(nil),            // 94: gpuctl.v1.WatchRequest
-	(*WatchChange)(nil),             // 95: gpuctl.v1.WatchChange
-	(*WatchBatch)(nil),              // 96: gpuctl.v1.WatchBatch
-	(*Identity)(nil),                // 97: gpuctl.v1.Identity
-	(*Revocation)(nil),              // 98: gpuctl.v1.Revocation
-	(*JoinTokenUse)(nil),            // 99: gpuctl.v1.JoinTokenUse
-	(*JoinToken)(nil),               // 100: gpuctl.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),  // 101: gpuctl.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil), // 102: gpuctl.v1.CreateJoinTokenResponse
-	(*ListTokensRequest)(nil),       // 103: gpuctl.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),      // 104: gpuctl.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),      // 105: gpuctl.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),     // 106: gpuctl.v1.RevokeTokenResponse
-	(*AddUserRequest)(nil),          // 107: gpuctl.v1.AddUserRequest
-	(*AddUserResponse)(nil),         // 108: gpuctl.v1.AddUserResponse
-	(*ListIdentitiesRequest)(nil),   // 109: gpuctl.v1.ListIdentitiesRequest
-	(*ListIdentitiesResponse)(nil),  // 110: gpuctl.v1.ListIdentitiesResponse
-	(*RevokeUserRequest)(nil),       // 111: gpuctl.v1.RevokeUserRequest
-	(*RevokeUserResponse)(nil),      // 112: gpuctl.v1.RevokeUserResponse
-	(*RemoveNodeRequest)(nil),       // 113: gpuctl.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),      // 114: gpuctl.v1.RemoveNodeResponse
-	nil,                             // 115: gpuctl.v1.NodeRegistration.LabelsEntry
-	nil,                             // 116: gpuctl.v1.RDMAPortSample.CountersEntry
-	nil,                             // 117: gpuctl.v1.Event.AttrsEntry
-	nil,                             // 118: gpuctl.v1.LaunchRanks.EnvEntry
+	(*LeaseRenewal)(nil),            // 29: gpuctl.v1.LeaseRenewal
+	(*InjectFault)(nil),             // 30: gpuctl.v1.InjectFault
+	(*RankSpec)(nil),                // 31: gpuctl.v1.RankSpec
+	(*LaunchRanks)(nil),             // 32: gpuctl.v1.LaunchRanks
+	(*SignalRanks)(nil),             // 33: gpuctl.v1.SignalRanks
+	(*ReadLogs)(nil),                // 34: gpuctl.v1.ReadLogs
+	(*Command)(nil),                 // 35: gpuctl.v1.Command
+	(*CommandAck)(nil),              // 36: gpuctl.v1.CommandAck
+	(*RankStatus)(nil),              // 37: gpuctl.v1.RankStatus
+	(*AgentMessage)(nil),            // 38: gpuctl.v1.AgentMessage
+	(*ServerMessage)(nil),           // 39: gpuctl.v1.ServerMessage
+	(*GPUStatus)(nil),               // 40: gpuctl.v1.GPUStatus
+	(*NodeStatus)(nil),              // 41: gpuctl.v1.NodeStatus
+	(*CollectiveStat)(nil),          // 42: gpuctl.v1.CollectiveStat
+	(*ListNodesRequest)(nil),        // 43: gpuctl.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),       // 44: gpuctl.v1.ListNodesResponse
+	(*ListEventsRequest)(nil),       // 45: gpuctl.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),      // 46: gpuctl.v1.ListEventsResponse
+	(*ListCollectivesRequest)(nil),  // 47: gpuctl.v1.ListCollectivesRequest
+	(*ListCollectivesResponse)(nil), // 48: gpuctl.v1.ListCollectivesResponse
+	(*GPUHistoryRequest)(nil),       // 49: gpuctl.v1.GPUHistoryRequest
+	(*GPUHistoryResponse)(nil),      // 50: gpuctl.v1.GPUHistoryResponse
+	(*ObserveFilter)(nil),           // 51: gpuctl.v1.ObserveFilter
+	(*ObserveRequest)(nil),          // 52: gpuctl.v1.ObserveRequest
+	(*ObserveItem)(nil),             // 53: gpuctl.v1.ObserveItem
+	(*ObserveBatch)(nil),            // 54: gpuctl.v1.ObserveBatch
+	(*CreateTokenRequest)(nil),      // 55: gpuctl.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),     // 56: gpuctl.v1.CreateTokenResponse
+	(*VersionRequest)(nil),          // 57: gpuctl.v1.VersionRequest
+	(*VersionResponse)(nil),         // 58: gpuctl.v1.VersionResponse
+	(*InjectFaultRequest)(nil),      // 59: gpuctl.v1.InjectFaultRequest
+	(*InjectFaultResponse)(nil),     // 60: gpuctl.v1.InjectFaultResponse
+	(*ClientRequest)(nil),           // 61: gpuctl.v1.ClientRequest
+	(*ClientResponse)(nil),          // 62: gpuctl.v1.ClientResponse
+	(*JobPlan)(nil),                 // 63: gpuctl.v1.JobPlan
+	(*JobRank)(nil),                 // 64: gpuctl.v1.JobRank
+	(*JobNode)(nil),                 // 65: gpuctl.v1.JobNode
+	(*Job)(nil),                     // 66: gpuctl.v1.Job
+	(*JobAttempt)(nil),              // 67: gpuctl.v1.JobAttempt
+	(*SubmitJobRequest)(nil),        // 68: gpuctl.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),       // 69: gpuctl.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 70: gpuctl.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 71: gpuctl.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),        // 72: gpuctl.v1.CancelJobRequest
+	(*ReleaseJobRequest)(nil),       // 73: gpuctl.v1.ReleaseJobRequest
+	(*ReleaseJobResponse)(nil),      // 74: gpuctl.v1.ReleaseJobResponse
+	(*CancelJobResponse)(nil),       // 75: gpuctl.v1.CancelJobResponse
+	(*AssignJobRequest)(nil),        // 76: gpuctl.v1.AssignJobRequest
+	(*AssignJobResponse)(nil),       // 77: gpuctl.v1.AssignJobResponse
+	(*Packing)(nil),                 // 78: gpuctl.v1.Packing
+	(*RebalanceMove)(nil),           // 79: gpuctl.v1.RebalanceMove
+	(*RebalanceRequest)(nil),        // 80: gpuctl.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),       // 81: gpuctl.v1.RebalanceResponse
+	(*StalledRank)(nil),             // 82: gpuctl.v1.StalledRank
+	(*Stall)(nil),                   // 83: gpuctl.v1.Stall
+	(*ListStallsRequest)(nil),       // 84: gpuctl.v1.ListStallsRequest
+	(*ListStallsResponse)(nil),      // 85: gpuctl.v1.ListStallsResponse
+	(*CordonRequest)(nil),           // 86: gpuctl.v1.CordonRequest
+	(*CordonResponse)(nil),          // 87: gpuctl.v1.CordonResponse
+	(*DrainedJob)(nil),              // 88: gpuctl.v1.DrainedJob
+	(*CheckpointJobRequest)(nil),    // 89: gpuctl.v1.CheckpointJobRequest
+	(*CheckpointJobResponse)(nil),   // 90: gpuctl.v1.CheckpointJobResponse
+	(*RestartJobRequest)(nil),       // 91: gpuctl.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),      // 92: gpuctl.v1.RestartJobResponse
+	(*LogsRequest)(nil),             // 93: gpuctl.v1.LogsRequest
+	(*LogsChunk)(nil),               // 94: gpuctl.v1.LogsChunk
+	(*WatchRequest)(nil),            // 95: gpuctl.v1.WatchRequest
+	(*WatchChange)(nil),             // 96: gpuctl.v1.WatchChange
+	(*WatchBatch)(nil),              // 97: gpuctl.v1.WatchBatch
+	(*Identity)(nil),                // 98: gpuctl.v1.Identity
+	(*Revocation)(nil),              // 99: gpuctl.v1.Revocation
+	(*JoinTokenUse)(nil),            // 100: gpuctl.v1.JoinTokenUse
+	(*JoinToken)(nil),               // 101: gpuctl.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),  // 102: gpuctl.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil), // 103: gpuctl.v1.CreateJoinTokenResponse
+	(*ListTokensRequest)(nil),       // 104: gpuctl.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),      // 105: gpuctl.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),      // 106: gpuctl.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),     // 107: gpuctl.v1.RevokeTokenResponse
+	(*AddUserRequest)(nil),          // 108: gpuctl.v1.AddUserRequest
+	(*AddUserResponse)(nil),         // 109: gpuctl.v1.AddUserResponse
+	(*ListIdentitiesRequest)(nil),   // 110: gpuctl.v1.ListIdentitiesRequest
+	(*ListIdentitiesResponse)(nil),  // 111: gpuctl.v1.ListIdentitiesResponse
+	(*RevokeUserRequest)(nil),       // 112: gpuctl.v1.RevokeUserRequest
+	(*RevokeUserResponse)(nil),      // 113: gpuctl.v1.RevokeUserResponse
+	(*RemoveNodeRequest)(nil),       // 114: gpuctl.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),      // 115: gpuctl.v1.RemoveNodeResponse
+	nil,                             // 116: gpuctl.v1.NodeRegistration.LabelsEntry
+	nil,                             // 117: gpuctl.v1.RDMAPortSample.CountersEntry
+	nil,                             // 118: gpuctl.v1.Event.AttrsEntry
+	nil,                             // 119: gpuctl.v1.LaunchRanks.EnvEntry
 }
 var file_gpuctl_proto_depIdxs = []int32{
 	10,  // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
@@ -10596,160 +10719,162 @@ var file_gpuctl_proto_depIdxs = []int32{
 	15,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
 	16,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
 	17,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
-	115, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
-	36,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
+	116, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
+	37,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
 	19,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
 	20,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
 	0,   // 10: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
-	116, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
+	117, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
 	21,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
 	22,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
 	23,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
 	24,  // 15: gpuctl.v1.Telemetry.rdma:type_name -> gpuctl.v1.RDMAPortSample
 	22,  // 16: gpuctl.v1.Telemetry.in_flight:type_name -> gpuctl.v1.CollectiveRecord
-	36,  // 17: gpuctl.v1.Telemetry.ranks:type_name -> gpuctl.v1.RankStatus
+	37,  // 17: gpuctl.v1.Telemetry.ranks:type_name -> gpuctl.v1.RankStatus
 	1,   // 18: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
 	2,   // 19: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
 	3,   // 20: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
-	117, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
+	118, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
 	4,   // 22: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
-	118, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
-	30,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
-	31,  // 25: gpuctl.v1.Command.launch:type_name -> gpuctl.v1.LaunchRanks
-	32,  // 26: gpuctl.v1.Command.signal:type_name -> gpuctl.v1.SignalRanks
-	29,  // 27: gpuctl.v1.Command.inject_fault:type_name -> gpuctl.v1.InjectFault
-	33,  // 28: gpuctl.v1.Command.read_logs:type_name -> gpuctl.v1.ReadLogs
-	11,  // 29: gpuctl.v1.AgentMessage.hello:type_name -> gpuctl.v1.Hello
-	18,  // 30: gpuctl.v1.AgentMessage.register:type_name -> gpuctl.v1.NodeRegistration
-	28,  // 31: gpuctl.v1.AgentMessage.heartbeat:type_name -> gpuctl.v1.Heartbeat
-	35,  // 32: gpuctl.v1.AgentMessage.command_ack:type_name -> gpuctl.v1.CommandAck
-	26,  // 33: gpuctl.v1.AgentMessage.event:type_name -> gpuctl.v1.Event
-	25,  // 34: gpuctl.v1.AgentMessage.telemetry:type_name -> gpuctl.v1.Telemetry
-	12,  // 35: gpuctl.v1.ServerMessage.welcome:type_name -> gpuctl.v1.Welcome
-	34,  // 36: gpuctl.v1.ServerMessage.command:type_name -> gpuctl.v1.Command
-	27,  // 37: gpuctl.v1.ServerMessage.event_ack:type_name -> gpuctl.v1.EventAck
-	16,  // 38: gpuctl.v1.GPUStatus.info:type_name -> gpuctl.v1.GPUInfo
-	21,  // 39: gpuctl.v1.GPUStatus.last:type_name -> gpuctl.v1.GPUSample
-	18,  // 40: gpuctl.v1.NodeStatus.registration:type_name -> gpuctl.v1.NodeRegistration
-	5,   // 41: gpuctl.v1.NodeStatus.state:type_name -> gpuctl.v1.NodeState
-	39,  // 42: gpuctl.v1.NodeStatus.gpus:type_name -> gpuctl.v1.GPUStatus
-	0,   // 43: gpuctl.v1.CollectiveStat.op:type_name -> gpuctl.v1.NCCLOp
-	40,  // 44: gpuctl.v1.ListNodesResponse.nodes:type_name -> gpuctl.v1.NodeStatus
-	26,  // 45: gpuctl.v1.ListEventsResponse.events:type_name -> gpuctl.v1.Event
-	41,  // 46: gpuctl.v1.ListCollectivesResponse.collectives:type_name -> gpuctl.v1.CollectiveStat
-	21,  // 47: gpuctl.v1.GPUHistoryResponse.samples:type_name -> gpuctl.v1.GPUSample
-	0,   // 48: gpuctl.v1.ObserveFilter.op:type_name -> gpuctl.v1.NCCLOp
-	50,  // 49: gpuctl.v1.ObserveRequest.filter:type_name -> gpuctl.v1.ObserveFilter
-	22,  // 50: gpuctl.v1.ObserveItem.collective:type_name -> gpuctl.v1.CollectiveRecord
-	23,  // 51: gpuctl.v1.ObserveItem.flow:type_name -> gpuctl.v1.NetFlowSample
-	52,  // 52: gpuctl.v1.ObserveBatch.items:type_name -> gpuctl.v1.ObserveItem
-	10,  // 53: gpuctl.v1.VersionResponse.protocol:type_name -> gpuctl.v1.Version
-	29,  // 54: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
-	42,  // 55: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
-	44,  // 56: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
-	46,  // 57: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
-	48,  // 58: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
-	51,  // 59: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
-	54,  // 60: gpuctl.v1.ClientRequest.create_token:type_name -> gpuctl.v1.CreateTokenRequest
-	58,  // 61: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
-	67,  // 62: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
-	69,  // 63: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
-	71,  // 64: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
-	75,  // 65: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
-	79,  // 66: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
-	83,  // 67: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
-	85,  // 68: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
-	88,  // 69: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
-	90,  // 70: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
-	92,  // 71: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
-	94,  // 72: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
-	72,  // 73: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
-	101, // 74: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
-	103, // 75: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
-	105, // 76: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
-	107, // 77: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
-	109, // 78: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
-	111, // 79: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
-	113, // 80: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
-	56,  // 81: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
-	43,  // 82: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
-	45,  // 83: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
-	47,  // 84: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
-	49,  // 85: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
-	53,  // 86: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
-	55,  // 87: gpuctl.v1.ClientResponse.create_token:type_name -> gpuctl.v1.CreateTokenResponse
-	59,  // 88: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
-	68,  // 89: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
-	70,  // 90: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
-	74,  // 91: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
-	76,  // 92: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
-	80,  // 93: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
-	84,  // 94: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
-	86,  // 95: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
-	89,  // 96: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
-	91,  // 97: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
-	93,  // 98: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
-	96,  // 99: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
-	73,  // 100: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
-	57,  // 101: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
-	102, // 102: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
-	104, // 103: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
-	106, // 104: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
-	108, // 105: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
-	110, // 106: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
-	112, // 107: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
-	114, // 108: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
-	63,  // 109: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
-	62,  // 110: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
-	6,   // 111: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
-	64,  // 112: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
-	7,   // 113: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
-	64,  // 114: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
-	66,  // 115: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
-	65,  // 116: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
-	65,  // 117: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
-	65,  // 118: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
-	65,  // 119: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
-	65,  // 120: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
-	64,  // 121: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
-	64,  // 122: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
-	77,  // 123: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
-	77,  // 124: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
-	78,  // 125: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
-	77,  // 126: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
-	77,  // 127: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
-	0,   // 128: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
-	81,  // 129: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
-	81,  // 130: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
-	82,  // 131: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
-	40,  // 132: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
-	87,  // 133: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
-	65,  // 134: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
-	65,  // 135: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
-	8,   // 136: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
-	8,   // 137: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
-	40,  // 138: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
-	65,  // 139: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
-	26,  // 140: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
-	82,  // 141: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
-	8,   // 142: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
-	95,  // 143: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
-	9,   // 144: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
-	9,   // 145: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
-	99,  // 146: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
-	100, // 147: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
-	100, // 148: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
-	100, // 149: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
-	97,  // 150: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
-	9,   // 151: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
-	97,  // 152: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
-	97,  // 153: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
-	97,  // 154: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
-	155, // [155:155] is the sub-list for method output_type
-	155, // [155:155] is the sub-list for method input_type
-	155, // [155:155] is the sub-list for extension type_name
-	155, // [155:155] is the sub-list for extension extendee
-	0,   // [0:155] is the sub-list for field type_name
+	119, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
+	31,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
+	32,  // 25: gpuctl.v1.Command.launch:type_name -> gpuctl.v1.LaunchRanks
+	33,  // 26: gpuctl.v1.Command.signal:type_name -> gpuctl.v1.SignalRanks
+	30,  // 27: gpuctl.v1.Command.inject_fault:type_name -> gpuctl.v1.InjectFault
+	34,  // 28: gpuctl.v1.Command.read_logs:type_name -> gpuctl.v1.ReadLogs
+	37,  // 29: gpuctl.v1.CommandAck.killed:type_name -> gpuctl.v1.RankStatus
+	11,  // 30: gpuctl.v1.AgentMessage.hello:type_name -> gpuctl.v1.Hello
+	18,  // 31: gpuctl.v1.AgentMessage.register:type_name -> gpuctl.v1.NodeRegistration
+	28,  // 32: gpuctl.v1.AgentMessage.heartbeat:type_name -> gpuctl.v1.Heartbeat
+	36,  // 33: gpuctl.v1.AgentMessage.command_ack:type_name -> gpuctl.v1.CommandAck
+	26,  // 34: gpuctl.v1.AgentMessage.event:type_name -> gpuctl.v1.Event
+	25,  // 35: gpuctl.v1.AgentMessage.telemetry:type_name -> gpuctl.v1.Telemetry
+	12,  // 36: gpuctl.v1.ServerMessage.welcome:type_name -> gpuctl.v1.Welcome
+	35,  // 37: gpuctl.v1.ServerMessage.command:type_name -> gpuctl.v1.Command
+	27,  // 38: gpuctl.v1.ServerMessage.event_ack:type_name -> gpuctl.v1.EventAck
+	29,  // 39: gpuctl.v1.ServerMessage.lease:type_name -> gpuctl.v1.LeaseRenewal
+	16,  // 40: gpuctl.v1.GPUStatus.info:type_name -> gpuctl.v1.GPUInfo
+	21,  // 41: gpuctl.v1.GPUStatus.last:type_name -> gpuctl.v1.GPUSample
+	18,  // 42: gpuctl.v1.NodeStatus.registration:type_name -> gpuctl.v1.NodeRegistration
+	5,   // 43: gpuctl.v1.NodeStatus.state:type_name -> gpuctl.v1.NodeState
+	40,  // 44: gpuctl.v1.NodeStatus.gpus:type_name -> gpuctl.v1.GPUStatus
+	0,   // 45: gpuctl.v1.CollectiveStat.op:type_name -> gpuctl.v1.NCCLOp
+	41,  // 46: gpuctl.v1.ListNodesResponse.nodes:type_name -> gpuctl.v1.NodeStatus
+	26,  // 47: gpuctl.v1.ListEventsResponse.events:type_name -> gpuctl.v1.Event
+	42,  // 48: gpuctl.v1.ListCollectivesResponse.collectives:type_name -> gpuctl.v1.CollectiveStat
+	21,  // 49: gpuctl.v1.GPUHistoryResponse.samples:type_name -> gpuctl.v1.GPUSample
+	0,   // 50: gpuctl.v1.ObserveFilter.op:type_name -> gpuctl.v1.NCCLOp
+	51,  // 51: gpuctl.v1.ObserveRequest.filter:type_name -> gpuctl.v1.ObserveFilter
+	22,  // 52: gpuctl.v1.ObserveItem.collective:type_name -> gpuctl.v1.CollectiveRecord
+	23,  // 53: gpuctl.v1.ObserveItem.flow:type_name -> gpuctl.v1.NetFlowSample
+	53,  // 54: gpuctl.v1.ObserveBatch.items:type_name -> gpuctl.v1.ObserveItem
+	10,  // 55: gpuctl.v1.VersionResponse.protocol:type_name -> gpuctl.v1.Version
+	30,  // 56: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
+	43,  // 57: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
+	45,  // 58: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
+	47,  // 59: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
+	49,  // 60: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
+	52,  // 61: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
+	55,  // 62: gpuctl.v1.ClientRequest.create_token:type_name -> gpuctl.v1.CreateTokenRequest
+	59,  // 63: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
+	68,  // 64: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
+	70,  // 65: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
+	72,  // 66: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
+	76,  // 67: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
+	80,  // 68: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
+	84,  // 69: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
+	86,  // 70: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
+	89,  // 71: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
+	91,  // 72: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
+	93,  // 73: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
+	95,  // 74: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
+	73,  // 75: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
+	102, // 76: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
+	104, // 77: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
+	106, // 78: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
+	108, // 79: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
+	110, // 80: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
+	112, // 81: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
+	114, // 82: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
+	57,  // 83: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
+	44,  // 84: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
+	46,  // 85: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
+	48,  // 86: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
+	50,  // 87: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
+	54,  // 88: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
+	56,  // 89: gpuctl.v1.ClientResponse.create_token:type_name -> gpuctl.v1.CreateTokenResponse
+	60,  // 90: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
+	69,  // 91: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
+	71,  // 92: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
+	75,  // 93: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
+	77,  // 94: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
+	81,  // 95: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
+	85,  // 96: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
+	87,  // 97: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
+	90,  // 98: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
+	92,  // 99: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
+	94,  // 100: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
+	97,  // 101: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
+	74,  // 102: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
+	58,  // 103: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
+	103, // 104: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
+	105, // 105: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
+	107, // 106: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
+	109, // 107: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
+	111, // 108: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
+	113, // 109: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
+	115, // 110: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
+	64,  // 111: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
+	63,  // 112: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
+	6,   // 113: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
+	65,  // 114: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
+	7,   // 115: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
+	65,  // 116: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
+	67,  // 117: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
+	66,  // 118: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
+	66,  // 119: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
+	66,  // 120: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
+	66,  // 121: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
+	66,  // 122: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
+	65,  // 123: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
+	65,  // 124: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
+	78,  // 125: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
+	78,  // 126: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
+	79,  // 127: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
+	78,  // 128: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
+	78,  // 129: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
+	0,   // 130: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
+	82,  // 131: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
+	82,  // 132: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
+	83,  // 133: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
+	41,  // 134: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
+	88,  // 135: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
+	66,  // 136: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
+	66,  // 137: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
+	8,   // 138: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
+	8,   // 139: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
+	41,  // 140: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
+	66,  // 141: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
+	26,  // 142: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
+	83,  // 143: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
+	8,   // 144: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
+	96,  // 145: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
+	9,   // 146: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
+	9,   // 147: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
+	100, // 148: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
+	101, // 149: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
+	101, // 150: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
+	101, // 151: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
+	98,  // 152: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
+	9,   // 153: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
+	98,  // 154: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
+	98,  // 155: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
+	98,  // 156: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
+	157, // [157:157] is the sub-list for method output_type
+	157, // [157:157] is the sub-list for method input_type
+	157, // [157:157] is the sub-list for extension type_name
+	157, // [157:157] is the sub-list for extension extendee
+	0,   // [0:157] is the sub-list for field type_name
 }
 
 func init() { file_gpuctl_proto_init() }
@@ -10757,13 +10882,13 @@ func file_gpuctl_proto_init() {
 	if File_gpuctl_proto != nil {
 		return
 	}
-	file_gpuctl_proto_msgTypes[24].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[25].OneofWrappers = []any{
 		(*Command_Launch)(nil),
 		(*Command_Signal)(nil),
 		(*Command_InjectFault)(nil),
 		(*Command_ReadLogs)(nil),
 	}
-	file_gpuctl_proto_msgTypes[27].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[28].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Register)(nil),
 		(*AgentMessage_Heartbeat)(nil),
@@ -10771,16 +10896,17 @@ func file_gpuctl_proto_init() {
 		(*AgentMessage_Event)(nil),
 		(*AgentMessage_Telemetry)(nil),
 	}
-	file_gpuctl_proto_msgTypes[28].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[29].OneofWrappers = []any{
 		(*ServerMessage_Welcome)(nil),
 		(*ServerMessage_Command)(nil),
 		(*ServerMessage_EventAck)(nil),
+		(*ServerMessage_Lease)(nil),
 	}
-	file_gpuctl_proto_msgTypes[42].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[43].OneofWrappers = []any{
 		(*ObserveItem_Collective)(nil),
 		(*ObserveItem_Flow)(nil),
 	}
-	file_gpuctl_proto_msgTypes[50].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[51].OneofWrappers = []any{
 		(*ClientRequest_ListNodes)(nil),
 		(*ClientRequest_ListEvents)(nil),
 		(*ClientRequest_ListCollectives)(nil),
@@ -10809,7 +10935,7 @@ func file_gpuctl_proto_init() {
 		(*ClientRequest_RemoveNode)(nil),
 		(*ClientRequest_Version)(nil),
 	}
-	file_gpuctl_proto_msgTypes[51].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[52].OneofWrappers = []any{
 		(*ClientResponse_ListNodes)(nil),
 		(*ClientResponse_ListEvents)(nil),
 		(*ClientResponse_ListCollectives)(nil),
@@ -10844,7 +10970,7 @@ func file_gpuctl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuctl_proto_rawDesc), len(file_gpuctl_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   109,
+			NumMessages:   110,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

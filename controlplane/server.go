@@ -47,6 +47,12 @@ type Config struct {
 	ObserveHistory int
 	// DetectEvery is the failure detector's period, default 100 ms.
 	DetectEvery time.Duration
+	// Lease is how long a node's ranks run on without word from the
+	// server (renewed with every heartbeat answered): a node cut off for
+	// longer stops them, and a lost node's job is relaunched only once they
+	// are confirmed gone or the lease has passed. Default DefaultLease;
+	// negative: no lease (ranks never fence themselves).
+	Lease time.Duration
 	// StallEvery is the NCCL stall detector's period, default 250 ms.
 	StallEvery time.Duration
 	// WatchEvery is the least time between two batches to one watcher,
@@ -74,6 +80,9 @@ type Config struct {
 	Now func() time.Time
 	Log *slog.Logger
 }
+
+// DefaultLease is the nodes' lease when Config.Lease is zero.
+const DefaultLease = 20 * time.Second
 
 // Server is a running control plane.
 type Server struct {
@@ -114,6 +123,14 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.ObserveHistory <= 0 {
 		cfg.ObserveHistory = 100_000
+	}
+	switch {
+	case cfg.Lease == 0:
+		cfg.Lease = DefaultLease
+	case cfg.Lease < 0:
+		cfg.Lease = 0
+	case cfg.Lease < time.Second:
+		return nil, fmt.Errorf("serve: --lease %s is too short: a node must be able to miss a heartbeat without fencing its ranks (use 1s or more)", cfg.Lease)
 	}
 	if cfg.DetectEvery <= 0 {
 		cfg.DetectEvery = 100 * time.Millisecond
@@ -172,13 +189,14 @@ func newServer(cfg Config, auth *transport.Authority, st store.Store, policy sch
 	// be built first with the owner's queue standing in.
 	sink := &deferredSink{}
 	reg, err := nodes.New(nodes.Config{Store: st, Publish: s.hub, Observe: s.obs, Sink: sink, ServerName: host,
-		History: cfg.History, Now: cfg.Now, Log: cfg.Log.With("part", "nodes")})
+		History: cfg.History, Now: cfg.Now, Log: cfg.Log.With("part", "nodes"), Lease: cfg.Lease, Superseded: sink.superseded})
 	if err != nil {
 		return nil, err
 	}
 	s.nodes = reg
 	jc := cfg.Jobs
 	jc.Store, jc.Nodes, jc.Publish, jc.Policy, jc.Now, jc.RunAs = st, reg, s.hub, policy, cfg.Now, cfg.RunAs
+	jc.Lease = cfg.Lease
 	jc.Log = cfg.Log.With("part", "jobs")
 	if jc.CheckpointRoot == "" {
 		jc.CheckpointRoot = filepath.Join(cfg.DataDir, "checkpoints")
@@ -231,6 +249,14 @@ func (d *deferredSink) NodeDown(name, reason string) {
 	if m := d.get(); m != nil {
 		m.NodeDown(name, reason)
 	}
+}
+
+// superseded is nodes.Config.Superseded through the job owner.
+func (d *deferredSink) superseded(node string, running []*api.RankStatus) []*api.RankStatus {
+	if m := d.get(); m != nil {
+		return m.Superseded(node, running)
+	}
+	return nil
 }
 
 func (d *deferredSink) NodeEvents(name string, events []*api.Event) {

@@ -46,6 +46,11 @@ type Options struct {
 	Heartbeat time.Duration
 	// EBPF is passed to nodemon's --ebpf.
 	EBPF string
+	// Lease is the server's lease (gpuctl serve --lease); zero takes the
+	// server's default. DefaultOptions makes it 5 s: on one machine a
+	// short lease costs nothing, and a lost node's job then waits 6 s, not
+	// 21, before it runs elsewhere.
+	Lease time.Duration
 	// MetricsBasePort, when set, gives the server's Prometheus endpoint
 	// 127.0.0.1:MetricsBasePort and node i's 127.0.0.1:MetricsBasePort+1+i.
 	MetricsBasePort int
@@ -55,8 +60,11 @@ type Options struct {
 // DefaultOptions returns the options of `gpuctl demo`.
 func DefaultOptions() Options {
 	return Options{Nodes: 4, Sim: "dgx-h100", JobNodes: 2, RanksPerNode: 2, ComputeMS: 100, Bytes: "4M",
-		CkptInterval: 50, Heartbeat: time.Second, EBPF: "auto"}
+		CkptInterval: 50, Heartbeat: time.Second, EBPF: "auto", Lease: DemoLease}
 }
+
+// DemoLease is the lease of DefaultOptions.
+const DemoLease = 5 * time.Second
 
 // JobName is the name of the demo's training job.
 const JobName = "demo-ringtrain"
@@ -117,6 +125,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		// One machine, one person: operators' jobs run as whoever runs
 		// the demo (its nodemons allow that to be root).
 		RunAs: jobspec.RunAsPolicy{NodemonUser: true},
+		Lease: opts.Lease,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("demo: %w", err)

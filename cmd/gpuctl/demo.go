@@ -106,6 +106,7 @@ gpuctl commands at it with --config PATH or GPUCTL_CONFIG=PATH.`,
 	f.StringVar(&dataDir, "data-dir", "", "keep the cluster's state here (default: a temporary dir removed at exit)")
 	f.StringVar(&opts.Sim, "sim", opts.Sim, "simulated host profile: dgx-h100, dgx-a100 or dgx-h200")
 	f.StringVar(&opts.EBPF, "ebpf", opts.EBPF, "nodemon eBPF mode: auto, required or off")
+	f.DurationVar(&opts.Lease, "lease", opts.Lease, "the server's lease: a node cut off from it longer stops its ranks (gpuctl serve --lease)")
 	f.StringVar(&opts.Nodemon, "nodemon", "", "nodemon binary (default: next to gpuctl)")
 	f.StringVar(&opts.Ringtrain, "ringtrain", "", "ringtrain binary (default: ../workload/build/ringtrain from gpuctl)")
 	f.IntVar(&opts.ComputeMS, "compute-ms", opts.ComputeMS, "ringtrain compute time per step")

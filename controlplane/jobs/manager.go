@@ -104,6 +104,10 @@ type Config struct {
 	// a disconnected node may hold live ranks (after a server restart,
 	// before it reconnects) until it counts as down; default 5 s.
 	ReconnectGrace time.Duration
+	// Lease is how long a node's ranks run on without the server's word
+	// (nodes.Config.Lease); 0: nodes do not fence themselves, and a lost
+	// node's attempt is relaunched without waiting for it.
+	Lease time.Duration
 	// RunAs decides which accounts a submitter may have ranks run as, and
 	// the default account.
 	RunAs jobspec.RunAsPolicy
@@ -179,6 +183,9 @@ type entry struct {
 	killSent bool
 	// resizeWhy, when set, is why the next start changes the job's size.
 	resizeWhy string
+	// fences are the lost nodes that may still run an old attempt of the
+	// job: no new attempt starts until each is fenced.
+	fences map[string]fence
 }
 
 // Manager is the job owner.
@@ -366,6 +373,11 @@ type (
 		fn    func() (any, error)
 		reply chan reply
 	}
+	msgFenced struct {
+		node, job string
+		attempt   uint32
+		killed    []*api.RankStatus
+	}
 )
 
 type reply struct {
@@ -417,6 +429,8 @@ func (m *Manager) handle(msg any) {
 		m.stalls(msg)
 	case msgCall:
 		m.call(msg)
+	case msgFenced:
+		m.fenced(msg)
 	default:
 		m.log.Error("job owner got an unknown message", "type", fmt.Sprintf("%T", msg))
 	}

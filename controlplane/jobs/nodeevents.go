@@ -117,6 +117,7 @@ func (m *Manager) nodeDown(node, why string, now time.Time) {
 		if !hit {
 			continue
 		}
+		m.awaitFence(en, node, now)
 		m.save(en)
 		if active(j) || phaseOf(j) == Recovering {
 			m.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: []string{node}},
@@ -130,6 +131,7 @@ func (m *Manager) nodeDown(node, why string, now time.Time) {
 // GPUs must not run two jobs), and a live rank of ours it no longer runs
 // is gone (its exit was lost with a restarted nodemon).
 func (m *Manager) nodeUp(node string, reg *api.NodeRegistration) {
+	m.fenceOnReturn(node, reg.GetRunning())
 	var leftovers []string
 	for _, en := range m.sorted() {
 		for _, jn := range en.job.GetPlacement() {
@@ -145,7 +147,7 @@ func (m *Manager) nodeUp(node string, reg *api.NodeRegistration) {
 	}
 	for _, id := range leftovers {
 		m.log.Info("killing ranks left from before the node went down", "job", id, "node", node)
-		m.signalNodes(id, []string{node}, "SIGKILL")
+		m.signalAttempt(id, m.jobs[id].job.GetAttempt(), []string{node}, "SIGKILL")
 	}
 	m.kick()
 	if len(reg.GetRunning()) == 0 {

@@ -40,6 +40,8 @@ type recovery struct {
 	// stoppedAt is when the last old rank was seen gone.
 	stoppedAt time.Time
 	decision  *scheduler.Recovery
+	// fenceNoted: the wait for a lost node's fence has been announced.
+	fenceNoted bool
 	// validation is the gang checking the decision's new nodes.
 	validation string
 	rounds     int
@@ -277,6 +279,15 @@ func (m *Manager) recoveries(now time.Time) {
 		}
 		if rec.validation != "" {
 			m.checkValidation(en, rec, now)
+			continue
+		}
+		if wait := m.unfenced(en, now); len(wait) > 0 {
+			if !rec.fenceNoted {
+				rec.fenceNoted = true
+				m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since),
+					"waiting until attempt %d is fenced on %s (the node returns and confirms it gone, or its lease passes) before the next attempt runs",
+					j.GetAttempt(), strings.Join(wait, ","))
+			}
 			continue
 		}
 		m.decide(en, rec, now)

@@ -309,6 +309,11 @@ func (m *Manager) stops(nodes []*api.NodeStatus, now time.Time) {
 			continue
 		}
 		if liveRanks(j) == 0 {
+			if j.GetStopping() == api.JobStop_JOB_STOP_MOVE && len(m.unfenced(en, now)) > 0 {
+				// The move relaunches at once: not while a lost node may
+				// still run the old attempt.
+				continue
+			}
 			m.finishStop(en, now)
 			continue
 		}
@@ -487,17 +492,25 @@ func (m *Manager) signal(j *api.Job, sig string) {
 			}
 		}
 	}
-	m.signalNodes(id, nodes, sig)
+	// For this attempt only: a late stop must not reach a successor.
+	m.signalAttempt(id, j.GetAttempt(), nodes, sig)
 }
 
+// signalNodes sends sig to the ranks of every attempt of job id on nodes.
 func (m *Manager) signalNodes(id string, nodes []string, sig string) {
+	m.signalAttempt(id, 0, nodes, sig)
+}
+
+// signalAttempt sends sig to the ranks of one attempt of job id (every
+// attempt when 0) on nodes.
+func (m *Manager) signalAttempt(id string, attempt uint32, nodes []string, sig string) {
 	if len(nodes) == 0 {
 		return
 	}
 	log, timeout := m.log, m.cfg.SignalTimeout
 	m.act(func(d *dispatcher) {
 		d.fanOut(nodes, func(string) *api.Command {
-			return &api.Command{Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: id, Signal: sig}}}
+			return &api.Command{Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: id, Signal: sig, Attempt: attempt}}}
 		}, timeout, func(errs map[string]error) {
 			for node, err := range errs {
 				log.Warn("signal ranks", "job", id, "node", node, "signal", sig, "err", err)
@@ -607,6 +620,11 @@ func (m *Manager) start(en *entry, pl scheduler.Placement, now time.Time, why st
 	from := phaseOf(j)
 	if err := may(j, EvStart); err != nil {
 		m.log.Error("start refused", "err", err)
+		return false
+	}
+	if wait := m.unfenced(en, now); len(wait) > 0 {
+		// A rank never runs twice: the next attempt waits for the old one.
+		m.log.Info("start waits for the old attempt to be fenced", "job", j.GetId(), "nodes", wait)
 		return false
 	}
 	j.Attempt++

@@ -17,7 +17,10 @@ package nodes
 import (
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,6 +64,14 @@ type Config struct {
 	ServerName string
 	// History sizes each GPU's sample history.
 	History HistoryConfig
+	// Lease is how long a node's ranks may run on the server's last word
+	// (Welcome.lease_ms, renewed with every heartbeat answered); 0: no
+	// lease.
+	Lease time.Duration
+	// Superseded names, of the ranks a (re)connecting node reports, those
+	// of attempts that are no longer current; they are fenced (killed and
+	// confirmed gone) before the node is ready. Nil fences nothing.
+	Superseded func(node string, running []*api.RankStatus) []*api.RankStatus
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -77,6 +88,8 @@ type Registry struct {
 	collectives map[collKey]*api.CollectiveStat
 	// lostAtNodes is the sum of every node's lost-record counters.
 	lostAtNodes uint64
+	// lastCheck is when the detector last looked (Detect).
+	lastCheck time.Time
 }
 
 // entry is one node. rec is its current status; it is replaced, never
@@ -241,13 +254,36 @@ func mergeGPUs(old []*api.GPUStatus, infos []*api.GPUInfo) []*api.GPUStatus {
 	return out
 }
 
-// beat notes that name is alive.
-func (r *Registry) beat(name string, sess *session) {
+// beat notes that name is alive; it reports whether the beat came from
+// the node's live session, which is what a lease renewal answers.
+func (r *Registry) beat(name string, sess *session) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if e, ok := r.nodes[name]; ok && e.session == sess {
+	if e, ok := r.nodes[name]; ok && e.session == sess && !e.down() {
 		e.lastBeat = r.now()
+		return true
 	}
+	return false
+}
+
+// creditPause forgives nodes the time the server itself stood still (its
+// process stopped, its host frozen): silence the detector could not have
+// heard end is no evidence against a node. Pushing lastBeat later only
+// ever delays the moment the server reckons a node's lease over.
+func (r *Registry) creditPause(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.now()
+	for _, e := range r.nodes {
+		if e.lastBeat.IsZero() || e.down() {
+			continue
+		}
+		e.lastBeat = e.lastBeat.Add(d)
+		if e.lastBeat.After(now) {
+			e.lastBeat = now
+		}
+	}
+	r.log.Warn("the server paused; nodes are not blamed for it", "pause", d.Round(time.Millisecond))
 }
 
 // disconnected records that a node's session ended.
@@ -275,6 +311,11 @@ func (r *Registry) downLocked(name string, e *entry, reason string) {
 	now := r.now()
 	next := copyStatus(e.rec)
 	next.State, next.DownReason, next.Connected, next.Stale = api.NodeState_NODE_STATE_DOWN, reason, false, true
+	if e.lastBeat.UnixNano() > next.GetLastSeenUnixNano() {
+		// The last contact, heartbeats included: the server reckons the
+		// node's lease from it.
+		next.LastSeenUnixNano = e.lastBeat.UnixNano()
+	}
 	next.StateSinceUnixNano = now.UnixNano()
 	e.inFlight = nil
 	r.setLocked(e, next, true)
@@ -474,5 +515,19 @@ func copyStatus(n *api.NodeStatus) *api.NodeStatus {
 		DownReason:         n.GetDownReason(),
 		Stale:              n.GetStale(),
 		StateSinceUnixNano: n.GetStateSinceUnixNano(),
+	}
+}
+
+// fenced records, as one event per job, the ranks of superseded attempts
+// a reconnecting node killed before it was ready.
+func (r *Registry) fenced(name string, killed map[string][]string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, job := range slices.Sorted(maps.Keys(killed)) {
+		ranks := killed[job]
+		r.log.Warn("fenced superseded ranks", "node", name, "job", job, "ranks", ranks)
+		r.raiseLocked(&api.Event{Node: name, Job: job, TimeUnixNano: r.now().UnixNano(), Kind: api.EventKind_EVENT_KIND_RECOVERY,
+			Severity: api.Severity_SEVERITY_WARNING,
+			Message:  fmt.Sprintf("fenced on %s before it was ready: killed %s of superseded attempts", name, strings.Join(ranks, ", "))})
 	}
 }

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/transport"
@@ -99,7 +102,8 @@ func (ns *session) handshake(ctx context.Context) error {
 		return err
 	}
 	if err := ns.send(&api.ServerMessage{Body: &api.ServerMessage_Welcome{Welcome: &api.Welcome{
-		Version: api.CurrentVersion(), ServerName: ns.r.cfg.ServerName, LastEventSeq: last}}}); err != nil {
+		Version: api.CurrentVersion(), ServerName: ns.r.cfg.ServerName, LastEventSeq: last,
+		LeaseMs: uint32(ns.r.cfg.Lease / time.Millisecond)}}}); err != nil {
 		return err
 	}
 	var reg api.AgentMessage
@@ -113,8 +117,78 @@ func (ns *session) handshake(ctx context.Context) error {
 	if r.GetName() != ns.name {
 		return fmt.Errorf("node registers as %q but its certificate names %q: run nodemon with --name %s or rejoin with a new token", r.GetName(), ns.name, ns.name)
 	}
+	if r, err = ns.fence(r); err != nil {
+		return err
+	}
 	st.SetReadDeadline(time.Time{})
 	return ns.r.register(r, ns.conn.RemoteAddr().String(), ns)
+}
+
+// fence kills, before the node counts as ready, every rank it reports of
+// an attempt that is no longer current, and waits until the node says
+// they are gone. It returns the registration without them. A node that
+// cannot fence them is not let in: its ranks' leases are not renewed
+// meanwhile, so their shims stop them anyway.
+func (ns *session) fence(reg *api.NodeRegistration) (*api.NodeRegistration, error) {
+	if ns.r.cfg.Superseded == nil || len(reg.GetRunning()) == 0 {
+		return reg, nil
+	}
+	stale := ns.r.cfg.Superseded(ns.name, reg.GetRunning())
+	if len(stale) == 0 {
+		return reg, nil
+	}
+	type key struct {
+		job     string
+		attempt uint32
+	}
+	cmds := map[uint64]key{}
+	var order []key
+	for _, rk := range stale {
+		k := key{rk.GetJob(), rk.GetAttempt()}
+		if !slices.Contains(order, k) {
+			order = append(order, k)
+		}
+	}
+	for _, k := range order {
+		id := ns.r.cmdID.Add(1)
+		cmds[id] = k
+		if err := ns.send(&api.ServerMessage{Body: &api.ServerMessage_Command{Command: &api.Command{Id: id,
+			Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: k.job, Attempt: k.attempt, Signal: "SIGKILL", Fence: true}}}}}); err != nil {
+			return nil, fmt.Errorf("fence superseded ranks: %w", err)
+		}
+	}
+	// The node answers in order; heartbeats may come between the answers
+	// and count for nothing until it is registered.
+	killed := map[string][]string{}
+	for len(cmds) > 0 {
+		var m api.AgentMessage
+		if err := ns.control.Recv(&m); err != nil {
+			return nil, fmt.Errorf("fence superseded ranks: %w", err)
+		}
+		ack := m.GetCommandAck()
+		if ack == nil {
+			continue
+		}
+		k, ok := cmds[ack.GetId()]
+		if !ok {
+			continue
+		}
+		delete(cmds, ack.GetId())
+		if ack.GetError() != "" {
+			return nil, fmt.Errorf("fence job %s attempt %d (superseded): %s", k.job, k.attempt, ack.GetError())
+		}
+		for _, rk := range ack.GetKilled() {
+			killed[rk.GetJob()] = append(killed[rk.GetJob()], fmt.Sprintf("attempt %d rank %d (pid %d)", rk.GetAttempt(), rk.GetRank(), rk.GetPid()))
+		}
+	}
+	keep := proto.Clone(reg).(*api.NodeRegistration)
+	keep.Running = slices.DeleteFunc(keep.Running, func(rk *api.RankStatus) bool {
+		return slices.ContainsFunc(stale, func(s *api.RankStatus) bool {
+			return s.GetJob() == rk.GetJob() && s.GetAttempt() == rk.GetAttempt()
+		})
+	})
+	ns.r.fenced(ns.name, killed)
+	return keep, nil
 }
 
 func (ns *session) send(m *api.ServerMessage) error {
@@ -133,7 +207,14 @@ func (ns *session) readControl() error {
 		}
 		switch b := m.Body.(type) {
 		case *api.AgentMessage_Heartbeat:
-			ns.r.beat(ns.name, ns)
+			if ns.r.beat(ns.name, ns) && ns.r.cfg.Lease > 0 {
+				// The node's ranks may run on: the lease counts from when
+				// it sent this heartbeat, no later than the server heard it.
+				if err := ns.send(&api.ServerMessage{Body: &api.ServerMessage_Lease{Lease: &api.LeaseRenewal{
+					HeartbeatSeq: b.Heartbeat.GetSeq(), LeaseMs: uint32(ns.r.cfg.Lease / time.Millisecond)}}}); err != nil {
+					return fmt.Errorf("renew lease: %w", err)
+				}
+			}
 		case *api.AgentMessage_CommandAck:
 			ns.mu.Lock()
 			if ch, ok := ns.pending[b.CommandAck.GetId()]; ok {
@@ -283,10 +364,30 @@ func (r *Registry) Detect(ctx context.Context, every time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			r.CheckHeartbeats()
+			r.detect(every)
 		}
 	}
 }
+
+// detect is one tick of the detector that runs every period. A tick much
+// later than due means this process stood still (SIGSTOP, a frozen VM):
+// no heartbeat could be heard meanwhile, so the nodes are credited the
+// pause before they are judged. The clock is read here, not taken from
+// the ticker: a tick buffered before the pause is stale when received.
+func (r *Registry) detect(every time.Duration) []string {
+	now := r.now()
+	if last := r.lastCheck; !last.IsZero() {
+		if gap := now.Sub(last); gap > every+pauseTolerance {
+			r.creditPause(gap - every)
+		}
+	}
+	r.lastCheck = now
+	return r.CheckHeartbeats()
+}
+
+// pauseTolerance is how late a detector tick may be before the lateness
+// counts as the server's own pause rather than a busy moment.
+const pauseTolerance = 500 * time.Millisecond
 
 // CommandError is a node's refusal of a command. JobFault says the
 // refusal is the job's fault (its command, user or checkpoint dir), not

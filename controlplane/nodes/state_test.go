@@ -164,14 +164,13 @@ func newLoopback(t *testing.T, r *Registry) *loopback {
 type nodeConn struct {
 	conn    *transport.Conn
 	control *transport.Stream
+	welcome *api.Welcome
 }
 
 // connect joins (the first time) and registers node rg, and returns once
 // the registry has it connected.
 func (l *loopback) connect(rg *api.NodeRegistration) *nodeConn {
 	l.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	name := rg.GetName()
 	l.r.mu.RLock()
 	var prev *session
@@ -179,6 +178,23 @@ func (l *loopback) connect(rg *api.NodeRegistration) *nodeConn {
 		prev = e.session
 	}
 	l.r.mu.RUnlock()
+	nc := l.dial(rg)
+	waitFor(l.t, name+" connected", func() bool {
+		l.r.mu.RLock()
+		defer l.r.mu.RUnlock()
+		e := l.r.nodes[name]
+		return e != nil && e.session != nil && e.session != prev && !e.down()
+	})
+	return nc
+}
+
+// dial joins (the first time), says hello and sends rg, and returns
+// without waiting for the registry.
+func (l *loopback) dial(rg *api.NodeRegistration) *nodeConn {
+	l.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	name := rg.GetName()
 	id := l.ids[name]
 	if id == nil {
 		tok, _, err := l.auth.CreateToken(time.Minute)
@@ -211,14 +227,7 @@ func (l *loopback) connect(rg *api.NodeRegistration) *nodeConn {
 	if err := st.Send(&api.AgentMessage{Body: &api.AgentMessage_Register{Register: rg}}); err != nil {
 		l.t.Fatal(err)
 	}
-	nc := &nodeConn{conn: conn, control: st}
-	waitFor(l.t, name+" connected", func() bool {
-		l.r.mu.RLock()
-		defer l.r.mu.RUnlock()
-		e := l.r.nodes[name]
-		return e != nil && e.session != nil && e.session != prev && !e.down()
-	})
-	return nc
+	return &nodeConn{conn: conn, control: st, welcome: m.GetWelcome()}
 }
 
 // heartbeat sends a heartbeat and waits until the registry has noted it

@@ -7,7 +7,10 @@
  * Checkpoint convention (gpuctl's): on SIGUSR1 and every --ckpt-interval
  * steps each rank writes $GPUCTL_CHECKPOINT_DIR/step-N/rank-R.bin (tmp file,
  * fsync, rename), the ranks agree with an all-reduce, then rank 0 writes the
- * `latest` marker (content: N) the same way. SIGTERM ends the run cleanly at
+ * `latest` marker (content: N, or `N attempt=A` when GPUCTL_ATTEMPT is set)
+ * the same way. The attempt is the marker's epoch: under a lock on
+ * `latest.lock`, rank 0 refuses to commit over a marker of a newer attempt
+ * (its own attempt has been superseded) and exits with status 3. SIGTERM ends the run cleanly at
  * the end of the step. Ranks agree each step, with a small all-reduce, on
  * whether any of them was signalled, so they checkpoint and stop at the same
  * step even when the signals reach them at different times.
@@ -18,7 +21,8 @@
  *   step N loss=F state=HEX step_ms=F
  *   checkpoint step=N bytes=B seconds=F
  *   stop step=N reason=signal|steps
- * Exit status: 0 done or stopped, 1 runtime failure, 2 bad usage.
+ * Exit status: 0 done or stopped, 1 runtime failure, 2 bad usage, 3 superseded
+ * (a newer attempt committed a checkpoint in the same directory).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -30,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -63,6 +68,8 @@ struct opts {
 static volatile sig_atomic_t ckpt_requested, stop_requested;
 static int g_rank = -1;
 static const char *g_job = "ringtrain";
+/* This run's attempt (GPUCTL_ATTEMPT), the epoch its checkpoints carry; 0 unknown. */
+static long g_attempt;
 
 static void on_usr1(int sig) {
   (void)sig;
@@ -299,6 +306,77 @@ static int mkdir_p(const char *dir) {
   return mkdir(buf, 0755) < 0 && errno != EEXIST ? -1 : 0;
 }
 
+/* Parses a `latest` marker, trimmed: "N" or "N attempt=A" (A > 0). */
+static int parse_marker(char *s, long *step, long *attempt) {
+  *attempt = 0;
+  char *sp = s;
+  while (*sp >= '0' && *sp <= '9') sp++;
+  if (sp == s) return -1;
+  char *rest = NULL;
+  if (*sp) {
+    if (*sp != ' ' && *sp != '\t') return -1;
+    *sp++ = 0;
+    while (*sp == ' ' || *sp == '\t') sp++;
+    rest = sp;
+  }
+  if (parse_long(s, step) < 0 || *step < 0) return -1;
+  if (rest) {
+    if (strncmp(rest, "attempt=", 8) != 0 || rest[8] < '0' || rest[8] > '9') return -1;
+    if (parse_long(rest + 8, attempt) < 0 || *attempt <= 0 || *attempt > 4294967295L) return -1;
+  }
+  return 0;
+}
+
+/* Reads and trims the marker into buf; returns its length, -1 when there is
+ * none, -2 on a read error (errno set). */
+static ssize_t read_marker(const char *path, char *buf, size_t size) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? -1 : -2;
+  ssize_t n;
+  do n = read(fd, buf, size - 1);
+  while (n < 0 && errno == EINTR);
+  int saved = errno;
+  close(fd);
+  if (n < 0) {
+    errno = saved;
+    return -2;
+  }
+  buf[n] = 0;
+  return n;
+}
+
+static void trim(char **s, char *e) {
+  while (*s < e && (**s == ' ' || **s == '\n' || **s == '\t' || **s == '\r')) (*s)++;
+  while (e > *s && (e[-1] == ' ' || e[-1] == '\n' || e[-1] == '\t' || e[-1] == '\r')) *--e = 0;
+}
+
+/* Commits step as `latest`, refusing when a newer attempt already moved it:
+ * a superseded rank must never cover its successor's checkpoint. */
+static void commit_latest(const char *ckdir, long step) {
+  char latest[4160], lock[4160], val[48], cur[64], err[4400] = "";
+  snprintf(latest, sizeof latest, "%s/latest", ckdir);
+  snprintf(lock, sizeof lock, "%s/latest.lock", ckdir);
+  int lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lfd < 0 || flock(lfd, LOCK_EX) < 0) fail(1, "checkpoint step %ld: lock %s: %s", step, lock, strerror(errno));
+  ssize_t n = read_marker(latest, cur, sizeof cur);
+  if (n >= 0 && g_attempt > 0) {
+    char *s = cur;
+    trim(&s, cur + n);
+    long cur_step, cur_attempt;
+    if (parse_marker(s, &cur_step, &cur_attempt) == 0 && cur_attempt > g_attempt) {
+      fprintf(stderr, "ringtrain rank %d (%s): checkpoint step %ld refused: `latest` (step %ld) was committed by attempt %ld "
+                      "and this rank belongs to attempt %ld, which is superseded; stopping\n",
+              g_rank, g_job, step, cur_step, cur_attempt, g_attempt);
+      exit(3);
+    }
+  }
+  int len = g_attempt > 0 ? snprintf(val, sizeof val, "%ld attempt=%ld", step, g_attempt)
+                          : snprintf(val, sizeof val, "%ld", step);
+  if (write_atomic(ckdir, latest, val, (size_t)len, NULL, 0, err, sizeof err) < 0)
+    fail(1, "checkpoint step %ld: %s", step, err);
+  close(lfd);
+}
+
 static void checkpoint(ncclComm_t comm, const char *ckdir, long step, int rank, int world,
                        const uint64_t *state, size_t state_bytes) {
   double t0 = now_s();
@@ -332,13 +410,7 @@ static void checkpoint(ncclComm_t comm, const char *ckdir, long step, int rank, 
             rank, g_job, step);
     return;
   }
-  if (rank == 0) {
-    char latest[4160], val[32];
-    snprintf(latest, sizeof latest, "%s/latest", ckdir);
-    int n = snprintf(val, sizeof val, "%ld", step);
-    if (write_atomic(ckdir, latest, val, (size_t)n, NULL, 0, err, sizeof err) < 0)
-      fail(1, "checkpoint step %ld: %s", step, err);
-  }
+  if (rank == 0) commit_latest(ckdir, step);
   out("checkpoint step=%ld bytes=%zu seconds=%.3f\n", step, sizeof h + state_bytes, now_s() - t0);
 }
 
@@ -346,23 +418,15 @@ static void checkpoint(ncclComm_t comm, const char *ckdir, long step, int rank, 
 static long read_latest(const char *ckdir) {
   char path[4160], buf[64];
   snprintf(path, sizeof path, "%s/latest", ckdir);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return -1;
-    fail(1, "read %s: %s", path, strerror(errno));
-  }
-  ssize_t n;
-  do n = read(fd, buf, sizeof buf - 1);
-  while (n < 0 && errno == EINTR);
-  close(fd);
+  ssize_t n = read_marker(path, buf, sizeof buf);
+  if (n == -1) return -1;
   if (n < 0) fail(1, "read %s: %s", path, strerror(errno));
-  buf[n] = 0;
-  char *s = buf, *e = buf + n;
-  while (s < e && (*s == ' ' || *s == '\n' || *s == '\t' || *s == '\r')) s++;
-  while (e > s && (e[-1] == ' ' || e[-1] == '\n' || e[-1] == '\t' || e[-1] == '\r')) *--e = 0;
-  long v;
-  if (n == (ssize_t)sizeof buf - 1 || strlen(buf) != (size_t)n || *s < '0' || *s > '9' || parse_long(s, &v) < 0 || v < 0)
-    fail(1, "malformed checkpoint marker %s: want a step number, got \"%.20s\"; "
+  char *s = buf;
+  int whole = n != (ssize_t)sizeof buf - 1 && strlen(buf) == (size_t)n;
+  trim(&s, buf + n);
+  long v, attempt;
+  if (!whole || parse_marker(s, &v, &attempt) < 0)
+    fail(1, "malformed checkpoint marker %s: want a step number (optionally \"attempt=N\" after it), got \"%.20s\"; "
             "fix or delete it, or set GPUCTL_RESUME_STEP",
          path, buf);
   return v;
@@ -429,6 +493,9 @@ int main(int argc, char **argv) {
   struct opts o = parse_args(argc, argv);
   const char *job = getenv("GPUCTL_JOB");
   if (job && *job) g_job = job;
+  const char *att = getenv("GPUCTL_ATTEMPT");
+  if (att && *att && (parse_long(att, &g_attempt) < 0 || g_attempt < 0))
+    fail(2, "GPUCTL_ATTEMPT=%s is not an attempt number", att);
   int world = env_int("WORLD_SIZE", 1, 1, 1 << 20);
   int rank = env_int("RANK", 0, 0, world - 1);
   int local_rank = env_int("LOCAL_RANK", rank, 0, 1 << 20);

@@ -1,0 +1,153 @@
+package jobs
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/controlplane/nodes"
+)
+
+func TestSupersededRanks(t *testing.T) {
+	// Attempt 3 of job a runs ranks 0-1 on n1 and rank 2 on n2, which was
+	// lost (its rank given up); job b is cancelled and all its ranks gone.
+	a := &api.Job{Id: "a", Attempt: 3, Placement: []*api.JobNode{
+		{Node: "n1", Ranks: []*api.JobRank{{Rank: 0, Pid: 100}, {Rank: 1}}},
+		{Node: "n2", Ranks: []*api.JobRank{{Rank: 2, Pid: 300, Exited: true, Signal: lostRank}}},
+	}}
+	b := &api.Job{Id: "b", Attempt: 1, State: api.JobState_JOB_STATE_CANCELLED, Placement: []*api.JobNode{
+		{Node: "n1", Ranks: []*api.JobRank{{Rank: 0, Pid: 500, Exited: true}}},
+	}}
+	jobs := map[string]*api.Job{"a": a, "b": b}
+	lookup := func(id string) *api.Job { return jobs[id] }
+	tests := []struct {
+		name string
+		node string
+		rk   *api.RankStatus
+		want bool
+	}{
+		{"current rank", "n1", &api.RankStatus{Job: "a", Attempt: 3, Rank: 0, Pid: 100}, false},
+		{"current rank whose start the server has not seen", "n1", &api.RankStatus{Job: "a", Attempt: 3, Rank: 1, Pid: 101}, false},
+		{"older attempt", "n1", &api.RankStatus{Job: "a", Attempt: 2, Rank: 0, Pid: 90}, true},
+		{"older attempt on a node the job left", "n3", &api.RankStatus{Job: "a", Attempt: 1, Rank: 3, Pid: 7}, true},
+		{"current attempt, rank given up with its node", "n2", &api.RankStatus{Job: "a", Attempt: 3, Rank: 2, Pid: 300}, true},
+		{"current attempt, another pid", "n1", &api.RankStatus{Job: "a", Attempt: 3, Rank: 0, Pid: 999}, true},
+		{"current attempt, a rank it has not got there", "n2", &api.RankStatus{Job: "a", Attempt: 3, Rank: 0, Pid: 100}, true},
+		{"an attempt the server never made", "n1", &api.RankStatus{Job: "a", Attempt: 4, Rank: 0, Pid: 100}, true},
+		{"cancelled job's rank still running", "n1", &api.RankStatus{Job: "b", Attempt: 1, Rank: 0, Pid: 500}, true},
+		{"unknown job (a validation gang)", "n1", &api.RankStatus{Job: "a-validate-4", Attempt: 1, Rank: 0, Pid: 1}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := len(superseded(lookup, tc.node, []*api.RankStatus{tc.rk})) == 1
+			if got != tc.want {
+				t.Errorf("superseded = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestRelaunchWaitsForTheLostNodesFence loses a node of a running job:
+// the next attempt waits until the lost node is fenced, by its lease
+// passing (counted from its last contact), by the node coming back without
+// the old ranks, or by the node killing the ranks it still had; a cancel
+// then kills a superseded attempt's ranks wherever a node reports them.
+func TestRelaunchWaitsForTheLostNodesFence(t *testing.T) {
+	const lease = 5 * time.Second
+	tests := []struct {
+		name string
+		// back, when set, is what n1 reports when it registers 3 s after
+		// it was lost; nil: it stays away.
+		back []*api.RankStatus
+		// wait is how long after the loss attempt 2 launches.
+		wait      time.Duration
+		fenceCmd  bool
+		eventWant string
+	}{
+		{"lease passes", nil, lease + fenceMargin, false, "its lease has passed"},
+		{"node returns without the ranks", []*api.RankStatus{}, 3 * time.Second, false, "came back without any of its ranks"},
+		{"node returns still running them", []*api.RankStatus{{Attempt: 1, Rank: 4, Pid: 1004}}, 3 * time.Second, true, "the node killed"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, "fifo", readyNode("n0", 4, "r0", "s0"), readyNode("n1", 4, "r0", "s0"), readyNode("n2", 4, "r0", "s0"))
+			h.m.cfg.Lease = lease
+			id := h.submit(ringSpec("ring", 2, 4, "restart_policy: replace-node\n"), false)
+			h.reconcile()
+			h.started(id)
+			lost := h.clock.now()
+			h.nodes.update("n1", func(n *api.NodeStatus) {
+				n.State, n.Connected, n.Stale, n.LastSeenUnixNano = api.NodeState_NODE_STATE_DOWN, false, true, lost.UnixNano()
+			})
+			h.clock.add(2 * time.Second) // the detector's 2 heartbeats
+			h.nodeDown("n1", "no heartbeat for 2s")
+			h.reconcile()
+			for _, r := range findNode(h.job(id), "n0").GetRanks() {
+				h.exit(id, "n0", r.GetRank(), -1, "SIGTERM")
+			}
+			h.nodes.take()
+			relaunched := func() bool {
+				h.reconcile()
+				return len(launches(h.nodes.take())) > 0
+			}
+			for h.clock.now().Sub(lost) < tc.wait-100*time.Millisecond {
+				if tc.back != nil && h.clock.now().Sub(lost) >= 3*time.Second-100*time.Millisecond {
+					break
+				}
+				if relaunched() {
+					t.Fatalf("attempt 2 launched %s after n1 was lost, before it was fenced", h.clock.now().Sub(lost))
+				}
+				h.clock.add(250 * time.Millisecond)
+			}
+			if tc.back != nil {
+				for _, rk := range tc.back {
+					rk.Job = id
+				}
+				h.nodes.update("n1", func(n *api.NodeStatus) { n.State, n.Connected, n.Stale = api.NodeState_NODE_STATE_READY, true, false })
+				h.nodeUp("n1", &api.NodeRegistration{Name: "n1", Running: tc.back})
+			} else {
+				h.clock.add(200 * time.Millisecond)
+			}
+			cmds := h.nodes.take()
+			var fenced bool
+			for _, c := range cmds {
+				if s := c.cmd.GetSignal(); s != nil && c.node == "n1" && s.GetFence() && s.GetAttempt() == 1 && s.GetJob() == id {
+					fenced = true
+				}
+			}
+			if fenced != tc.fenceCmd {
+				t.Errorf("fence command to n1: %v, want %v (%v)", fenced, tc.fenceCmd, cmds)
+			}
+			if len(launches(cmds)) == 0 && !relaunched() {
+				t.Fatalf("attempt 2 not launched %s after the loss (%s)", h.clock.now().Sub(lost), h.job(id).GetReason())
+			}
+			evs := strings.Join(h.recoveryEvents(id), "\n")
+			for _, want := range []string{"waiting until attempt 1 is fenced on n1", tc.eventWant} {
+				if !strings.Contains(evs, want) {
+					t.Errorf("no recovery event says %q:\n%s", want, evs)
+				}
+			}
+			if tc.back == nil {
+				return
+			}
+			// n1 (excluded now) still reports a rank of attempt 1: a
+			// cancel kills it there too, not only attempt 2's ranks.
+			h.started(id)
+			h.nodes.setRanks([]nodes.NodeRanks{{Node: "n1", Ranks: []*api.RankStatus{{Job: id, Attempt: 1, Rank: 4, Pid: 1004}}}})
+			if _, err := h.cancel(id, "test"); err != nil {
+				t.Fatal(err)
+			}
+			h.reconcile()
+			var swept bool
+			for _, c := range h.nodes.take() {
+				if s := c.cmd.GetSignal(); s != nil && c.node == "n1" && s.GetFence() && s.GetAttempt() == 1 {
+					swept = true
+				}
+			}
+			if !swept {
+				t.Error("cancel did not kill attempt 1's rank on n1")
+			}
+		})
+	}
+}
