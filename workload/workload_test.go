@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -635,19 +636,67 @@ func FuzzCheckpointFile(f *testing.F) {
 	})
 }
 
+// markerForm is the `latest` marker ringtrain accepts: a step, optionally
+// with the attempt (epoch) that committed it.
+var markerForm = regexp.MustCompile(`^[ \n\t\r]*([0-9]+)(?:[ \t]+attempt=([0-9]+))?[ \n\t\r]*$`)
+
+// TestCheckpointEpoch runs a one-rank trainer as attempt 2 of a job: its
+// checkpoints mark `latest` with the attempt, it commits over an older
+// attempt's marker, and as a stale attempt 1 over attempt 2's marker it
+// refuses to commit, leaves the marker alone and exits 3.
+func TestCheckpointEpoch(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{"--steps", "4", "--compute-ms", "0", "--bytes", "4K", "--state-bytes", "64", "--ckpt-interval", "2"}
+	run := func(attempt string) *proc {
+		return start(t, arts.RingTrain, args, []string{"GPUCTL_CHECKPOINT_DIR=" + dir, "GPUCTL_RESUME_STEP=0", "GPUCTL_ATTEMPT=" + attempt})
+	}
+	if err := os.WriteFile(filepath.Join(dir, "latest"), []byte("0 attempt=1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if p := run("2"); p.wait(t, 20*time.Second) != 0 {
+		t.Fatalf("attempt 2 over attempt 1's marker: exit %d\n%s", p.cmd.ProcessState.ExitCode(), p.Stderr())
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "latest"))
+	if string(b) != "4 attempt=2" {
+		t.Fatalf("latest after attempt 2 = %q, want \"4 attempt=2\"", b)
+	}
+	stale := run("1")
+	if code := stale.wait(t, 20*time.Second); code != 3 || !strings.Contains(stale.Stderr(), "superseded") {
+		t.Fatalf("stale attempt 1: exit %d, stderr %q; want 3 naming the superseded attempt", code, stale.Stderr())
+	}
+	if b2, _ := os.ReadFile(filepath.Join(dir, "latest")); string(b2) != string(b) {
+		t.Errorf("a stale attempt moved latest from %q to %q", b, b2)
+	}
+	for _, l := range stale.Lines() {
+		if strings.HasPrefix(l, "checkpoint ") {
+			t.Errorf("the stale attempt reported a checkpoint: %s", l)
+		}
+	}
+}
+
 // FuzzLatestMarker feeds arbitrary `latest` markers to ringtrain.
 func FuzzLatestMarker(f *testing.F) {
 	valid := validCheckpoint(f)
-	for _, s := range []string{"1", "1\n", " 1 ", "", "-1", "x", "99999999999999999999", "1\x00"} {
+	for _, s := range []string{"1", "1\n", " 1 ", "", "-1", "x", "99999999999999999999", "1\x00", "1 attempt=2", "1 attempt=0", "1 attempt="} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, latest string) {
 		p := resumeFrom(t, latest, valid)
 		code := p.wait(t, 10*time.Second)
 		if code == 0 {
-			n, err := strconv.ParseUint(strings.Trim(latest, " \n\t\r"), 10, 64)
+			// A step, optionally with the attempt that committed it.
+			m := markerForm.FindStringSubmatch(latest)
+			if m == nil {
+				t.Fatalf("marker %q accepted", latest)
+			}
+			n, err := strconv.ParseUint(m[1], 10, 64)
 			if err != nil || n > 1 { // 0 is a fresh start, 1 the checkpoint here
 				t.Fatalf("marker %q accepted", latest)
+			}
+			if m[2] != "" {
+				if a, err := strconv.ParseUint(m[2], 10, 32); err != nil || a == 0 {
+					t.Fatalf("marker %q accepted", latest)
+				}
 			}
 			return
 		}
