@@ -183,6 +183,12 @@ func RunShim(args []string, stderr io.Writer) int {
 	select {
 	case status.Fenced = <-fenced:
 	default:
+		// A rank that ended on its own once its lease had passed (a peer's
+		// shim stopped the peer, and the gang stopped with it) ended
+		// fenced too: its attempt did not finish.
+		if lease != nil && lease.expired(time.Now()) {
+			status.Fenced = fmt.Sprintf("lease expired at %s, before the rank ended", lease.deadline.UTC().Format(time.RFC3339Nano))
+		}
 	}
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		status.ExitCode, status.Signal, status.CoreDumped = -1, signalName(ws.Signal()), ws.CoreDump()

@@ -87,6 +87,7 @@ type Cluster struct {
 
 	cancel  context.CancelFunc
 	served  chan error
+	srvStop sync.Once
 	mu      sync.Mutex
 	nodemon map[string]*exec.Cmd
 }
@@ -309,9 +310,17 @@ func (c *Cluster) Stop() {
 		}
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	}
-	c.cancel()
-	select {
-	case <-c.served:
-	case <-time.After(10 * time.Second):
-	}
+	c.StopServer()
+}
+
+// StopServer stops the control plane alone, as if its host went away: the
+// nodemons run on, trying to reconnect.
+func (c *Cluster) StopServer() {
+	c.srvStop.Do(func() {
+		c.cancel()
+		select {
+		case <-c.served:
+		case <-time.After(10 * time.Second):
+		}
+	})
 }
