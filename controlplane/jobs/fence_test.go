@@ -76,6 +76,7 @@ func TestRelaunchWaitsForTheLostNodesFence(t *testing.T) {
 			id := h.submit(ringSpec("ring", 2, 4, "restart_policy: replace-node\n"), false)
 			h.reconcile()
 			h.started(id)
+			h.nodes.take()
 			lost := h.clock.now()
 			h.nodes.update("n1", func(n *api.NodeStatus) {
 				n.State, n.Connected, n.Stale, n.LastSeenUnixNano = api.NodeState_NODE_STATE_DOWN, false, true, lost.UnixNano()
@@ -86,7 +87,9 @@ func TestRelaunchWaitsForTheLostNodesFence(t *testing.T) {
 			for _, r := range findNode(h.job(id), "n0").GetRanks() {
 				h.exit(id, "n0", r.GetRank(), -1, "SIGTERM")
 			}
-			h.nodes.take()
+			if l := launches(h.nodes.take()); len(l) > 0 {
+				t.Fatalf("attempt 2 launched on %v as soon as the survivors exited, before n1 was fenced", l)
+			}
 			relaunched := func() bool {
 				h.reconcile()
 				return len(launches(h.nodes.take())) > 0
