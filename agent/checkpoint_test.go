@@ -97,6 +97,15 @@ func TestCheckpointWatcherOnFakeDir(t *testing.T) {
 		t.Fatalf("reported step kept as %d, want 50", p0.rec.CheckpointReported)
 	}
 
+	// The marker carries the attempt that committed it: this attempt's
+	// own is reported, a newer attempt's (elsewhere) is not this rank's.
+	os.MkdirAll(filepath.Join(ck, "step-55"), 0o755)
+	os.WriteFile(filepath.Join(ck, "latest"), []byte("55 attempt=2\n"), 0o644)
+	check(true, 55)
+	os.MkdirAll(filepath.Join(ck, "step-60"), 0o755)
+	os.WriteFile(filepath.Join(ck, "latest"), []byte("60 attempt=3\n"), 0o644)
+	check(true)
+
 	// A new watch starts from the marker: the checkpoint resumed from is
 	// not news.
 	w = newCkptWatch(ck, readMarker(ck))

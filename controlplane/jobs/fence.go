@@ -94,6 +94,27 @@ func (m *Manager) awaitFence(en *entry, node string, now time.Time) {
 	en.fences[node] = f
 }
 
+// fenceAfterLoad restores, after a server restart, the fences of a
+// recovering job: its fences were in memory only, and a node lost before
+// the restart may still run its ranks until a lease from the last renewal
+// the old server sent, which was no later than now.
+func (m *Manager) fenceAfterLoad(en *entry, now time.Time) {
+	if m.cfg.Lease <= 0 {
+		return
+	}
+	for _, jn := range en.job.GetPlacement() {
+		for _, r := range jn.GetRanks() {
+			if r.GetSignal() == lostRank {
+				if en.fences == nil {
+					en.fences = map[string]fence{}
+				}
+				en.fences[jn.GetNode()] = fence{attempt: en.job.GetAttempt(), until: now.Add(m.cfg.Lease + fenceMargin)}
+				break
+			}
+		}
+	}
+}
+
 // unfenced returns the nodes that may still run an old attempt of en at
 // now; a fence whose lease has passed is dropped with an event.
 func (m *Manager) unfenced(en *entry, now time.Time) []string {

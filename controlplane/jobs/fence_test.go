@@ -72,7 +72,8 @@ func TestRelaunchWaitsForTheLostNodesFence(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, "fifo", readyNode("n0", 4, "r0", "s0"), readyNode("n1", 4, "r0", "s0"), readyNode("n2", 4, "r0", "s0"))
-			h.m.cfg.Lease = lease
+			h.lease = lease
+			h.restart("fifo")
 			id := h.submit(ringSpec("ring", 2, 4, "restart_policy: replace-node\n"), false)
 			h.reconcile()
 			h.started(id)
@@ -152,5 +153,42 @@ func TestRelaunchWaitsForTheLostNodesFence(t *testing.T) {
 				t.Error("cancel did not kill attempt 1's rank on n1")
 			}
 		})
+	}
+}
+
+// TestRestartKeepsTheFence restarts the server while a recovering job
+// waits for a lost node's fence: the wait is in memory only, so the new
+// owner waits a lease from its own start (the old server renewed nothing
+// later than that) before the next attempt runs.
+func TestRestartKeepsTheFence(t *testing.T) {
+	const lease = 5 * time.Second
+	h := newHarness(t, "fifo", readyNode("n0", 4, "r0", "s0"), readyNode("n1", 4, "r0", "s0"), readyNode("n2", 4, "r0", "s0"))
+	h.lease = lease
+	h.restart("fifo")
+	id := h.submit(ringSpec("ring", 2, 4, "restart_policy: replace-node\n"), false)
+	h.reconcile()
+	h.started(id)
+	h.nodes.update("n1", func(n *api.NodeStatus) {
+		n.State, n.Connected, n.Stale, n.LastSeenUnixNano = api.NodeState_NODE_STATE_DOWN, false, true, h.clock.now().UnixNano()
+	})
+	h.nodeDown("n1", "no heartbeat for 2s")
+	for _, r := range findNode(h.job(id), "n0").GetRanks() {
+		h.exit(id, "n0", r.GetRank(), -1, "SIGTERM")
+	}
+	h.clock.add(3 * time.Second)
+	h.restart("fifo")
+	h.nodes.take()
+	loaded := h.clock.now()
+	for h.clock.now().Sub(loaded) < lease+fenceMargin-100*time.Millisecond {
+		h.reconcile()
+		if l := launches(h.nodes.take()); len(l) > 0 {
+			t.Fatalf("attempt 2 launched %s after the restart, within the lease", h.clock.now().Sub(loaded))
+		}
+		h.clock.add(250 * time.Millisecond)
+	}
+	h.clock.add(200 * time.Millisecond)
+	h.reconcile()
+	if l := launches(h.nodes.take()); len(l) == 0 {
+		t.Fatalf("attempt 2 not launched a lease after the restart: %s", h.job(id).GetReason())
 	}
 }

@@ -203,6 +203,8 @@ type harness struct {
 	db    string
 	st    *store.Bolt
 	ckpt  string
+	// lease is the owner's Config.Lease (0: no fencing waits).
+	lease time.Duration
 }
 
 func newHarness(t *testing.T, policy string, nodes ...*api.NodeStatus) *harness {
@@ -236,7 +238,7 @@ func (h *harness) open(policy string) {
 	}
 	h.nodes.mu.Unlock()
 	m, err := New(Config{Store: st, Nodes: h.nodes, Policy: p, CheckpointRoot: h.ckpt, KillAfter: 30 * time.Second,
-		MoveGrace: time.Minute, Now: h.clock.now})
+		MoveGrace: time.Minute, Now: h.clock.now, Lease: h.lease})
 	if err != nil {
 		h.t.Fatal(err)
 	}

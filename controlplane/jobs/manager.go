@@ -255,6 +255,7 @@ func New(cfg Config) (*Manager, error) {
 			// left, choose nodes, validate, relaunch.
 			m.recs[j.GetId()] = &recovery{failure: scheduler.Failure{Kind: scheduler.FailRankExit}, reason: strings.TrimPrefix(j.GetReason(), "recovering: "),
 				since: now, stepAt: j.GetStep(), resume: -1, cordon: map[string]string{}}
+			m.fenceAfterLoad(en, now)
 		}
 	}
 	if err := m.commit(m.pass); err != nil {

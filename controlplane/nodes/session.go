@@ -117,6 +117,10 @@ func (ns *session) handshake(ctx context.Context) error {
 	if r.GetName() != ns.name {
 		return fmt.Errorf("node registers as %q but its certificate names %q: run nodemon with --name %s or rejoin with a new token", r.GetName(), ns.name, ns.name)
 	}
+	if hb := time.Duration(r.GetHeartbeatIntervalMs()) * time.Millisecond; ns.r.cfg.Lease > 0 && 2*hb >= ns.r.cfg.Lease {
+		ns.r.log.Warn("node's heartbeat is too slow for the lease: a lost heartbeat or two stops its ranks",
+			"node", ns.name, "heartbeat", hb, "lease", ns.r.cfg.Lease)
+	}
 	if r, err = ns.fence(r); err != nil {
 		return err
 	}
