@@ -80,6 +80,9 @@ func parseMarkerText(b []byte) (marker, error) {
 	if len(fields) == 0 || len(fields) > 2 {
 		return bad()
 	}
+	if c := fields[0][0]; c < '0' || c > '9' {
+		return bad() // no sign: ringtrain reads it as it is written
+	}
 	n, err := strconv.ParseInt(fields[0], 10, 64)
 	if err != nil || n < 0 {
 		return bad()

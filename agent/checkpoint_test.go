@@ -124,7 +124,7 @@ func TestParseMarker(t *testing.T) {
 	}{
 		{"12", 12, 0, false}, {"12\n", 12, 0, false}, {" 7 ", 7, 0, false}, {"", -1, 0, true}, {"-3", -1, 0, true}, {"x", -1, 0, true},
 		{"40 attempt=2\n", 40, 2, false}, {"40 attempt=0", -1, 0, true}, {"40 attempt=", -1, 0, true},
-		{"40 epoch=2", -1, 0, true}, {"40 attempt=2 x", -1, 0, true}, {"40 attempt=-1", -1, 0, true},
+		{"40 epoch=2", -1, 0, true}, {"40 attempt=2 x", -1, 0, true}, {"40 attempt=-1", -1, 0, true}, {"+40", -1, 0, true},
 	}
 	for _, tc := range tests {
 		dir := t.TempDir()
@@ -218,4 +218,32 @@ func TestRingtrainProgressCheckpointsAndAdoption(t *testing.T) {
 	} else if last, _ := strconv.ParseInt(steps[len(steps)-1][1], 10, 64); exit.Step != last {
 		t.Errorf("exit event step %d, want the last printed step %d", exit.Step, last)
 	}
+}
+
+// FuzzParseMarker: whatever a `latest` marker holds, parsing it either
+// fails or gives a step and attempt that read back the same once written
+// in the canonical form.
+func FuzzParseMarker(f *testing.F) {
+	for _, s := range []string{"12", "12\n", "40 attempt=2", "40 attempt=0", "-1", "x", "1 attempt=99999999999", "\t7\tattempt=3 "} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := parseMarkerText(b)
+		if err != nil {
+			if m.step != -1 {
+				t.Fatalf("%q: error %v with step %d", b, err, m.step)
+			}
+			return
+		}
+		if m.step < 0 {
+			t.Fatalf("%q: step %d accepted", b, m.step)
+		}
+		canon := strconv.FormatInt(m.step, 10)
+		if m.attempt > 0 {
+			canon += " attempt=" + strconv.FormatUint(uint64(m.attempt), 10)
+		}
+		if again, err := parseMarkerText([]byte(canon)); err != nil || again != m {
+			t.Fatalf("%q parsed as %+v, but its canonical form %q as %+v (%v)", b, m, canon, again, err)
+		}
+	})
 }
