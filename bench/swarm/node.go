@@ -104,13 +104,16 @@ func (n *node) sendControl(m *api.AgentMessage) error {
 	return n.control.Send(m)
 }
 
-// run answers commands and, every interval from a random phase (real
-// nodes are not in step), sends a heartbeat and, once the swarm's
-// telemetry is on, a batch, until ctx ends or the connection fails.
-func (n *node) run(ctx context.Context, interval time.Duration) error {
-	errs := make(chan error, 2)
+// run answers commands, sends a heartbeat every interval and, once the
+// swarm's telemetry is on, a batch every batchEvery, each from a random
+// phase (real nodes are not in step), until ctx ends or the connection
+// fails. As in nodemon, telemetry has a goroutine of its own: a batch
+// held up by flow control never delays a heartbeat, and the ticks it
+// misses are batches dropped, not queued.
+func (n *node) run(ctx context.Context, interval, batchEvery time.Duration) error {
+	errs := make(chan error, 3)
 	go func() { errs <- n.answer() }()
-	phase := time.Duration(n.rng.Int64N(int64(interval)))
+	phase := time.Duration(n.rng.Int64N(int64(min(interval, batchEvery))))
 	select {
 	case <-ctx.Done():
 		return nil
@@ -118,26 +121,40 @@ func (n *node) run(ctx context.Context, interval time.Duration) error {
 		return err
 	case <-time.After(phase):
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	var beat uint64
-	for {
-		beat++
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { errs <- n.stream(rctx, batchEvery) }()
+	beats := time.NewTicker(interval)
+	defer beats.Stop()
+	for beat := uint64(1); ; beat++ {
 		if err := n.sendControl(&api.AgentMessage{Body: &api.AgentMessage_Heartbeat{Heartbeat: &api.Heartbeat{
 			TimeUnixNano: time.Now().UnixNano(), Seq: beat}}}); err != nil {
 			return fmt.Errorf("heartbeat: %w", err)
-		}
-		if n.telemetry.Load() {
-			if err := n.sendBatch(); err != nil {
-				return fmt.Errorf("telemetry: %w", err)
-			}
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case err := <-errs:
 			return err
+		case <-beats.C:
+		}
+	}
+}
+
+// stream sends a batch every batchEvery while the swarm's telemetry is on.
+func (n *node) stream(ctx context.Context, batchEvery time.Duration) error {
+	t := time.NewTicker(batchEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
 		case <-t.C:
+		}
+		if n.telemetry.Load() {
+			if err := n.sendBatch(); err != nil {
+				return fmt.Errorf("telemetry: %w", err)
+			}
 		}
 	}
 }

@@ -6,6 +6,13 @@ import (
 	"text/tabwriter"
 )
 
+func drops(n *uint64) string {
+	if n == nil {
+		return "unknown"
+	}
+	return fmt.Sprint(*n)
+}
+
 // WriteTable prints the report as a two-column table.
 func (r *Report) WriteTable(out io.Writer) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
@@ -21,7 +28,8 @@ func (r *Report) WriteTable(out io.Writer) error {
 		{"join, connect", fmt.Sprintf("%.1f s, %.1f s", r.JoinSeconds, r.ConnectSeconds)},
 		{"window", fmt.Sprintf("%.1f s", r.WindowSeconds)},
 		{"server CPU", fmt.Sprintf("%.3f cores (%.3f per 1,000 nodes)", r.ServerCPUCores, r.ServerCPUCoresPer1000)},
-		{"server RSS", fmt.Sprintf("%s (%s per 1,000 nodes; %s before nodes)", mib(r.ServerRSSBytes), mib(r.ServerRSSBytesPer1000), mib(r.ServerRSSIdleBytes))},
+		{"server RSS", fmt.Sprintf("%s (%s per 1,000 nodes; %s at the window's start, %s before nodes)", mib(r.ServerRSSBytes),
+			mib(r.ServerRSSBytesPer1000), mib(r.ServerRSSStartBytes), mib(r.ServerRSSIdleBytes))},
 		{"generator CPU", fmt.Sprintf("%.3f cores", r.GeneratorCPUCores)},
 		{"samples/s", fmt.Sprintf("%.0f sent, %.0f visible", r.SamplesSentPerSec, r.SamplesVisiblePerSec)},
 		{"sample → visible", lat(r.Visibility)},
@@ -30,6 +38,7 @@ func (r *Report) WriteTable(out io.Writer) error {
 		{"API RTT, loaded", lat(r.APILoaded)},
 		{"nodes down, node errors", fmt.Sprintf("%d, %d", r.NodesDown, r.NodeErrors)},
 		{"watch resyncs", fmt.Sprint(r.WatchResyncs)},
+		{"UDP receive drops", drops(r.UDPReceiveDrops)},
 	}
 	if r.FirstNodeError != nil {
 		rows = append(rows, [2]string{"first node error", *r.FirstNodeError})

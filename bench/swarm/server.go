@@ -3,11 +3,14 @@ package swarm
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -100,4 +103,32 @@ func cores(a, b usage) float64 {
 		return (b.cpu - a.cpu) / el
 	}
 	return 0
+}
+
+// udpReceiveDrops is the machine's count of UDP datagrams dropped for a
+// full socket receive buffer (RcvbufErrors in /proc/net/snmp): on
+// loopback both the server's and the swarm's socket count there. A QUIC
+// connection that loses packets waits for its loss recovery.
+func udpReceiveDrops() (uint64, error) {
+	b, err := os.ReadFile("/proc/net/snmp")
+	if err != nil {
+		return 0, err
+	}
+	var names []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "Udp:" {
+			continue
+		}
+		if names == nil {
+			names = f
+			continue
+		}
+		for i, n := range names {
+			if n == "RcvbufErrors" && i < len(f) {
+				return strconv.ParseUint(f[i], 10, 64)
+			}
+		}
+	}
+	return 0, errors.New("/proc/net/snmp has no Udp RcvbufErrors")
 }

@@ -31,8 +31,10 @@ type Options struct {
 	// GPUs per node (default 8) and NCCL call records per batch (default
 	// 8).
 	GPUs, Collectives int
-	// Interval is the heartbeat and telemetry period, default 1 s.
-	Interval time.Duration
+	// Interval is the heartbeat period, default 1 s; BatchInterval the
+	// telemetry period, default Interval (shorter saturates the server
+	// with telemetry while heartbeats keep their pace).
+	Interval, BatchInterval time.Duration
 	// Quiet is how long command round trips are measured with heartbeats
 	// alone, before telemetry starts (default 5 s); Warmup how long
 	// telemetry runs before the measurement (default 5 s); Duration the
@@ -73,6 +75,9 @@ func (o *Options) defaults() error {
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
+	if o.BatchInterval <= 0 {
+		o.BatchInterval = o.Interval
+	}
 	if o.Quiet <= 0 {
 		o.Quiet = 5 * time.Second
 	}
@@ -98,12 +103,14 @@ type Report struct {
 	ConnectSeconds float64 `json:"connect_seconds"`
 	WindowSeconds  float64 `json:"window_seconds"`
 	// ServerCPUCores is the server's utime+stime over the window per
-	// second of it; ServerRSSBytes its resident memory at the end, and
-	// ServerRSSIdleBytes before any node joined (0 for a server it did
+	// second of it; ServerRSSBytes its resident memory at the end,
+	// ServerRSSStartBytes at the start, and ServerRSSIdleBytes before any
+	// node joined (0 for a server it did
 	// not start); per 1,000 nodes is the difference scaled.
 	ServerCPUCores        float64 `json:"server_cpu_cores"`
 	ServerCPUCoresPer1000 float64 `json:"server_cpu_cores_per_1000_nodes"`
 	ServerRSSBytes        uint64  `json:"server_rss_bytes"`
+	ServerRSSStartBytes   uint64  `json:"server_rss_start_bytes"`
 	ServerRSSIdleBytes    uint64  `json:"server_rss_idle_bytes"`
 	ServerRSSBytesPer1000 uint64  `json:"server_rss_bytes_per_1000_nodes"`
 	GeneratorCPUCores     float64 `json:"generator_cpu_cores"`
@@ -112,16 +119,20 @@ type Report struct {
 	// Visibility is from a sample leaving its node to the watch
 	// delivering it; the round trips are a command to a node and back
 	// (quiet: heartbeats alone) and a plain API request.
-	Visibility     Latency `json:"visibility"`
-	CommandQuiet   Latency `json:"command_rtt_quiet"`
-	CommandLoaded  Latency `json:"command_rtt_loaded"`
-	APILoaded      Latency `json:"api_rtt_loaded"`
-	NodesDown      int     `json:"nodes_down"`
-	NodeErrors     int     `json:"node_errors"`
-	WatchResyncs   int     `json:"watch_resyncs"`
-	FirstNodeError *string `json:"first_node_error"`
-	ServerStarted  bool    `json:"server_started"`
-	ServerPID      int     `json:"server_pid"`
+	Visibility    Latency `json:"visibility"`
+	CommandQuiet  Latency `json:"command_rtt_quiet"`
+	CommandLoaded Latency `json:"command_rtt_loaded"`
+	APILoaded     Latency `json:"api_rtt_loaded"`
+	NodesDown     int     `json:"nodes_down"`
+	NodeErrors    int     `json:"node_errors"`
+	WatchResyncs  int     `json:"watch_resyncs"`
+	// UDPReceiveDrops is the machine's UDP datagrams dropped for a full
+	// receive buffer during the window (the server's socket and the
+	// swarm's); null where /proc/net/snmp cannot be read.
+	UDPReceiveDrops *uint64 `json:"udp_receive_drops"`
+	FirstNodeError  *string `json:"first_node_error"`
+	ServerStarted   bool    `json:"server_started"`
+	ServerPID       int     `json:"server_pid"`
 }
 
 // Document is the -o json document of runs: {"runs": [...]}.
@@ -234,7 +245,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		nodeWG.Add(1)
 		go func() {
 			defer nodeWG.Done()
-			if err := n.run(nctx, o.Interval); err != nil && nctx.Err() == nil {
+			if err := n.run(nctx, o.Interval, o.BatchInterval); err != nil && nctx.Err() == nil {
 				errMu.Lock()
 				nodeErrs++
 				if firstErr == "" {
@@ -266,6 +277,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	self0, _ := readUsage(os.Getpid())
 	sent0 := sent.Load()
+	drops0, dropsErr := udpReceiveDrops()
 	w.measure(true)
 	rep.CommandLoaded, rep.APILoaded = probe(ctx, cl, nodes, o.Duration)
 	w.measure(false)
@@ -275,13 +287,17 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	self1, _ := readUsage(os.Getpid())
 	sent1 := sent.Load()
+	if drops1, err := udpReceiveDrops(); err == nil && dropsErr == nil {
+		d := drops1 - min(drops1, drops0)
+		rep.UDPReceiveDrops = &d
+	}
 
 	window := after.at.Sub(before.at).Seconds()
 	k := float64(o.Nodes) / 1000
 	rep.WindowSeconds = window
 	rep.ServerCPUCores = cores(before, after)
 	rep.ServerCPUCoresPer1000 = rep.ServerCPUCores / k
-	rep.ServerRSSBytes = after.rssBytes
+	rep.ServerRSSBytes, rep.ServerRSSStartBytes = after.rssBytes, before.rssBytes
 	// Per 1,000 nodes is what the nodes added: the server's RSS less
 	// what it held before any joined, when known.
 	rep.ServerRSSBytesPer1000 = uint64(float64(after.rssBytes-min(after.rssBytes, rep.ServerRSSIdleBytes)) / k)
