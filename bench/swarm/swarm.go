@@ -259,6 +259,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	if err := w.waitReady(ctx, o.Nodes, 60*time.Second); err != nil {
+		errMu.Lock()
+		defer errMu.Unlock()
+		if firstErr != "" {
+			// A busy machine starves the heartbeats of the first nodes
+			// while the last connect; these nodes do not reconnect.
+			return nil, fmt.Errorf("swarm: %w; %d node sessions ended, the first: %s", err, nodeErrs, firstErr)
+		}
 		return nil, fmt.Errorf("swarm: %w", err)
 	}
 	rep.ConnectSeconds = time.Since(start).Seconds()
