@@ -7,7 +7,7 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 GOTEST    ?= $(GO) test -count=1 -p 1 -timeout 30m
 PKGS      := ./...
 
-.PHONY: all build workload test bench bench-tui fuzz generate check-generated demo lint clean
+.PHONY: all build workload test bench bench-tui bench-swarm fuzz generate check-generated demo lint clean
 
 all: build
 
@@ -38,6 +38,16 @@ bench: build
 # them too (they live in ./tui/...).
 bench-tui:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 20x ./tui/...
+
+# The server at scale: `gpuctl bench swarm` at each of SWARM_NODES, one
+# after another, each against a fresh `gpuctl serve` on loopback with N
+# real node sessions streaming at 1 Hz. Run it on an otherwise idle
+# machine: the load generator shares its CPUs with the server.
+SWARM_NODES ?= 500 1000 2000
+SWARM_FLAGS ?=
+bench-swarm: build
+	@for n in $(SWARM_NODES); do echo "== gpuctl bench swarm --nodes $$n $(SWARM_FLAGS)"; \
+		bin/gpuctl bench swarm --nodes $$n $(SWARM_FLAGS) || exit 1; done
 
 # Every fuzz target (each `func Fuzz` in a _test.go), one at a time, for
 # FUZZTIME each. Minimizing an interesting input is capped by count, or a

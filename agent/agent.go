@@ -111,7 +111,7 @@ func New(cfg Config, p *Probes) (*Agent, error) {
 	x, err := NewExecutor(ExecutorOptions{
 		Node: cfg.Name, DataDir: cfg.DataDir, OnEvent: a.events.add, Log: a.log,
 		LogMaxBytes: cfg.LogMaxBytes, LogKeep: cfg.LogKeep, CgroupRoot: cfg.CgroupRoot,
-		AllowRootRanks: cfg.AllowRootRanks,
+		AllowRootRanks: cfg.AllowRootRanks, Env: p.rankEnv(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("nodemon: %w", err)

@@ -124,6 +124,9 @@ type ExecutorOptions struct {
 	// while nodemon runs as root, or that names root. Off, such a launch is
 	// refused.
 	AllowRootRanks bool
+	// Env is added to every rank's environment after the host's and
+	// before api.RankEnv's (the simulated GPUs' kernel time dir).
+	Env []string
 }
 
 // Executor launches a job's ranks on this host, reports their exits and
@@ -383,7 +386,7 @@ func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string, cred *
 	}
 	defer hr.Close()
 	cmd := exec.Command(x.opts.Shim[0], args...)
-	cmd.Env = rankEnv(x.opts.Node, x.clusterID(), l, r)
+	cmd.Env = rankEnv(x.opts.Node, x.clusterID(), x.opts.Env, l, r)
 	if cred != nil {
 		cmd.Env = append(cmd.Env, cred.env()...)
 	}
@@ -690,10 +693,11 @@ func signalName(s syscall.Signal) string {
 	return "signal " + strconv.Itoa(int(s))
 }
 
-// rankEnv is the environment of one rank: the host's, then what
-// api.RankEnv defines.
-func rankEnv(node, cluster string, l *api.LaunchRanks, r *api.RankSpec) []string {
-	return append(os.Environ(), api.RankEnv(node, cluster, l, r)...)
+// rankEnv is the environment of one rank: the host's, nodemon's own
+// additions (extra), then what api.RankEnv defines.
+func rankEnv(node, cluster string, extra []string, l *api.LaunchRanks, r *api.RankSpec) []string {
+	env := append(os.Environ(), extra...)
+	return append(env, api.RankEnv(node, cluster, l, r)...)
 }
 
 // SetCluster names the cluster this node joined (transport.ClusterID),

@@ -45,6 +45,10 @@ type ProbeOptions struct {
 	OnlyLaunched bool
 	// RDMARoot is the sysfs tree of RDMA devices, default /sys/class/infiniband.
 	RDMARoot string
+	// SimKernelDir, with Sim, is where ranks report the kernel time the
+	// simulated GPUs count as utilization (nvml.KernelDirEnv); created
+	// when missing. Empty: the GPUs follow the ranks' CPU time alone.
+	SimKernelDir string
 }
 
 // Probes are nodemon's collectors.
@@ -52,9 +56,11 @@ type Probes struct {
 	log     *slog.Logger
 	sampler *nvmlprobe.Sampler
 	sim     *nvmlprobe.Sim
-	nccl    *nccl.Tracer
-	net     *netflow.Tracer
-	rdma    string
+	// kernelDir is the simulated GPUs' kernel time directory, if any.
+	kernelDir string
+	nccl      *nccl.Tracer
+	net       *netflow.Tracer
+	rdma      string
 	// procs resolves a traced pid to its job and rank, and says whether
 	// it is this node's; nil without eBPF.
 	procs *nccl.ProcTable
@@ -66,6 +72,15 @@ type Probes struct {
 	calls []*api.CollectiveRecord
 }
 
+// rankEnv is what the probes add to every rank's environment: where to
+// report kernel time on simulated GPUs.
+func (p *Probes) rankEnv() []string {
+	if p == nil || p.kernelDir == "" {
+		return nil
+	}
+	return []string{nvmlprobe.KernelDirEnv + "=" + p.kernelDir}
+}
+
 // OpenProbes opens NVML (real or simulated) and, as the mode allows, the
 // eBPF tracers.
 func OpenProbes(opts ProbeOptions, log *slog.Logger) (*Probes, error) {
@@ -75,11 +90,20 @@ func OpenProbes(opts ProbeOptions, log *slog.Logger) (*Probes, error) {
 	}
 	var lib gonvml.Interface
 	if opts.Sim != "" {
-		sim, err := nvmlprobe.NewSim(opts.Sim, nvmlprobe.SimOptions{Node: opts.Node, Logger: log})
+		if opts.SimKernelDir != "" {
+			// Ranks may run as other users: writable by all, sticky as /tmp.
+			if err := os.MkdirAll(opts.SimKernelDir, 0o755); err != nil {
+				return nil, fmt.Errorf("simulated host: kernel time dir: %w", err)
+			}
+			if err := os.Chmod(opts.SimKernelDir, 0o777|os.ModeSticky); err != nil {
+				return nil, fmt.Errorf("simulated host: kernel time dir: %w", err)
+			}
+		}
+		sim, err := nvmlprobe.NewSim(opts.Sim, nvmlprobe.SimOptions{Node: opts.Node, Logger: log, KernelDir: opts.SimKernelDir})
 		if err != nil {
 			return nil, fmt.Errorf("simulated host: %w", err)
 		}
-		p.sim, lib = sim, sim.NVML()
+		p.sim, p.kernelDir, lib = sim, opts.SimKernelDir, sim.NVML()
 	} else {
 		l, err := nvmlprobe.Open()
 		if err != nil {

@@ -767,3 +767,31 @@ func BenchmarkAllReduce4Ranks(b *testing.B) {
 	b.ReportMetric(total/float64(steps), "ms/step")
 	b.ReportMetric(float64(bytesPerStep)*float64(steps)/elapsed.Seconds()/1e6, "MB/s")
 }
+
+// TestRingTrainReportsKernelTime: under GPUCTL_SIM_KERNEL_DIR a rank
+// sleeps through its compute phase (its CPU time stays a fraction of it)
+// and leaves its total kernel time in <dir>/<pid>, which simulated GPUs
+// count as utilization.
+func TestRingTrainReportsKernelTime(t *testing.T) {
+	dir := t.TempDir()
+	const steps, ms = 10, 40
+	p := start(t, arts.RingTrain, []string{"--steps", strconv.Itoa(steps), "--compute-ms", strconv.Itoa(ms), "--bytes", "4K"},
+		[]string{"GPUCTL_SIM_KERNEL_DIR=" + dir})
+	requireExit(t, []*proc{p}, 20*time.Second, 0)
+	b, err := os.ReadFile(filepath.Join(dir, strconv.Itoa(p.cmd.Process.Pid)))
+	if err != nil {
+		t.Fatalf("no kernel time report: %v", err)
+	}
+	ns, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		t.Fatalf("kernel time report %q: %v", b, err)
+	}
+	kernel := time.Duration(ns)
+	if want := steps * ms * time.Millisecond; kernel < want || kernel > 2*want {
+		t.Errorf("kernel time %s, want about %s", kernel, want)
+	}
+	st := p.cmd.ProcessState
+	if cpu := st.UserTime() + st.SystemTime(); cpu > kernel/4 {
+		t.Errorf("CPU time %s for %s of kernel time: the compute phase kept a CPU busy", cpu, kernel)
+	}
+}

@@ -248,7 +248,9 @@ func TestJSONOutputsAgainstREADME(t *testing.T) {
 		"rebalance": true, "submit": true, "checkpoint": true, "assign": true, "restart": true, "cancel": true, "release": true,
 		"cordon": true, "uncordon": true, "drain": true, "observe": true, "user": true, "token": true,
 		// Checked against their types and output by TestJSONDocumentsAreDocumented.
-		"plan": true, "simulate": true}
+		"plan": true, "simulate": true,
+		// Checked against a real swarm's report by bench/swarm's TestSwarmReportIsSane.
+		"bench swarm": true}
 	for _, cmd := range contract.Commands() {
 		if !ran[cmd] {
 			t.Errorf("README documents gpuctl %s -o json, which this test does not run", cmd)

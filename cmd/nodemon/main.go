@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -107,7 +108,13 @@ func runNodemon(o *options) error {
 	if o.scope != "host" && o.scope != "node" {
 		return fmt.Errorf("--trace-scope %q: use host or node", o.scope)
 	}
-	probes, err := agent.OpenProbes(agent.ProbeOptions{Node: cfg.Name, Sim: o.sim, EBPF: mode, OnlyLaunched: o.scope == "node"}, log)
+	popts := agent.ProbeOptions{Node: cfg.Name, Sim: o.sim, EBPF: mode, OnlyLaunched: o.scope == "node"}
+	if o.sim != "" {
+		// Simulated GPUs are busy while the ranks report kernel time, so
+		// a rank waiting on its "kernel" need not spin a CPU.
+		popts.SimKernelDir = filepath.Join(cfg.DataDir, "sim-kernels")
+	}
+	probes, err := agent.OpenProbes(popts, log)
 	if err != nil {
 		return err
 	}

@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -123,7 +125,17 @@ type SimOptions struct {
 	ProcessMemBytes uint64
 	// Logger receives the simulation's diagnostics. Default: discarded.
 	Logger *slog.Logger
+	// KernelDir, when set, is where processes on the simulated GPUs report
+	// the time their "kernels" ran: a file named by the pid holding the
+	// total nanoseconds in decimal (ringtrain writes it when given the
+	// directory as GPUCTL_SIM_KERNEL_DIR). A process busy that way keeps
+	// its GPU busy without keeping a CPU busy.
+	KernelDir string
 }
+
+// KernelDirEnv names the environment variable that gives a process on a
+// simulated GPU the directory where it reports its kernel time.
+const KernelDirEnv = "GPUCTL_SIM_KERNEL_DIR"
 
 // Sim is a simulated DGX host. Its NVML view (NVML) is go-nvml's mock server
 // for the profile, with every dynamic counter driven by a workload model fed
@@ -131,9 +143,10 @@ type SimOptions struct {
 // faults (Inject).
 //
 // The model, per GPU, at each step of at least 100 ms of model time:
-//   - busy = the sum over its live processes of CPU time used / real time
-//     elapsed, read from /proc/<pid>/stat (a process on two GPUs counts half
-//     on each), capped at 1. Utilization is busy·100 %, memory utilization
+//   - busy = the sum over its live processes of the larger of CPU time used
+//     (read from /proc/<pid>/stat) and kernel time reported (in
+//     SimOptions.KernelDir), over real time elapsed (a process on two GPUs
+//     counts half on each), capped at 1. Utilization is busy·100 %, memory utilization
 //     busy·60 %.
 //   - power = idle + (0.92·limit − idle)·busy; halved under hardware thermal
 //     slowdown; capped at the limit (sw_power_cap). The energy counter is the
@@ -171,6 +184,7 @@ type simProc struct {
 	startTime uint64
 	cpuTicks  uint64
 	cpuAt     time.Time
+	kernelNs  uint64  // kernel time it last reported
 	frac      float64 // busy fraction over the last window
 	io        procIO
 	ioOK      bool
@@ -446,21 +460,27 @@ func (s *Sim) readProcLocked(pid uint32, cpuNow time.Time) bool {
 			s.log.Debug("process exited; dropped from its GPU", "pid", pid)
 		}
 		delete(s.procs, pid)
+		if s.opts.KernelDir != "" {
+			// Its report would be read as the next holder of the pid's.
+			os.Remove(filepath.Join(s.opts.KernelDir, strconv.FormatUint(uint64(pid), 10)))
+		}
 		return false
 	}
 	p, ok := s.procs[pid]
 	if !ok || p.startTime != st.StartTicks {
 		// First sight, or the pid now names another process.
 		s.procs[pid] = &simProc{startTime: st.StartTicks, cpuTicks: st.UTime + st.STime, cpuAt: cpuNow,
-			io: pio, ioOK: ioOK, rssBytes: st.RSSPages * uint64(os.Getpagesize())}
+			kernelNs: s.kernelNsLocked(pid), io: pio, ioOK: ioOK, rssBytes: st.RSSPages * uint64(os.Getpagesize())}
 		return true
 	}
 	p.rssBytes = st.RSSPages * uint64(os.Getpagesize())
 	if el := cpuNow.Sub(p.cpuAt); el >= cpuWindow {
 		cpu := st.UTime + st.STime
 		used := float64(cpu-min(cpu, p.cpuTicks)) / procfs.ClockTicks
-		p.frac = used / el.Seconds()
-		p.cpuTicks, p.cpuAt = cpu, cpuNow
+		kernel := s.kernelNsLocked(pid)
+		ran := float64(kernel-min(kernel, p.kernelNs)) / 1e9
+		p.frac = max(used, ran) / el.Seconds()
+		p.cpuTicks, p.kernelNs, p.cpuAt = cpu, kernel, cpuNow
 	}
 	p.dio = procIO{}
 	if ioOK && p.ioOK {
@@ -473,6 +493,23 @@ func (s *Sim) readProcLocked(pid uint32, cpuNow time.Time) bool {
 	}
 	p.io, p.ioOK = pio, ioOK
 	return true
+}
+
+// kernelNsLocked is the kernel time pid reported, 0 when it reports none.
+func (s *Sim) kernelNsLocked(pid uint32) uint64 {
+	if s.opts.KernelDir == "" {
+		return 0
+	}
+	b, err := readInto(filepath.Join(s.opts.KernelDir, strconv.FormatUint(uint64(pid), 10)), s.buf)
+	if err != nil {
+		return 0
+	}
+	ns, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		s.log.Debug("kernel time unreadable", "pid", pid, "err", err)
+		return 0
+	}
+	return ns
 }
 
 func delta(now, before uint64) uint64 {

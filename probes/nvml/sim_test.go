@@ -2,7 +2,9 @@ package nvml
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -673,5 +675,65 @@ func TestEventQueueBounded(t *testing.T) {
 	s.qmu.Unlock()
 	if n != maxQueuedEvents || first != 10 || s.DroppedEvents() != 10 {
 		t.Errorf("queue %d events from seq %d, dropped %d", n, first, s.DroppedEvents())
+	}
+}
+
+// A process that reports kernel time in the kernel dir loads its GPU by
+// that time, not by its CPU time: a rank sleeping through its "compute"
+// keeps the GPU busy. The larger of the two counts, and the report is
+// removed when the process exits.
+func TestKernelTimeLoadsGPU(t *testing.T) {
+	cases := []struct {
+		name       string
+		cpuPerSec  uint64  // CPU ticks a second
+		kernelFrac float64 // kernel seconds a second
+		wantUtil   uint32
+	}{
+		{"kernel time, idle CPU", 0, 0.8, 80},
+		{"CPU time larger than kernel time", procfs.ClockTicks * 9 / 10, 0.3, 90},
+		{"neither", 0, 0, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			fp := fakeProc{t: t, root: t.TempDir()}
+			kdir := t.TempDir()
+			clk := newFakeClock()
+			sim, err := NewSim("dgx-h100", SimOptions{Now: clk.Now, CPUNow: clk.Now, ProcRoot: fp.root, KernelDir: kdir, Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := NewSampler(sim.NVML(), testLogger(t), WithClock(clk.Now), WithProcRoot(fp.root))
+			const pid = 777
+			report := filepath.Join(kdir, fmt.Sprint(pid))
+			kernel := func(sec int) {
+				ns := uint64(float64(sec) * c.kernelFrac * 1e9)
+				if err := os.WriteFile(report, []byte(fmt.Sprintf("%d\n", ns)), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fp.set(pid, 0, 100, 0, 0, 0, 0)
+			kernel(0)
+			if err := sim.SetProcesses(2, []uint32{pid}); err != nil {
+				t.Fatal(err)
+			}
+			step(t, s, clk)
+			var got []*api.GPUSample
+			for i := 1; i <= 5; i++ {
+				fp.set(pid, uint64(i)*c.cpuPerSec, 100, 0, 0, 0, 0)
+				kernel(i)
+				got = step(t, s, clk)
+			}
+			if u := got[2].UtilGpuPercent; u != c.wantUtil {
+				t.Errorf("GPU 2 util %d %%, want %d", u, c.wantUtil)
+			}
+			if u := got[1].UtilGpuPercent; u != 0 {
+				t.Errorf("GPU 1 (no process) util %d %%", u)
+			}
+			fp.exit(pid)
+			step(t, s, clk)
+			if _, err := os.Stat(report); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("kernel report of an exited process left behind: %v", err)
+			}
+		})
 	}
 }

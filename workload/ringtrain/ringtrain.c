@@ -1,6 +1,7 @@
 /*
  * ringtrain: a data-parallel training loop in miniature, linked to the NCCL
- * API. Each step it "computes" (a CPU busy loop standing in for the GPU),
+ * API. Each step it "computes" (a CPU busy loop standing in for the GPU, or,
+ * under $GPUCTL_SIM_KERNEL_DIR, a sleep it reports as kernel time), then
  * all-reduces a float32 gradient filled deterministically from (rank, step),
  * checks the sum exactly, and applies an update to its replicated state.
  *
@@ -23,6 +24,12 @@
  *   stop step=N reason=signal|steps
  * Exit status: 0 done or stopped, 1 runtime failure, 2 bad usage, 3 superseded
  * (a newer attempt committed a checkpoint in the same directory).
+ *
+ * Simulated GPUs (nodemon --sim) give ranks GPUCTL_SIM_KERNEL_DIR: the rank
+ * then sleeps through its compute phase, as a host thread waits on a
+ * kernel, and keeps $GPUCTL_SIM_KERNEL_DIR/<pid> holding its total kernel
+ * time in nanoseconds (decimal; replaced by rename, so a reader sees a
+ * whole number), which the simulated GPU counts as utilization.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -140,7 +147,8 @@ static void usage(const char *msg) {
           "usage: ringtrain [--steps N] [--compute-ms MS] [--bytes B] [--ckpt-interval STEPS]\n"
           "                 [--state-bytes B]\n"
           "  --steps N            last step to run; 0 runs until SIGTERM (default 0)\n"
-          "  --compute-ms MS      busy-loop time per step (default 100)\n"
+          "  --compute-ms MS      compute time per step: a busy loop, or a sleep reported as\n"
+          "                       kernel time under GPUCTL_SIM_KERNEL_DIR (default 100)\n"
           "  --bytes B            all-reduce payload per step, float32; K/M/G suffixes (default 1M)\n"
           "  --ckpt-interval N    checkpoint every N steps; 0: only on SIGUSR1 (default 0)\n"
           "  --state-bytes B      per-rank state saved in checkpoints, multiple of 8 (default 1M)\n"
@@ -226,27 +234,64 @@ static void update_state(uint64_t *w, size_t n, long step) {
   for (size_t i = 0; i < n; i++) w[i] = w[i] * 6364136223846793005ULL + (g ^ i);
 }
 
+static const char *g_kernel_dir;
+static uint64_t g_kernel_ns;
+
+/* Publishes the kernel time so far; a failure only loses the GPU's load. */
+static void report_kernel_time(void) {
+  char path[4096], tmp[4112], body[32];
+  snprintf(path, sizeof path, "%s/%d", g_kernel_dir, (int)getpid());
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  int n = snprintf(body, sizeof body, "%llu\n", (unsigned long long)g_kernel_ns);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  ssize_t w = write(fd, body, (size_t)n);
+  close(fd);
+  if (w == n) rename(tmp, path);
+}
+
 static void compute(double ms) {
-  double end = now_s() + ms / 1000.0;
+  double start = now_s(), end = start + ms / 1000.0;
+  if (g_kernel_dir) {
+    struct timespec ts = {(time_t)(ms / 1000.0), (long)(fmod(ms, 1000.0) * 1e6)};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR && !stop_requested) {
+    }
+    g_kernel_ns += (uint64_t)((now_s() - start) * 1e9);
+    report_kernel_time();
+    return;
+  }
   volatile double sink = 1.0;
   while (now_s() < end)
     for (int i = 0; i < 4096; i++) sink = sink * 1.0000001 + 1e-9;
 }
 
-/* Gradient element i of rank r at step s: small integers, so the float32 sum
- * over ranks is exact (it stays below 2^24 for up to 4000 ranks). */
-static float grad(int r, size_t i, long step) {
-  return (float)((r % 16 + 1) * (int)((i % 251 * 7 + (size_t)(step % 251)) % 251 + 1));
+/* Gradient element i of rank r at step s is (r%16+1) * ((i%251*7 + s%251)%251 + 1):
+ * small integers, so the float32 sum over ranks is exact (it stays below
+ * 2^24 for up to 4000 ranks). It repeats every 251 elements, so one period
+ * (times a scale) is built and tiled: a step's fill and check cost a copy
+ * and a compare rather than two divisions an element. */
+static void pattern(float period[251], long scale, long step) {
+  for (size_t j = 0; j < 251; j++) period[j] = (float)(scale * (long)((j * 7 + (size_t)(step % 251)) % 251 + 1));
+}
+
+static void fill_grad(float *buf, size_t n, int r, long step) {
+  float period[251];
+  pattern(period, r % 16 + 1, step);
+  for (size_t i = 0; i < n; i += 251) memcpy(buf + i, period, (n - i < 251 ? n - i : 251) * sizeof(float));
 }
 
 static void verify(const float *buf, size_t n, long step, int world) {
   long s = 0;
   for (int r = 0; r < world; r++) s += r % 16 + 1;
-  for (size_t i = 0; i < n; i++) {
-    float want = (float)(s * (long)((i % 251 * 7 + (size_t)(step % 251)) % 251 + 1));
-    if (buf[i] != want)
-      fail(1, "step %ld: all-reduce result is wrong at element %zu of %zu: got %.1f, want %.1f",
-           step, i, n, (double)buf[i], (double)want);
+  float period[251];
+  pattern(period, s, step);
+  for (size_t i = 0; i < n; i += 251) {
+    size_t m = n - i < 251 ? n - i : 251;
+    if (memcmp(buf + i, period, m * sizeof(float)) == 0) continue;
+    for (size_t j = 0; j < m; j++)
+      if (buf[i + j] != period[j])
+        fail(1, "step %ld: all-reduce result is wrong at element %zu of %zu: got %.1f, want %.1f",
+             step, i + j, n, (double)buf[i + j], (double)period[j]);
   }
 }
 
@@ -509,6 +554,8 @@ int main(int argc, char **argv) {
   }
   const char *ckdir = getenv("GPUCTL_CHECKPOINT_DIR");
   if (ckdir && !*ckdir) ckdir = NULL;
+  g_kernel_dir = getenv("GPUCTL_SIM_KERNEL_DIR");
+  if (g_kernel_dir && !*g_kernel_dir) g_kernel_dir = NULL;
 
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
@@ -590,7 +637,7 @@ int main(int argc, char **argv) {
   for (; o.steps == 0 || step <= o.steps; step++) {
     double t0 = now_s();
     compute(o.compute_ms);
-    for (size_t i = 0; i < count; i++) buf[i] = grad(rank, i, step);
+    fill_grad(buf, count, rank, step);
     NCCLCHECK(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, NULL));
     verify(buf, count, step, world);
     update_state(state, words, step);
