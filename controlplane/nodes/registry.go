@@ -306,6 +306,34 @@ func (r *Registry) CheckHeartbeats() []string {
 	return down
 }
 
+// Excuse forgives connected nodes a silence of d that was the server's
+// own (the detector ran d late): a node whose heartbeat is shorter than
+// twice d has its last heartbeat moved d later, never past now. Lateness
+// under half a heartbeat is scheduling noise and is not excused, so that
+// a steady trickle of it cannot postpone detection.
+func (r *Registry) Excuse(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.now()
+	excused := 0
+	for _, e := range r.nodes {
+		if e.down() || e.lastBeat.IsZero() || d <= e.heartbeat/2 {
+			continue
+		}
+		e.lastBeat = e.lastBeat.Add(d)
+		if e.lastBeat.After(now) {
+			e.lastBeat = now
+		}
+		excused++
+	}
+	if excused > 0 {
+		r.log.Warn("the server was not running; not counting that silence against the nodes", "for", d.Round(time.Millisecond), "nodes", excused)
+	}
+}
+
 // Cordon actions.
 const (
 	ActionCordon   = "cordon"

@@ -274,15 +274,21 @@ func (r *Registry) Command(ctx context.Context, node string, c *api.Command) (*a
 
 // Detect runs the heartbeat failure detector every period until ctx ends:
 // a node whose heartbeats stop is down within twice its heartbeat interval
-// plus one period.
+// plus one period. A tick that comes late means the server itself was not
+// running (stopped, frozen, starved): that time is not counted against the
+// nodes (Excuse), or a paused server would declare everyone down.
 func (r *Registry) Detect(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
+	prev := r.now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			now := r.now()
+			r.Excuse(now.Sub(prev) - every)
+			prev = now
 			r.CheckHeartbeats()
 		}
 	}

@@ -527,3 +527,36 @@ func BenchmarkIngest(b *testing.B) {
 		})
 	}
 }
+
+// TestDetectorExcusesItsOwnPause: when the detector runs late because the
+// server itself was stopped, that silence is not the nodes'. A node is
+// declared down only for silence while the server ran; lateness under half
+// a heartbeat is not excused.
+func TestDetectorExcusesItsOwnPause(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	c := &clock{t: t0}
+	sink := &recSink{}
+	r := newRegistry(t, newStore(t), c, sink)
+	l := newLoopback(t, r)
+	l.connect(reg("a", 2, 1000))
+	l.connect(reg("b", 2, 1000))
+	// Last heard at t0; the server was stopped from t0+0.5s to t0+4.5s.
+	c.set(t0.Add(4500 * time.Millisecond))
+	r.Excuse(4 * time.Second)
+	if down := r.CheckHeartbeats(); len(down) != 0 {
+		t.Fatalf("down after the server's own 4s pause: %v", down)
+	}
+	// Still silent 2s of the server's running time after the last beat
+	// (0.5s before the pause, 1.6s after it): down.
+	c.set(t0.Add(6100 * time.Millisecond))
+	if down := r.CheckHeartbeats(); !slices.Equal(down, []string{"a", "b"}) {
+		t.Fatalf("silent 2.1s while the server ran: down %v, want [a b]", down)
+	}
+	// Lateness under half a heartbeat is noise, not a pause.
+	l.connect(reg("c", 2, 1000))
+	c.set(c.now().Add(2100 * time.Millisecond))
+	r.Excuse(400 * time.Millisecond)
+	if down := r.CheckHeartbeats(); !slices.Equal(down, []string{"c"}) {
+		t.Fatalf("silent 2.1s with 400ms of detector lateness: down %v, want [c]", down)
+	}
+}
