@@ -383,3 +383,44 @@ func TestServerPauseKeepsJobs(t *testing.T) {
 	}
 	t.Logf("server paused 4s: job attempt 1 with pids %v, no node down, %.0fs after SIGCONT", rankPIDs(running), time.Since(resumed).Seconds())
 }
+
+// TestNodemonRestartOutlivesItsOldSession kills a nodemon with SIGKILL and
+// starts it again at once: the server still holds the old session (heard
+// from within two heartbeats) and turns the new one away for now, and the
+// new nodemon retries until the old session is replaced instead of
+// exiting as though its identity were refused.
+func TestNodemonRestartOutlivesItsOldSession(t *testing.T) {
+	c := newProcCluster(t, 1)
+	cl := c.dial(10 * time.Second)
+	defer cl.Close()
+	name := NodeName(0)
+	nodes, err := cl.Nodes(context.Background())
+	if err != nil || len(nodes) != 1 {
+		t.Fatalf("nodes: %v %v", nodes, err)
+	}
+	oldAddr := nodes[0].GetRemoteAddr()
+	old := c.nodes[name]
+	if err := old.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-old.done
+	c.startNode(name)
+	p := c.nodes[name]
+	start := time.Now()
+	poll(t, 15*time.Second, "node back on the new nodemon", func() error {
+		select {
+		case <-p.done:
+			t.Fatalf("the restarted nodemon exited: %v\n%s", p.ProcessState, c.logs())
+		default:
+		}
+		nodes, err := cl.Nodes(context.Background())
+		if err != nil {
+			return err
+		}
+		if connected(nodes) != 1 || nodes[0].GetRemoteAddr() == oldAddr {
+			return fmt.Errorf("not connected from the new nodemon: %s from %s", nodes[0].GetState().Short(), nodes[0].GetRemoteAddr())
+		}
+		return nil
+	})
+	t.Logf("restarted nodemon connected %.2fs after it started", time.Since(start).Seconds())
+}

@@ -42,7 +42,11 @@ func (r *Registry) Serve(ctx context.Context, conn *transport.Conn) {
 	log := r.log.With("node", ns.name, "remote", conn.RemoteAddr().String())
 	if err := ns.handshake(ctx); err != nil {
 		log.Warn("node handshake failed", "err", err)
-		conn.CloseWithError(transport.CodeRefused, err.Error())
+		code := transport.CodeRefused
+		if held := (*SessionHeldError)(nil); errors.As(err, &held) {
+			code = transport.CodeBusy // the node retries
+		}
+		conn.CloseWithError(code, err.Error())
 		return
 	}
 	log.Info("node connected")
