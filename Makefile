@@ -7,7 +7,7 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 GOTEST    ?= $(GO) test -count=1 -p 1 -timeout 30m
 PKGS      := ./...
 
-.PHONY: all build workload test bench bench-tui bench-swarm fuzz generate check-generated demo lint clean
+.PHONY: all build workload test chaos bench bench-tui bench-swarm fuzz generate check-generated demo lint clean
 
 all: build
 
@@ -26,6 +26,14 @@ workload:
 test: build lint
 	GPUCTL_BIN=$(CURDIR)/bin $(GOTEST) $(PKGS)
 	GPUCTL_BIN=$(CURDIR)/bin $(GOTEST) -race ./controlplane/...
+
+# The chaos test for longer than `make test` gives it (15 s): seeded
+# kill -9 and SIGSTOP of the server, nodemons and ranks amid submits,
+# cancels and cordons. CHAOS_SEED replays a run.
+CHAOS_FOR  ?= 3m
+CHAOS_SEED ?= 1
+chaos: build
+	GPUCTL_BIN=$(CURDIR)/bin CHAOS_FOR=$(CHAOS_FOR) CHAOS_SEED=$(CHAOS_SEED) $(GO) test -count=1 -timeout 20m -run '^TestChaos$$' -v ./demo/
 
 # Benchmarks whose figures go into notes; -benchtime keeps them short on a
 # shared 2-core machine. Compare runs with benchstat.

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sync"
@@ -159,10 +158,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("nodemon: %w", err)
 	}
 	defer d.Close()
-	attempt := 0
+	// The pauses start over whenever the server answers a hello: a server
+	// that crashed during a session was reachable, and the one restarted
+	// after it waits only transport.NodeReconnectWithin for this node.
+	backoff := transport.Backoff{Base: transport.NodeReconnectBase, Max: transport.NodeReconnectMax, Jitter: 0.2}
 	for ctx.Err() == nil {
-		start := time.Now()
-		err := a.session(ctx, d, id, reg)
+		err := a.session(ctx, d, id, reg, backoff.Reset)
 		if ctx.Err() != nil {
 			break
 		}
@@ -170,12 +171,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		if errors.As(err, &refused) {
 			return fmt.Errorf("nodemon: server refused this node: %w", err)
 		}
-		if time.Since(start) > 30*time.Second {
-			attempt = 0
-		}
-		delay := transport.BackoffDelay(attempt, 200*time.Millisecond, 10*time.Second, 0.2, rand.Float64())
-		attempt++
-		a.log.Warn("disconnected from server; retrying", "err", err, "in", delay.Round(time.Millisecond))
+		delay := backoff.Next()
+		a.log.Warn("disconnected from server; retrying", "err", err, "in", delay.Round(time.Millisecond), "attempt", backoff.Attempt())
 		select {
 		case <-ctx.Done():
 		case <-time.After(delay):
@@ -248,9 +245,10 @@ func (a *Agent) sessionRegistration(base *api.NodeRegistration) *api.NodeRegistr
 	return reg
 }
 
-// session runs one connection to the server until it fails.
-func (a *Agent) session(ctx context.Context, d *transport.Dialer, id *transport.Identity, base *api.NodeRegistration) error {
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+// session runs one connection to the server until it fails; welcomed is
+// called once the server has answered the hello.
+func (a *Agent) session(ctx context.Context, d *transport.Dialer, id *transport.Identity, base *api.NodeRegistration, welcomed func()) error {
+	dctx, cancel := context.WithTimeout(ctx, transport.NodeDialTimeout)
 	conn, err := d.DialNode(dctx, a.cfg.Server, id)
 	cancel()
 	if err != nil {
@@ -263,6 +261,7 @@ func (a *Agent) session(ctx context.Context, d *transport.Dialer, id *transport.
 	if err != nil {
 		return err
 	}
+	welcomed()
 	a.log.Info("connected", "server", a.cfg.Server)
 	var writeMu sync.Mutex
 	sendControl := func(m *api.AgentMessage) error {
@@ -296,7 +295,7 @@ func (a *Agent) handshake(ctx context.Context, conn *transport.Conn, reg *api.No
 	if err != nil {
 		return nil, err
 	}
-	control.SetDeadline(time.Now().Add(10 * time.Second))
+	control.SetDeadline(time.Now().Add(transport.NodeDialTimeout))
 	// The server hears of this node no earlier than now: a lease it grants
 	// in this session cannot end before now plus the lease.
 	hello := time.Now()

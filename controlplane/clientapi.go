@@ -242,7 +242,10 @@ func (s *Server) serveClient(ctx context.Context, conn *transport.Conn) {
 				log.Debug("read request", "err", err)
 				return
 			}
-			st.SetReadDeadline(time.Time{})
+			// One request per stream: left unread, the client's end would
+			// hold the stream open, and after 1024 requests (the stream
+			// limit) the client could open no more.
+			st.StopReading()
 			rctx, cancel := context.WithCancel(ctx)
 			defer cancel()
 			stop := context.AfterFunc(st.Context(), cancel)

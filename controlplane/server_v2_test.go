@@ -301,3 +301,18 @@ func TestSubmitRetryCreatesNoDuplicate(t *testing.T) {
 		t.Fatalf("after a retried submit: %d jobs named once (%v), want the one the retry answered with", len(jobs), jobs)
 	}
 }
+
+// TestManyRequestsOnOneConnection: a client (the console, a --watch loop)
+// makes far more requests over one connection than the server's stream
+// limit (1024); each request's stream is done once answered.
+func TestManyRequestsOnOneConnection(t *testing.T) {
+	_, cl := serveV2(t)
+	for i := 0; i < 1500; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		_, err := cl.Nodes(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("request %d: %v", i+1, err)
+		}
+	}
+}

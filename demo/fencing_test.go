@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -333,83 +332,4 @@ func TestReturningNodeFencesBeforeReady(t *testing.T) {
 	t.Logf("SIGSTOP of %s for %.1fs under a %s lease: attempt 1 killed %.2fs after SIGCONT, attempt 2 on %v %.2fs after SIGCONT",
 		victim, back.Sub(stopped).Seconds(), opts.Lease, fencedAfter.Seconds(), nodeSet(now), relaunched.Seconds())
 	t.Logf("recovery events:\n  %s", strings.Join(evs, "\n  "))
-}
-
-// TestServerPauseDoesNotDownNodes stops a real `gpuctl serve` process with
-// SIGSTOP for 4 s, twice the nodes' heartbeat limit but within their
-// lease: when it resumes, no node is declared down for the silence it
-// caused, and the running job keeps its attempt and pids.
-func TestServerPauseDoesNotDownNodes(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts real server, nodemon and ringtrain processes")
-	}
-	nodemon, ringtrain := binaries(t)
-	gpuctl := gpuctlBin(t)
-	dir := t.TempDir()
-	udp, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := udp.LocalAddr().String()
-	udp.Close()
-	server := startProc(t, filepath.Join(dir, "serve.log"), gpuctl, "serve", "--data-dir", filepath.Join(dir, "server"), "--listen", addr)
-	var cl *client.Client
-	poll(t, 20*time.Second, "server up", func() error {
-		c, err := client.Dial(context.Background(), filepath.Join(dir, "server", "admin.yaml"))
-		if err != nil {
-			return err
-		}
-		cl = c
-		return nil
-	})
-	defer cl.Close()
-	ctx := context.Background()
-	token, _, err := cl.CreateJoinToken(ctx, client.TokenOptions{TTL: time.Hour, Uses: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 2 {
-		name := NodeName(i)
-		startProc(t, filepath.Join(dir, name+".log"), nodemon, "--server", addr, "--token", token, "--name", name,
-			"--data-dir", filepath.Join(dir, "nodes", name), "--sim", "dgx-h100", "--ebpf", "off", "--trace-scope", "node",
-			"--allow-root-ranks")
-	}
-	spec := fmt.Sprintf("name: steady\nnodes: 2\ngpus_per_node: 1\ncommand: [%q, --steps, \"0\", --compute-ms, \"30\", --bytes, 64K]\n", ringtrain)
-	var running *api.Job
-	poll(t, 30*time.Second, "job submitted", func() error {
-		r, err := cl.SubmitJob(ctx, &api.SubmitJobRequest{SpecYaml: spec, Source: "pause test"})
-		if err != nil {
-			return err
-		}
-		running = r.GetJob()
-		return nil
-	})
-	running = waitFor(t, cl, running.GetId(), 20*time.Second, "running", func(j *api.Job) error { return runningWith(j, 1, 2) })
-	if err := server.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	paused := time.Now()
-	time.Sleep(4 * time.Second)
-	server.Process.Signal(syscall.SIGCONT)
-	resumed := time.Now()
-	// A few heartbeat limits after the resume: the detector has judged.
-	time.Sleep(3 * time.Second)
-	evs, err := cl.Events(ctx, &api.ListEventsRequest{SinceUnixNano: paused.UnixNano()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range evs {
-		if e.GetKind() == api.EventKind_EVENT_KIND_NODE_DOWN {
-			t.Errorf("node %s declared down after the server's own pause: %s", e.GetNode(), e.GetMessage())
-		}
-	}
-	js, err := cl.Jobs(ctx, running.GetId())
-	if err != nil || len(js) != 1 {
-		t.Fatalf("jobs: %v %v", js, err)
-	}
-	if err := runningWith(js[0], 1, 2); err != nil || !equalPIDs(rankPIDs(js[0]), rankPIDs(running)) {
-		t.Errorf("after the pause: %v, pids %v → %v", err, rankPIDs(running), rankPIDs(js[0]))
-	}
-	t.Logf("server SIGSTOPped for %.1fs (heartbeat 1 s, limit 2 s): job %s attempt %d, %.1fs after SIGCONT",
-		resumed.Sub(paused).Seconds(), js[0].GetState().Short(), js[0].GetAttempt(), time.Since(resumed).Seconds())
 }

@@ -390,7 +390,7 @@ func TestServerRestartKeepsJobRunning(t *testing.T) {
 	}
 	t.Cleanup(func() { cl2.Close() })
 
-	// Past the reconnect grace (2 × 1 s heartbeat + 5 s) the job must still
+	// For 8 s after the stop (the nodes are back long before) the job must still
 	// be attempt 1 with the same pids, every one alive.
 	poll(t, 15*time.Second, "nodes back", func() error {
 		nodes, err := cl2.Nodes(context.Background())

@@ -6,6 +6,28 @@ import (
 	"time"
 )
 
+// How a node reconnects to the server: one definition that nodemon paces
+// itself by and that the server derives its wait after a restart from.
+const (
+	// NodeReconnectBase is a node's first pause after losing the server.
+	NodeReconnectBase = 200 * time.Millisecond
+	// NodeReconnectMax caps a node's pause between attempts; it is reached
+	// only while attempts keep failing, since a node starts its pauses
+	// over whenever the server answers its hello.
+	NodeReconnectMax = 10 * time.Second
+	// NodeDialTimeout bounds each step of a node's attempt: the QUIC dial,
+	// then hello and welcome. An attempt stalled mid-handshake by the
+	// crash of the server it was talking to gives up within it.
+	NodeDialTimeout = 5 * time.Second
+	// NodeReconnectWithin bounds how long after a server starts a live
+	// node, whatever it was doing, begins an attempt that server answers:
+	// an attempt in flight ends within NodeDialTimeout, then one pause of
+	// at most NodeReconnectMax. (A node still in a session with the
+	// crashed server hears of it from the new one's stateless reset at
+	// its next heartbeat.)
+	NodeReconnectWithin = NodeDialTimeout + NodeReconnectMax
+)
+
 // BackoffDelay is the pause before reconnect attempt number attempt (0 for
 // the first retry): base doubled per attempt, capped at max, then reduced by
 // up to the fraction jitter according to r in [0, 1). Spreading the pauses

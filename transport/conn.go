@@ -205,6 +205,11 @@ func (s *Stream) Recv(m proto.Message) error {
 // the messages already sent.
 func (s *Stream) CloseWrite() error { return s.s.Close() }
 
+// StopReading tells the peer nothing more will be read. A stream the peer
+// opened returns its slot in the peer's stream limit only once both
+// directions are done, so one that reads a single message must say so.
+func (s *Stream) StopReading() { s.s.CancelRead(0) }
+
 // Cancel abandons both directions of the stream with code.
 func (s *Stream) Cancel(code quic.StreamErrorCode) {
 	s.s.CancelWrite(code)

@@ -101,8 +101,8 @@ type Config struct {
 	// collective with a dead peer, not saving anything.
 	RecoveryKillAfter time.Duration
 	// ReconnectGrace is added to twice a node's heartbeat to bound how long
-	// a disconnected node may hold live ranks (after a server restart,
-	// before it reconnects) until it counts as down; default 5 s.
+	// after the server starts a node that holds live ranks may take to
+	// reconnect before it counts as down; default DefaultReconnectGrace.
 	ReconnectGrace time.Duration
 	// Lease is how long a node's ranks run on without the server's word
 	// (nodes.Config.Lease); 0: nodes do not fence themselves, and a lost
@@ -157,7 +157,7 @@ func (c *Config) defaults() {
 		c.RecoveryKillAfter = 5 * time.Second
 	}
 	if c.ReconnectGrace <= 0 {
-		c.ReconnectGrace = 5 * time.Second
+		c.ReconnectGrace = DefaultReconnectGrace
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -214,10 +214,11 @@ type Manager struct {
 	waiting map[launchKey][]chan reply
 	// stalled is the set of jobs the stall detector last declared.
 	stalled map[string]bool
-	// loadedAt is when the manager loaded the store: nodes holding ranks
-	// must reconnect within their grace of it.
-	loadedAt time.Time
-	kicked   bool
+	// startedAt is when the server started (the owner's loop began; New
+	// until then): nodes holding ranks must reconnect within their
+	// reconnect bound of it.
+	startedAt time.Time
+	kicked    bool
 	// strict makes a transition the lifecycle table does not allow panic
 	// (tests); otherwise it is logged.
 	strict bool
@@ -230,7 +231,7 @@ func New(cfg Config) (*Manager, error) {
 	cfg.defaults()
 	m := &Manager{cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, recs: map[string]*recovery{},
 		vals: map[string]*validation{}, prog: map[string]*progress{}, idem: map[string]string{},
-		waiting: map[launchKey][]chan reply{}, stalled: map[string]bool{}, pass: &txn{}, loadedAt: cfg.Now()}
+		waiting: map[launchKey][]chan reply{}, stalled: map[string]bool{}, pass: &txn{}, startedAt: cfg.Now()}
 	m.in.sig = make(chan struct{}, 1)
 	m.disp = newDispatcher(cfg.Nodes.Command, cfg.Log)
 	stored, err := cfg.Store.Jobs()
@@ -270,6 +271,9 @@ func (m *Manager) now() time.Time { return m.cfg.Now() }
 // Run owns the jobs until ctx ends: it applies messages as they come and
 // schedules every period and after every change.
 func (m *Manager) Run(ctx context.Context) {
+	// Nodes can reach the server only from now on; loading the store may
+	// have taken a while.
+	m.startedAt = m.now()
 	m.disp.start(ctx)
 	t := time.NewTicker(m.cfg.Every)
 	defer t.Stop()

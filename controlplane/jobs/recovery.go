@@ -10,6 +10,7 @@ import (
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/transport"
 )
 
 // Recovery carries out scheduler.Recover's decisions. A failed job goes
@@ -578,10 +579,29 @@ func (m *Manager) relaunch(en *entry, rec *recovery, now time.Time) {
 		strings.Join(d.Placement.Nodes(), ","), resume, lost, rec.stepAt, d.Reason)
 }
 
+// DefaultReconnectGrace is how long a node may take, beyond twice its
+// heartbeat, to reconnect after the server starts: the longest a live
+// nodemon takes to begin an attempt that server answers (its attempt in
+// flight timing out, then its longest pause; transport.NodeReconnectWithin).
+const DefaultReconnectGrace = transport.NodeReconnectWithin
+
+// ReconnectBound is how long after the server starts a node with heartbeat
+// interval hb (0: nodes.DefaultHeartbeat) may stay away holding live ranks
+// before it counts as down: twice its heartbeat (it hears of the restart
+// at its next one, and registers) plus grace.
+func ReconnectBound(hb, grace time.Duration) time.Duration {
+	if hb <= 0 {
+		hb = nodes.DefaultHeartbeat
+	}
+	return 2*hb + grace
+}
+
 // lostNodes treats a node that holds live ranks but has not been connected
-// for its grace (twice its heartbeat plus ReconnectGrace) as down. The
-// failure detector does this for nodes it sees go; this catches nodes a
-// restarted server loaded as disconnected that never came back.
+// within its reconnect bound (ReconnectBound) as down, measured from the
+// server's start or from when it was last seen since. The failure
+// detector does this for nodes it sees go; this catches nodes a restarted
+// server loaded as disconnected that never came back. Only a node truly
+// gone is failed here: every live nodemon reconnects within the bound.
 func (m *Manager) lostNodes(all []*api.NodeStatus, now time.Time) {
 	var holding map[string]bool
 	for _, en := range m.jobs {
@@ -606,21 +626,17 @@ func (m *Manager) lostNodes(all []*api.NodeStatus, now time.Time) {
 		if !holding[name] || n.GetConnected() {
 			continue
 		}
-		hb := time.Duration(n.GetRegistration().GetHeartbeatIntervalMs()) * time.Millisecond
-		if hb <= 0 {
-			hb = nodes.DefaultHeartbeat
-		}
-		grace := 2*hb + m.cfg.ReconnectGrace
-		since := m.loadedAt
+		bound := ReconnectBound(time.Duration(n.GetRegistration().GetHeartbeatIntervalMs())*time.Millisecond, m.cfg.ReconnectGrace)
+		since := m.startedAt
 		if seen := time.Unix(0, n.GetLastSeenUnixNano()); seen.After(since) {
 			since = seen
 		}
-		if now.Sub(since) > grace {
-			m.nodeDown(name, fmt.Sprintf("not reconnected within %s", grace.Round(time.Millisecond)), now)
+		if now.Sub(since) > bound {
+			m.nodeDown(name, fmt.Sprintf("not reconnected within %s", bound.Round(time.Millisecond)), now)
 		}
 	}
 	for name := range holding {
-		if !known[name] && now.Sub(m.loadedAt) > m.cfg.ReconnectGrace {
+		if bound := ReconnectBound(0, m.cfg.ReconnectGrace); !known[name] && now.Sub(m.startedAt) > bound {
 			m.nodeDown(name, "node unknown to the server", now)
 		}
 	}

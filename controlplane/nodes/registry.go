@@ -201,8 +201,8 @@ func (r *Registry) register(reg *api.NodeRegistration, remote string, sess *sess
 		// not share one identity, and a node's GPUs must not flip between
 		// two inventories. A silent one is replaced.
 		if silent := now.Sub(e.lastBeat); silent <= 2*e.heartbeat {
-			return fmt.Errorf("node %q is already connected from %s (heard %s ago): two hosts cannot share one node identity; stop the other nodemon, or run `gpuctl node remove %s` if this host replaced it",
-				name, e.rec.GetRemoteAddr(), silent.Round(time.Millisecond), name)
+			return &SessionHeldError{Msg: fmt.Sprintf("node %q is already connected from %s (heard %s ago): two hosts cannot share one node identity; stop the other nodemon, or run `gpuctl node remove %s` if this host replaced it",
+				name, e.rec.GetRemoteAddr(), silent.Round(time.Millisecond), name)}
 		}
 		old.close("replaced by a new connection after " + now.Sub(e.lastBeat).Round(time.Millisecond).String() + " of silence")
 	}
@@ -236,6 +236,14 @@ func (r *Registry) register(reg *api.NodeRegistration, remote string, sess *sess
 	}
 	return nil
 }
+
+// SessionHeldError refuses a registration while the node's established
+// session is still heard from. It is not final: a nodemon restarted after
+// a crash meets its own old session, which goes silent and is replaced
+// within twice the heartbeat, so the node is told to retry, not to stop.
+type SessionHeldError struct{ Msg string }
+
+func (e *SessionHeldError) Error() string { return e.Msg }
 
 // mergeGPUs keeps health flags of GPUs that are still present (by UUID).
 func mergeGPUs(old []*api.GPUStatus, infos []*api.GPUInfo) []*api.GPUStatus {

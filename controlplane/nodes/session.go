@@ -45,7 +45,11 @@ func (r *Registry) Serve(ctx context.Context, conn *transport.Conn) {
 	log := r.log.With("node", ns.name, "remote", conn.RemoteAddr().String())
 	if err := ns.handshake(ctx); err != nil {
 		log.Warn("node handshake failed", "err", err)
-		conn.CloseWithError(transport.CodeRefused, err.Error())
+		code := transport.CodeRefused
+		if held := (*SessionHeldError)(nil); errors.As(err, &held) {
+			code = transport.CodeBusy // the node retries
+		}
+		conn.CloseWithError(code, err.Error())
 		return
 	}
 	log.Info("node connected")
@@ -359,7 +363,9 @@ func (r *Registry) Command(ctx context.Context, node string, c *api.Command) (*a
 
 // Detect runs the heartbeat failure detector every period until ctx ends:
 // a node whose heartbeats stop is down within twice its heartbeat interval
-// plus one period.
+// plus one period. A tick that comes late means the server itself was not
+// running (stopped, frozen, starved): that time is not counted against the
+// nodes (detect), or a paused server would declare everyone down.
 func (r *Registry) Detect(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
