@@ -434,6 +434,10 @@ func (ch *chaos) check() {
 	states := map[string]int{}
 	for _, j := range js {
 		states[j.GetState().Short()]++
+		// Why jobs failed is the chaos run's finding, not its verdict.
+		if j.GetState() == api.JobState_JOB_STATE_FAILED {
+			t.Logf("job %s failed after %d attempts: %s", j.GetId(), j.GetAttempt(), j.GetReason())
+		}
 	}
 	t.Logf("%d submits (%d acknowledged during the chaos or after), %d acknowledged cancels, jobs by state %v, cluster restarted %d times",
 		len(ch.submits), acked, len(ch.cancels), states, ch.c.serverStarts-1)
