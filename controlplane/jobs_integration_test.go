@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,28 +15,8 @@ import (
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/demo"
+	"github.com/gpuctl/gpuctl/internal/testbin"
 )
-
-// clusterBinaries returns nodemon and ringtrain: from $GPUCTL_BIN (make
-// test), else built here.
-func clusterBinaries(t *testing.T) (nodemon, ringtrain string) {
-	t.Helper()
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ringtrain = filepath.Join(root, "workload", "build", "ringtrain")
-	if dir := os.Getenv("GPUCTL_BIN"); dir != "" {
-		return filepath.Join(dir, "nodemon"), ringtrain
-	}
-	nodemon = filepath.Join(t.TempDir(), "nodemon")
-	for _, c := range [][]string{{"make", "-C", filepath.Join(root, "workload")}, {"go", "build", "-o", nodemon, "../cmd/nodemon"}} {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(c, " "), err, out)
-		}
-	}
-	return nodemon, ringtrain
-}
 
 // waitJob polls the job until ok accepts it, failing with the last state.
 func waitJob(t *testing.T, cl *client.Client, id string, limit time.Duration, what string, ok func(*api.Job) error) *api.Job {
@@ -197,7 +176,7 @@ func TestJobsOnRealNodes(t *testing.T) {
 // with the test.
 func realCluster(t *testing.T, nodes int, ebpf string) (*demo.Cluster, *client.Client) {
 	t.Helper()
-	nodemon, ringtrain := clusterBinaries(t)
+	nodemon, ringtrain := testbin.Nodemon(t), testbin.Ringtrain(t)
 	opts := demo.DefaultOptions()
 	opts.Nodes, opts.JobNodes, opts.EBPF = nodes, 0, ebpf
 	opts.Nodemon, opts.Ringtrain, opts.DataDir = nodemon, ringtrain, t.TempDir()

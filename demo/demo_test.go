@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -14,27 +13,13 @@ import (
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
+	"github.com/gpuctl/gpuctl/internal/testbin"
 )
 
-// binaries returns nodemon and ringtrain, building them when the Makefile
-// did not say where they are.
+// binaries returns nodemon and ringtrain.
 func binaries(t testing.TB) (nodemon, ringtrain string) {
 	t.Helper()
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ringtrain = filepath.Join(root, "workload", "build", "ringtrain")
-	if dir := os.Getenv("GPUCTL_BIN"); dir != "" {
-		return filepath.Join(dir, "nodemon"), ringtrain
-	}
-	nodemon = filepath.Join(t.TempDir(), "nodemon")
-	for _, c := range [][]string{{"make", "-C", filepath.Join(root, "workload")}, {"go", "build", "-o", nodemon, "../cmd/nodemon"}} {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(c, " "), err, out)
-		}
-	}
-	return nodemon, ringtrain
+	return testbin.Nodemon(t), testbin.Ringtrain(t)
 }
 
 // ebpfMode is required in CI (GPUCTL_REQUIRE_EBPF=1), else auto.

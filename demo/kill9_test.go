@@ -14,20 +14,8 @@ import (
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
+	"github.com/gpuctl/gpuctl/internal/testbin"
 )
-
-// gpuctlBin returns the gpuctl binary: from GPUCTL_BIN, else built.
-func gpuctlBin(t *testing.T) string {
-	t.Helper()
-	if dir := os.Getenv("GPUCTL_BIN"); dir != "" {
-		return filepath.Join(dir, "gpuctl")
-	}
-	bin := filepath.Join(t.TempDir(), "gpuctl")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/gpuctl").CombinedOutput(); err != nil {
-		t.Fatalf("build gpuctl: %v\n%s", err, out)
-	}
-	return bin
-}
 
 // startProc starts a process in its own process group and kills the group
 // when the test ends.
@@ -81,7 +69,7 @@ func TestServerKill9LosesNothing(t *testing.T) {
 		t.Skip("starts real server, nodemon and ringtrain processes")
 	}
 	nodemon, ringtrain := binaries(t)
-	gpuctl := gpuctlBin(t)
+	gpuctl := testbin.Gpuctl(t)
 	dir := t.TempDir()
 	udp, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/controlplane/jobs"
+	"github.com/gpuctl/gpuctl/internal/testbin"
 	"github.com/gpuctl/gpuctl/transport"
 )
 
@@ -45,7 +46,7 @@ func newProcCluster(t *testing.T, n int) *procCluster {
 		t.Skip("starts real server, nodemon and ringtrain processes")
 	}
 	nodemon, ringtrain := binaries(t)
-	c := &procCluster{t: t, dir: t.TempDir(), gpuctl: gpuctlBin(t), nodemon: nodemon, ringtain: ringtrain,
+	c := &procCluster{t: t, dir: t.TempDir(), gpuctl: testbin.Gpuctl(t), nodemon: nodemon, ringtain: ringtrain,
 		nodes: map[string]*proc{}, nodeStarts: map[string]int{}}
 	udp, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {

@@ -19,33 +19,10 @@ import (
 	"time"
 
 	"github.com/gpuctl/gpuctl/demo"
+	"github.com/gpuctl/gpuctl/internal/testbin"
 )
 
 var pngOut = flag.String("png", "", "write a panel of the dashboard, drawn from the real Prometheus's answers, to this PNG file")
-
-// binaries returns nodemon, gpuctl and ringtrain: from $GPUCTL_BIN (make
-// test sets it) or built into a temporary dir.
-func binaries(t *testing.T) (nodemon, gpuctl, ringtrain string) {
-	t.Helper()
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ringtrain = filepath.Join(root, "workload", "build", "ringtrain")
-	dir := os.Getenv("GPUCTL_BIN")
-	builds := [][]string{{"make", "-C", filepath.Join(root, "workload")}}
-	if dir == "" {
-		dir = t.TempDir()
-		builds = append(builds, []string{"go", "build", "-o", filepath.Join(dir, "nodemon"), "../cmd/nodemon"},
-			[]string{"go", "build", "-o", filepath.Join(dir, "gpuctl"), "../cmd/gpuctl"})
-	}
-	for _, c := range builds {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(c, " "), err, out)
-		}
-	}
-	return filepath.Join(dir, "nodemon"), filepath.Join(dir, "gpuctl"), ringtrain
-}
 
 // freePorts returns the first of n consecutive loopback TCP ports that are
 // free now.
@@ -235,7 +212,7 @@ func TestPrometheusScrapesDemo(t *testing.T) {
 		}
 		t.Fatalf("GPUCTL_REQUIRE_PROMETHEUS is set but prometheus is not in PATH: %v", err)
 	}
-	nodemon, gpuctl, ringtrain := binaries(t)
+	nodemon, gpuctl, ringtrain := testbin.Nodemon(t), testbin.Gpuctl(t), testbin.Ringtrain(t)
 	opts := demo.DefaultOptions()
 	opts.Nodes, opts.ComputeMS, opts.Bytes = 3, 30, "256K"
 	opts.Nodemon, opts.Ringtrain, opts.DataDir = nodemon, ringtrain, t.TempDir()

@@ -5,28 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gpuctl/gpuctl/internal/jsoncontract"
+	"github.com/gpuctl/gpuctl/internal/testbin"
 )
-
-// gpuctlBinary is $GPUCTL_BIN/gpuctl (what make test builds), or one built
-// for the test.
-func gpuctlBinary(t *testing.T) string {
-	t.Helper()
-	if dir := os.Getenv("GPUCTL_BIN"); dir != "" {
-		return filepath.Join(dir, "gpuctl")
-	}
-	bin := filepath.Join(t.TempDir(), "gpuctl")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/gpuctl").CombinedOutput(); err != nil {
-		t.Fatalf("build gpuctl: %v\n%s", err, out)
-	}
-	return bin
-}
 
 // TestSwarmReportIsSane runs a small swarm against a real gpuctl serve and
 // checks that the report adds up: every node registered and heard from,
@@ -38,7 +24,7 @@ func TestSwarmReportIsSane(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rep, err := Run(ctx, Options{Nodes: nodes, GPUs: gpus, Quiet: time.Second, Warmup: 2 * time.Second, Duration: 4 * time.Second,
-		Gpuctl: gpuctlBinary(t), Dir: t.TempDir()})
+		Gpuctl: testbin.Gpuctl(t), Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpuctl/gpuctl/internal/testbin"
 )
 
 // need finds a tool, failing in CI (where .ci/run installs it) and
@@ -29,25 +31,6 @@ func need(t *testing.T, tool string) string {
 		t.Skipf("%s is not installed (apt-get install tmux openssh-client)", tool)
 	}
 	return p
-}
-
-// binDir returns the directory of gpuctl and nodemon, building them when
-// the Makefile did not say where they are.
-func binDir(t *testing.T) string {
-	t.Helper()
-	if d := os.Getenv("GPUCTL_BIN"); d != "" {
-		return d
-	}
-	root, _ := filepath.Abs("../..")
-	dir := filepath.Join(root, "bin")
-	for _, c := range [][]string{{"make", "-C", filepath.Join(root, "workload")},
-		{"go", "build", "-o", filepath.Join(dir, "gpuctl"), "../../cmd/gpuctl"},
-		{"go", "build", "-o", filepath.Join(dir, "nodemon"), "../../cmd/nodemon"}} {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(c, " "), err, out)
-		}
-	}
-	return dir
 }
 
 func freePort(t *testing.T) int {
@@ -186,7 +169,8 @@ func TestConsoleEndToEnd(t *testing.T) {
 	need(t, "tmux")
 	need(t, "ssh")
 	need(t, "ssh-keygen")
-	bin := binDir(t)
+	testbin.Ringtrain(t) // gpuctl demo runs it
+	bin := testbin.Dir(t)
 	dir := t.TempDir()
 	opKey, viewKey := filepath.Join(dir, "op"), filepath.Join(dir, "view")
 	keys := "role=operator " + keygen(t, opKey) + " alice\nrole=viewer " + keygen(t, viewKey) + " bob\n"
