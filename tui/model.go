@@ -86,7 +86,7 @@ func newGlobalKeys() globalKeys {
 		Filter:   app.Bind("/", "filter", "/"),
 		Help:     app.Bind("?", "help", "?"),
 		Back:     app.Bind("esc", "back", "esc"),
-		Quit:     app.Bind("ctrl+c", "quit", "ctrl+c"),
+		Quit:     app.Bind("q", "quit", "q", "ctrl+c"),
 		Wide:     app.Bind("ctrl+w", "wide", "ctrl+w"),
 		Stall:    app.Bind("!", "jump to stall", "!"),
 		Overview: app.Bind("0", "overview", "0"),

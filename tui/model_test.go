@@ -472,3 +472,31 @@ func TestMouse(t *testing.T) {
 		t.Errorf("second click opens %q", got)
 	}
 }
+
+// TestQuitKeys: q and ctrl+c quit from a view (htop, nvitop and k9s
+// habits), while a q typed into the filter or the command line is text.
+func TestQuitKeys(t *testing.T) {
+	quits := func(hs *harness, k string) bool {
+		_, cmd := hs.m.Update(keyMsg(k))
+		if cmd == nil {
+			return false
+		}
+		_, ok := cmd().(tea.QuitMsg)
+		return ok
+	}
+	for _, k := range []string{"q", "ctrl+c"} {
+		if hs := newHarness(t, transport.RoleOperator, 160, 48); !quits(hs, k) {
+			t.Errorf("%s on the overview did not quit", k)
+		}
+	}
+	hs := newHarness(t, transport.RoleOperator, 160, 48)
+	hs.command("nodes")
+	hs.keys("/")
+	if quits(hs, "q") {
+		t.Error("q typed into the filter quit the console")
+	}
+	hs.keys("esc", ":")
+	if quits(hs, "q") {
+		t.Error("q typed into the command line quit the console")
+	}
+}

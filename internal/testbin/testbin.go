@@ -1,6 +1,6 @@
 // Package testbin finds the programs that integration tests run as real
 // processes: gpuctl and nodemon from $GPUCTL_BIN, where `make test` built
-// them, else built for the test; and the workload (libnccl.so.2,
+// them, else built into bin/ as make build does; and the workload (libnccl.so.2,
 // ringtrain).
 package testbin
 
@@ -31,14 +31,16 @@ func Root(t testing.TB) string {
 	}
 }
 
-// Dir is the directory holding gpuctl and nodemon: $GPUCTL_BIN, else a
-// temporary directory of the test's that they are built into.
+// Dir is the directory holding gpuctl and nodemon: $GPUCTL_BIN, else the
+// repository's bin/, built there as `make build` does (gpuctl demo finds
+// the workload beside its own bin/ directory).
 func Dir(t testing.TB) string {
 	t.Helper()
 	if dir := os.Getenv("GPUCTL_BIN"); dir != "" {
 		return dir
 	}
-	root, dir := Root(t), t.TempDir()
+	root := Root(t)
+	dir := filepath.Join(root, "bin")
 	for _, cmd := range []string{"gpuctl", "nodemon"} {
 		c := exec.Command("go", "build", "-o", filepath.Join(dir, cmd), "./cmd/"+cmd)
 		c.Dir = root
