@@ -487,6 +487,7 @@ func (x *Executor) finish(p *rankProc, shimSignal string) {
 	}
 	os.Remove(p.rec.StatusPath)
 	x.cg.removeRank(p.rec.Cgroup)
+	x.dropLeaseLocked(p.rec.Job, p.rec.Attempt)
 	if x.ckpt[p.rec.Job] == w && p.rec.Rank == 0 {
 		delete(x.ckpt, p.rec.Job)
 	}
@@ -780,6 +781,20 @@ const LeaseSignal = "LEASE"
 // leasePath is the lease file of one job attempt.
 func (x *Executor) leasePath(job string, attempt uint32) string {
 	return filepath.Join(x.runDir, job, "lease-"+strconv.FormatUint(uint64(attempt), 10))
+}
+
+// dropLeaseLocked removes an attempt's lease file once none of its ranks
+// runs here: no shim reads it any more, and run/<job>/ should not collect
+// one file per attempt a long job ever had.
+func (x *Executor) dropLeaseLocked(job string, attempt uint32) {
+	for _, p := range x.ranks[job] {
+		if p.rec.Attempt == attempt && !p.exited() {
+			return
+		}
+	}
+	if err := os.Remove(x.leasePath(job, attempt)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		x.log.Warn("remove lease file", "job", job, "attempt", attempt, "err", err)
+	}
 }
 
 // BeginLease starts a session with a server that grants leases of d (0:

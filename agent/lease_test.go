@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -164,6 +165,23 @@ func TestFenceKillsOnlyTheSupersededAttempt(t *testing.T) {
 	}
 	if !alive(uint32(other)) {
 		t.Error("the fence killed another job's rank")
+	}
+	// Once no rank of attempt 1 runs, its lease file goes; a running
+	// attempt's stays.
+	for _, r := range []int32{0, 1} {
+		e.events.waitFor(t, "old rank exit", isExit("old", r))
+	}
+	gone := e.x.leasePath("old", 1)
+	for end := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(gone); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("lease file %s still there after attempt 1 ended", gone)
+		}
+	}
+	if _, err := os.Stat(e.x.leasePath("other", 3)); err != nil {
+		t.Errorf("the running attempt's lease file: %v", err)
 	}
 }
 
