@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -90,6 +91,19 @@ restart_policy: replace-node
 	})
 }
 
+// stopProcess stops pid with SIGSTOP; resume continues it, as the test's
+// cleanup does if the test ends first.
+func stopProcess(t *testing.T, pid int) (stopped time.Time, resume func()) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	resume = func() { once.Do(func() { syscall.Kill(pid, syscall.SIGCONT) }) }
+	t.Cleanup(resume)
+	return time.Now(), resume
+}
+
 // TestSIGSTOPPartitionFencesOldAttempt stops a job's nodemon with SIGSTOP
 // for 10 s: the node is declared down, the job restarts on the spare once
 // the old attempt is fenced (its ranks' shims stop them when the lease
@@ -108,16 +122,7 @@ func TestSIGSTOPPartitionFencesOldAttempt(t *testing.T) {
 		t.Fatalf("%d processes of attempt 1 (2 ranks and their shims), want 4", n)
 	}
 	nodemon := c.NodemonPID(victim)
-	if err := syscall.Kill(nodemon, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	stopped := time.Now()
-	continued := false
-	t.Cleanup(func() {
-		if !continued {
-			syscall.Kill(nodemon, syscall.SIGCONT)
-		}
-	})
+	stopped, sigcont := stopProcess(t, nodemon)
 
 	// While nodemon is stopped: the node goes down, the old ranks stop when
 	// the lease runs out, and attempt 2 runs on the spare only after.
@@ -162,8 +167,7 @@ func TestSIGSTOPPartitionFencesOldAttempt(t *testing.T) {
 	if rest := 10*time.Second - time.Since(stopped); rest > 0 {
 		time.Sleep(rest)
 	}
-	syscall.Kill(nodemon, syscall.SIGCONT)
-	continued = true
+	sigcont()
 	back := time.Now()
 	stoppedFor := back.Sub(stopped)
 
@@ -279,16 +283,7 @@ func TestReturningNodeFencesBeforeReady(t *testing.T) {
 	old := submitOneNode(t, c, cl, "back")
 	id, victim := old.GetId(), nodeSet(old)[0]
 	nodemon := c.NodemonPID(victim)
-	if err := syscall.Kill(nodemon, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	stopped := time.Now()
-	continued := false
-	t.Cleanup(func() {
-		if !continued {
-			syscall.Kill(nodemon, syscall.SIGCONT)
-		}
-	})
+	stopped, sigcont := stopProcess(t, nodemon)
 	poll(t, 5*time.Second, victim+" down", func() error {
 		for _, n := range c.Server.Nodes() {
 			if n.GetRegistration().GetName() == victim && n.GetState() == api.NodeState_NODE_STATE_DOWN {
@@ -306,8 +301,7 @@ func TestReturningNodeFencesBeforeReady(t *testing.T) {
 	if n := len(attemptProcs(t, c.opts.DataDir, id, "1")); n != 4 {
 		t.Fatalf("%d processes of attempt 1 under a 60 s lease, want 4 still running", n)
 	}
-	syscall.Kill(nodemon, syscall.SIGCONT)
-	continued = true
+	sigcont()
 	back := time.Now()
 	var fencedAfter time.Duration
 	now := waitFor(t, cl, id, 30*time.Second, "attempt 2 running", func(j *api.Job) error {
