@@ -1,7 +1,6 @@
 package demo
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -42,21 +41,15 @@ func attemptProcs(t *testing.T, dataDir, id, attempt string) []attemptProc {
 		if err != nil {
 			continue
 		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		vars, err := readEnviron(uint32(pid))
 		if err != nil {
 			continue
-		}
-		vars := map[string]string{}
-		for _, kv := range bytes.Split(env, []byte{0}) {
-			if k, v, ok := strings.Cut(string(kv), "="); ok {
-				vars[k] = v
-			}
 		}
 		if vars["GPUCTL_JOB"] != id || !strings.HasPrefix(vars["GPUCTL_CHECKPOINT_DIR"], dataDir) ||
 			attempt != "" && vars["GPUCTL_ATTEMPT"] != attempt {
 			continue
 		}
-		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err != nil || bytes.Contains(stat, []byte(") Z ")) {
+		if !running(pid) {
 			continue
 		}
 		out = append(out, attemptProc{pid: pid, node: vars["GPUCTL_NODE"], attempt: vars["GPUCTL_ATTEMPT"]})

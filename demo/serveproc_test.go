@@ -19,6 +19,7 @@ import (
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/controlplane/jobs"
 	"github.com/gpuctl/gpuctl/internal/testbin"
+	"github.com/gpuctl/gpuctl/procfs"
 	"github.com/gpuctl/gpuctl/transport"
 )
 
@@ -179,7 +180,7 @@ func (c *procCluster) clusterRanks() []liveRank {
 		if err != nil || env["GPUCTL_CLUSTER"] != cluster || env["GPUCTL_JOB"] == "" || env["GPUCTL_ATTEMPT"] == "" {
 			continue
 		}
-		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || zombie(st) {
+		if !running(pid) {
 			continue
 		}
 		// The rank shim carries the rank's environment too.
@@ -212,11 +213,11 @@ func (c *procCluster) clusterID() string {
 	return transport.ClusterID(ca)
 }
 
-// zombie says whether /proc/PID/stat's state field is Z or X.
-func zombie(stat []byte) bool {
-	s := string(stat)
-	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && len(s) > i+2 && (s[i+2] == 'Z' || s[i+2] == 'X')
+// running says whether pid is a process that has not exited: a zombie
+// is dead, only not yet reaped.
+func running(pid int) bool {
+	st, err := procfs.ReadStat("/proc", pid)
+	return err == nil && !st.Exited()
 }
 
 // liveRank is a rank process found in /proc.

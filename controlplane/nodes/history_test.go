@@ -2,6 +2,7 @@ package nodes
 
 import (
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -75,7 +76,7 @@ func TestHistoryTiers(t *testing.T) {
 				}
 			}
 			if c.want.times != nil {
-				if s := secondsOf(got); !equalInts(s, c.want.times) {
+				if s := secondsOf(got); !slices.Equal(s, c.want.times) {
 					t.Fatalf("times %v, want %v", s, c.want.times)
 				}
 			}
@@ -224,16 +225,4 @@ func secondsOf(s []*api.GPUSample) []int64 {
 		out[i] = x.TimeUnixNano / int64(time.Second)
 	}
 	return out
-}
-
-func equalInts(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
