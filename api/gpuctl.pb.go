@@ -791,7 +791,10 @@ type Welcome struct {
 	// moment the node sent the heartbeat it answers; a rank whose lease runs
 	// out is stopped by its shim, so a node cut off from the server fences
 	// itself and the server may relaunch elsewhere once the lease has passed.
-	LeaseMs       uint32 `protobuf:"varint,5,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	LeaseMs uint32 `protobuf:"varint,5,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	// Set with error when this server is a standby of a highly available
+	// control plane: the peer should dial the leader at this address.
+	LeaderAddr    string `protobuf:"bytes,6,opt,name=leader_addr,json=leaderAddr,proto3" json:"leader_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -859,6 +862,13 @@ func (x *Welcome) GetLeaseMs() uint32 {
 		return x.LeaseMs
 	}
 	return 0
+}
+
+func (x *Welcome) GetLeaderAddr() string {
+	if x != nil {
+		return x.LeaderAddr
+	}
+	return ""
 }
 
 // JoinRequest is sent once, over the join ALPN, to trade a join token for a
@@ -4852,6 +4862,300 @@ func (x *VersionResponse) GetProtocol() *Version {
 	return nil
 }
 
+// StatusRequest asks which server leads the control plane and how its
+// store is.
+type StatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusRequest) Reset() {
+	*x = StatusRequest{}
+	mi := &file_gpuctl_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusRequest) ProtoMessage() {}
+
+func (x *StatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
+func (*StatusRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{49}
+}
+
+// ServerStatus is one gpuctl serve of a control plane.
+type ServerStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The server's name (its host name, or --name) and the address nodes
+	// and clients dial.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Addr string `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	// "leader" or "standby" ("single" for a server on its own store).
+	Role string `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
+	// Since when it has held that role.
+	SinceUnixNano int64 `protobuf:"varint,4,opt,name=since_unix_nano,json=sinceUnixNano,proto3" json:"since_unix_nano,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServerStatus) Reset() {
+	*x = ServerStatus{}
+	mi := &file_gpuctl_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServerStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServerStatus) ProtoMessage() {}
+
+func (x *ServerStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServerStatus.ProtoReflect.Descriptor instead.
+func (*ServerStatus) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *ServerStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ServerStatus) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *ServerStatus) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *ServerStatus) GetSinceUnixNano() int64 {
+	if x != nil {
+		return x.SinceUnixNano
+	}
+	return 0
+}
+
+// StoreMember is one member of a replicated store (an etcd member).
+type StoreMember struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Endpoint string                 `protobuf:"bytes,2,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Leader   bool                   `protobuf:"varint,3,opt,name=leader,proto3" json:"leader,omitempty"`
+	Healthy  bool                   `protobuf:"varint,4,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	// What went wrong reaching it, when not healthy.
+	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoreMember) Reset() {
+	*x = StoreMember{}
+	mi := &file_gpuctl_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoreMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoreMember) ProtoMessage() {}
+
+func (x *StoreMember) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoreMember.ProtoReflect.Descriptor instead.
+func (*StoreMember) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *StoreMember) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *StoreMember) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *StoreMember) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
+}
+
+func (x *StoreMember) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *StoreMember) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type StatusResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The server that answered.
+	Self *ServerStatus `protobuf:"bytes,1,opt,name=self,proto3" json:"self,omitempty"`
+	// The leader, as the store knows it (empty name: none elected now).
+	Leader *ServerStatus `protobuf:"bytes,2,opt,name=leader,proto3" json:"leader,omitempty"`
+	// Every server campaigning or leading, leader first.
+	Servers []*ServerStatus `protobuf:"bytes,3,rep,name=servers,proto3" json:"servers,omitempty"`
+	// "bbolt" or "etcd", and whether the answering server can reach it.
+	Store        string         `protobuf:"bytes,4,opt,name=store,proto3" json:"store,omitempty"`
+	StoreHealthy bool           `protobuf:"varint,5,opt,name=store_healthy,json=storeHealthy,proto3" json:"store_healthy,omitempty"`
+	StoreError   string         `protobuf:"bytes,6,opt,name=store_error,json=storeError,proto3" json:"store_error,omitempty"`
+	StoreMembers []*StoreMember `protobuf:"bytes,7,rep,name=store_members,json=storeMembers,proto3" json:"store_members,omitempty"`
+	// Leadership changes seen, newest first (at most 20).
+	Leadership    []*Event `protobuf:"bytes,8,rep,name=leadership,proto3" json:"leadership,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusResponse) Reset() {
+	*x = StatusResponse{}
+	mi := &file_gpuctl_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusResponse) ProtoMessage() {}
+
+func (x *StatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
+func (*StatusResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *StatusResponse) GetSelf() *ServerStatus {
+	if x != nil {
+		return x.Self
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetLeader() *ServerStatus {
+	if x != nil {
+		return x.Leader
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetServers() []*ServerStatus {
+	if x != nil {
+		return x.Servers
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetStore() string {
+	if x != nil {
+		return x.Store
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetStoreHealthy() bool {
+	if x != nil {
+		return x.StoreHealthy
+	}
+	return false
+}
+
+func (x *StatusResponse) GetStoreError() string {
+	if x != nil {
+		return x.StoreError
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetStoreMembers() []*StoreMember {
+	if x != nil {
+		return x.StoreMembers
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetLeadership() []*Event {
+	if x != nil {
+		return x.Leadership
+	}
+	return nil
+}
+
 type InjectFaultRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -4862,7 +5166,7 @@ type InjectFaultRequest struct {
 
 func (x *InjectFaultRequest) Reset() {
 	*x = InjectFaultRequest{}
-	mi := &file_gpuctl_proto_msgTypes[49]
+	mi := &file_gpuctl_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4874,7 +5178,7 @@ func (x *InjectFaultRequest) String() string {
 func (*InjectFaultRequest) ProtoMessage() {}
 
 func (x *InjectFaultRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[49]
+	mi := &file_gpuctl_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4887,7 +5191,7 @@ func (x *InjectFaultRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFaultRequest.ProtoReflect.Descriptor instead.
 func (*InjectFaultRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{49}
+	return file_gpuctl_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *InjectFaultRequest) GetNode() string {
@@ -4912,7 +5216,7 @@ type InjectFaultResponse struct {
 
 func (x *InjectFaultResponse) Reset() {
 	*x = InjectFaultResponse{}
-	mi := &file_gpuctl_proto_msgTypes[50]
+	mi := &file_gpuctl_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4924,7 +5228,7 @@ func (x *InjectFaultResponse) String() string {
 func (*InjectFaultResponse) ProtoMessage() {}
 
 func (x *InjectFaultResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[50]
+	mi := &file_gpuctl_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4937,7 +5241,7 @@ func (x *InjectFaultResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFaultResponse.ProtoReflect.Descriptor instead.
 func (*InjectFaultResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{50}
+	return file_gpuctl_proto_rawDescGZIP(), []int{54}
 }
 
 type ClientRequest struct {
@@ -4971,6 +5275,7 @@ type ClientRequest struct {
 	//	*ClientRequest_RevokeUser
 	//	*ClientRequest_RemoveNode
 	//	*ClientRequest_Version
+	//	*ClientRequest_Status
 	Body          isClientRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -4978,7 +5283,7 @@ type ClientRequest struct {
 
 func (x *ClientRequest) Reset() {
 	*x = ClientRequest{}
-	mi := &file_gpuctl_proto_msgTypes[51]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4990,7 +5295,7 @@ func (x *ClientRequest) String() string {
 func (*ClientRequest) ProtoMessage() {}
 
 func (x *ClientRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[51]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5003,7 +5308,7 @@ func (x *ClientRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientRequest.ProtoReflect.Descriptor instead.
 func (*ClientRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{51}
+	return file_gpuctl_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ClientRequest) GetBody() isClientRequest_Body {
@@ -5256,6 +5561,15 @@ func (x *ClientRequest) GetVersion() *VersionRequest {
 	return nil
 }
 
+func (x *ClientRequest) GetStatus() *StatusRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_Status); ok {
+			return x.Status
+		}
+	}
+	return nil
+}
+
 type isClientRequest_Body interface {
 	isClientRequest_Body()
 }
@@ -5368,7 +5682,12 @@ type ClientRequest_RemoveNode struct {
 
 type ClientRequest_Version struct {
 	// 50-59: operator tooling (describe, version).
-	Version *VersionRequest `protobuf:"bytes,50,opt,name=version,proto3,oneof"` // 60-69: high availability.
+	Version *VersionRequest `protobuf:"bytes,50,opt,name=version,proto3,oneof"`
+}
+
+type ClientRequest_Status struct {
+	// 60-69: high availability.
+	Status *StatusRequest `protobuf:"bytes,60,opt,name=status,proto3,oneof"`
 }
 
 func (*ClientRequest_ListNodes) isClientRequest_Body() {}
@@ -5425,6 +5744,8 @@ func (*ClientRequest_RemoveNode) isClientRequest_Body() {}
 
 func (*ClientRequest_Version) isClientRequest_Body() {}
 
+func (*ClientRequest_Status) isClientRequest_Body() {}
+
 type ClientResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Set when the request failed; says what was wrong and what to do.
@@ -5458,14 +5779,18 @@ type ClientResponse struct {
 	//	*ClientResponse_ListIdentities
 	//	*ClientResponse_RevokeUser
 	//	*ClientResponse_RemoveNode
-	Body          isClientResponse_Body `protobuf_oneof:"body"`
+	//	*ClientResponse_Status
+	Body isClientResponse_Body `protobuf_oneof:"body"`
+	// Set with error when the request needs the leader and this server is a
+	// standby: the client should send it again to the leader at this address.
+	LeaderAddr    string `protobuf:"bytes,100,opt,name=leader_addr,json=leaderAddr,proto3" json:"leader_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClientResponse) Reset() {
 	*x = ClientResponse{}
-	mi := &file_gpuctl_proto_msgTypes[52]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5477,7 +5802,7 @@ func (x *ClientResponse) String() string {
 func (*ClientResponse) ProtoMessage() {}
 
 func (x *ClientResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[52]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5490,7 +5815,7 @@ func (x *ClientResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientResponse.ProtoReflect.Descriptor instead.
 func (*ClientResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{52}
+	return file_gpuctl_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ClientResponse) GetError() string {
@@ -5750,6 +6075,22 @@ func (x *ClientResponse) GetRemoveNode() *RemoveNodeResponse {
 	return nil
 }
 
+func (x *ClientResponse) GetStatus() *StatusResponse {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_Status); ok {
+			return x.Status
+		}
+	}
+	return nil
+}
+
+func (x *ClientResponse) GetLeaderAddr() string {
+	if x != nil {
+		return x.LeaderAddr
+	}
+	return ""
+}
+
 type isClientResponse_Body interface {
 	isClientResponse_Body()
 }
@@ -5862,6 +6203,10 @@ type ClientResponse_RemoveNode struct {
 	RemoveNode *RemoveNodeResponse `protobuf:"bytes,46,opt,name=remove_node,json=removeNode,proto3,oneof"`
 }
 
+type ClientResponse_Status struct {
+	Status *StatusResponse `protobuf:"bytes,60,opt,name=status,proto3,oneof"`
+}
+
 func (*ClientResponse_ListNodes) isClientResponse_Body() {}
 
 func (*ClientResponse_ListEvents) isClientResponse_Body() {}
@@ -5916,6 +6261,8 @@ func (*ClientResponse_RevokeUser) isClientResponse_Body() {}
 
 func (*ClientResponse_RemoveNode) isClientResponse_Body() {}
 
+func (*ClientResponse_Status) isClientResponse_Body() {}
+
 // JobPlan is the parallel layout a job runs with.
 type JobPlan struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -5951,7 +6298,7 @@ type JobPlan struct {
 
 func (x *JobPlan) Reset() {
 	*x = JobPlan{}
-	mi := &file_gpuctl_proto_msgTypes[53]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5963,7 +6310,7 @@ func (x *JobPlan) String() string {
 func (*JobPlan) ProtoMessage() {}
 
 func (x *JobPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[53]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5976,7 +6323,7 @@ func (x *JobPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobPlan.ProtoReflect.Descriptor instead.
 func (*JobPlan) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{53}
+	return file_gpuctl_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *JobPlan) GetTp() int32 {
@@ -6101,7 +6448,7 @@ type JobRank struct {
 
 func (x *JobRank) Reset() {
 	*x = JobRank{}
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6113,7 +6460,7 @@ func (x *JobRank) String() string {
 func (*JobRank) ProtoMessage() {}
 
 func (x *JobRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6126,7 +6473,7 @@ func (x *JobRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobRank.ProtoReflect.Descriptor instead.
 func (*JobRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{54}
+	return file_gpuctl_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *JobRank) GetRank() int32 {
@@ -6190,7 +6537,7 @@ type JobNode struct {
 
 func (x *JobNode) Reset() {
 	*x = JobNode{}
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6202,7 +6549,7 @@ func (x *JobNode) String() string {
 func (*JobNode) ProtoMessage() {}
 
 func (x *JobNode) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6215,7 +6562,7 @@ func (x *JobNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobNode.ProtoReflect.Descriptor instead.
 func (*JobNode) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{55}
+	return file_gpuctl_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *JobNode) GetNode() string {
@@ -6319,7 +6666,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6331,7 +6678,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6344,7 +6691,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{56}
+	return file_gpuctl_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *Job) GetId() string {
@@ -6688,7 +7035,7 @@ type JobAttempt struct {
 
 func (x *JobAttempt) Reset() {
 	*x = JobAttempt{}
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6700,7 +7047,7 @@ func (x *JobAttempt) String() string {
 func (*JobAttempt) ProtoMessage() {}
 
 func (x *JobAttempt) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6713,7 +7060,7 @@ func (x *JobAttempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobAttempt.ProtoReflect.Descriptor instead.
 func (*JobAttempt) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{57}
+	return file_gpuctl_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *JobAttempt) GetAttempt() uint32 {
@@ -6817,7 +7164,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6829,7 +7176,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6842,7 +7189,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{58}
+	return file_gpuctl_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *SubmitJobRequest) GetSpecYaml() string {
@@ -6893,7 +7240,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6905,7 +7252,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6918,7 +7265,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{59}
+	return file_gpuctl_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *SubmitJobResponse) GetJob() *Job {
@@ -6945,7 +7292,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6957,7 +7304,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6970,7 +7317,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{60}
+	return file_gpuctl_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ListJobsRequest) GetJob() string {
@@ -6989,7 +7336,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7001,7 +7348,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7014,7 +7361,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{61}
+	return file_gpuctl_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -7033,7 +7380,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7045,7 +7392,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7058,7 +7405,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{62}
+	return file_gpuctl_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *CancelJobRequest) GetJob() string {
@@ -7078,7 +7425,7 @@ type ReleaseJobRequest struct {
 
 func (x *ReleaseJobRequest) Reset() {
 	*x = ReleaseJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7090,7 +7437,7 @@ func (x *ReleaseJobRequest) String() string {
 func (*ReleaseJobRequest) ProtoMessage() {}
 
 func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7103,7 +7450,7 @@ func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseJobRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{63}
+	return file_gpuctl_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ReleaseJobRequest) GetJob() string {
@@ -7122,7 +7469,7 @@ type ReleaseJobResponse struct {
 
 func (x *ReleaseJobResponse) Reset() {
 	*x = ReleaseJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[64]
+	mi := &file_gpuctl_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7134,7 +7481,7 @@ func (x *ReleaseJobResponse) String() string {
 func (*ReleaseJobResponse) ProtoMessage() {}
 
 func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[64]
+	mi := &file_gpuctl_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7147,7 +7494,7 @@ func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseJobResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{64}
+	return file_gpuctl_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ReleaseJobResponse) GetJob() *Job {
@@ -7166,7 +7513,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[65]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7178,7 +7525,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[65]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7191,7 +7538,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{65}
+	return file_gpuctl_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -7211,7 +7558,7 @@ type AssignJobRequest struct {
 
 func (x *AssignJobRequest) Reset() {
 	*x = AssignJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[66]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7223,7 +7570,7 @@ func (x *AssignJobRequest) String() string {
 func (*AssignJobRequest) ProtoMessage() {}
 
 func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[66]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7236,7 +7583,7 @@ func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobRequest.ProtoReflect.Descriptor instead.
 func (*AssignJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{66}
+	return file_gpuctl_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *AssignJobRequest) GetJob() string {
@@ -7262,7 +7609,7 @@ type AssignJobResponse struct {
 
 func (x *AssignJobResponse) Reset() {
 	*x = AssignJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[67]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7274,7 +7621,7 @@ func (x *AssignJobResponse) String() string {
 func (*AssignJobResponse) ProtoMessage() {}
 
 func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[67]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7287,7 +7634,7 @@ func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobResponse.ProtoReflect.Descriptor instead.
 func (*AssignJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{67}
+	return file_gpuctl_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *AssignJobResponse) GetJob() *Job {
@@ -7309,7 +7656,7 @@ type Packing struct {
 
 func (x *Packing) Reset() {
 	*x = Packing{}
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7321,7 +7668,7 @@ func (x *Packing) String() string {
 func (*Packing) ProtoMessage() {}
 
 func (x *Packing) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7334,7 +7681,7 @@ func (x *Packing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Packing.ProtoReflect.Descriptor instead.
 func (*Packing) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{68}
+	return file_gpuctl_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *Packing) GetFragmentedNodes() int32 {
@@ -7378,7 +7725,7 @@ type RebalanceMove struct {
 
 func (x *RebalanceMove) Reset() {
 	*x = RebalanceMove{}
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7390,7 +7737,7 @@ func (x *RebalanceMove) String() string {
 func (*RebalanceMove) ProtoMessage() {}
 
 func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7403,7 +7750,7 @@ func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceMove.ProtoReflect.Descriptor instead.
 func (*RebalanceMove) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{69}
+	return file_gpuctl_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *RebalanceMove) GetJob() string {
@@ -7452,7 +7799,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7464,7 +7811,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7477,7 +7824,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{70}
+	return file_gpuctl_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *RebalanceRequest) GetApply() bool {
@@ -7507,7 +7854,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7519,7 +7866,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7532,7 +7879,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{71}
+	return file_gpuctl_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *RebalanceResponse) GetMoves() []*RebalanceMove {
@@ -7579,7 +7926,7 @@ type StalledRank struct {
 
 func (x *StalledRank) Reset() {
 	*x = StalledRank{}
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7591,7 +7938,7 @@ func (x *StalledRank) String() string {
 func (*StalledRank) ProtoMessage() {}
 
 func (x *StalledRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7604,7 +7951,7 @@ func (x *StalledRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StalledRank.ProtoReflect.Descriptor instead.
 func (*StalledRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{72}
+	return file_gpuctl_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *StalledRank) GetRank() int32 {
@@ -7674,7 +8021,7 @@ type Stall struct {
 
 func (x *Stall) Reset() {
 	*x = Stall{}
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7686,7 +8033,7 @@ func (x *Stall) String() string {
 func (*Stall) ProtoMessage() {}
 
 func (x *Stall) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7699,7 +8046,7 @@ func (x *Stall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stall.ProtoReflect.Descriptor instead.
 func (*Stall) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{73}
+	return file_gpuctl_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *Stall) GetJob() string {
@@ -7760,7 +8107,7 @@ type ListStallsRequest struct {
 
 func (x *ListStallsRequest) Reset() {
 	*x = ListStallsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7772,7 +8119,7 @@ func (x *ListStallsRequest) String() string {
 func (*ListStallsRequest) ProtoMessage() {}
 
 func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7785,7 +8132,7 @@ func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsRequest.ProtoReflect.Descriptor instead.
 func (*ListStallsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{74}
+	return file_gpuctl_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ListStallsRequest) GetJob() string {
@@ -7804,7 +8151,7 @@ type ListStallsResponse struct {
 
 func (x *ListStallsResponse) Reset() {
 	*x = ListStallsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7816,7 +8163,7 @@ func (x *ListStallsResponse) String() string {
 func (*ListStallsResponse) ProtoMessage() {}
 
 func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7829,7 +8176,7 @@ func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsResponse.ProtoReflect.Descriptor instead.
 func (*ListStallsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{75}
+	return file_gpuctl_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ListStallsResponse) GetStalls() []*Stall {
@@ -7851,7 +8198,7 @@ type CordonRequest struct {
 
 func (x *CordonRequest) Reset() {
 	*x = CordonRequest{}
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7863,7 +8210,7 @@ func (x *CordonRequest) String() string {
 func (*CordonRequest) ProtoMessage() {}
 
 func (x *CordonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7876,7 +8223,7 @@ func (x *CordonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonRequest.ProtoReflect.Descriptor instead.
 func (*CordonRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{76}
+	return file_gpuctl_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *CordonRequest) GetNode() string {
@@ -7911,7 +8258,7 @@ type CordonResponse struct {
 
 func (x *CordonResponse) Reset() {
 	*x = CordonResponse{}
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7923,7 +8270,7 @@ func (x *CordonResponse) String() string {
 func (*CordonResponse) ProtoMessage() {}
 
 func (x *CordonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7936,7 +8283,7 @@ func (x *CordonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonResponse.ProtoReflect.Descriptor instead.
 func (*CordonResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{77}
+	return file_gpuctl_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *CordonResponse) GetNode() *NodeStatus {
@@ -7968,7 +8315,7 @@ type DrainedJob struct {
 
 func (x *DrainedJob) Reset() {
 	*x = DrainedJob{}
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7980,7 +8327,7 @@ func (x *DrainedJob) String() string {
 func (*DrainedJob) ProtoMessage() {}
 
 func (x *DrainedJob) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7993,7 +8340,7 @@ func (x *DrainedJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainedJob.ProtoReflect.Descriptor instead.
 func (*DrainedJob) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{78}
+	return file_gpuctl_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *DrainedJob) GetJob() string {
@@ -8033,7 +8380,7 @@ type CheckpointJobRequest struct {
 
 func (x *CheckpointJobRequest) Reset() {
 	*x = CheckpointJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[79]
+	mi := &file_gpuctl_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8045,7 +8392,7 @@ func (x *CheckpointJobRequest) String() string {
 func (*CheckpointJobRequest) ProtoMessage() {}
 
 func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[79]
+	mi := &file_gpuctl_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8058,7 +8405,7 @@ func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{79}
+	return file_gpuctl_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *CheckpointJobRequest) GetJob() string {
@@ -8077,7 +8424,7 @@ type CheckpointJobResponse struct {
 
 func (x *CheckpointJobResponse) Reset() {
 	*x = CheckpointJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[80]
+	mi := &file_gpuctl_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8089,7 +8436,7 @@ func (x *CheckpointJobResponse) String() string {
 func (*CheckpointJobResponse) ProtoMessage() {}
 
 func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[80]
+	mi := &file_gpuctl_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8102,7 +8449,7 @@ func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{80}
+	return file_gpuctl_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *CheckpointJobResponse) GetJob() *Job {
@@ -8124,7 +8471,7 @@ type RestartJobRequest struct {
 
 func (x *RestartJobRequest) Reset() {
 	*x = RestartJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[81]
+	mi := &file_gpuctl_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8136,7 +8483,7 @@ func (x *RestartJobRequest) String() string {
 func (*RestartJobRequest) ProtoMessage() {}
 
 func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[81]
+	mi := &file_gpuctl_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8149,7 +8496,7 @@ func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobRequest.ProtoReflect.Descriptor instead.
 func (*RestartJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{81}
+	return file_gpuctl_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *RestartJobRequest) GetJob() string {
@@ -8182,7 +8529,7 @@ type RestartJobResponse struct {
 
 func (x *RestartJobResponse) Reset() {
 	*x = RestartJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[82]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8194,7 +8541,7 @@ func (x *RestartJobResponse) String() string {
 func (*RestartJobResponse) ProtoMessage() {}
 
 func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[82]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8207,7 +8554,7 @@ func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobResponse.ProtoReflect.Descriptor instead.
 func (*RestartJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{82}
+	return file_gpuctl_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *RestartJobResponse) GetJob() *Job {
@@ -8230,7 +8577,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[83]
+	mi := &file_gpuctl_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8242,7 +8589,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[83]
+	mi := &file_gpuctl_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8255,7 +8602,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{83}
+	return file_gpuctl_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *LogsRequest) GetJob() string {
@@ -8296,7 +8643,7 @@ type LogsChunk struct {
 
 func (x *LogsChunk) Reset() {
 	*x = LogsChunk{}
-	mi := &file_gpuctl_proto_msgTypes[84]
+	mi := &file_gpuctl_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8308,7 +8655,7 @@ func (x *LogsChunk) String() string {
 func (*LogsChunk) ProtoMessage() {}
 
 func (x *LogsChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[84]
+	mi := &file_gpuctl_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8321,7 +8668,7 @@ func (x *LogsChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsChunk.ProtoReflect.Descriptor instead.
 func (*LogsChunk) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{84}
+	return file_gpuctl_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *LogsChunk) GetData() []byte {
@@ -8360,7 +8707,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_gpuctl_proto_msgTypes[85]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8372,7 +8719,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[85]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8385,7 +8732,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{85}
+	return file_gpuctl_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *WatchRequest) GetKinds() []WatchKind {
@@ -8437,7 +8784,7 @@ type WatchChange struct {
 
 func (x *WatchChange) Reset() {
 	*x = WatchChange{}
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8449,7 +8796,7 @@ func (x *WatchChange) String() string {
 func (*WatchChange) ProtoMessage() {}
 
 func (x *WatchChange) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8462,7 +8809,7 @@ func (x *WatchChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchChange.ProtoReflect.Descriptor instead.
 func (*WatchChange) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{86}
+	return file_gpuctl_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *WatchChange) GetRevision() uint64 {
@@ -8545,7 +8892,7 @@ type WatchBatch struct {
 
 func (x *WatchBatch) Reset() {
 	*x = WatchBatch{}
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8557,7 +8904,7 @@ func (x *WatchBatch) String() string {
 func (*WatchBatch) ProtoMessage() {}
 
 func (x *WatchBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8570,7 +8917,7 @@ func (x *WatchBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBatch.ProtoReflect.Descriptor instead.
 func (*WatchBatch) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{87}
+	return file_gpuctl_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *WatchBatch) GetEpoch() string {
@@ -8650,7 +8997,7 @@ type Identity struct {
 
 func (x *Identity) Reset() {
 	*x = Identity{}
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8662,7 +9009,7 @@ func (x *Identity) String() string {
 func (*Identity) ProtoMessage() {}
 
 func (x *Identity) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8675,7 +9022,7 @@ func (x *Identity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Identity.ProtoReflect.Descriptor instead.
 func (*Identity) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{88}
+	return file_gpuctl_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *Identity) GetKind() IdentityKind {
@@ -8778,7 +9125,7 @@ type Revocation struct {
 
 func (x *Revocation) Reset() {
 	*x = Revocation{}
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8790,7 +9137,7 @@ func (x *Revocation) String() string {
 func (*Revocation) ProtoMessage() {}
 
 func (x *Revocation) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8803,7 +9150,7 @@ func (x *Revocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revocation.ProtoReflect.Descriptor instead.
 func (*Revocation) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{89}
+	return file_gpuctl_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *Revocation) GetSerial() string {
@@ -8859,7 +9206,7 @@ type JoinTokenUse struct {
 
 func (x *JoinTokenUse) Reset() {
 	*x = JoinTokenUse{}
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8871,7 +9218,7 @@ func (x *JoinTokenUse) String() string {
 func (*JoinTokenUse) ProtoMessage() {}
 
 func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8884,7 +9231,7 @@ func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinTokenUse.ProtoReflect.Descriptor instead.
 func (*JoinTokenUse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{90}
+	return file_gpuctl_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *JoinTokenUse) GetNode() string {
@@ -8921,7 +9268,7 @@ type JoinToken struct {
 
 func (x *JoinToken) Reset() {
 	*x = JoinToken{}
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8933,7 +9280,7 @@ func (x *JoinToken) String() string {
 func (*JoinToken) ProtoMessage() {}
 
 func (x *JoinToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8946,7 +9293,7 @@ func (x *JoinToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
 func (*JoinToken) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{91}
+	return file_gpuctl_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *JoinToken) GetId() string {
@@ -9025,7 +9372,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9037,7 +9384,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9050,7 +9397,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{92}
+	return file_gpuctl_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *CreateJoinTokenRequest) GetTtlSeconds() int64 {
@@ -9084,7 +9431,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9096,7 +9443,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9109,7 +9456,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{93}
+	return file_gpuctl_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *CreateJoinTokenResponse) GetToken() string {
@@ -9134,7 +9481,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9146,7 +9493,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9159,7 +9506,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{94}
+	return file_gpuctl_proto_rawDescGZIP(), []int{98}
 }
 
 type ListTokensResponse struct {
@@ -9171,7 +9518,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9183,7 +9530,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9196,7 +9543,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{95}
+	return file_gpuctl_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *ListTokensResponse) GetTokens() []*JoinToken {
@@ -9216,7 +9563,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9228,7 +9575,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9241,7 +9588,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{96}
+	return file_gpuctl_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -9260,7 +9607,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9272,7 +9619,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9285,7 +9632,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{97}
+	return file_gpuctl_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *RevokeTokenResponse) GetToken() *JoinToken {
@@ -9310,7 +9657,7 @@ type AddUserRequest struct {
 
 func (x *AddUserRequest) Reset() {
 	*x = AddUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9322,7 +9669,7 @@ func (x *AddUserRequest) String() string {
 func (*AddUserRequest) ProtoMessage() {}
 
 func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9335,7 +9682,7 @@ func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserRequest.ProtoReflect.Descriptor instead.
 func (*AddUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{98}
+	return file_gpuctl_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *AddUserRequest) GetName() string {
@@ -9370,7 +9717,7 @@ type AddUserResponse struct {
 
 func (x *AddUserResponse) Reset() {
 	*x = AddUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9382,7 +9729,7 @@ func (x *AddUserResponse) String() string {
 func (*AddUserResponse) ProtoMessage() {}
 
 func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9395,7 +9742,7 @@ func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserResponse.ProtoReflect.Descriptor instead.
 func (*AddUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{99}
+	return file_gpuctl_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *AddUserResponse) GetUser() *Identity {
@@ -9429,7 +9776,7 @@ type ListIdentitiesRequest struct {
 
 func (x *ListIdentitiesRequest) Reset() {
 	*x = ListIdentitiesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9441,7 +9788,7 @@ func (x *ListIdentitiesRequest) String() string {
 func (*ListIdentitiesRequest) ProtoMessage() {}
 
 func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9454,7 +9801,7 @@ func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesRequest.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{100}
+	return file_gpuctl_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *ListIdentitiesRequest) GetKind() IdentityKind {
@@ -9473,7 +9820,7 @@ type ListIdentitiesResponse struct {
 
 func (x *ListIdentitiesResponse) Reset() {
 	*x = ListIdentitiesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9485,7 +9832,7 @@ func (x *ListIdentitiesResponse) String() string {
 func (*ListIdentitiesResponse) ProtoMessage() {}
 
 func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9498,7 +9845,7 @@ func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesResponse.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{101}
+	return file_gpuctl_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *ListIdentitiesResponse) GetIdentities() []*Identity {
@@ -9518,7 +9865,7 @@ type RevokeUserRequest struct {
 
 func (x *RevokeUserRequest) Reset() {
 	*x = RevokeUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9530,7 +9877,7 @@ func (x *RevokeUserRequest) String() string {
 func (*RevokeUserRequest) ProtoMessage() {}
 
 func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9543,7 +9890,7 @@ func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserRequest.ProtoReflect.Descriptor instead.
 func (*RevokeUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{102}
+	return file_gpuctl_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *RevokeUserRequest) GetName() string {
@@ -9572,7 +9919,7 @@ type RevokeUserResponse struct {
 
 func (x *RevokeUserResponse) Reset() {
 	*x = RevokeUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9584,7 +9931,7 @@ func (x *RevokeUserResponse) String() string {
 func (*RevokeUserResponse) ProtoMessage() {}
 
 func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9597,7 +9944,7 @@ func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserResponse.ProtoReflect.Descriptor instead.
 func (*RevokeUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{103}
+	return file_gpuctl_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *RevokeUserResponse) GetRevoked() []*Identity {
@@ -9624,7 +9971,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9636,7 +9983,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9649,7 +9996,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{104}
+	return file_gpuctl_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *RemoveNodeRequest) GetName() string {
@@ -9677,7 +10024,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9689,7 +10036,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9702,7 +10049,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{105}
+	return file_gpuctl_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *RemoveNodeResponse) GetRevoked() []*Identity {
@@ -9730,14 +10077,16 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x05Hello\x12,\n" +
 	"\aversion\x18\x01 \x01(\v2\x12.gpuctl.v1.VersionR\aversion\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12\x1a\n" +
-	"\bsoftware\x18\x03 \x01(\tR\bsoftware\"\xaf\x01\n" +
+	"\bsoftware\x18\x03 \x01(\tR\bsoftware\"\xd0\x01\n" +
 	"\aWelcome\x12,\n" +
 	"\aversion\x18\x01 \x01(\v2\x12.gpuctl.v1.VersionR\aversion\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1f\n" +
 	"\vserver_name\x18\x03 \x01(\tR\n" +
 	"serverName\x12$\n" +
 	"\x0elast_event_seq\x18\x04 \x01(\x04R\flastEventSeq\x12\x19\n" +
-	"\blease_ms\x18\x05 \x01(\rR\aleaseMs\"\x94\x01\n" +
+	"\blease_ms\x18\x05 \x01(\rR\aleaseMs\x12\x1f\n" +
+	"\vleader_addr\x18\x06 \x01(\tR\n" +
+	"leaderAddr\"\x94\x01\n" +
 	"\vJoinRequest\x12,\n" +
 	"\aversion\x18\x01 \x01(\v2\x12.gpuctl.v1.VersionR\aversion\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\x12\x1b\n" +
@@ -10098,11 +10447,35 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x0fVersionResponse\x12\x1a\n" +
 	"\bsoftware\x18\x01 \x01(\tR\bsoftware\x12\x16\n" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12.\n" +
-	"\bprotocol\x18\x03 \x01(\v2\x12.gpuctl.v1.VersionR\bprotocol\"V\n" +
+	"\bprotocol\x18\x03 \x01(\v2\x12.gpuctl.v1.VersionR\bprotocol\"\x0f\n" +
+	"\rStatusRequest\"r\n" +
+	"\fServerStatus\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x12\n" +
+	"\x04role\x18\x03 \x01(\tR\x04role\x12&\n" +
+	"\x0fsince_unix_nano\x18\x04 \x01(\x03R\rsinceUnixNano\"\x85\x01\n" +
+	"\vStoreMember\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x12\x16\n" +
+	"\x06leader\x18\x03 \x01(\bR\x06leader\x12\x18\n" +
+	"\ahealthy\x18\x04 \x01(\bR\ahealthy\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"\xec\x02\n" +
+	"\x0eStatusResponse\x12+\n" +
+	"\x04self\x18\x01 \x01(\v2\x17.gpuctl.v1.ServerStatusR\x04self\x12/\n" +
+	"\x06leader\x18\x02 \x01(\v2\x17.gpuctl.v1.ServerStatusR\x06leader\x121\n" +
+	"\aservers\x18\x03 \x03(\v2\x17.gpuctl.v1.ServerStatusR\aservers\x12\x14\n" +
+	"\x05store\x18\x04 \x01(\tR\x05store\x12#\n" +
+	"\rstore_healthy\x18\x05 \x01(\bR\fstoreHealthy\x12\x1f\n" +
+	"\vstore_error\x18\x06 \x01(\tR\n" +
+	"storeError\x12;\n" +
+	"\rstore_members\x18\a \x03(\v2\x16.gpuctl.v1.StoreMemberR\fstoreMembers\x120\n" +
+	"\n" +
+	"leadership\x18\b \x03(\v2\x10.gpuctl.v1.EventR\n" +
+	"leadership\"V\n" +
 	"\x12InjectFaultRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
 	"\x05fault\x18\x02 \x01(\v2\x16.gpuctl.v1.InjectFaultR\x05fault\"\x15\n" +
-	"\x13InjectFaultResponse\"\xcc\r\n" +
+	"\x13InjectFaultResponse\"\x80\x0e\n" +
 	"\rClientRequest\x12<\n" +
 	"\n" +
 	"list_nodes\x18\x01 \x01(\v2\x1b.gpuctl.v1.ListNodesRequestH\x00R\tlistNodes\x12?\n" +
@@ -10142,8 +10515,9 @@ const file_gpuctl_proto_rawDesc = "" +
 	"revokeUser\x12?\n" +
 	"\vremove_node\x18. \x01(\v2\x1c.gpuctl.v1.RemoveNodeRequestH\x00R\n" +
 	"removeNode\x125\n" +
-	"\aversion\x182 \x01(\v2\x19.gpuctl.v1.VersionRequestH\x00R\aversionB\x06\n" +
-	"\x04body\"\xf5\r\n" +
+	"\aversion\x182 \x01(\v2\x19.gpuctl.v1.VersionRequestH\x00R\aversion\x122\n" +
+	"\x06status\x18< \x01(\v2\x18.gpuctl.v1.StatusRequestH\x00R\x06statusB\x06\n" +
+	"\x04body\"\xcb\x0e\n" +
 	"\x0eClientResponse\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error\x12=\n" +
 	"\n" +
@@ -10184,7 +10558,10 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\vrevoke_user\x18- \x01(\v2\x1d.gpuctl.v1.RevokeUserResponseH\x00R\n" +
 	"revokeUser\x12@\n" +
 	"\vremove_node\x18. \x01(\v2\x1d.gpuctl.v1.RemoveNodeResponseH\x00R\n" +
-	"removeNodeB\x06\n" +
+	"removeNode\x123\n" +
+	"\x06status\x18< \x01(\v2\x19.gpuctl.v1.StatusResponseH\x00R\x06status\x12\x1f\n" +
+	"\vleader_addr\x18d \x01(\tR\n" +
+	"leaderAddrB\x06\n" +
 	"\x04body\"\x9b\x04\n" +
 	"\aJobPlan\x12\x0e\n" +
 	"\x02tp\x18\x01 \x01(\x05R\x02tp\x12\x0e\n" +
@@ -10589,7 +10966,7 @@ func file_gpuctl_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 110)
+var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 114)
 var file_gpuctl_proto_goTypes = []any{
 	(NCCLOp)(0),                     // 0: gpuctl.v1.NCCLOp
 	(EventKind)(0),                  // 1: gpuctl.v1.EventKind
@@ -10650,67 +11027,71 @@ var file_gpuctl_proto_goTypes = []any{
 	(*CreateTokenResponse)(nil),     // 56: gpuctl.v1.CreateTokenResponse
 	(*VersionRequest)(nil),          // 57: gpuctl.v1.VersionRequest
 	(*VersionResponse)(nil),         // 58: gpuctl.v1.VersionResponse
-	(*InjectFaultRequest)(nil),      // 59: gpuctl.v1.InjectFaultRequest
-	(*InjectFaultResponse)(nil),     // 60: gpuctl.v1.InjectFaultResponse
-	(*ClientRequest)(nil),           // 61: gpuctl.v1.ClientRequest
-	(*ClientResponse)(nil),          // 62: gpuctl.v1.ClientResponse
-	(*JobPlan)(nil),                 // 63: gpuctl.v1.JobPlan
-	(*JobRank)(nil),                 // 64: gpuctl.v1.JobRank
-	(*JobNode)(nil),                 // 65: gpuctl.v1.JobNode
-	(*Job)(nil),                     // 66: gpuctl.v1.Job
-	(*JobAttempt)(nil),              // 67: gpuctl.v1.JobAttempt
-	(*SubmitJobRequest)(nil),        // 68: gpuctl.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),       // 69: gpuctl.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 70: gpuctl.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 71: gpuctl.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),        // 72: gpuctl.v1.CancelJobRequest
-	(*ReleaseJobRequest)(nil),       // 73: gpuctl.v1.ReleaseJobRequest
-	(*ReleaseJobResponse)(nil),      // 74: gpuctl.v1.ReleaseJobResponse
-	(*CancelJobResponse)(nil),       // 75: gpuctl.v1.CancelJobResponse
-	(*AssignJobRequest)(nil),        // 76: gpuctl.v1.AssignJobRequest
-	(*AssignJobResponse)(nil),       // 77: gpuctl.v1.AssignJobResponse
-	(*Packing)(nil),                 // 78: gpuctl.v1.Packing
-	(*RebalanceMove)(nil),           // 79: gpuctl.v1.RebalanceMove
-	(*RebalanceRequest)(nil),        // 80: gpuctl.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),       // 81: gpuctl.v1.RebalanceResponse
-	(*StalledRank)(nil),             // 82: gpuctl.v1.StalledRank
-	(*Stall)(nil),                   // 83: gpuctl.v1.Stall
-	(*ListStallsRequest)(nil),       // 84: gpuctl.v1.ListStallsRequest
-	(*ListStallsResponse)(nil),      // 85: gpuctl.v1.ListStallsResponse
-	(*CordonRequest)(nil),           // 86: gpuctl.v1.CordonRequest
-	(*CordonResponse)(nil),          // 87: gpuctl.v1.CordonResponse
-	(*DrainedJob)(nil),              // 88: gpuctl.v1.DrainedJob
-	(*CheckpointJobRequest)(nil),    // 89: gpuctl.v1.CheckpointJobRequest
-	(*CheckpointJobResponse)(nil),   // 90: gpuctl.v1.CheckpointJobResponse
-	(*RestartJobRequest)(nil),       // 91: gpuctl.v1.RestartJobRequest
-	(*RestartJobResponse)(nil),      // 92: gpuctl.v1.RestartJobResponse
-	(*LogsRequest)(nil),             // 93: gpuctl.v1.LogsRequest
-	(*LogsChunk)(nil),               // 94: gpuctl.v1.LogsChunk
-	(*WatchRequest)(nil),            // 95: gpuctl.v1.WatchRequest
-	(*WatchChange)(nil),             // 96: gpuctl.v1.WatchChange
-	(*WatchBatch)(nil),              // 97: gpuctl.v1.WatchBatch
-	(*Identity)(nil),                // 98: gpuctl.v1.Identity
-	(*Revocation)(nil),              // 99: gpuctl.v1.Revocation
-	(*JoinTokenUse)(nil),            // 100: gpuctl.v1.JoinTokenUse
-	(*JoinToken)(nil),               // 101: gpuctl.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),  // 102: gpuctl.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil), // 103: gpuctl.v1.CreateJoinTokenResponse
-	(*ListTokensRequest)(nil),       // 104: gpuctl.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),      // 105: gpuctl.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),      // 106: gpuctl.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),     // 107: gpuctl.v1.RevokeTokenResponse
-	(*AddUserRequest)(nil),          // 108: gpuctl.v1.AddUserRequest
-	(*AddUserResponse)(nil),         // 109: gpuctl.v1.AddUserResponse
-	(*ListIdentitiesRequest)(nil),   // 110: gpuctl.v1.ListIdentitiesRequest
-	(*ListIdentitiesResponse)(nil),  // 111: gpuctl.v1.ListIdentitiesResponse
-	(*RevokeUserRequest)(nil),       // 112: gpuctl.v1.RevokeUserRequest
-	(*RevokeUserResponse)(nil),      // 113: gpuctl.v1.RevokeUserResponse
-	(*RemoveNodeRequest)(nil),       // 114: gpuctl.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),      // 115: gpuctl.v1.RemoveNodeResponse
-	nil,                             // 116: gpuctl.v1.NodeRegistration.LabelsEntry
-	nil,                             // 117: gpuctl.v1.RDMAPortSample.CountersEntry
-	nil,                             // 118: gpuctl.v1.Event.AttrsEntry
-	nil,                             // 119: gpuctl.v1.LaunchRanks.EnvEntry
+	(*StatusRequest)(nil),           // 59: gpuctl.v1.StatusRequest
+	(*ServerStatus)(nil),            // 60: gpuctl.v1.ServerStatus
+	(*StoreMember)(nil),             // 61: gpuctl.v1.StoreMember
+	(*StatusResponse)(nil),          // 62: gpuctl.v1.StatusResponse
+	(*InjectFaultRequest)(nil),      // 63: gpuctl.v1.InjectFaultRequest
+	(*InjectFaultResponse)(nil),     // 64: gpuctl.v1.InjectFaultResponse
+	(*ClientRequest)(nil),           // 65: gpuctl.v1.ClientRequest
+	(*ClientResponse)(nil),          // 66: gpuctl.v1.ClientResponse
+	(*JobPlan)(nil),                 // 67: gpuctl.v1.JobPlan
+	(*JobRank)(nil),                 // 68: gpuctl.v1.JobRank
+	(*JobNode)(nil),                 // 69: gpuctl.v1.JobNode
+	(*Job)(nil),                     // 70: gpuctl.v1.Job
+	(*JobAttempt)(nil),              // 71: gpuctl.v1.JobAttempt
+	(*SubmitJobRequest)(nil),        // 72: gpuctl.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),       // 73: gpuctl.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 74: gpuctl.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 75: gpuctl.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),        // 76: gpuctl.v1.CancelJobRequest
+	(*ReleaseJobRequest)(nil),       // 77: gpuctl.v1.ReleaseJobRequest
+	(*ReleaseJobResponse)(nil),      // 78: gpuctl.v1.ReleaseJobResponse
+	(*CancelJobResponse)(nil),       // 79: gpuctl.v1.CancelJobResponse
+	(*AssignJobRequest)(nil),        // 80: gpuctl.v1.AssignJobRequest
+	(*AssignJobResponse)(nil),       // 81: gpuctl.v1.AssignJobResponse
+	(*Packing)(nil),                 // 82: gpuctl.v1.Packing
+	(*RebalanceMove)(nil),           // 83: gpuctl.v1.RebalanceMove
+	(*RebalanceRequest)(nil),        // 84: gpuctl.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),       // 85: gpuctl.v1.RebalanceResponse
+	(*StalledRank)(nil),             // 86: gpuctl.v1.StalledRank
+	(*Stall)(nil),                   // 87: gpuctl.v1.Stall
+	(*ListStallsRequest)(nil),       // 88: gpuctl.v1.ListStallsRequest
+	(*ListStallsResponse)(nil),      // 89: gpuctl.v1.ListStallsResponse
+	(*CordonRequest)(nil),           // 90: gpuctl.v1.CordonRequest
+	(*CordonResponse)(nil),          // 91: gpuctl.v1.CordonResponse
+	(*DrainedJob)(nil),              // 92: gpuctl.v1.DrainedJob
+	(*CheckpointJobRequest)(nil),    // 93: gpuctl.v1.CheckpointJobRequest
+	(*CheckpointJobResponse)(nil),   // 94: gpuctl.v1.CheckpointJobResponse
+	(*RestartJobRequest)(nil),       // 95: gpuctl.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),      // 96: gpuctl.v1.RestartJobResponse
+	(*LogsRequest)(nil),             // 97: gpuctl.v1.LogsRequest
+	(*LogsChunk)(nil),               // 98: gpuctl.v1.LogsChunk
+	(*WatchRequest)(nil),            // 99: gpuctl.v1.WatchRequest
+	(*WatchChange)(nil),             // 100: gpuctl.v1.WatchChange
+	(*WatchBatch)(nil),              // 101: gpuctl.v1.WatchBatch
+	(*Identity)(nil),                // 102: gpuctl.v1.Identity
+	(*Revocation)(nil),              // 103: gpuctl.v1.Revocation
+	(*JoinTokenUse)(nil),            // 104: gpuctl.v1.JoinTokenUse
+	(*JoinToken)(nil),               // 105: gpuctl.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),  // 106: gpuctl.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil), // 107: gpuctl.v1.CreateJoinTokenResponse
+	(*ListTokensRequest)(nil),       // 108: gpuctl.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),      // 109: gpuctl.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),      // 110: gpuctl.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),     // 111: gpuctl.v1.RevokeTokenResponse
+	(*AddUserRequest)(nil),          // 112: gpuctl.v1.AddUserRequest
+	(*AddUserResponse)(nil),         // 113: gpuctl.v1.AddUserResponse
+	(*ListIdentitiesRequest)(nil),   // 114: gpuctl.v1.ListIdentitiesRequest
+	(*ListIdentitiesResponse)(nil),  // 115: gpuctl.v1.ListIdentitiesResponse
+	(*RevokeUserRequest)(nil),       // 116: gpuctl.v1.RevokeUserRequest
+	(*RevokeUserResponse)(nil),      // 117: gpuctl.v1.RevokeUserResponse
+	(*RemoveNodeRequest)(nil),       // 118: gpuctl.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),      // 119: gpuctl.v1.RemoveNodeResponse
+	nil,                             // 120: gpuctl.v1.NodeRegistration.LabelsEntry
+	nil,                             // 121: gpuctl.v1.RDMAPortSample.CountersEntry
+	nil,                             // 122: gpuctl.v1.Event.AttrsEntry
+	nil,                             // 123: gpuctl.v1.LaunchRanks.EnvEntry
 }
 var file_gpuctl_proto_depIdxs = []int32{
 	10,  // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
@@ -10719,12 +11100,12 @@ var file_gpuctl_proto_depIdxs = []int32{
 	15,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
 	16,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
 	17,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
-	116, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
+	120, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
 	37,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
 	19,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
 	20,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
 	0,   // 10: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
-	117, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
+	121, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
 	21,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
 	22,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
 	23,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
@@ -10734,9 +11115,9 @@ var file_gpuctl_proto_depIdxs = []int32{
 	1,   // 18: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
 	2,   // 19: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
 	3,   // 20: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
-	118, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
+	122, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
 	4,   // 22: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
-	119, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
+	123, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
 	31,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
 	32,  // 25: gpuctl.v1.Command.launch:type_name -> gpuctl.v1.LaunchRanks
 	33,  // 26: gpuctl.v1.Command.signal:type_name -> gpuctl.v1.SignalRanks
@@ -10769,112 +11150,119 @@ var file_gpuctl_proto_depIdxs = []int32{
 	23,  // 53: gpuctl.v1.ObserveItem.flow:type_name -> gpuctl.v1.NetFlowSample
 	53,  // 54: gpuctl.v1.ObserveBatch.items:type_name -> gpuctl.v1.ObserveItem
 	10,  // 55: gpuctl.v1.VersionResponse.protocol:type_name -> gpuctl.v1.Version
-	30,  // 56: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
-	43,  // 57: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
-	45,  // 58: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
-	47,  // 59: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
-	49,  // 60: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
-	52,  // 61: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
-	55,  // 62: gpuctl.v1.ClientRequest.create_token:type_name -> gpuctl.v1.CreateTokenRequest
-	59,  // 63: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
-	68,  // 64: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
-	70,  // 65: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
-	72,  // 66: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
-	76,  // 67: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
-	80,  // 68: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
-	84,  // 69: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
-	86,  // 70: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
-	89,  // 71: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
-	91,  // 72: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
-	93,  // 73: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
-	95,  // 74: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
-	73,  // 75: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
-	102, // 76: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
-	104, // 77: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
-	106, // 78: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
-	108, // 79: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
-	110, // 80: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
-	112, // 81: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
-	114, // 82: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
-	57,  // 83: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
-	44,  // 84: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
-	46,  // 85: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
-	48,  // 86: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
-	50,  // 87: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
-	54,  // 88: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
-	56,  // 89: gpuctl.v1.ClientResponse.create_token:type_name -> gpuctl.v1.CreateTokenResponse
-	60,  // 90: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
-	69,  // 91: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
-	71,  // 92: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
-	75,  // 93: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
-	77,  // 94: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
-	81,  // 95: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
-	85,  // 96: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
-	87,  // 97: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
-	90,  // 98: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
-	92,  // 99: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
-	94,  // 100: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
-	97,  // 101: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
-	74,  // 102: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
-	58,  // 103: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
-	103, // 104: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
-	105, // 105: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
-	107, // 106: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
-	109, // 107: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
-	111, // 108: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
-	113, // 109: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
-	115, // 110: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
-	64,  // 111: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
-	63,  // 112: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
-	6,   // 113: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
-	65,  // 114: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
-	7,   // 115: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
-	65,  // 116: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
-	67,  // 117: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
-	66,  // 118: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
-	66,  // 119: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
-	66,  // 120: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
-	66,  // 121: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
-	66,  // 122: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
-	65,  // 123: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
-	65,  // 124: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
-	78,  // 125: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
-	78,  // 126: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
-	79,  // 127: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
-	78,  // 128: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
-	78,  // 129: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
-	0,   // 130: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
-	82,  // 131: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
-	82,  // 132: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
-	83,  // 133: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
-	41,  // 134: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
-	88,  // 135: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
-	66,  // 136: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
-	66,  // 137: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
-	8,   // 138: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
-	8,   // 139: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
-	41,  // 140: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
-	66,  // 141: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
-	26,  // 142: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
-	83,  // 143: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
-	8,   // 144: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
-	96,  // 145: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
-	9,   // 146: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
-	9,   // 147: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
-	100, // 148: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
-	101, // 149: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
-	101, // 150: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
-	101, // 151: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
-	98,  // 152: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
-	9,   // 153: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
-	98,  // 154: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
-	98,  // 155: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
-	98,  // 156: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
-	157, // [157:157] is the sub-list for method output_type
-	157, // [157:157] is the sub-list for method input_type
-	157, // [157:157] is the sub-list for extension type_name
-	157, // [157:157] is the sub-list for extension extendee
-	0,   // [0:157] is the sub-list for field type_name
+	60,  // 56: gpuctl.v1.StatusResponse.self:type_name -> gpuctl.v1.ServerStatus
+	60,  // 57: gpuctl.v1.StatusResponse.leader:type_name -> gpuctl.v1.ServerStatus
+	60,  // 58: gpuctl.v1.StatusResponse.servers:type_name -> gpuctl.v1.ServerStatus
+	61,  // 59: gpuctl.v1.StatusResponse.store_members:type_name -> gpuctl.v1.StoreMember
+	26,  // 60: gpuctl.v1.StatusResponse.leadership:type_name -> gpuctl.v1.Event
+	30,  // 61: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
+	43,  // 62: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
+	45,  // 63: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
+	47,  // 64: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
+	49,  // 65: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
+	52,  // 66: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
+	55,  // 67: gpuctl.v1.ClientRequest.create_token:type_name -> gpuctl.v1.CreateTokenRequest
+	63,  // 68: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
+	72,  // 69: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
+	74,  // 70: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
+	76,  // 71: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
+	80,  // 72: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
+	84,  // 73: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
+	88,  // 74: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
+	90,  // 75: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
+	93,  // 76: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
+	95,  // 77: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
+	97,  // 78: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
+	99,  // 79: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
+	77,  // 80: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
+	106, // 81: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
+	108, // 82: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
+	110, // 83: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
+	112, // 84: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
+	114, // 85: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
+	116, // 86: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
+	118, // 87: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
+	57,  // 88: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
+	59,  // 89: gpuctl.v1.ClientRequest.status:type_name -> gpuctl.v1.StatusRequest
+	44,  // 90: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
+	46,  // 91: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
+	48,  // 92: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
+	50,  // 93: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
+	54,  // 94: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
+	56,  // 95: gpuctl.v1.ClientResponse.create_token:type_name -> gpuctl.v1.CreateTokenResponse
+	64,  // 96: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
+	73,  // 97: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
+	75,  // 98: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
+	79,  // 99: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
+	81,  // 100: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
+	85,  // 101: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
+	89,  // 102: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
+	91,  // 103: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
+	94,  // 104: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
+	96,  // 105: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
+	98,  // 106: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
+	101, // 107: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
+	78,  // 108: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
+	58,  // 109: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
+	107, // 110: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
+	109, // 111: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
+	111, // 112: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
+	113, // 113: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
+	115, // 114: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
+	117, // 115: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
+	119, // 116: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
+	62,  // 117: gpuctl.v1.ClientResponse.status:type_name -> gpuctl.v1.StatusResponse
+	68,  // 118: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
+	67,  // 119: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
+	6,   // 120: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
+	69,  // 121: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
+	7,   // 122: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
+	69,  // 123: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
+	71,  // 124: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
+	70,  // 125: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
+	70,  // 126: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
+	70,  // 127: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
+	70,  // 128: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
+	70,  // 129: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
+	69,  // 130: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
+	69,  // 131: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
+	82,  // 132: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
+	82,  // 133: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
+	83,  // 134: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
+	82,  // 135: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
+	82,  // 136: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
+	0,   // 137: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
+	86,  // 138: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
+	86,  // 139: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
+	87,  // 140: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
+	41,  // 141: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
+	92,  // 142: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
+	70,  // 143: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
+	70,  // 144: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
+	8,   // 145: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
+	8,   // 146: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
+	41,  // 147: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
+	70,  // 148: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
+	26,  // 149: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
+	87,  // 150: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
+	8,   // 151: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
+	100, // 152: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
+	9,   // 153: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
+	9,   // 154: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
+	104, // 155: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
+	105, // 156: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
+	105, // 157: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
+	105, // 158: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
+	102, // 159: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
+	9,   // 160: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
+	102, // 161: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
+	102, // 162: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
+	102, // 163: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
+	164, // [164:164] is the sub-list for method output_type
+	164, // [164:164] is the sub-list for method input_type
+	164, // [164:164] is the sub-list for extension type_name
+	164, // [164:164] is the sub-list for extension extendee
+	0,   // [0:164] is the sub-list for field type_name
 }
 
 func init() { file_gpuctl_proto_init() }
@@ -10906,7 +11294,7 @@ func file_gpuctl_proto_init() {
 		(*ObserveItem_Collective)(nil),
 		(*ObserveItem_Flow)(nil),
 	}
-	file_gpuctl_proto_msgTypes[51].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[55].OneofWrappers = []any{
 		(*ClientRequest_ListNodes)(nil),
 		(*ClientRequest_ListEvents)(nil),
 		(*ClientRequest_ListCollectives)(nil),
@@ -10934,8 +11322,9 @@ func file_gpuctl_proto_init() {
 		(*ClientRequest_RevokeUser)(nil),
 		(*ClientRequest_RemoveNode)(nil),
 		(*ClientRequest_Version)(nil),
+		(*ClientRequest_Status)(nil),
 	}
-	file_gpuctl_proto_msgTypes[52].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[56].OneofWrappers = []any{
 		(*ClientResponse_ListNodes)(nil),
 		(*ClientResponse_ListEvents)(nil),
 		(*ClientResponse_ListCollectives)(nil),
@@ -10963,6 +11352,7 @@ func file_gpuctl_proto_init() {
 		(*ClientResponse_ListIdentities)(nil),
 		(*ClientResponse_RevokeUser)(nil),
 		(*ClientResponse_RemoveNode)(nil),
+		(*ClientResponse_Status)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -10970,7 +11360,7 @@ func file_gpuctl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuctl_proto_rawDesc), len(file_gpuctl_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   110,
+			NumMessages:   114,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
