@@ -51,3 +51,12 @@ func (c *Client) Version(ctx context.Context) (*api.VersionResponse, error) {
 	}
 	return r.GetVersion(), nil
 }
+
+// Status asks which server leads the control plane and how its store is.
+func (c *Client) Status(ctx context.Context) (*api.StatusResponse, error) {
+	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_Status{Status: &api.StatusRequest{}}})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetStatus(), nil
+}

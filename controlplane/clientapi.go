@@ -77,6 +77,7 @@ var routes = map[protoreflect.Name]route{
 	"logs":             {role: transport.RoleViewer, handle: (*Server).logs},
 	"watch":            {role: transport.RoleViewer, handle: (*Server).watch},
 	"version":          {role: transport.RoleViewer, handle: (*Server).version},
+	"status":           {role: transport.RoleViewer, handle: (*Server).status},
 	"submit_job": {role: transport.RoleOperator, mutates: true, handle: (*Server).submitJob,
 		escalate: func(r *api.ClientRequest) (transport.Role, bool) {
 			if r.GetSubmitJob().GetDryRun() {

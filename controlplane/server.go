@@ -76,6 +76,17 @@ type Config struct {
 	// store.DefaultBackupKeep); one more is taken at a clean shutdown.
 	BackupEvery time.Duration
 	BackupKeep  int
+	// Store, when set, is the store to use instead of <data-dir>/state.db
+	// (it must also be a store.IdentityStore): the shared etcd store of a
+	// highly available control plane, already fenced by this server's
+	// leadership. No backups are taken of it (etcd has its own).
+	Store store.Store
+	// Authority, when set, is the cluster authority to use instead of
+	// <data-dir>/pki (one whose CA the servers share).
+	Authority *transport.Authority
+	// Status, when set, answers gpuctl status (which server leads, the
+	// store's health); without it the server reports itself alone.
+	Status func(ctx context.Context) *api.StatusResponse
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -108,6 +119,15 @@ type Server struct {
 // AdminConfigPath is the client configuration gpuctl serve writes for the
 // cluster's first administrator.
 func AdminConfigPath(dataDir string) string { return filepath.Join(dataDir, "admin.yaml") }
+
+// PKIDir is where a data dir keeps the cluster CA and this server's
+// certificate.
+func PKIDir(dataDir string) string { return filepath.Join(dataDir, "pki") }
+
+// AuthorityOptions are the authority's options for cfg.
+func AuthorityOptions(cfg Config) transport.AuthorityOptions {
+	return transport.AuthorityOptions{ServerNames: cfg.ExtraNames, Logger: cfg.Log}
+}
 
 // StatePath is the store file in a data dir.
 func StatePath(dataDir string) string { return filepath.Join(dataDir, "state.db") }
@@ -157,13 +177,17 @@ func New(cfg Config) (*Server, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("serve: create data dir: %w", err)
 	}
-	auth, err := transport.OpenAuthority(filepath.Join(cfg.DataDir, "pki"), transport.AuthorityOptions{ServerNames: cfg.ExtraNames, Logger: cfg.Log})
-	if err != nil {
-		return nil, fmt.Errorf("serve: %w", err)
+	auth := cfg.Authority
+	if auth == nil {
+		if auth, err = transport.OpenAuthority(PKIDir(cfg.DataDir), AuthorityOptions(cfg)); err != nil {
+			return nil, fmt.Errorf("serve: %w", err)
+		}
 	}
-	st, err := store.OpenBolt(StatePath(cfg.DataDir))
-	if err != nil {
-		return nil, fmt.Errorf("serve: %w", err)
+	st := cfg.Store
+	if st == nil {
+		if st, err = store.OpenBolt(StatePath(cfg.DataDir)); err != nil {
+			return nil, fmt.Errorf("serve: %w", err)
+		}
 	}
 	s, err := newServer(cfg, auth, st, policy)
 	if err != nil {

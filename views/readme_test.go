@@ -41,6 +41,13 @@ func TestJSONDocumented(t *testing.T) {
 			return Rebalance(w, o, &api.RebalanceResponse{Moves: []*api.RebalanceMove{{Job: "j-1a2b3c", From: from, To: from,
 				Before: &api.Packing{Cost: 2}, After: &api.Packing{Cost: 1}}}, Before: &api.Packing{Cost: 2}, After: &api.Packing{Cost: 1}})
 		},
+		"status": func(w *bytes.Buffer) error {
+			leader := &api.ServerStatus{Name: "head-1", Addr: "10.0.0.1:7443", Role: "leader", SinceUnixNano: 1}
+			return Status(w, o, &api.StatusResponse{Self: leader, Leader: leader, Store: "etcd", StoreHealthy: true,
+				Servers:      []*api.ServerStatus{leader, {Name: "head-2", Addr: "10.0.0.2:7443", Role: "standby"}},
+				StoreMembers: []*api.StoreMember{{Name: "etcd-1", Endpoint: "10.0.0.1:2379", Leader: true, Healthy: true}, {Name: "etcd-2", Error: "down"}},
+				Leadership:   []*api.Event{{TimeUnixNano: 1, Message: "server head-1 leads", Attrs: map[string]string{"server": "head-1"}}}})
+		},
 		"version": func(w *bytes.Buffer) error {
 			return Versions(w, o, []VersionJSON{{Component: "client", Version: ptr("0.1.0")}, {Component: "server", Error: ptr("down")}})
 		},

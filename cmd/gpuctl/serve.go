@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os/signal"
 	"strings"
@@ -27,6 +28,7 @@ func newServeCmd() *cobra.Command {
 		sshf              sshConsoleFlags
 		restore           string
 		runAsDefault      string
+		haf               haFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -45,37 +47,54 @@ certificate and admin.yaml (a client config with an admin certificate) in
 			cfg.Commit = buildCommit()
 			cfg.ValidateCommand = strings.Fields(validate)
 			cfg.RunAs.DefaultUser, cfg.RunAs.DefaultGroup, _ = strings.Cut(runAsDefault, ":")
-			if restore != "" {
+			if restore != "" && !haf.enabled() {
 				if err := restoreState(cmd, cfg.DataDir, restore); err != nil {
 					return err
 				}
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			// What a serving (or, with etcd, leading) server adds beside
+			// its QUIC port: metrics and the SSH console.
+			extras := func(ctx context.Context, srv *controlplane.Server) error {
+				if metricsAddr != "" {
+					mx := metrics.New(srv, metrics.Options{})
+					srv.SetObserver(mx)
+					addr, err := mx.Serve(ctx, metricsAddr, log)
+					if err != nil {
+						return fmt.Errorf("serve: --metrics-addr: %w", err)
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "Prometheus metrics on http://%s/metrics\n", addr)
+				}
+				if sshf.listen != "" {
+					addr, err := startSSHConsole(ctx, sshf, srv, cfg.DataDir, log)
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "gpuctl console over ssh on %s (tcp)\n", addr)
+				}
+				return nil
+			}
+			if haf.enabled() {
+				if restore != "" {
+					return fmt.Errorf("serve: --restore restores a bbolt file; an etcd store is restored with etcdutl snapshot restore")
+				}
+				return serveHA(ctx, cmd.OutOrStdout(), cfg, haf, log, extras)
+			}
+			if err := haf.check(); err != nil {
+				return err
 			}
 			srv, err := controlplane.New(cfg)
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
 			if err := srv.Listen(ctx); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "gpuctl serve listening on %s (udp); admin config %s\n",
 				srv.Addr(), controlplane.AdminConfigPath(cfg.DataDir))
-			if metricsAddr != "" {
-				mx := metrics.New(srv, metrics.Options{})
-				srv.SetObserver(mx)
-				addr, err := mx.Serve(ctx, metricsAddr, log)
-				if err != nil {
-					return fmt.Errorf("serve: --metrics-addr: %w", err)
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "Prometheus metrics on http://%s/metrics\n", addr)
-			}
-			if sshf.listen != "" {
-				addr, err := startSSHConsole(ctx, sshf, srv, cfg.DataDir, log)
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "gpuctl console over ssh on %s (tcp)\n", addr)
+			if err := extras(ctx, srv); err != nil {
+				return err
 			}
 			return srv.Serve(ctx)
 		},
@@ -84,7 +103,7 @@ certificate and admin.yaml (a client config with an admin certificate) in
 	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/gpuctl", "where the CA, the store and admin.yaml live")
 	f.StringVar(&cfg.Listen, "listen", ":7443", "UDP address to listen on")
 	f.StringSliceVar(&cfg.ExtraNames, "server-name", nil, "extra DNS name or IP for the server certificate (repeatable)")
-	f.StringVar(&cfg.AdvertiseAddr, "advertise", "", "server address written into admin.yaml (default: the bound address)")
+	f.StringVar(&cfg.AdvertiseAddr, "advertise", "", "server address written into admin.yaml (default: the bound address); with --store etcd,\nthis server's address first, then the others', comma-separated: nodes and clients are sent to it when it leads")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve the cluster's Prometheus metrics on this TCP address, e.g. 127.0.0.1:9400")
 	f.StringVar(&cfg.Policy, "policy", scheduler.DefaultPolicy, "scheduling policy: "+strings.Join(scheduler.PolicyNames(), ", "))
 	f.StringVar(&validate, "validate-command", "", "short all-reduce that nodes new to a recovering job run first, one rank per node\n(e.g. \"ringtrain --steps 3 --compute-ms 0 --bytes 1M\"); empty: NVML health only")
@@ -102,6 +121,7 @@ certificate and admin.yaml (a client config with an admin certificate) in
 	f.StringVar(&logFile, "log-file", "", "log to this file instead of stderr")
 	f.StringVar(&sshf.listen, "ssh-listen", "", "serve the console over SSH on this TCP address, e.g. :2222 (host key in --data-dir)")
 	f.StringVar(&sshf.authorizedKeys, "ssh-authorized-keys", "", "keys allowed into the SSH console, one per line with its role:\nrole=operator ssh-ed25519 AAAA… alice")
+	haf.register(cmd)
 	return cmd
 }
 

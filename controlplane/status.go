@@ -1,0 +1,25 @@
+package controlplane
+
+import (
+	"context"
+	"os"
+
+	"github.com/gpuctl/gpuctl/api"
+)
+
+// status answers gpuctl status: which server leads, since when, and how
+// the store is.
+func (s *Server) status(ctx context.Context, c *call) error {
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_Status{Status: statusOf(ctx, s.cfg)}})
+}
+
+// statusOf is cfg.Status's answer, or, for a server on its own bbolt
+// file, the server alone.
+func statusOf(ctx context.Context, cfg Config) *api.StatusResponse {
+	if cfg.Status != nil {
+		return cfg.Status(ctx)
+	}
+	host, _ := os.Hostname()
+	self := &api.ServerStatus{Name: host, Addr: cfg.AdvertiseAddr, Role: "single"}
+	return &api.StatusResponse{Self: self, Leader: self, Servers: []*api.ServerStatus{self}, Store: "bbolt", StoreHealthy: true}
+}

@@ -1,0 +1,123 @@
+package views
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+)
+
+// StatusJSON is `gpuctl status -o json`: the control plane's servers and
+// its store.
+type StatusJSON struct {
+	// Servers lists every server, the leader first.
+	Servers []ServerJSON `json:"servers"`
+	Store   StoreJSON    `json:"store"`
+	// Leadership lists the leadership changes, newest first.
+	Leadership []LeadershipJSON `json:"leadership"`
+}
+
+// ServerJSON is one gpuctl serve.
+type ServerJSON struct {
+	Name  string     `json:"name"`
+	Addr  *string    `json:"address"`
+	Role  string     `json:"role"`
+	Since *time.Time `json:"since_time"`
+	// Answered is true for the server that answered this request.
+	Answered bool `json:"answered"`
+}
+
+// StoreJSON is the control plane's store.
+type StoreJSON struct {
+	Kind    string            `json:"kind"`
+	Healthy bool              `json:"healthy"`
+	Error   *string           `json:"error"`
+	Members []StoreMemberJSON `json:"members"`
+}
+
+// StoreMemberJSON is one member of a replicated store.
+type StoreMemberJSON struct {
+	Name     string  `json:"name"`
+	Endpoint string  `json:"endpoint"`
+	Leader   bool    `json:"leader"`
+	Healthy  bool    `json:"healthy"`
+	Error    *string `json:"error"`
+}
+
+// LeadershipJSON is one leadership change.
+type LeadershipJSON struct {
+	Time    *time.Time `json:"time"`
+	Server  *string    `json:"server"`
+	Message string     `json:"message"`
+}
+
+// StatusFromAPI converts the server's answer.
+func StatusFromAPI(r *api.StatusResponse) StatusJSON {
+	out := StatusJSON{Servers: []ServerJSON{}, Leadership: []LeadershipJSON{},
+		Store: StoreJSON{Kind: r.GetStore(), Healthy: r.GetStoreHealthy(), Error: optString(r.GetStoreError()), Members: []StoreMemberJSON{}}}
+	for _, s := range r.GetServers() {
+		out.Servers = append(out.Servers, ServerJSON{Name: s.GetName(), Addr: optString(s.GetAddr()), Role: s.GetRole(),
+			Since: optTime(s.GetSinceUnixNano()), Answered: s.GetName() == r.GetSelf().GetName()})
+	}
+	for _, m := range r.GetStoreMembers() {
+		out.Store.Members = append(out.Store.Members, StoreMemberJSON{Name: m.GetName(), Endpoint: m.GetEndpoint(),
+			Leader: m.GetLeader(), Healthy: m.GetHealthy(), Error: optString(m.GetError())})
+	}
+	for _, e := range r.GetLeadership() {
+		out.Leadership = append(out.Leadership, LeadershipJSON{Time: optTime(e.GetTimeUnixNano()),
+			Server: optString(e.GetAttrs()["server"]), Message: e.GetMessage()})
+	}
+	return out
+}
+
+// Status writes which server leads, since when, and the store's health:
+// a table of servers, a line for the store and one per member, and the
+// recent leadership changes.
+func Status(w io.Writer, o Options, r *api.StatusResponse) error {
+	st := StatusFromAPI(r)
+	if o.Format == JSON {
+		return writeJSON(w, st)
+	}
+	now := o.now()
+	tb := tableData{empty: "no servers listed"}
+	tb.cols = []column{{name: "SERVER"}, {name: "ROLE"}, {name: "SINCE"}, {name: "ADDRESS", flex: true}}
+	for _, s := range st.Servers {
+		name := s.Name
+		if s.Answered {
+			name += "*"
+		}
+		tb.add(txt(name), txt(s.Role), txt(ageOf(now, s.Since)), txt(dash(deref(s.Addr))))
+	}
+	if err := o.writeTable(w, tb); err != nil {
+		return err
+	}
+	health := "healthy"
+	if !st.Store.Healthy {
+		health = "UNHEALTHY: " + deref(st.Store.Error)
+	}
+	if _, err := fmt.Fprintln(w, Escape(fmt.Sprintf("\nstore %s: %s", st.Store.Kind, health))); err != nil {
+		return err
+	}
+	for _, m := range st.Store.Members {
+		line := fmt.Sprintf("  %s %s", m.Name, m.Endpoint)
+		if m.Leader {
+			line += " (raft leader)"
+		}
+		if !m.Healthy {
+			line += " UNREACHABLE: " + deref(m.Error)
+		}
+		if _, err := fmt.Fprintln(w, Escape(line)); err != nil {
+			return err
+		}
+	}
+	if len(st.Leadership) > 0 {
+		fmt.Fprintln(w, "\nleadership:")
+		for _, l := range st.Leadership {
+			if _, err := fmt.Fprintln(w, Escape(fmt.Sprintf("  %s ago  %s", ageOf(now, l.Time), l.Message))); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
