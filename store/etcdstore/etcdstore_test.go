@@ -26,6 +26,10 @@ func openFenced(t testing.TB, cli *clientv3.Client, opts Options) *Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	// A fresh creation revision, as a new election key would have.
+	if _, err := cli.Delete(context.Background(), opts.Prefix+"leader"); err != nil {
+		t.Fatal(err)
+	}
 	resp, err := cli.Put(context.Background(), opts.Prefix+"leader", "me")
 	if err != nil {
 		t.Fatal(err)

@@ -15,10 +15,7 @@ import (
 
 // AppendEvent persists one server-raised event.
 func (s *Store) AppendEvent(e *api.Event) error {
-	if err := s.Update(func(tx store.Tx) error { return tx.AppendEvent(e) }); err != nil {
-		return fmt.Errorf("etcd store: append event: %w", err)
-	}
-	return nil
+	return s.write("append event", func(tx store.Tx) error { return tx.AppendEvent(e) })
 }
 
 // AppendNodeEvents persists node's events in order, skipping seqs already

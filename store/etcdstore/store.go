@@ -223,7 +223,7 @@ const pageSize = 1000
 
 // PutNode stores n under its registration name.
 func (s *Store) PutNode(n *api.NodeStatus) error {
-	return s.Update(func(tx store.Tx) error { return tx.PutNode(n) })
+	return s.write("put node "+n.GetRegistration().GetName(), func(tx store.Tx) error { return tx.PutNode(n) })
 }
 
 // Node returns the node called name, or store.ErrNotFound.
@@ -246,7 +246,7 @@ func (s *Store) Nodes() ([]*api.NodeStatus, error) {
 
 // PutJob creates or replaces a job's record under its id.
 func (s *Store) PutJob(j *api.Job) error {
-	return s.Update(func(tx store.Tx) error { return tx.PutJob(j) })
+	return s.write("put job "+j.GetId(), func(tx store.Tx) error { return tx.PutJob(j) })
 }
 
 // Job returns the job with id, or store.ErrNotFound.

@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"errors"
 	"fmt"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -87,19 +88,51 @@ func (s *Store) eventKey(e *api.Event, fenceRev int64) string {
 // committed and the error says how many. Raise etcd's --max-txn-ops (and
 // MaxTxnOps with it) where scheduling passes write more than 128 records.
 func (s *Store) Update(fn func(store.Tx) error) error {
+	n, err := s.update(fn)
+	var fe fnError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &fe):
+		return fe.err // as fn returned it
+	}
+	return fmt.Errorf("etcd store: update (%d writes): %w", n, err)
+}
+
+// fnError carries an error of update's fn, returned as it came.
+type fnError struct{ err error }
+
+func (e fnError) Error() string { return e.err.Error() }
+
+// update runs fn and commits its writes; fn's error comes wrapped in
+// errFn, a commit's error bare.
+func (s *Store) update(fn func(store.Tx) error) (int, error) {
 	_, _, rev, err := s.fence()
 	if err != nil {
-		return fmt.Errorf("etcd store: update: %w", err)
+		return 0, err
 	}
 	b := &batch{s: s, fenceRev: rev, at: map[string]int{}}
 	if err := fn(b); err != nil {
-		return err
+		return 0, fnError{err}
 	}
 	if err := s.commitPuts(b.ops); err != nil {
-		return fmt.Errorf("etcd store: update (%d writes): %w", len(b.ops), err)
+		return len(b.ops), err
 	}
 	s.noteEvents(b.events)
-	return nil
+	return len(b.ops), nil
+}
+
+// write is Update of one record, its errors saying what.
+func (s *Store) write(what string, fn func(store.Tx) error) error {
+	_, err := s.update(fn)
+	var fe fnError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &fe):
+		return fe.err
+	}
+	return fmt.Errorf("etcd store: %s: %w", what, err)
 }
 
 // commitPuts commits puts in chunks etcd accepts, in order.
