@@ -103,8 +103,10 @@ func Open(ctx context.Context, cli *clientv3.Client, opts Options) (*Store, erro
 func (s *Store) Fence(leaderKey string, leaderRev int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if leaderRev != s.fenceRev {
+		s.eventN = 0 // event keys of a new leadership sort after the old ones anyway
+	}
 	s.fenceKey, s.fenceRev = leaderKey, leaderRev
-	s.eventN = 0
 	s.eventCount = -1 // another leader wrote since we last counted
 }
 
