@@ -12,6 +12,11 @@ import (
 // ErrNotFound is returned when the asked-for record does not exist.
 var ErrNotFound = errors.New("not found")
 
+// ErrNotLeader is returned by a replicated store's write when this server
+// does not hold the leadership it writes under: it was deposed (another
+// gpuctl serve now leads) or it is a standby. Nothing of the write is stored.
+var ErrNotLeader = errors.New("this gpuctl serve is no longer the leader (another server now is, or none is elected yet); nothing was written")
+
 // EventFilter selects events from the log.
 type EventFilter struct {
 	// Node limits to one node's events; empty means all.
