@@ -241,7 +241,7 @@ func nodeNamed(t *testing.T, cl *client.Client, name string) *api.NodeStatus {
 		t.Fatal(err)
 	}
 	for _, nd := range nodes {
-		if nd.GetName() == name {
+		if nd.GetRegistration().GetName() == name {
 			return nd
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/gpuctl/gpuctl/controlplane"
 	"github.com/gpuctl/gpuctl/controlplane/ha"
@@ -84,7 +85,7 @@ func serveHA(ctx context.Context, out io.Writer, cfg controlplane.Config, h haFl
 	}
 	endpoints := h.endpoints
 	if h.embedded {
-		member, err := startMember(ctx, cfg.DataDir, name, h, log)
+		member, err := startMember(ctx, cfg.DataDir, name, h)
 		if err != nil {
 			return err
 		}
@@ -99,6 +100,8 @@ func serveHA(ctx context.Context, out io.Writer, cfg controlplane.Config, h haFl
 		return fmt.Errorf("serve: %w", err)
 	}
 	ecfg.Context = ctx
+	// etcd's client logs every retry at info level; gpuctl says what matters.
+	ecfg.Logger = zap.NewNop()
 	cli, err := clientv3.New(ecfg)
 	if err != nil {
 		return fmt.Errorf("serve: connect to etcd %s: %w", strings.Join(endpoints, ","), err)
@@ -143,7 +146,7 @@ func advertised(cfg controlplane.Config) (string, error) {
 }
 
 // startMember starts the embedded etcd member.
-func startMember(ctx context.Context, dataDir, name string, h haFlags, log *slog.Logger) (*etcdembed.Member, error) {
+func startMember(ctx context.Context, dataDir, name string, h haFlags) (*etcdembed.Member, error) {
 	mname := h.memberName
 	if mname == "" {
 		mname = name
@@ -156,8 +159,8 @@ func startMember(ctx context.Context, dataDir, name string, h haFlags, log *slog
 	if initial == "" {
 		initial = mname + "=" + h.peerListen
 	}
-	m, err := etcdembed.Start(ctx, etcdembed.Config{Name: mname, DataDir: dir, ClientURLs: []string{h.clientListen},
-		PeerURLs: []string{h.peerListen}, InitialCluster: initial, ClusterState: h.memberState, Log: log.With("part", "etcd")})
+	m, err := etcdembed.Start(ctx, etcdembed.Config{Name: mname, DataDir: dir, ClientURLs: h.clientListen,
+		PeerURLs: h.peerListen, InitialCluster: initial, ClusterState: h.memberState})
 	if err != nil {
 		return nil, fmt.Errorf("serve: --embedded-etcd: %w", err)
 	}

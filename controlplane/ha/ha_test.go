@@ -95,7 +95,7 @@ func TestDeposedLeaderCannotWrite(t *testing.T) {
 	writes := map[string]func() error{
 		"PutJob":      func() error { return st1.PutJob(&api.Job{Id: "j-2", Name: "deposed"}) },
 		"AppendEvent": func() error { return st1.AppendEvent(&api.Event{TimeUnixNano: 1, Message: "deposed"}) },
-		"PutNode":     func() error { return st1.PutNode(&api.NodeStatus{Name: "node-x"}) },
+		"PutNode":     func() error { return st1.PutNode(&api.NodeStatus{Registration: &api.NodeRegistration{Name: "node-x"}}) },
 		"Update": func() error {
 			return st1.Update(func(tx store.Tx) error { return tx.PutJob(&api.Job{Id: "j-3", Name: "deposed"}) })
 		},

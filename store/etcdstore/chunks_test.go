@@ -45,3 +45,46 @@ func TestBatchesPastMaxTxnOps(t *testing.T) {
 		t.Fatalf("a record over the request limit: %v", err)
 	}
 }
+
+// TestSplitBatchRetryStoresEventsOnce: a batch split in several
+// transactions whose second fails has stored its first; the job owner
+// retries the step with the same events, which land once, not twice.
+func TestSplitBatchRetryStoresEventsOnce(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	// Chunks of 4 writes; records up to 4 MiB pass the store's own check
+	// and are refused by etcd (1.5 MiB a request), failing the second
+	// transaction after the first committed.
+	s := openFenced(t, c.Client(t), Options{MaxTxnOps: 4, MaxTxnBytes: 4 << 20})
+	var evs []*api.Event
+	for i := range 4 {
+		evs = append(evs, &api.Event{TimeUnixNano: int64(100 + i), Message: fmt.Sprint("event ", i)})
+	}
+	job := &api.Job{Id: "j-1", SpecYaml: strings.Repeat("x", 2<<20)}
+	step := func(tx store.Tx) error {
+		for _, e := range evs {
+			if err := tx.AppendEvent(e); err != nil {
+				return err
+			}
+		}
+		return tx.PutJob(job)
+	}
+	err := s.Update(step)
+	if err == nil || !strings.Contains(err.Error(), "committed 1 of 2") {
+		t.Fatalf("the oversized second transaction: %v, want it refused after the first committed", err)
+	}
+	if got, _ := s.Events(store.EventFilter{}); len(got) != 4 {
+		t.Fatalf("after the partial commit %d events, want the first transaction's 4", len(got))
+	}
+	job.SpecYaml = "small"
+	must(t, s.Update(step))
+	got, err := s.Events(store.EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 4 {
+		t.Fatalf("after the retry %d events, want 4 (each once)", len(got))
+	}
+	if j, err := s.Job("j-1"); err != nil || j.GetSpecYaml() != "small" {
+		t.Fatalf("job after the retry: %v, %v", j, err)
+	}
+}

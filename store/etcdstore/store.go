@@ -54,7 +54,8 @@ type Store struct {
 	fenceKey   string
 	fenceRev   int64
 	eventN     uint64 // orders events of one nanosecond written under one fence
-	eventCount int64  // events in the log; -1 until counted under this fence
+	retryKeys  map[*api.Event]string
+	eventCount int64 // events in the log; -1 until counted under this fence
 
 	pruneMu sync.Mutex
 }

@@ -20,6 +20,9 @@ type batch struct {
 	ops      []put
 	at       map[string]int
 	events   int
+	// keyOf is the key each event of the batch got, kept when the batch
+	// fails so that its retry puts the same events under the same keys.
+	keyOf map[*api.Event]string
 }
 
 type put struct {
@@ -66,11 +69,27 @@ func (b *batch) PutJob(j *api.Job) error {
 }
 
 func (b *batch) AppendEvent(e *api.Event) error {
-	if err := b.add(b.s.eventKey(e, b.fenceRev), e); err != nil {
+	key, ok := b.s.retryKey(e)
+	if !ok {
+		key = b.s.eventKey(e, b.fenceRev)
+	}
+	b.keyOf[e] = key
+	if err := b.add(key, e); err != nil {
 		return fmt.Errorf("etcd store: append event: %w", err)
 	}
 	b.events++
 	return nil
+}
+
+// retryKey is the key e got in the last batch, when that batch failed: a
+// batch split in several transactions may have stored part of its events,
+// and the job owner retries a failed step with the same events, which then
+// land on the keys they have, not twice.
+func (s *Store) retryKey(e *api.Event) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k, ok := s.retryKeys[e]
+	return k, ok
 }
 
 func (s *Store) eventKey(e *api.Event, fenceRev int64) string {
@@ -85,8 +104,11 @@ func (s *Store) eventKey(e *api.Event, fenceRev int64) string {
 // transaction. A batch of more than MaxTxnOps writes (or MaxTxnBytes) is
 // committed as several fenced transactions in the order fn wrote, and is
 // then NOT atomic: when one of them fails, the ones before it stay
-// committed and the error says how many. Raise etcd's --max-txn-ops (and
-// MaxTxnOps with it) where scheduling passes write more than 128 records.
+// committed and the error says how many. Records are puts, so a retry of
+// the same writes converges (events reuse their keys, see retryKey); a
+// reader may meet the half-written batch meanwhile. Raise etcd's
+// --max-txn-ops (and MaxTxnOps with it) where scheduling passes write more
+// than 128 records.
 func (s *Store) Update(fn func(store.Tx) error) error {
 	n, err := s.update(fn)
 	var fe fnError
@@ -111,11 +133,18 @@ func (s *Store) update(fn func(store.Tx) error) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	b := &batch{s: s, fenceRev: rev, at: map[string]int{}}
+	b := &batch{s: s, fenceRev: rev, at: map[string]int{}, keyOf: map[*api.Event]string{}}
 	if err := fn(b); err != nil {
 		return 0, fnError{err}
 	}
-	if err := s.commitPuts(b.ops); err != nil {
+	err = s.commitPuts(b.ops)
+	s.mu.Lock()
+	s.retryKeys = nil
+	if err != nil {
+		s.retryKeys = b.keyOf
+	}
+	s.mu.Unlock()
+	if err != nil {
 		return len(b.ops), err
 	}
 	s.noteEvents(b.events)
