@@ -173,6 +173,9 @@ func (d *Dialer) join(ctx context.Context, addr, token, nodeName, dir string) (*
 		return nil, fmt.Errorf("read join answer: %w", peerError(err))
 	}
 	if resp.GetError() != "" {
+		if leader := resp.GetLeaderAddr(); leader != "" {
+			return nil, &NotLeaderError{Server: addr, Leader: leader, Reason: resp.GetError()}
+		}
 		return nil, &RefusedError{Reason: resp.GetError()}
 	}
 	ca, err := x509.ParseCertificate(resp.GetCaCertDer())
