@@ -268,7 +268,11 @@ func (a *Agent) join(ctx context.Context, dir string) (*transport.Identity, erro
 			a.log.Warn("join failed; trying the next server", "server", addr, "err", err, "next", a.servers.Next())
 			continue
 		}
-		if !busy {
+		switch {
+		case busy:
+		case len(unreachable) == 1:
+			return nil, fmt.Errorf("nodemon: join %s: %w", addr, err)
+		default:
 			return nil, fmt.Errorf("nodemon: join: no server of %s could be reached: %w", a.servers, errors.Join(unreachable...))
 		}
 		busy, unreachable = false, nil
