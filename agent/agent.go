@@ -25,7 +25,9 @@ const Version = api.Release
 
 // Config configures nodemon.
 type Config struct {
-	// Server is the UDP address of gpuctl serve.
+	// Server is the UDP address of gpuctl serve (host:port), or of every
+	// server of a highly available control plane, comma-separated:
+	// nodemon finds the leader among them (transport.ParseServers).
 	Server string
 	// Token is the join token, needed only until the node has a certificate.
 	Token string
@@ -65,12 +67,21 @@ type Agent struct {
 	metrics   *metrics
 	// beats turns the server's lease renewals into deadlines.
 	beats *leaseClock
+	// servers is which server to dial next.
+	servers *transport.Servers
+	// silenceLimit is how long a session with a lease may go without a
+	// word from the server before nodemon takes the server for dead.
+	silenceLimit time.Duration
 }
 
 // New builds an agent around already-opened probes.
 func New(cfg Config, p *Probes) (*Agent, error) {
 	if cfg.Server == "" {
 		return nil, errors.New("nodemon: --server is required")
+	}
+	addrs, err := transport.ParseServers(cfg.Server)
+	if err != nil {
+		return nil, fmt.Errorf("nodemon: --server: %w", err)
 	}
 	if cfg.DataDir == "" {
 		return nil, errors.New("nodemon: --data-dir is required")
@@ -98,12 +109,14 @@ func New(cfg Config, p *Probes) (*Agent, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{
-		cfg:       cfg,
-		log:       cfg.Log.With("node", cfg.Name),
-		probes:    p,
-		telemetry: newTelemetryBuffer(cfg.TelemetryBuffer),
-		events:    newEventQueue(100_000),
-		beats:     newLeaseClock(),
+		cfg:          cfg,
+		log:          cfg.Log.With("node", cfg.Name),
+		probes:       p,
+		telemetry:    newTelemetryBuffer(cfg.TelemetryBuffer),
+		events:       newEventQueue(100_000),
+		beats:        newLeaseClock(),
+		servers:      transport.NewServers(addrs),
+		silenceLimit: SilenceLimit(cfg.Heartbeat),
 	}
 	a.metrics = newMetrics(cfg.Name, a.events.len, p.inventory)
 	a.events.observe = a.metrics.event
@@ -161,18 +174,34 @@ func (a *Agent) Run(ctx context.Context) error {
 	// The pauses start over whenever the server answers a hello: a server
 	// that crashed during a session was reachable, and the one restarted
 	// after it waits only transport.NodeReconnectWithin for this node.
+	// With several servers, a failed one is followed at once by the next:
+	// the pause comes only once every server has failed in turn.
 	backoff := transport.Backoff{Base: transport.NodeReconnectBase, Max: transport.NodeReconnectMax, Jitter: 0.2}
 	for ctx.Err() == nil {
-		err := a.session(ctx, d, id, reg, backoff.Reset)
+		addr := a.servers.Next()
+		err := a.session(ctx, d, addr, id, reg, func() {
+			a.servers.Succeeded(addr)
+			backoff.Reset()
+		})
 		if ctx.Err() != nil {
 			break
 		}
 		var refused *transport.RefusedError
 		if errors.As(err, &refused) {
-			return fmt.Errorf("nodemon: server refused this node: %w", err)
+			return fmt.Errorf("nodemon: server %s refused this node: %w", addr, err)
+		}
+		var nl *transport.NotLeaderError
+		if errors.As(err, &nl) && nl.Leader != "" && a.servers.Redirect(addr, nl.Leader) {
+			// Not a failure: the leader is dialled at once.
+			a.log.Info("server is a standby; dialing the leader", "server", addr, "leader", nl.Leader)
+			continue
+		}
+		if !a.servers.Failed(addr) {
+			a.log.Warn("lost server; trying the next", "server", addr, "err", err, "next", a.servers.Next())
+			continue
 		}
 		delay := backoff.Next()
-		a.log.Warn("disconnected from server; retrying", "err", err, "in", delay.Round(time.Millisecond), "attempt", backoff.Attempt())
+		a.log.Warn("disconnected from server; retrying", "server", addr, "err", err, "in", delay.Round(time.Millisecond), "attempt", backoff.Attempt(), "next", a.servers.Next())
 		select {
 		case <-ctx.Done():
 		case <-time.After(delay):
@@ -195,25 +224,63 @@ func (a *Agent) identity(ctx context.Context) (*transport.Identity, error) {
 	if a.cfg.Token == "" {
 		return nil, fmt.Errorf("nodemon: no identity in %s yet: pass --token (make one with `gpuctl token create`)", dir)
 	}
-	// A server busy with other joins (a rack joining at once, or a flood)
-	// says so; that is worth waiting for, unlike a refusal.
+	return a.join(ctx, dir)
+}
+
+// join trades the token for a node identity at the leader: a standby
+// sends the join on to it. A server busy with other joins (a rack joining
+// at once, or a flood), or a standby with no leader yet, is worth waiting
+// for, unlike a refusal; one that cannot be reached gives way to the next
+// server, and the join fails once every server failed in one round with
+// none busy.
+func (a *Agent) join(ctx context.Context, dir string) (*transport.Identity, error) {
 	backoff := transport.Backoff{Base: joinRetryBase, Max: 30 * time.Second}
+	var unreachable []error
+	busy := false
 	for {
+		addr := a.servers.Next()
 		jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		id, err = transport.Join(jctx, a.cfg.Server, a.cfg.Token, a.cfg.Name, dir)
+		id, err := transport.Join(jctx, addr, a.cfg.Token, a.cfg.Name, dir)
 		cancel()
 		if err == nil {
-			a.log.Info("joined cluster", "server", a.cfg.Server)
+			a.servers.Succeeded(addr)
+			a.log.Info("joined cluster", "server", addr)
 			return id, nil
 		}
-		if !transport.IsBusy(err) || ctx.Err() != nil {
-			return nil, fmt.Errorf("nodemon: join %s: %w", a.cfg.Server, err)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("nodemon: join %s: %w", addr, ctx.Err())
 		}
+		var nl *transport.NotLeaderError
+		if errors.As(err, &nl) && nl.Leader != "" && a.servers.Redirect(addr, nl.Leader) {
+			a.log.Info("server is a standby; joining at the leader", "server", addr, "leader", nl.Leader)
+			continue
+		}
+		var refused *transport.RefusedError
+		if errors.As(err, &refused) {
+			return nil, fmt.Errorf("nodemon: join %s: %w", addr, err)
+		}
+		if transport.IsBusy(err) {
+			busy = true
+		} else {
+			unreachable = append(unreachable, err)
+		}
+		if !a.servers.Failed(addr) {
+			a.log.Warn("join failed; trying the next server", "server", addr, "err", err, "next", a.servers.Next())
+			continue
+		}
+		switch {
+		case busy:
+		case len(unreachable) == 1:
+			return nil, fmt.Errorf("nodemon: join %s: %w", addr, err)
+		default:
+			return nil, fmt.Errorf("nodemon: join: no server of %s could be reached: %w", a.servers, errors.Join(unreachable...))
+		}
+		busy, unreachable = false, nil
 		delay := backoff.Next()
 		a.log.Warn("server busy; retrying the join", "err", err, "in", delay.Round(time.Millisecond), "attempt", backoff.Attempt())
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("nodemon: join %s: %w", a.cfg.Server, ctx.Err())
+			return nil, fmt.Errorf("nodemon: join %s: %w", addr, ctx.Err())
 		case <-time.After(delay):
 		}
 	}
@@ -245,11 +312,11 @@ func (a *Agent) sessionRegistration(base *api.NodeRegistration) *api.NodeRegistr
 	return reg
 }
 
-// session runs one connection to the server until it fails; welcomed is
-// called once the server has answered the hello.
-func (a *Agent) session(ctx context.Context, d *transport.Dialer, id *transport.Identity, base *api.NodeRegistration, welcomed func()) error {
+// session runs one connection to the server at addr until it fails;
+// welcomed is called once the server has answered the hello.
+func (a *Agent) session(ctx context.Context, d *transport.Dialer, addr string, id *transport.Identity, base *api.NodeRegistration, welcomed func()) error {
 	dctx, cancel := context.WithTimeout(ctx, transport.NodeDialTimeout)
-	conn, err := d.DialNode(dctx, a.cfg.Server, id)
+	conn, err := d.DialNode(dctx, addr, id)
 	cancel()
 	if err != nil {
 		return err
@@ -257,12 +324,17 @@ func (a *Agent) session(ctx context.Context, d *transport.Dialer, id *transport.
 	defer conn.Close()
 	sctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
-	control, err := a.handshake(sctx, conn, a.sessionRegistration(base))
+	control, lease, err := a.handshake(sctx, conn, a.sessionRegistration(base))
 	if err != nil {
+		var nl *transport.NotLeaderError
+		if errors.As(err, &nl) {
+			nl.Server = addr
+		}
 		return err
 	}
 	welcomed()
-	a.log.Info("connected", "server", a.cfg.Server)
+	a.log.Info("connected", "server", addr)
+	heard := newHearing(time.Now())
 	var writeMu sync.Mutex
 	sendControl := func(m *api.AgentMessage) error {
 		writeMu.Lock()
@@ -281,7 +353,12 @@ func (a *Agent) session(ctx context.Context, d *transport.Dialer, id *transport.
 		}()
 	}
 	run("heartbeat", func() error { return a.heartbeats(sctx, sendControl) })
-	run("commands", func() error { return a.commands(sctx, control, sendControl) })
+	run("commands", func() error { return a.commands(sctx, control, sendControl, heard) })
+	if lease > 0 {
+		// Only a server that grants a lease answers every heartbeat, so
+		// only then is its silence a sign that it is gone.
+		run("watchdog", func() error { return a.watchdog(sctx, heard) })
+	}
 	run("telemetry", func() error { return a.sendTelemetry(sctx, conn) })
 	run("events", func() error { return a.sendEvents(sctx, conn) })
 	<-sctx.Done()
@@ -290,10 +367,12 @@ func (a *Agent) session(ctx context.Context, d *transport.Dialer, id *transport.
 	return context.Cause(sctx)
 }
 
-func (a *Agent) handshake(ctx context.Context, conn *transport.Conn, reg *api.NodeRegistration) (*transport.Stream, error) {
+// handshake says hello and registers; it returns the control stream and
+// the lease granted. A standby's refusal is a *transport.NotLeaderError.
+func (a *Agent) handshake(ctx context.Context, conn *transport.Conn, reg *api.NodeRegistration) (*transport.Stream, time.Duration, error) {
 	control, err := conn.OpenStream(ctx, transport.StreamControl)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	control.SetDeadline(time.Now().Add(transport.NodeDialTimeout))
 	// The server hears of this node no earlier than now: a lease it grants
@@ -301,27 +380,47 @@ func (a *Agent) handshake(ctx context.Context, conn *transport.Conn, reg *api.No
 	hello := time.Now()
 	if err := control.Send(&api.AgentMessage{Body: &api.AgentMessage_Hello{Hello: &api.Hello{
 		Version: api.CurrentVersion(), Role: "node", Software: "nodemon " + Version}}}); err != nil {
-		return nil, fmt.Errorf("send hello: %w", err)
+		return nil, 0, fmt.Errorf("send hello: %w", err)
 	}
 	var m api.ServerMessage
 	if err := control.Recv(&m); err != nil {
-		return nil, fmt.Errorf("read welcome: %w", err)
+		return nil, 0, fmt.Errorf("read welcome: %w", err)
 	}
 	w := m.GetWelcome()
 	if w == nil {
-		return nil, errors.New("server answered hello without a welcome")
+		return nil, 0, errors.New("server answered hello without a welcome")
 	}
-	if w.GetError() != "" {
-		return nil, &transport.RefusedError{Reason: w.GetError()}
+	if err := welcomeError(w); err != nil {
+		return nil, 0, err
 	}
 	a.events.welcome(w.GetLastEventSeq())
 	a.beats.reset()
-	a.exec.BeginLease(time.Duration(w.GetLeaseMs())*time.Millisecond, hello)
+	lease := time.Duration(w.GetLeaseMs()) * time.Millisecond
+	a.exec.BeginLease(lease, hello)
 	if err := control.Send(&api.AgentMessage{Body: &api.AgentMessage_Register{Register: reg}}); err != nil {
-		return nil, fmt.Errorf("send registration: %w", err)
+		return nil, 0, fmt.Errorf("send registration: %w", err)
 	}
 	control.SetDeadline(time.Time{})
-	return control, nil
+	return control, lease, nil
+}
+
+// welcomeError reads a welcome's refusal. A standby names the leader, or
+// none while no leader is elected: a *transport.NotLeaderError, to go on
+// with. A refusal from a server of another protocol version is final (a
+// *transport.RefusedError): no server of that release will take this
+// node. (The version check is the only refusal a leader sends in a
+// welcome.)
+func welcomeError(w *api.Welcome) error {
+	msg := w.GetError()
+	switch {
+	case msg == "":
+		return nil
+	case w.GetLeaderAddr() != "":
+		return &transport.NotLeaderError{Leader: w.GetLeaderAddr(), Reason: msg}
+	case api.CheckVersion(w.GetVersion()) != nil:
+		return &transport.RefusedError{Reason: msg}
+	}
+	return &transport.NotLeaderError{Reason: msg}
 }
 
 func (a *Agent) heartbeats(ctx context.Context, send func(*api.AgentMessage) error) error {
@@ -344,8 +443,9 @@ func (a *Agent) heartbeats(ctx context.Context, send func(*api.AgentMessage) err
 	}
 }
 
-// commands carries out the server's commands in order and acks each.
-func (a *Agent) commands(ctx context.Context, control *transport.Stream, send func(*api.AgentMessage) error) error {
+// commands carries out the server's commands in order and acks each;
+// every message from the server is heard.
+func (a *Agent) commands(ctx context.Context, control *transport.Stream, send func(*api.AgentMessage) error, heard *hearing) error {
 	for {
 		var m api.ServerMessage
 		if err := control.Recv(&m); err != nil {
@@ -354,6 +454,7 @@ func (a *Agent) commands(ctx context.Context, control *transport.Stream, send fu
 			}
 			return err
 		}
+		heard.heard(time.Now())
 		if l := m.GetLease(); l != nil {
 			if d, ok := a.beats.deadline(l.GetHeartbeatSeq(), time.Duration(l.GetLeaseMs())*time.Millisecond); ok {
 				a.exec.RenewLeases(d)
@@ -365,7 +466,10 @@ func (a *Agent) commands(ctx context.Context, control *transport.Stream, send fu
 			continue
 		}
 		ack := &api.CommandAck{Id: c.GetId()}
-		if err := a.execute(c, ack); err != nil {
+		heard.busy(true)
+		err := a.execute(c, ack)
+		heard.busy(false)
+		if err != nil {
 			ack.Error = err.Error()
 			var je *JobError
 			ack.JobError = errors.As(err, &je)

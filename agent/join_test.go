@@ -80,7 +80,7 @@ func TestJoinRetriesWhileServerBusy(t *testing.T) {
 
 	var logs lockedBuffer
 	a := &Agent{cfg: Config{Server: addr.String(), Token: tok, Name: "gpu-busy", DataDir: t.TempDir()},
-		log: slog.New(slog.NewTextHandler(&logs, nil))}
+		log: slog.New(slog.NewTextHandler(&logs, nil)), servers: transport.NewServers([]string{addr.String()})}
 	start := time.Now()
 	id, err := a.identity(ctx)
 	if err != nil {

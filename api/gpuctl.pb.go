@@ -943,10 +943,14 @@ func (x *JoinRequest) GetPublicKeyDer() []byte {
 }
 
 type JoinResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Error         string                 `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
-	CertDer       []byte                 `protobuf:"bytes,2,opt,name=cert_der,json=certDer,proto3" json:"cert_der,omitempty"`
-	CaCertDer     []byte                 `protobuf:"bytes,3,opt,name=ca_cert_der,json=caCertDer,proto3" json:"ca_cert_der,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Error     string                 `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
+	CertDer   []byte                 `protobuf:"bytes,2,opt,name=cert_der,json=certDer,proto3" json:"cert_der,omitempty"`
+	CaCertDer []byte                 `protobuf:"bytes,3,opt,name=ca_cert_der,json=caCertDer,proto3" json:"ca_cert_der,omitempty"`
+	// Set with error when this server is a standby of a highly available
+	// control plane: a join writes the token ledger, so only the leader
+	// takes it; the node should join at this address instead.
+	LeaderAddr    string `protobuf:"bytes,4,opt,name=leader_addr,json=leaderAddr,proto3" json:"leader_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1000,6 +1004,13 @@ func (x *JoinResponse) GetCaCertDer() []byte {
 		return x.CaCertDer
 	}
 	return nil
+}
+
+func (x *JoinResponse) GetLeaderAddr() string {
+	if x != nil {
+		return x.LeaderAddr
+	}
+	return ""
 }
 
 type NVLinkPeer struct {
@@ -10091,11 +10102,13 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\v2\x12.gpuctl.v1.VersionR\aversion\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\x12\x1b\n" +
 	"\tnode_name\x18\x03 \x01(\tR\bnodeName\x12$\n" +
-	"\x0epublic_key_der\x18\x04 \x01(\fR\fpublicKeyDer\"_\n" +
+	"\x0epublic_key_der\x18\x04 \x01(\fR\fpublicKeyDer\"\x80\x01\n" +
 	"\fJoinResponse\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error\x12\x19\n" +
 	"\bcert_der\x18\x02 \x01(\fR\acertDer\x12\x1e\n" +
-	"\vca_cert_der\x18\x03 \x01(\fR\tcaCertDer\"K\n" +
+	"\vca_cert_der\x18\x03 \x01(\fR\tcaCertDer\x12\x1f\n" +
+	"\vleader_addr\x18\x04 \x01(\tR\n" +
+	"leaderAddr\"K\n" +
 	"\n" +
 	"NVLinkPeer\x12\x12\n" +
 	"\x04link\x18\x01 \x01(\rR\x04link\x12)\n" +

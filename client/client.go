@@ -6,10 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
@@ -59,7 +57,8 @@ func ConfigPath(flag string) (string, error) {
 	return filepath.Join(home, ".config", "gpuctl", "config.yaml"), nil
 }
 
-// Dial connects with the config at path.
+// Dial connects with the config at path: to the first of its servers
+// that answers.
 func Dial(ctx context.Context, path string) (*Client, error) {
 	cfg, id, err := transport.LoadClientConfig(path)
 	if err != nil {
@@ -68,14 +67,26 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 		}
 		return nil, fmt.Errorf("load client config %s: %w", path, err)
 	}
-	return DialIdentity(ctx, cfg.Server, id)
+	return DialServers(ctx, cfg.Servers, id)
 }
 
-// DialIdentity connects to the server at addr (host:port) as id, for a
-// caller that holds an identity rather than a config file (the SSH
+// DialIdentity connects to the server at addr (host:port, or every
+// server of a highly available control plane, comma-separated) as id, for
+// a caller that holds an identity rather than a config file (the SSH
 // console's per-session clients).
 func DialIdentity(ctx context.Context, addr string, id *transport.Identity) (*Client, error) {
-	q := &quicTransport{dial: func(ctx context.Context) (*transport.Conn, error) {
+	addrs, err := transport.ParseServers(addr)
+	if err != nil {
+		return nil, fmt.Errorf("connect to gpuctl serve: %w", err)
+	}
+	return DialServers(ctx, addrs, id)
+}
+
+// DialServers connects as id to the first of addrs (from
+// transport.ParseServers) that answers; later requests follow the leader
+// and move on when a server is lost (see quicTransport).
+func DialServers(ctx context.Context, addrs []string, id *transport.Identity) (*Client, error) {
+	q := newQUICTransport(addrs, func(ctx context.Context, addr string) (*transport.Conn, error) {
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		conn, err := transport.DialClient(dctx, addr, id)
@@ -83,10 +94,12 @@ func DialIdentity(ctx context.Context, addr string, id *transport.Identity) (*Cl
 			return nil, fmt.Errorf("connect to gpuctl serve at %s: %w", addr, err)
 		}
 		return conn, nil
-	}}
-	if _, err := q.connect(ctx); err != nil {
+	})
+	l, err := q.acquire(ctx)
+	if err != nil {
 		return nil, err
 	}
+	q.release(l)
 	return New(q), nil
 }
 
@@ -125,84 +138,6 @@ func (c *Client) stream(ctx context.Context, req *api.ClientRequest, fn func(*ap
 		}
 		return fn(r)
 	})
-}
-
-// quicTransport is a Transport over a QUIC connection: one stream per
-// request. A connection that closed is dialled again by the next request,
-// so a long-lived client (a watch, the console) outlives a server restart.
-type quicTransport struct {
-	dial func(context.Context) (*transport.Conn, error)
-
-	mu     sync.Mutex
-	conn   *transport.Conn
-	closed bool
-}
-
-// connect returns the live connection, dialling a new one when there is
-// none or the last one closed.
-func (q *quicTransport) connect(ctx context.Context) (*transport.Conn, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
-		return nil, errors.New("client closed")
-	}
-	if q.conn != nil && q.conn.Err() == nil {
-		return q.conn, nil
-	}
-	conn, err := q.dial(ctx)
-	if err != nil {
-		return nil, err
-	}
-	q.conn = conn
-	return conn, nil
-}
-
-func (q *quicTransport) Close() error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.closed = true
-	if q.conn == nil {
-		return nil
-	}
-	return q.conn.Close()
-}
-
-func (q *quicTransport) Call(ctx context.Context, req *api.ClientRequest, fn func(*api.ClientResponse) error) error {
-	conn, err := q.connect(ctx)
-	if err != nil {
-		return err
-	}
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st, err := conn.OpenStream(cctx, transport.StreamRequest)
-	if err != nil {
-		return fmt.Errorf("open request stream: %w", err)
-	}
-	defer st.CloseWrite()
-	if dl, ok := ctx.Deadline(); ok {
-		st.SetDeadline(dl)
-	}
-	if err := st.Send(req); err != nil {
-		return fmt.Errorf("send request: %w", err)
-	}
-	stop := context.AfterFunc(cctx, func() { st.Cancel(0) })
-	defer stop()
-	for {
-		var resp api.ClientResponse
-		if err := st.Recv(&resp); err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return fmt.Errorf("read answer: %w", err)
-		}
-		if err := fn(&resp); err != nil {
-			st.Cancel(0)
-			return err
-		}
-	}
 }
 
 // Nodes lists every node with its GPUs' latest samples.

@@ -3,6 +3,7 @@ package transport
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -70,15 +71,21 @@ func TestParseClientConfig(t *testing.T) {
 	tests := []struct {
 		name, yaml string
 		wantErr    string
+		servers    []string // default 10.0.0.1:7443
 	}{
-		{"good", "server: 10.0.0.1:7443\nca: ca.crt\ncert: /etc/gpuctl/me.crt\nkey: me.key\n", ""},
-		{"unknown key", "server: h:1\nca: a\ncert: b\nkey: c\nport: 7443\n", "field port not found"},
-		{"no port", "server: 10.0.0.1\nca: a\ncert: b\nkey: c\n", "want host:port"},
-		{"bad port", "server: h:http\nca: a\ncert: b\nkey: c\n", "port \"http\""},
-		{"missing key", "server: h:1\nca: a\ncert: b\n", "key: missing"},
-		{"not yaml", "server: [\n", "parse YAML"},
-		{"empty", "", "parse YAML"},
-		{"path and data", "server: h:1\nca: a\ncert: b\nkey: c\nkey_data: x\n", "key and key_data both given"},
+		{"good", "server: 10.0.0.1:7443\nca: ca.crt\ncert: /etc/gpuctl/me.crt\nkey: me.key\n", "", nil},
+		{"unknown key", "server: h:1\nca: a\ncert: b\nkey: c\nport: 7443\n", "field port not found", nil},
+		{"no port", "server: 10.0.0.1\nca: a\ncert: b\nkey: c\n", "want host:port", nil},
+		{"bad port", "server: h:http\nca: a\ncert: b\nkey: c\n", "port \"http\"", nil},
+		{"missing key", "server: h:1\nca: a\ncert: b\n", "key: missing", nil},
+		{"not yaml", "server: [\n", "parse YAML", nil},
+		{"empty", "", "parse YAML", nil},
+		{"path and data", "server: h:1\nca: a\ncert: b\nkey: c\nkey_data: x\n", "key and key_data both given", nil},
+		{"server list", "server: a:1, b:2,a:1\nca: ca.crt\ncert: /etc/gpuctl/me.crt\nkey: me.key\n", "", []string{"a:1", "b:2"}},
+		{"servers YAML list", "servers:\n  - a:1\n  - b:2\nca: ca.crt\ncert: /etc/gpuctl/me.crt\nkey: me.key\n", "", []string{"a:1", "b:2"}},
+		{"server and servers", "server: a:1\nservers: [b:2]\nca: a\ncert: b\nkey: c\n", "server and servers both given", nil},
+		{"no server", "ca: a\ncert: b\nkey: c\n", "server: no server address", nil},
+		{"bad entry in the list", "servers: [a:1, b]\nca: a\ncert: b\nkey: c\n", `server address "b"`, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -93,6 +100,13 @@ func TestParseClientConfig(t *testing.T) {
 			if cfg.CA != "/base/ca.crt" || cfg.Cert != "/etc/gpuctl/me.crt" || cfg.Key != "/base/me.key" {
 				t.Fatalf("paths resolved to %+v", cfg)
 			}
+			want := tc.servers
+			if want == nil {
+				want = []string{"10.0.0.1:7443"}
+			}
+			if !slices.Equal(cfg.Servers, want) || cfg.Server != strings.Join(want, ",") {
+				t.Fatalf("servers %q (server %q), want %q", cfg.Servers, cfg.Server, want)
+			}
 		})
 	}
 }
@@ -104,6 +118,7 @@ func FuzzParseClientConfig(f *testing.F) {
 	f.Add("server: &a h:1\nca: *a\n")
 	f.Add("server: h:1\nca_data: x\ncert_data: y\nkey_data: z\n")
 	f.Add("server: h:1\nca: a\nca_data: x\ncert: b\nkey_data: z\n")
+	f.Add("servers: [a:1, 'b:2,c:3']\nca: a\ncert: b\nkey: c\n")
 	f.Fuzz(func(t *testing.T, s string) {
 		cfg, err := parseClientConfig([]byte(s), "/base")
 		if err != nil {
@@ -117,8 +132,13 @@ func FuzzParseClientConfig(f *testing.F) {
 				t.Fatalf("path %q left relative", f.path)
 			}
 		}
-		if _, _, err := splitServer(cfg.Server); err != nil {
-			t.Fatalf("accepted server %q: %v", cfg.Server, err)
+		if len(cfg.Servers) == 0 || cfg.Server != strings.Join(cfg.Servers, ",") {
+			t.Fatalf("accepted servers %q as server %q", cfg.Servers, cfg.Server)
+		}
+		for _, a := range cfg.Servers {
+			if _, _, err := splitServer(a); err != nil {
+				t.Fatalf("accepted server %q: %v", a, err)
+			}
 		}
 	})
 }

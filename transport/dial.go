@@ -78,10 +78,18 @@ func (d *Dialer) dialIdentity(ctx context.Context, addr, alpn string, id *Identi
 	roots := x509.NewCertPool()
 	roots.AddCert(id.CA)
 	cert := id.Certificate
-	return d.dial(ctx, addr, clientTLS(alpn, &cert, roots, nil, host, d.now))
+	qconf := quicConfig
+	if alpn == ALPNClient {
+		qconf = clientQUICConfig
+	}
+	return d.dialWith(ctx, addr, clientTLS(alpn, &cert, roots, nil, host, d.now), qconf)
 }
 
 func (d *Dialer) dial(ctx context.Context, addr string, tlsConf *tls.Config) (*Conn, error) {
+	return d.dialWith(ctx, addr, tlsConf, quicConfig)
+}
+
+func (d *Dialer) dialWith(ctx context.Context, addr string, tlsConf *tls.Config, qconf *quic.Config) (*Conn, error) {
 	alpn := tlsConf.NextProtos[0]
 	uaddr, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {
@@ -89,7 +97,7 @@ func (d *Dialer) dial(ctx context.Context, addr string, tlsConf *tls.Config) (*C
 	}
 	ctx, cancel := withDefaultTimeout(ctx, dialTimeout)
 	defer cancel()
-	qc, err := d.tr.Dial(ctx, uaddr, tlsConf, quicConfig)
+	qc, err := d.tr.Dial(ctx, uaddr, tlsConf, qconf)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s %s: %w", alpn, addr, peerError(err))
 	}
@@ -173,6 +181,9 @@ func (d *Dialer) join(ctx context.Context, addr, token, nodeName, dir string) (*
 		return nil, fmt.Errorf("read join answer: %w", peerError(err))
 	}
 	if resp.GetError() != "" {
+		if leader := resp.GetLeaderAddr(); leader != "" {
+			return nil, &NotLeaderError{Server: addr, Leader: leader, Reason: resp.GetError()}
+		}
 		return nil, &RefusedError{Reason: resp.GetError()}
 	}
 	ca, err := x509.ParseCertificate(resp.GetCaCertDer())

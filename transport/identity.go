@@ -151,22 +151,25 @@ func NewClientIdentity(certDER []byte, key crypto.Signer, caDER []byte) (*Identi
 // ClientConfig is a gpuctl client's configuration file: the server to dial
 // and its identity, as files (relative paths are relative to the config
 // file) or inline as PEM text (ca_data, cert_data, key_data), one of the
-// two for each.
+// two for each. The servers of a highly available control plane are given
+// as server: a:7443,b:7443 or as a list under servers:; once loaded, both
+// fields hold them all (Server comma-separated), in the order tried.
 type ClientConfig struct {
-	Server   string `yaml:"server"`
-	CA       string `yaml:"ca,omitempty"`
-	Cert     string `yaml:"cert,omitempty"`
-	Key      string `yaml:"key,omitempty"`
-	CAData   string `yaml:"ca_data,omitempty"`
-	CertData string `yaml:"cert_data,omitempty"`
-	KeyData  string `yaml:"key_data,omitempty"`
+	Server   string   `yaml:"server,omitempty"`
+	Servers  []string `yaml:"servers,omitempty"`
+	CA       string   `yaml:"ca,omitempty"`
+	Cert     string   `yaml:"cert,omitempty"`
+	Key      string   `yaml:"key,omitempty"`
+	CAData   string   `yaml:"ca_data,omitempty"`
+	CertData string   `yaml:"cert_data,omitempty"`
+	KeyData  string   `yaml:"key_data,omitempty"`
 }
 
 // ClientConfigYAML returns a self-contained client config for dialing
 // server with id: the certificates and the key inline. Whoever holds it
 // acts as id, so keep it as private as a key file (mode 0600).
 func ClientConfigYAML(server string, id *Identity) ([]byte, error) {
-	if _, _, err := splitServer(server); err != nil {
+	if _, err := ParseServers(server); err != nil {
 		return nil, fmt.Errorf("client config: %w", err)
 	}
 	signer, ok := id.Certificate.PrivateKey.(crypto.Signer)
@@ -186,7 +189,7 @@ func ClientConfigYAML(server string, id *Identity) ([]byte, error) {
 // and ca.crt, where <base> is the config file's name without extension. It
 // refuses to overwrite an existing config, certificate or key.
 func WriteClientConfig(path, server string, id *Identity) error {
-	if _, _, err := splitServer(server); err != nil {
+	if _, err := ParseServers(server); err != nil {
 		return fmt.Errorf("write client config %s: %w", path, err)
 	}
 	dir := filepath.Dir(path)
@@ -285,11 +288,16 @@ func parseClientConfig(data []byte, dir string) (*ClientConfig, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil {
-		return nil, fmt.Errorf("parse YAML (want keys server, ca, cert, key, or ca_data, cert_data, key_data): %w", err)
+		return nil, fmt.Errorf("parse YAML (want keys server or servers, ca, cert, key, or ca_data, cert_data, key_data): %w", err)
 	}
-	if _, _, err := splitServer(cfg.Server); err != nil {
-		return nil, err
+	if cfg.Server != "" && len(cfg.Servers) > 0 {
+		return nil, errors.New("server and servers both given: keep one (server: a:7443,b:7443 or a list under servers:)")
 	}
+	servers, err := ParseServers(append([]string{cfg.Server}, cfg.Servers...)...)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	cfg.Servers, cfg.Server = servers, strings.Join(servers, ",")
 	for _, f := range []struct {
 		key        string
 		path, data *string

@@ -69,6 +69,12 @@ type ListenConfig struct {
 	// before the node certificate is issued; an error refuses the join and
 	// its text is sent to the node. The token's use is taken after it.
 	OnJoin func(ctx context.Context, info JoinInfo) error
+	// Standby, when set, is asked first about every join: a server that is
+	// a standby of a highly available control plane returns who leads, and
+	// the node is sent on to the leader (with none elected, turned away as
+	// busy) before its token is looked at, since only the leader writes
+	// the token ledger. nil: this server takes joins.
+	Standby func() *NotLeaderError
 	// OnJoined, when set, is called with the certificate issued to a node
 	// before it is sent; an error refuses the join.
 	OnJoined func(ctx context.Context, info JoinInfo, cert *x509.Certificate) error
@@ -426,9 +432,18 @@ func (l *Listener) serveJoin(qc *quic.Conn, log *slog.Logger) {
 		return
 	}
 	hctx, hcancel := context.WithTimeout(qc.Context(), joinHookTimeout)
-	resp := l.join(hctx, qc.RemoteAddr(), &req)
+	resp, noLeader := l.join(hctx, qc.RemoteAddr(), &req)
 	hcancel()
-	if resp.Error != "" {
+	if noLeader {
+		// A standby with no leader to name: the join is worth trying
+		// again shortly, here or at another server, as when busy.
+		log.Warn("join turned away: no leader", "node", req.GetNodeName(), "err", resp.Error)
+		qc.CloseWithError(CodeBusy, resp.Error)
+		return
+	}
+	if resp.LeaderAddr != "" {
+		log.Info("join sent on to the leader", "node", req.GetNodeName(), "leader", resp.LeaderAddr)
+	} else if resp.Error != "" {
 		log.Warn("join refused", "node", req.GetNodeName(), "err", resp.Error)
 	} else {
 		log.Info("node joined", "node", req.GetNodeName())
@@ -452,12 +467,37 @@ func (l *Listener) serveJoin(qc *quic.Conn, log *slog.Logger) {
 	qc.CloseWithError(CodeNoError, "join done")
 }
 
-func (l *Listener) join(ctx context.Context, remote net.Addr, req *api.JoinRequest) *api.JoinResponse {
-	refuse := func(format string, args ...any) *api.JoinResponse {
-		return &api.JoinResponse{Error: fmt.Sprintf(format, args...)}
+// join checks and answers a join request. A standby's *NotLeaderError
+// names the leader in the answer, or, with no leader elected, sets
+// noLeader: nothing was written either way.
+func (l *Listener) join(ctx context.Context, remote net.Addr, req *api.JoinRequest) (resp *api.JoinResponse, noLeader bool) {
+	resp, err := l.joinChecked(ctx, remote, req)
+	if err == nil {
+		return resp, false
+	}
+	var nl *NotLeaderError
+	if errors.As(err, &nl) && nl.Leader != "" {
+		// The node's NotLeaderError says the rest.
+		reason := nl.Reason
+		if reason == "" {
+			reason = "this server is a standby"
+		}
+		return &api.JoinResponse{Error: reason, LeaderAddr: nl.Leader}, false
+	}
+	return &api.JoinResponse{Error: err.Error()}, nl != nil
+}
+
+func (l *Listener) joinChecked(ctx context.Context, remote net.Addr, req *api.JoinRequest) (*api.JoinResponse, error) {
+	refuse := func(format string, args ...any) (*api.JoinResponse, error) {
+		return nil, fmt.Errorf(format, args...)
 	}
 	if err := api.CheckVersion(req.GetVersion()); err != nil {
 		return refuse("%v", err)
+	}
+	if l.cfg.Standby != nil {
+		if nl := l.cfg.Standby(); nl != nil {
+			return nil, nl
+		}
 	}
 	if err := l.auth.CheckToken(req.GetToken()); err != nil {
 		return refuse("%v", err)
@@ -476,7 +516,7 @@ func (l *Listener) join(ctx context.Context, remote net.Addr, req *api.JoinReque
 	info := JoinInfo{Node: req.GetNodeName(), Remote: remote, TokenID: tok.ID, Version: req.GetVersion(), PublicKey: pub, KeySHA256: KeySHA256(pub)}
 	if l.cfg.OnJoin != nil {
 		if err := l.cfg.OnJoin(ctx, info); err != nil {
-			return refuse("%v", err)
+			return nil, err
 		}
 	}
 	if err := l.auth.UseToken(req.GetToken(), req.GetNodeName()); err != nil {
@@ -491,5 +531,5 @@ func (l *Listener) join(ctx context.Context, remote net.Addr, req *api.JoinReque
 			return refuse("%v", err)
 		}
 	}
-	return &api.JoinResponse{CertDer: cert.Raw, CaCertDer: l.auth.CACert().Raw}
+	return &api.JoinResponse{CertDer: cert.Raw, CaCertDer: l.auth.CACert().Raw}, nil
 }

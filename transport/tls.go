@@ -35,6 +35,14 @@ const (
 	keepAlive        = 10 * time.Second
 	// dialTimeout bounds a dial whose context has no deadline.
 	dialTimeout = 15 * time.Second
+	// ClientIdleTimeout is how soon a gpuctl client's connection to a
+	// server lost without a word (killed, its host dead) ends, sooner than
+	// idleTimeout: the client's keep-alives keep the connection busy, so
+	// silence means the server is gone, and the console's watch and the
+	// next request move to the next server of a highly available control
+	// plane. (QUIC takes the shorter of the two sides' idle timeouts.)
+	ClientIdleTimeout = 5 * time.Second
+	clientKeepAlive   = time.Second
 )
 
 // quicConfig is shared by every listener and dialer: peers agree on the
@@ -47,6 +55,13 @@ var quicConfig = &quic.Config{
 	MaxIncomingStreams:    1024,
 	MaxIncomingUniStreams: -1,
 }
+
+// clientQUICConfig is quicConfig with the client's shorter idle timeout.
+var clientQUICConfig = func() *quic.Config {
+	c := quicConfig.Clone()
+	c.MaxIdleTimeout, c.KeepAlivePeriod = ClientIdleTimeout, clientKeepAlive
+	return c
+}()
 
 // RefusedError is returned when the other side closed the connection with
 // CodeRefused or refused a join; Reason is its explanation.

@@ -87,7 +87,7 @@ The config dials the server this one does, or --server.`,
 	cmd.Flags().StringVar(&role, "role", "", "viewer (look), operator (run jobs, cordon) or admin (everything)")
 	cmd.MarkFlagRequired("role")
 	cmd.Flags().StringVarP(&out, "output", "o", "", "write the config to this file (and its certificate and key next to it) instead of printing it")
-	cmd.Flags().StringVar(&server, "server", "", "server address written into the config (default: the one this config dials)")
+	cmd.Flags().StringVar(&server, "server", "", "server address written into the config, or every server's, comma-separated (default: the ones this config dials)")
 	return cmd
 }
 

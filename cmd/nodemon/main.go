@@ -47,7 +47,7 @@ type options struct {
 func rootCmd(run func(o *options) error) *cobra.Command {
 	o := &options{}
 	cmd := &cobra.Command{
-		Use:           "nodemon --server ADDR [--token TOKEN] [--sim dgx-h100]",
+		Use:           "nodemon --server ADDR[,ADDR...] [--token TOKEN] [--sim dgx-h100]",
 		Short:         "gpuctl's node agent: GPU telemetry, NCCL tracing and rank execution",
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -62,7 +62,7 @@ func rootCmd(run func(o *options) error) *cobra.Command {
 	}
 	cfg := &o.cfg
 	f := cmd.Flags()
-	f.StringVar(&cfg.Server, "server", "", "UDP address of gpuctl serve (host:port)")
+	f.StringVar(&cfg.Server, "server", "", "UDP address of gpuctl serve (host:port); for a highly available control plane, every server's,\ncomma-separated (a:7443,b:7443,c:7443): nodemon finds the leader and follows it")
 	f.StringVar(&o.token, "token", "", "join token from `gpuctl token create` (first start only); - reads it from stdin.\nPrefer --token-file or -: a token on the command line shows in ps")
 	f.StringVar(&o.tokenFile, "token-file", "", "read the join token from this file (first start only)")
 	f.StringVar(&cfg.Name, "name", "", "node name (default: host name)")
