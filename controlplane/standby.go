@@ -62,7 +62,7 @@ func NewStandby(cfg Config, leader func() *api.ServerStatus) (*Standby, error) {
 // Listen binds the UDP port.
 func (sb *Standby) Listen(ctx context.Context) error {
 	ln, err := transport.Listen(ctx, sb.cfg.Listen, sb.cfg.Authority, transport.ListenConfig{
-		Logger: sb.log, OnJoin: sb.refuseJoin, CheckPeer: sb.checkPeer})
+		Logger: sb.log, Standby: sb.notLeaderError, CheckPeer: sb.checkPeer})
 	if err != nil {
 		return fmt.Errorf("standby: %w", err)
 	}
@@ -143,9 +143,10 @@ func (sb *Standby) redirectNode(ctx context.Context, conn *transport.Conn) {
 	sb.log.Debug("node sent to the leader", "node", conn.Name(), "leader", sb.leaderAddr())
 }
 
-// refuseJoin sends joins to the leader: a join writes the token ledger.
-func (sb *Standby) refuseJoin(context.Context, transport.JoinInfo) error {
-	return errors.New(sb.notLeader("joining the cluster"))
+// notLeaderError sends joins to the leader: a join writes the token
+// ledger, which only the leader may.
+func (sb *Standby) notLeaderError() *transport.NotLeaderError {
+	return &transport.NotLeaderError{Leader: sb.leaderAddr(), Reason: sb.notLeader("joining the cluster")}
 }
 
 // checkPeer refuses a certificate on the shared deny-list, as the leader

@@ -115,6 +115,11 @@ func serveHA(ctx context.Context, out io.Writer, cfg controlplane.Config, h haFl
 	if err != nil {
 		return err
 	}
+	// Nodes and clients are sent to this address when it leads: the
+	// server's certificate must name its host.
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		cfg.ExtraNames = append(cfg.ExtraNames, host)
+	}
 	return ha.Run(ctx, ha.Options{
 		Server: cfg,
 		Store:  st,

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane"
 	"github.com/gpuctl/gpuctl/store"
+	"github.com/gpuctl/gpuctl/transport"
 )
 
 // Store is what a highly available server needs of its shared store: the
@@ -56,6 +58,9 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer m.Close()
 	cfg.Store, cfg.Authority = o.Store, auth
+	if cfg.Jobs.ReconnectGrace == 0 {
+		cfg.Jobs.ReconnectGrace = ReconnectGrace(len(strings.Split(cfg.AdvertiseAddr, ",")))
+	}
 	cfg.Status = func(ctx context.Context) *api.StatusResponse { return Status(ctx, m, o.Store) }
 
 	lead, err := standBy(ctx, cfg, m, o.OnStandby)
@@ -107,6 +112,15 @@ func Run(ctx context.Context, o Options) error {
 	default:
 	}
 	return err
+}
+
+// ReconnectGrace bounds how long a new leader waits for the nodes of a
+// control plane of servers: a node first takes its old leader's silence
+// for death (agent.MinSilenceLimit, 3 s), may then meet every other dead
+// server's dial timeout on its way round the list, and pauses at most once
+// after a whole round.
+func ReconnectGrace(servers int) time.Duration {
+	return 3*time.Second + time.Duration(max(servers-1, 0))*transport.NodeDialTimeout + transport.NodeReconnectWithin
 }
 
 // standBy answers as a standby on cfg.Listen while campaigning, and frees

@@ -32,7 +32,7 @@ func (s *Store) Health(ctx context.Context) ([]*api.StoreMember, error) {
 		}
 		sm.Endpoint = m.ClientURLs[0]
 		wg.Go(func() {
-			sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			sctx, cancel := context.WithTimeout(ctx, time.Second) // a dead member must not hold up gpuctl status
 			defer cancel()
 			st, err := s.cli.Status(sctx, sm.Endpoint)
 			if err != nil {
