@@ -6,7 +6,7 @@ import "fmt"
 // is refused; minor versions only add fields.
 const (
 	ProtocolMajor = 1
-	ProtocolMinor = 1
+	ProtocolMinor = 2
 )
 
 // CurrentVersion is the version this build sends in Hello.

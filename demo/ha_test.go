@@ -114,8 +114,8 @@ func (c *haCluster) waitLeader(cl *client.Client, name string, limit time.Durati
 		if err != nil {
 			return err
 		}
-		if s.GetLeader().GetName() != name || s.GetSelf().GetName() != name {
-			return fmt.Errorf("leader %q, answered by %q", s.GetLeader().GetName(), s.GetSelf().GetName())
+		if s.GetLeader().GetName() != name || s.GetSelf().GetName() != name || s.GetSelf().GetRole() != "leader" {
+			return fmt.Errorf("leader %q, answered by %q (%s)", s.GetLeader().GetName(), s.GetSelf().GetName(), s.GetSelf().GetRole())
 		}
 		st = s
 		return nil
@@ -277,4 +277,61 @@ func nodeNamed(t *testing.T, cl *client.Client, name string) *api.NodeStatus {
 	}
 	t.Fatalf("no node %s", name)
 	return nil
+}
+
+func freeTCP(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestEmbeddedEtcdServer: `gpuctl serve --embedded-etcd` runs its own etcd
+// member, leads on it, reports it in status, and after a SIGKILL starts
+// again from the member's data dir with what it had stored.
+func TestEmbeddedEtcdServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a real server with an etcd member")
+	}
+	dir := t.TempDir()
+	addr, peer, clientURL := freeUDP(t), "http://"+freeTCP(t), "http://"+freeTCP(t)
+	start := func(n int) *proc {
+		return startProcess(t, filepath.Join(dir, fmt.Sprintf("serve-%d.log", n)), testbin.Gpuctl(t), "serve", "--embedded-etcd",
+			"--name", "head-1", "--etcd-peer-url", peer, "--etcd-client-url", clientURL,
+			"--data-dir", filepath.Join(dir, "server"), "--listen", addr)
+	}
+	c := &haCluster{procCluster: &procCluster{t: t, dir: dir}}
+	srv := start(1)
+	cl := c.dial(30 * time.Second)
+	st := c.waitLeader(cl, "head-1", 20*time.Second)
+	if st.GetStore() != "etcd" || len(st.GetStoreMembers()) != 1 || !st.GetStoreMembers()[0].GetLeader() || !st.GetStoreHealthy() {
+		t.Fatalf("status of a server with its own member: store %q healthy %v members %v", st.GetStore(), st.GetStoreHealthy(), st.GetStoreMembers())
+	}
+	if got := st.GetStoreMembers()[0].GetEndpoint(); got != clientURL {
+		t.Errorf("member endpoint %q, want %q", got, clientURL)
+	}
+	_, tok, err := cl.CreateJoinToken(context.Background(), client.TokenOptions{TTL: time.Hour, Description: "kept in the member"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+	srv.Process.Signal(syscall.SIGKILL)
+	<-srv.done
+	start(2)
+	cl = c.dial(30 * time.Second)
+	defer cl.Close()
+	st = c.waitLeader(cl, "head-1", 20*time.Second)
+	if n := len(st.GetLeadership()); n != 2 {
+		t.Errorf("%d leadership changes recorded, want 2 (one per start): %v", n, st.GetLeadership())
+	}
+	toks, err := cl.ListTokens(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hasToken(toks, tok.GetId()) {
+		t.Error("the join token made before the SIGKILL is gone")
+	}
 }

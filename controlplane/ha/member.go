@@ -189,10 +189,16 @@ func (m *Member) Self() *api.ServerStatus {
 	return m.self
 }
 
-// Leader is the leader last observed, nil when none is known.
+// Leader is the leader last observed, nil when none is known. A leader
+// of this server's name that is not this session is this server's
+// previous run (killed, its session not yet expired): nobody to send
+// nodes to, and it is gone within a TTL.
 func (m *Member) Leader() *api.ServerStatus {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.leader.GetName() == m.cfg.Name && m.self.GetRole() != RoleLeader {
+		return nil
+	}
 	return m.leader
 }
 
