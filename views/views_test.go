@@ -127,6 +127,24 @@ var views = []struct {
 	{"collectives", func(w *bytes.Buffer, o Options) error { return Collectives(w, o, sampleCollectives()) }},
 	{"jobs", func(w *bytes.Buffer, o Options) error { return Jobs(w, o, sampleJobs()) }},
 	{"stalls", func(w *bytes.Buffer, o Options) error { return Stalls(w, o, sampleStalls()) }},
+	// gpuctl status: its list is the servers.
+	{"servers", func(w *bytes.Buffer, o Options) error { return Status(w, o, sampleStatus()) }},
+}
+
+// sampleStatus is a control plane of two servers on a three-member etcd
+// with one member down, after one failover.
+func sampleStatus() *api.StatusResponse {
+	at := func(d time.Duration) int64 { return now.Add(-d).UnixNano() }
+	leader := &api.ServerStatus{Name: "head-2", Addr: "10.0.0.2:7443", Role: "leader", SinceUnixNano: at(90 * time.Second)}
+	return &api.StatusResponse{Self: leader, Leader: leader, Store: "etcd", StoreHealthy: true,
+		Servers: []*api.ServerStatus{leader, {Name: "head-1", Addr: "10.0.0.1:7443", Role: "standby", SinceUnixNano: at(30 * time.Second)}},
+		StoreMembers: []*api.StoreMember{
+			{Name: "etcd-1", Endpoint: "https://10.0.0.1:2379", Healthy: true},
+			{Name: "etcd-2", Endpoint: "https://10.0.0.2:2379", Leader: true, Healthy: true},
+			{Name: "etcd-3", Endpoint: "https://10.0.0.3:2379", Error: "context deadline exceeded"}},
+		Leadership: []*api.Event{
+			{TimeUnixNano: at(90 * time.Second), Message: "server head-2 leads the control plane at 10.0.0.2:7443", Attrs: map[string]string{"server": "head-2"}},
+			{TimeUnixNano: at(48 * time.Hour), Message: "server head-1 leads the control plane at 10.0.0.1:7443", Attrs: map[string]string{"server": "head-1"}}}}
 }
 
 func TestGolden(t *testing.T) {
