@@ -186,7 +186,7 @@ func (h *Hub) Subscribe(req *api.WatchRequest) *Watcher {
 	case req.GetEpoch() == "" && req.GetSinceRevision() == 0:
 		w.startSnapshotLocked("")
 	case req.GetEpoch() != h.epoch:
-		w.startSnapshotLocked("the server restarted since revision " + fmt.Sprint(req.GetSinceRevision()))
+		w.startSnapshotLocked("the server restarted, or another server took over, since revision " + fmt.Sprint(req.GetSinceRevision()))
 	case !h.log.holdsAfter(req.GetSinceRevision(), h.rev):
 		w.startSnapshotLocked(fmt.Sprintf("revision %d is not in the history this server keeps", req.GetSinceRevision()))
 	default:
