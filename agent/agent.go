@@ -354,9 +354,12 @@ func (a *Agent) session(ctx context.Context, d *transport.Dialer, addr string, i
 	}
 	run("heartbeat", func() error { return a.heartbeats(sctx, sendControl) })
 	run("commands", func() error { return a.commands(sctx, control, sendControl, heard) })
-	if lease > 0 {
+	if lease > 0 && len(a.servers.Addrs()) > 1 {
 		// Only a server that grants a lease answers every heartbeat, so
-		// only then is its silence a sign that it is gone.
+		// only then is its silence a sign that it is gone. With one server
+		// there is nowhere else to go: a server that only stood still
+		// (SIGSTOP, a frozen host) keeps its session, which a reconnect
+		// would end, so QUIC's idle timeout is the judge there.
 		run("watchdog", func() error { return a.watchdog(sctx, heard) })
 	}
 	run("telemetry", func() error { return a.sendTelemetry(sctx, conn) })

@@ -17,7 +17,9 @@ import (
 // reconnect to the new leader renews it.
 //
 // Without a lease the server sends nothing regularly (commands only), so
-// the watchdog runs only for sessions that were granted one.
+// the watchdog runs only for sessions that were granted one, and only
+// when nodemon was given several servers: with one, a reconnect gains
+// nothing and would end the session of a server that only paused.
 
 // MinSilenceLimit is the shortest silence taken for a dead server, so that
 // a fast heartbeat does not turn a short stall (a GC pause, a store write

@@ -30,6 +30,7 @@ func TestEveryRequestTypeHasItsRow(t *testing.T) {
 		"logs":              {transport.RoleViewer, false},
 		"watch":             {transport.RoleViewer, false},
 		"version":           {transport.RoleViewer, false},
+		"status":            {transport.RoleViewer, false},
 		"submit_job":        {transport.RoleOperator, true},
 		"rebalance":         {transport.RoleOperator, true},
 		"cancel_job":        {transport.RoleOperator, true},

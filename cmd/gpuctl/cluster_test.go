@@ -193,6 +193,7 @@ func TestJSONOutputsAgainstREADME(t *testing.T) {
 		{"jobs", []string{"jobs", "ring", "--state", "running"}},
 		{"stalls", []string{"stalls"}},
 		{"versions", []string{"version"}},
+		{"servers", []string{"status"}},
 		{"moves", []string{"rebalance"}},
 		{"jobs", []string{"submit", "--dry-run", "--name", "dry", "--gpus", "1", "--", c.ring}},
 		{"jobs", []string{"checkpoint", ring}},
@@ -244,7 +245,7 @@ func TestJSONOutputsAgainstREADME(t *testing.T) {
 	}
 
 	// Every command the README documents was run.
-	ran := map[string]bool{"nodes": true, "gpus": true, "events": true, "collectives": true, "jobs": true, "stalls": true, "version": true,
+	ran := map[string]bool{"nodes": true, "gpus": true, "events": true, "collectives": true, "jobs": true, "stalls": true, "version": true, "status": true,
 		"rebalance": true, "submit": true, "checkpoint": true, "assign": true, "restart": true, "cancel": true, "release": true,
 		"cordon": true, "uncordon": true, "drain": true, "observe": true, "user": true, "token": true,
 		// Checked against their types and output by TestJSONDocumentsAreDocumented.

@@ -532,7 +532,8 @@ func (r *Registry) fenced(name string, killed map[string][]string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, job := range slices.Sorted(maps.Keys(killed)) {
-		ranks := killed[job]
+		// In a stable order: the node lists its ranks as it finds them.
+		ranks := slices.Sorted(slices.Values(killed[job]))
 		r.log.Warn("fenced superseded ranks", "node", name, "job", job, "ranks", ranks)
 		r.raiseLocked(&api.Event{Node: name, Job: job, TimeUnixNano: r.now().UnixNano(), Kind: api.EventKind_EVENT_KIND_RECOVERY,
 			Severity: api.Severity_SEVERITY_WARNING,
