@@ -7,7 +7,7 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 GOTEST    ?= $(GO) test -count=1 -p 1 -timeout 30m
 PKGS      := ./...
 
-.PHONY: all build workload test chaos bench bench-tui bench-swarm fuzz generate check-generated demo lint clean
+.PHONY: all build workload test chaos bench bench-tui bench-store bench-swarm fuzz generate check-generated demo lint clean
 
 all: build
 
@@ -46,6 +46,12 @@ bench: build
 # them too (they live in ./tui/...).
 bench-tui:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 20x ./tui/...
+
+# A scheduling pass's store commit (20 jobs with 16-node placements, 40
+# events) and one job write, on bbolt and on a three-member etcd in the
+# same run; the etcd rows report their ratio to bbolt (x_bbolt).
+bench-store:
+	$(GO) test -run '^$$' -bench BenchmarkPassCommit -count 3 ./store/...
 
 # The server at scale: `gpuctl bench swarm` at each of SWARM_NODES, one
 # after another, each against a fresh `gpuctl serve` on loopback with N
