@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -225,6 +226,15 @@ func (s *Server) serveClient(ctx context.Context, conn *transport.Conn) {
 		delete(s.clients, conn)
 		s.clientsMu.Unlock()
 	}()
+	serveRequests(ctx, conn, log, func(ctx context.Context, req *api.ClientRequest, send func(*api.ClientResponse) error) error {
+		return s.dispatch(ctx, caller, req, send)
+	})
+}
+
+// serveRequests reads a client connection's request streams, one request
+// each, and answers each with answer until the client disconnects.
+func serveRequests(ctx context.Context, conn *transport.Conn, log *slog.Logger,
+	answer func(ctx context.Context, req *api.ClientRequest, send func(*api.ClientResponse) error) error) {
 	for {
 		st, err := conn.AcceptStream(ctx)
 		if err != nil {
@@ -251,7 +261,7 @@ func (s *Server) serveClient(ctx context.Context, conn *transport.Conn) {
 			defer cancel()
 			stop := context.AfterFunc(st.Context(), cancel)
 			defer stop()
-			if err := s.dispatch(rctx, caller, &req, func(r *api.ClientResponse) error { return st.Send(r) }); err != nil {
+			if err := answer(rctx, &req, func(r *api.ClientResponse) error { return st.Send(r) }); err != nil {
 				log.Debug("request ended", "err", err)
 			}
 		}()

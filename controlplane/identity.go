@@ -53,17 +53,27 @@ func (s *Server) checkPeer(_ context.Context, p transport.PeerInfo) error {
 	if ids == nil {
 		return nil
 	}
+	if err := checkDenyList(ids, p); err != nil {
+		return err
+	}
+	serial := transport.Serial(p.Cert)
+	if _, err := ids.Identity(serial); errors.Is(err, store.ErrNotFound) {
+		if err := ids.PutIdentity(identityOf(p.Cert, p.Role, "first connection", s.now())); err != nil {
+			s.log.Warn("record identity", "name", p.Name, "serial", serial, "err", err)
+		}
+	}
+	return nil
+}
+
+// checkDenyList refuses a certificate on the deny-list, saying when and
+// by whom it was revoked; a deny-list that cannot be read refuses it too.
+func checkDenyList(ids store.IdentityStore, p transport.PeerInfo) error {
 	serial := transport.Serial(p.Cert)
 	switch r, err := ids.Revocation(serial); {
 	case err == nil:
 		return revokedError(p.Role, p.Name, r)
 	case !errors.Is(err, store.ErrNotFound):
 		return fmt.Errorf("the server cannot read its deny-list to check certificate %s (%v): try again, or ask the cluster admin", serial, err)
-	}
-	if _, err := ids.Identity(serial); errors.Is(err, store.ErrNotFound) {
-		if err := ids.PutIdentity(identityOf(p.Cert, p.Role, "first connection", s.now())); err != nil {
-			s.log.Warn("record identity", "name", p.Name, "serial", serial, "err", err)
-		}
 	}
 	return nil
 }

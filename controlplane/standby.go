@@ -156,41 +156,15 @@ func (sb *Standby) checkPeer(_ context.Context, p transport.PeerInfo) error {
 	if !ok {
 		return nil
 	}
-	serial := transport.Serial(p.Cert)
-	switch r, err := ids.Revocation(serial); {
-	case err == nil:
-		return revokedError(p.Role, p.Name, r)
-	case !errors.Is(err, store.ErrNotFound):
-		return fmt.Errorf("the server cannot read its deny-list to check certificate %s (%v): try again, or ask the cluster admin", serial, err)
-	}
-	return nil
+	return checkDenyList(ids, p)
 }
 
 // serveClient answers a client's request streams until it disconnects.
 func (sb *Standby) serveClient(ctx context.Context, conn *transport.Conn) {
 	caller := Caller{Name: conn.Name(), Role: conn.Role(), Via: "cert"}
-	for {
-		st, err := conn.AcceptStream(ctx)
-		if err != nil {
-			return
-		}
-		if st.Kind() != transport.StreamRequest {
-			st.Cancel(0)
-			continue
-		}
-		go func() {
-			defer st.CloseWrite()
-			var req api.ClientRequest
-			st.SetReadDeadline(time.Now().Add(10 * time.Second))
-			if err := st.Recv(&req); err != nil {
-				return
-			}
-			st.StopReading()
-			if err := sb.dispatch(ctx, caller, &req, func(r *api.ClientResponse) error { return st.Send(r) }); err != nil {
-				sb.log.Debug("request ended", "err", err)
-			}
-		}()
-	}
+	serveRequests(ctx, conn, sb.log.With("client", conn.Name()), func(ctx context.Context, req *api.ClientRequest, send func(*api.ClientResponse) error) error {
+		return sb.dispatch(ctx, caller, req, send)
+	})
 }
 
 // dispatch authorizes req by the same table as the leader, answers the

@@ -107,12 +107,12 @@ func (s *Bolt) RevokeIdentities(kind api.IdentityKind, name string, r *api.Revoc
 		var err error
 		revoked, err = revokeLocked(tx, kind, name, r)
 		if err == nil && len(revoked) == 0 {
-			return fmt.Errorf("no %s called %q holds a certificate that is not revoked: %w", kindName(kind), name, ErrNotFound)
+			return fmt.Errorf("no %s called %q holds a certificate that is not revoked: %w", KindName(kind), name, ErrNotFound)
 		}
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("revoke %s %s: %w", kindName(kind), name, err)
+		return nil, fmt.Errorf("revoke %s %s: %w", KindName(kind), name, err)
 	}
 	return revoked, nil
 }
@@ -239,7 +239,8 @@ func (s *Bolt) Tokens() ([]*api.JoinToken, error) {
 	return out, nil
 }
 
-func kindName(k api.IdentityKind) string {
+// KindName is an identity kind in the words errors use.
+func KindName(k api.IdentityKind) string {
 	switch k {
 	case api.IdentityKind_IDENTITY_KIND_USER:
 		return "user"

@@ -108,7 +108,7 @@ func (s *Store) RevokeIdentities(kind api.IdentityKind, name string, r *api.Revo
 			return err
 		}
 		if len(live) == 0 {
-			return fmt.Errorf("no %s called %q holds a certificate that is not revoked: %w", kindName(kind), name, store.ErrNotFound)
+			return fmt.Errorf("no %s called %q holds a certificate that is not revoked: %w", store.KindName(kind), name, store.ErrNotFound)
 		}
 		if _, err := s.txn([]clientv3.Cmp{unchanged}, ops); err != nil {
 			return err
@@ -117,7 +117,7 @@ func (s *Store) RevokeIdentities(kind api.IdentityKind, name string, r *api.Revo
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("etcd store: revoke %s %s: %w", kindName(kind), name, err)
+		return nil, fmt.Errorf("etcd store: revoke %s %s: %w", store.KindName(kind), name, err)
 	}
 	return revoked, nil
 }
@@ -240,12 +240,3 @@ func (s *Store) Tokens() ([]*api.JoinToken, error) {
 	return out, nil
 }
 
-func kindName(k api.IdentityKind) string {
-	switch k {
-	case api.IdentityKind_IDENTITY_KIND_USER:
-		return "user"
-	case api.IdentityKind_IDENTITY_KIND_NODE:
-		return "node"
-	}
-	return "identity"
-}
