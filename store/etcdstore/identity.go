@@ -239,4 +239,3 @@ func (s *Store) Tokens() ([]*api.JoinToken, error) {
 	sort.SliceStable(out, func(i, j int) bool { return out[i].GetCreatedUnixNano() > out[j].GetCreatedUnixNano() })
 	return out, nil
 }
-
