@@ -127,6 +127,10 @@ type ExecutorOptions struct {
 	// Env is added to every rank's environment after the host's and
 	// before api.RankEnv's (the simulated GPUs' kernel time dir).
 	Env []string
+	// SlurmNode, when set, is this node's Slurm name: the Slurm tasks
+	// whose SLURMD_NODENAME it is are found in /proc every Poll and
+	// reported as this node's ranks.
+	SlurmNode string
 }
 
 // Executor launches a job's ranks on this host, reports their exits and
@@ -141,6 +145,10 @@ type Executor struct {
 	// BeforeLaunch, when set, runs before a job's ranks start (nodemon
 	// attaches its NCCL probes to the libraries the command links).
 	BeforeLaunch func(*api.LaunchRanks)
+	// OnAdopt, when set, hears the pid of each rank found rather than
+	// launched (a Slurm task): nodemon attaches its NCCL probes to the
+	// libraries it mapped.
+	OnAdopt func(pid int)
 	cluster      atomic.Pointer[string]
 
 	mu     sync.Mutex
@@ -641,6 +649,9 @@ func (x *Executor) monitor() {
 }
 
 func (x *Executor) pollOnce(now time.Time) {
+	if x.opts.SlurmNode != "" {
+		x.scanSlurm(now)
+	}
 	x.mu.Lock()
 	live := x.liveLocked()
 	watches := map[string]*ckptWatch{}

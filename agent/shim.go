@@ -68,6 +68,7 @@ func RunShim(args []string, stderr io.Writer) int {
 		groups     = fs.String("groups", "", "supplementary group ids, comma-separated (with --uid)")
 		dir        = fs.String("dir", "", "working directory of the rank (default: the shim's)")
 		leasePath  = fs.String("lease", "", "lease file: the rank is stopped once the deadline in it has passed")
+		exitCode   = fs.Bool("exit-code", false, "exit with the rank's status (128+signal when killed), for Slurm to see")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -123,6 +124,15 @@ func RunShim(args []string, stderr io.Writer) int {
 	note := func(format string, a ...any) {
 		fmt.Fprintf(w, "gpuctl: "+format+"\n", a...)
 	}
+	// Under Slurm, scancel --signal=USR1 (a checkpoint request) reaches
+	// every process of the step, this shim too: the rank gets its own
+	// copy, and the shim must not die of it (USR1's default action).
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	go func() {
+		for range usr1 {
+		}
+	}()
 	// Pdeathsig is tied to the thread that starts the child: keep this
 	// goroutine on its thread for the shim's life so the rank dies with
 	// the shim and never with an idle runtime thread.
@@ -225,6 +235,12 @@ func RunShim(args []string, stderr io.Writer) int {
 		note("write exit status: %v", err)
 		fmt.Fprintln(stderr, "rank-shim:", err)
 		return 1
+	}
+	if *exitCode {
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return status.ExitCode
 	}
 	return 0
 }
