@@ -53,7 +53,7 @@ type Config struct {
 	// SlurmNode, when set, is this node's name in Slurm: its Slurm tasks
 	// are reported as this node's ranks (nodemon --slurm-node).
 	SlurmNode string
-	Log            *slog.Logger
+	Log       *slog.Logger
 }
 
 // Agent is a running nodemon.

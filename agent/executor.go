@@ -149,7 +149,7 @@ type Executor struct {
 	// launched (a Slurm task): nodemon attaches its NCCL probes to the
 	// libraries it mapped.
 	OnAdopt func(pid int)
-	cluster      atomic.Pointer[string]
+	cluster atomic.Pointer[string]
 
 	mu     sync.Mutex
 	ranks  map[string]map[int32]*rankProc // job → rank → process
