@@ -22,6 +22,7 @@ import (
 	"github.com/gpuctl/gpuctl/controlplane/jobs"
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
 	"github.com/gpuctl/gpuctl/controlplane/observe"
+	"github.com/gpuctl/gpuctl/controlplane/slurm"
 	"github.com/gpuctl/gpuctl/controlplane/stalls"
 	"github.com/gpuctl/gpuctl/controlplane/watch"
 	"github.com/gpuctl/gpuctl/jobspec"
@@ -65,6 +66,10 @@ type Config struct {
 	// run first, one rank per node (e.g. ringtrain --steps 3 --compute-ms 0
 	// --bytes 1M); empty skips it.
 	ValidateCommand []string
+	// Executor runs the jobs' ranks: "nodemon" (default) or "slurm"
+	// (through Slurm's sbatch, scancel and squeue, configured by Slurm).
+	Executor string
+	Slurm    slurm.Config
 	// Jobs tunes the job owner beyond the fields above (tests).
 	Jobs jobs.Config
 	// RunAs decides the accounts submitters may have ranks run as.
@@ -96,6 +101,8 @@ type Server struct {
 	nodes *nodes.Registry
 	jobs  *jobs.Manager
 	stall *stalls.Detector
+	// slurm reads Slurm's view in (--executor slurm); nil otherwise.
+	slurm *slurm.Poller
 	ln    *transport.Listener
 	wg    sync.WaitGroup
 
@@ -204,12 +211,34 @@ func newServer(cfg Config, auth *transport.Authority, st store.Store, policy sch
 	if jc.ValidateCommand == nil {
 		jc.ValidateCommand = cfg.ValidateCommand
 	}
+	var sx *slurm.Executor
+	switch cfg.Executor {
+	case "", "nodemon":
+	case "slurm":
+		sc := cfg.Slurm
+		sc.Log = cfg.Log.With("part", "slurm")
+		if sc.Placement != "" && sc.Placement != slurm.PlaceGpuctl && sc.Placement != slurm.PlaceSlurm {
+			return nil, fmt.Errorf("slurm placement %q: use %s or %s", sc.Placement, slurm.PlaceGpuctl, slurm.PlaceSlurm)
+		}
+		if ca := auth.CACert(); ca != nil {
+			// The ranks name their cluster as nodemon's do.
+			id := transport.ClusterID(ca)
+			sc.Cluster = func() string { return id }
+		}
+		sx = slurm.New(sc)
+		jc.Executor = sx
+	default:
+		return nil, fmt.Errorf("executor %q: use nodemon or slurm", cfg.Executor)
+	}
 	mgr, err := jobs.New(jc)
 	if err != nil {
 		return nil, err
 	}
 	sink.set(mgr)
 	s.jobs = mgr
+	if sx != nil {
+		s.slurm = &slurm.Poller{X: sx, Registry: reg, Owner: mgr, Every: cfg.Slurm.Poll, Log: cfg.Log.With("part", "slurm")}
+	}
 	for _, n := range reg.Nodes() {
 		s.hub.PublishNode(n)
 	}
@@ -325,6 +354,13 @@ func (s *Server) run(ctx context.Context) {
 		defer s.wg.Done()
 		s.stall.Run(ctx, s.cfg.StallEvery)
 	}()
+	if s.slurm != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.slurm.Run(ctx)
+		}()
+	}
 	if b, ok := s.store.(*store.Bolt); ok {
 		// Inside the wait group, so the backup at shutdown is written
 		// before the store closes.

@@ -509,9 +509,7 @@ func (m *Manager) signalAttempt(id string, attempt uint32, nodes []string, sig s
 	}
 	log, timeout := m.log, m.cfg.SignalTimeout
 	m.act(func(d *dispatcher) {
-		d.fanOut(nodes, func(string) *api.Command {
-			return &api.Command{Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: id, Signal: sig, Attempt: attempt}}}
-		}, timeout, func(errs map[string]error) {
+		d.signalOn(id, attempt, nodes, sig, timeout, func(errs map[string]error) {
 			for node, err := range errs {
 				log.Warn("signal ranks", "job", id, "node", node, "signal", sig, "err", err)
 			}
@@ -688,9 +686,7 @@ func (m *Manager) launch(en *entry) {
 	m.log.Info("job starting", "job", id, "attempt", attempt, "nodes", nodes, "master", fmt.Sprintf("%s:%d", j.GetMasterAddr(), j.GetMasterPort()))
 	timeout, post := m.cfg.CommandTimeout, m.in.post
 	m.act(func(d *dispatcher) {
-		d.fanOut(nodes, func(node string) *api.Command {
-			return &api.Command{Body: &api.Command_Launch{Launch: launches[node]}}
-		}, timeout, func(errs map[string]error) {
+		d.launchOn(id, attempt, nodes, launches, timeout, func(errs map[string]error) {
 			post(msgLaunched{job: id, attempt: attempt, errs: errs})
 		})
 	})

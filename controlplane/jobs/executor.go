@@ -1,0 +1,139 @@
+package jobs
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/scheduler"
+)
+
+// Executor starts and signals the owner's attempts somewhere other than
+// through nodemon's own launches: Slurm (controlplane/slurm). The owner
+// still decides the plan and the placement; the executor only carries them
+// out, off the owner's goroutine, and its answers come back as messages
+// (launch refusals as msgLaunched; what it learns later through
+// ExecutorFailed and ExternalJobs). Config.Executor nil is nodemon: each
+// node's commands through the dispatcher, as always.
+type Executor interface {
+	// Launch starts one attempt: nodes in rank order, each node's ranks in
+	// launches. It returns the nodes it could not start on, with why.
+	Launch(ctx context.Context, job string, attempt uint32, nodes []string, launches map[string]*api.LaunchRanks) map[string]error
+	// Signal sends sig (SIGUSR1: checkpoint, SIGTERM: stop, SIGKILL) to
+	// one attempt of job (0: every attempt) on nodes.
+	Signal(ctx context.Context, job string, attempt uint32, nodes []string, sig string) map[string]error
+}
+
+// launchOn runs one attempt's launch through the executor, or nodemon.
+func (d *dispatcher) launchOn(job string, attempt uint32, nodes []string, launches map[string]*api.LaunchRanks, timeout time.Duration, done func(map[string]error)) {
+	if d.exec != nil {
+		d.async(func() {
+			ctx, cancel := context.WithTimeout(d.context(), max(timeout, ExecutorTimeout))
+			defer cancel()
+			done(d.exec.Launch(ctx, job, attempt, nodes, launches))
+		})
+		return
+	}
+	d.fanOut(nodes, func(node string) *api.Command {
+		return &api.Command{Body: &api.Command_Launch{Launch: launches[node]}}
+	}, timeout, done)
+}
+
+// signalOn sends sig to an attempt's ranks through the executor, or
+// nodemon.
+func (d *dispatcher) signalOn(job string, attempt uint32, nodes []string, sig string, timeout time.Duration, done func(map[string]error)) {
+	if d.exec != nil {
+		d.async(func() {
+			ctx, cancel := context.WithTimeout(d.context(), max(timeout, ExecutorTimeout))
+			defer cancel()
+			done(d.exec.Signal(ctx, job, attempt, nodes, sig))
+		})
+		return
+	}
+	d.fanOut(nodes, func(string) *api.Command {
+		return &api.Command{Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: job, Signal: sig, Attempt: attempt}}}
+	}, timeout, done)
+}
+
+// ExecutorTimeout is the least time one executor call (an sbatch or a
+// scancel for every node of the attempt) has, whatever bounds one node's
+// command: Slurm's controller can take seconds to answer when busy.
+const ExecutorTimeout = 30 * time.Second
+
+func (d *dispatcher) context() context.Context {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ctx
+}
+
+type msgExecutorFailed struct {
+	job     string
+	attempt uint32
+	nodes   []string
+	reason  string
+}
+
+// ExecutorFailed tells the owner that the executor saw an attempt fail on
+// nodes (Slurm set them down, or ended the job): the job recovers as from
+// lost nodes.
+func (m *Manager) ExecutorFailed(job string, attempt uint32, nodes []string, reason string) {
+	m.in.post(msgExecutorFailed{job: job, attempt: attempt, nodes: nodes, reason: reason})
+}
+
+func (m *Manager) executorFailed(msg msgExecutorFailed) {
+	en := m.jobs[msg.job]
+	if en == nil || en.job.GetAttempt() != msg.attempt || !active(en.job) {
+		return
+	}
+	m.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: msg.nodes}, msg.reason, m.now())
+	m.kick()
+}
+
+type msgExternal struct{ jobs []*api.Job }
+
+// ExternalJobs replaces the jobs the executor runs that gpuctl did not
+// submit (plain sbatch): they are listed and described with the others,
+// never scheduled or recovered, and not stored (the executor is where
+// they live). The jobs are not modified afterwards.
+func (m *Manager) ExternalJobs(jobs []*api.Job) { m.in.post(msgExternal{jobs: jobs}) }
+
+func (m *Manager) external(msg msgExternal) {
+	next := make(map[string]*api.Job, len(msg.jobs))
+	for _, j := range msg.jobs {
+		if m.jobs[j.GetId()] != nil {
+			m.log.Warn("an external job has the id of a gpuctl job; not listed", "job", j.GetId())
+			continue
+		}
+		next[j.GetId()] = j
+	}
+	changed := len(next) != len(m.externals)
+	for id, j := range next {
+		if old := m.externals[id]; old == nil || !equalJob(old, j) {
+			changed = true
+			if m.cfg.Publish != nil {
+				m.cfg.Publish.PublishJob(j)
+			}
+		}
+	}
+	if !changed {
+		return
+	}
+	m.externals = next
+	m.publishView()
+}
+
+func equalJob(a, b *api.Job) bool { return proto.Equal(a, b) }
+
+// externalsSorted lists the external jobs by id.
+func (m *Manager) externalsSorted() []*api.Job {
+	ids := slices.Sorted(maps.Keys(m.externals))
+	out := make([]*api.Job, len(ids))
+	for i, id := range ids {
+		out[i] = m.externals[id]
+	}
+	return out
+}

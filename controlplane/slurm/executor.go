@@ -1,0 +1,252 @@
+package slurm
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+)
+
+// Placement modes.
+const (
+	// PlaceGpuctl: gpuctl's scheduler places, Slurm gets --nodelist.
+	PlaceGpuctl = "gpuctl"
+	// PlaceSlurm: Slurm picks the nodes of each attempt.
+	PlaceSlurm = "slurm"
+)
+
+// Config configures the Slurm executor.
+type Config struct {
+	CLI CLI
+	// Partition, when set, is sbatch's --partition.
+	Partition string
+	// Placement is PlaceGpuctl (default) or PlaceSlurm.
+	Placement string
+	// Task is how srun starts each task, default "nodemon slurm-task";
+	// the job's command follows after --.
+	Task []string
+	// RunDir is where tasks keep rank logs and status files, and sbatch
+	// writes the job's output (slurm-<id>.out); default
+	// agent.DefaultSlurmRunDir's /tmp/gpuctl-slurm.
+	RunDir string
+	// Cluster is the cluster id the ranks' environment names.
+	Cluster func() string
+	// Poll is how often squeue and sinfo are read, default 1 s.
+	Poll time.Duration
+	Log  *slog.Logger
+}
+
+// Executor runs gpuctl's attempts as Slurm jobs: one sbatch per attempt,
+// marked --comment=gpuctl:<job>:<attempt>, whose one srun step runs a task
+// per rank; signals are scancel.
+type Executor struct {
+	cfg Config
+	log *slog.Logger
+
+	mu sync.Mutex
+	// ids maps job → attempt → Slurm job id, from sbatch's answers and
+	// squeue's comments (after a server restart).
+	ids map[string]map[uint32]string
+}
+
+// New returns the executor.
+func New(cfg Config) *Executor {
+	if cfg.Placement == "" {
+		cfg.Placement = PlaceGpuctl
+	}
+	if len(cfg.Task) == 0 {
+		cfg.Task = []string{"nodemon", "slurm-task"}
+	}
+	if cfg.RunDir == "" {
+		cfg.RunDir = "/tmp/gpuctl-slurm"
+	}
+	if cfg.Cluster == nil {
+		cfg.Cluster = func() string { return "" }
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Executor{cfg: cfg, log: cfg.Log, ids: map[string]map[uint32]string{}}
+}
+
+// Comment is the --comment gpuctl marks its Slurm jobs with.
+func Comment(job string, attempt uint32) string {
+	return fmt.Sprintf("gpuctl:%s:%d", job, attempt)
+}
+
+// ParseComment reads Comment's mark; ok is false for a job gpuctl did not
+// submit.
+func ParseComment(c string) (job string, attempt uint32, ok bool) {
+	rest, ok := strings.CutPrefix(c, "gpuctl:")
+	if !ok {
+		return "", 0, false
+	}
+	i := strings.LastIndexByte(rest, ':')
+	if i <= 0 {
+		return "", 0, false
+	}
+	n, err := strconv.ParseUint(rest[i+1:], 10, 32)
+	if err != nil {
+		return "", 0, false
+	}
+	return rest[:i], uint32(n), true
+}
+
+// Batch is what one attempt's sbatch gets: its arguments and script.
+func (x *Executor) Batch(job string, attempt uint32, nodes []string, launches map[string]*api.LaunchRanks) (args []string, script string, env []string, err error) {
+	if len(nodes) == 0 {
+		return nil, "", nil, fmt.Errorf("slurm: attempt %d of %s has no nodes", attempt, job)
+	}
+	perNode := len(launches[nodes[0]].GetRanks())
+	parts := make([]api.SlurmNodeLaunch, 0, len(nodes))
+	for _, n := range nodes {
+		l := launches[n]
+		if len(l.GetRanks()) != perNode {
+			return nil, "", nil, fmt.Errorf("slurm: job %s has %d ranks on %s and %d on %s: Slurm starts the same number of tasks on every node (--ntasks-per-node); give the job whole nodes",
+				job, len(l.GetRanks()), n, perNode, nodes[0])
+		}
+		node := n
+		if x.cfg.Placement == PlaceSlurm {
+			node = ""
+		}
+		parts = append(parts, api.SlurmNodeLaunch{Node: node, Launch: l})
+	}
+	enc, err := api.EncodeSlurmLaunch(parts)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	args = []string{"--parsable", "--job-name=gpuctl-" + job, "--comment=" + Comment(job, attempt),
+		// gpuctl recovers its jobs itself: Slurm must not rerun one behind it.
+		"--no-requeue",
+		"--nodes=" + strconv.Itoa(len(nodes)), "--ntasks-per-node=" + strconv.Itoa(perNode),
+		"--gres=gpu:" + strconv.Itoa(perNode), "--output=" + x.cfg.RunDir + "/slurm-%j.out", "--export=ALL"}
+	if x.cfg.Placement != PlaceSlurm {
+		// gpuctl's placement, in rank order; the tasks take their ranks by
+		// node name, so Slurm's sorted order does not matter.
+		args = append(args, "--nodelist="+strings.Join(nodes, ","))
+	}
+	if x.cfg.Partition != "" {
+		args = append(args, "--partition="+x.cfg.Partition)
+	}
+	words := append(append([]string{"srun", "--kill-on-bad-exit=1"}, x.cfg.Task...), "--run-dir", x.cfg.RunDir, "--")
+	words = append(words, launches[nodes[0]].GetCommand()...)
+	quoted := make([]string, len(words))
+	for i, w := range words {
+		quoted[i] = shellQuote(w)
+	}
+	script = "#!/bin/sh\n# gpuctl job " + job + " attempt " + strconv.Itoa(int(attempt)) + "\nexec " + strings.Join(quoted, " ") + "\n"
+	// Through the environment (--export=ALL), not --export=…, whose
+	// commas would split the launch.
+	env = []string{api.SlurmLaunchEnv + "=" + enc, api.SlurmClusterEnv + "=" + x.cfg.Cluster()}
+	return args, script, env, nil
+}
+
+// Launch submits the attempt with sbatch. A failed sbatch refuses the
+// attempt on every node, saying why.
+func (x *Executor) Launch(ctx context.Context, job string, attempt uint32, nodes []string, launches map[string]*api.LaunchRanks) map[string]error {
+	args, script, env, err := x.Batch(job, attempt, nodes, launches)
+	if err == nil {
+		var out string
+		out, err = x.cfg.CLI.Run(ctx, []byte(script), env, "sbatch", args...)
+		if err == nil {
+			var id string
+			if id, err = ParseSbatch(out); err == nil {
+				x.remember(job, attempt, id)
+				x.log.Info("submitted to Slurm", "job", job, "attempt", attempt, "slurm_job", id, "nodes", nodes)
+				return nil
+			}
+		}
+	}
+	err = fmt.Errorf("submit attempt %d to Slurm: %w", attempt, err)
+	x.log.Error("Slurm submit failed", "job", job, "attempt", attempt, "err", err)
+	errs := map[string]error{}
+	for _, n := range nodes {
+		errs[n] = err
+	}
+	return errs
+}
+
+// Signal maps gpuctl's signals onto scancel: SIGTERM cancels the Slurm job
+// (Slurm sends SIGTERM, and SIGKILL after its KillWait), others are sent
+// to the job's steps as they are (SIGUSR1: checkpoint).
+func (x *Executor) Signal(ctx context.Context, job string, attempt uint32, nodes []string, sig string) map[string]error {
+	ids := x.idsOf(job, attempt)
+	if len(ids) == 0 {
+		if err := x.Refresh(ctx); err == nil {
+			ids = x.idsOf(job, attempt)
+		}
+	}
+	if len(ids) == 0 {
+		return nil // nothing of it is in Slurm: nothing to signal
+	}
+	args := []string{"--signal=" + strings.TrimPrefix(sig, "SIG")}
+	if sig == "SIGTERM" {
+		args = nil
+	}
+	_, err := x.cfg.CLI.Run(ctx, nil, nil, "scancel", append(args, ids...)...)
+	if err == nil || strings.Contains(err.Error(), "already completing or completed") || strings.Contains(err.Error(), "Invalid job id") {
+		return nil
+	}
+	errs := map[string]error{}
+	for _, n := range nodes {
+		errs[n] = fmt.Errorf("scancel %s of job %s: %w", sig, job, err)
+	}
+	return errs
+}
+
+// Refresh learns the Slurm ids of gpuctl's jobs from squeue.
+func (x *Executor) Refresh(ctx context.Context) error {
+	out, err := x.cfg.CLI.Run(ctx, nil, nil, "squeue", "-h", "-o", QueueFormat)
+	if err != nil {
+		return err
+	}
+	jobs, err := ParseSqueue(out)
+	if err != nil {
+		return fmt.Errorf("%w: is this squeue from Slurm 20.11 or later?", err)
+	}
+	x.learn(jobs)
+	return nil
+}
+
+func (x *Executor) learn(jobs []QueueJob) {
+	for _, q := range jobs {
+		if job, attempt, ok := ParseComment(q.Comment); ok {
+			x.remember(job, attempt, q.ID)
+		}
+	}
+}
+
+func (x *Executor) remember(job string, attempt uint32, id string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.ids[job] == nil {
+		x.ids[job] = map[uint32]string{}
+	}
+	x.ids[job][attempt] = id
+}
+
+// SlurmID is the Slurm job id of an attempt, "" when unknown.
+func (x *Executor) SlurmID(job string, attempt uint32) string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.ids[job][attempt]
+}
+
+func (x *Executor) idsOf(job string, attempt uint32) []string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var ids []string
+	for a, id := range x.ids[job] {
+		if attempt == 0 || a == attempt {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}

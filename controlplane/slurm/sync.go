@@ -1,0 +1,286 @@
+package slurm
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/controlplane/nodes"
+)
+
+// Reason prefixes that say which side took a node out, so that the two
+// sides follow each other without echoing: a cordon gpuctl made from
+// Slurm's state starts with SlurmReason; a drain made in Slurm from
+// gpuctl's cordon with GpuctlReason.
+const (
+	SlurmReason  = "Slurm: "
+	GpuctlReason = "gpuctl: "
+)
+
+// Registry is what the poller needs of the node registry.
+type Registry interface {
+	Nodes() []*api.NodeStatus
+	Ranks(job string) []nodes.NodeRanks
+	SetCordon(node, action, reason string) (*api.NodeStatus, error)
+}
+
+// Owner is what the poller needs of the job owner.
+type Owner interface {
+	List(key string) ([]*api.Job, error)
+	ExecutorFailed(job string, attempt uint32, nodes []string, reason string)
+	ExternalJobs(jobs []*api.Job)
+}
+
+// Poller reads Slurm's view on an interval, outside the job owner, and
+// sends it in: node states to the registry (both ways), lost nodes of
+// gpuctl's attempts and the jobs submitted without gpuctl to the owner.
+type Poller struct {
+	X        *Executor
+	Registry Registry
+	Owner    Owner
+	// Every is the polling interval, default 1 s.
+	Every time.Duration
+	Log   *slog.Logger
+
+	failed map[string]bool // job/attempt already reported failed
+	warned string          // the last error logged, so a down slurmctld logs once
+}
+
+// Run polls until ctx ends.
+func (p *Poller) Run(ctx context.Context) {
+	if p.Every <= 0 {
+		p.Every = time.Second
+	}
+	if p.Log == nil {
+		p.Log = slog.New(slog.DiscardHandler)
+	}
+	p.failed = map[string]bool{}
+	t := time.NewTicker(p.Every)
+	defer t.Stop()
+	for {
+		p.Once(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Once polls once.
+func (p *Poller) Once(ctx context.Context) {
+	if p.failed == nil {
+		p.failed = map[string]bool{}
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cli := &p.X.cfg.CLI
+	var errs []string
+	var states []NodeState
+	out, err := cli.Run(cctx, nil, nil, "sinfo", "-h", "-N", "-o", NodeFormat)
+	if err == nil {
+		states, err = ParseSinfo(out)
+	}
+	if err != nil {
+		errs = append(errs, err.Error())
+	} else {
+		p.syncNodes(cctx, states)
+	}
+	var queue []QueueJob
+	out, err = cli.Run(cctx, nil, nil, "squeue", "-h", "-o", QueueFormat)
+	if err == nil {
+		queue, err = ParseSqueue(out)
+	}
+	if err != nil {
+		// Nothing is changed on what could not be read: the jobs listed
+		// stay as they were until squeue answers again.
+		errs = append(errs, err.Error())
+	} else {
+		p.X.learn(queue)
+		p.Owner.ExternalJobs(p.externalJobs(queue))
+		if states != nil {
+			p.checkJobs(queue, states)
+		}
+	}
+	if msg := strings.Join(errs, "; "); msg != p.warned {
+		if msg != "" {
+			p.Log.Error("Slurm poll failed; node states and Slurm's own jobs are not refreshed until it answers", "err", msg)
+		} else {
+			p.Log.Info("Slurm answers again")
+		}
+		p.warned = msg
+	}
+}
+
+// NodeAction is one step that brings gpuctl's and Slurm's node states
+// together.
+type NodeAction struct {
+	Node string
+	// Do is cordon or uncordon (gpuctl), drain or resume (Slurm).
+	Do     string
+	Reason string
+}
+
+// SyncNodes decides how to bring the two views of the nodes both know
+// together: Slurm down or drained → gpuctl cordons (SlurmReason…); gpuctl
+// cordoned → Slurm drains (GpuctlReason…); each side lifts only what it
+// took from the other.
+func SyncNodes(gpuctl []*api.NodeStatus, slurm []NodeState) []NodeAction {
+	byName := map[string]NodeState{}
+	for _, s := range slurm {
+		byName[s.Name] = s
+	}
+	var out []NodeAction
+	for _, n := range gpuctl {
+		name := n.GetRegistration().GetName()
+		s, ok := byName[name]
+		if !ok {
+			continue
+		}
+		reason := n.GetCordonReason()
+		fromSlurm := strings.HasPrefix(reason, SlurmReason)
+		fromGpuctl := strings.HasPrefix(s.Reason, GpuctlReason)
+		switch {
+		case n.GetCordoned() && !fromSlurm && !s.Drained():
+			// gpuctl took it out (an operator, a recovery): Slurm drains it
+			// with gpuctl's reason, down or not.
+			out = append(out, NodeAction{Node: name, Do: "drain", Reason: GpuctlReason + orNone(reason)})
+		case n.GetCordoned() && fromSlurm && !s.Unavailable():
+			out = append(out, NodeAction{Node: name, Do: nodes.ActionUncordon})
+		case !n.GetCordoned() && s.Unavailable() && fromGpuctl && s.Drained():
+			out = append(out, NodeAction{Node: name, Do: "resume"})
+		case !n.GetCordoned() && s.Unavailable() && !fromGpuctl:
+			out = append(out, NodeAction{Node: name, Do: nodes.ActionCordon, Reason: slurmWhy(s)})
+		}
+	}
+	return out
+}
+
+func slurmWhy(s NodeState) string {
+	why := SlurmReason + s.Name + " is " + s.State
+	if s.NotResponding && s.State != "down" {
+		why += ", not responding"
+	}
+	if s.Reason != "" {
+		why += " (" + s.Reason + ")"
+	}
+	return why
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "cordoned"
+	}
+	return s
+}
+
+func (p *Poller) syncNodes(ctx context.Context, states []NodeState) {
+	for _, a := range SyncNodes(p.Registry.Nodes(), states) {
+		var err error
+		switch a.Do {
+		case nodes.ActionCordon, nodes.ActionUncordon:
+			_, err = p.Registry.SetCordon(a.Node, a.Do, a.Reason)
+		case "drain":
+			_, err = p.X.cfg.CLI.Run(ctx, nil, nil, "scontrol", "update", "nodename="+a.Node, "state=drain", "reason="+a.Reason)
+		case "resume":
+			_, err = p.X.cfg.CLI.Run(ctx, nil, nil, "scontrol", "update", "nodename="+a.Node, "state=resume")
+		}
+		if err != nil {
+			p.Log.Error("sync node state with Slurm", "node", a.Node, "action", a.Do, "err", err)
+			continue
+		}
+		p.Log.Info("node state synced with Slurm", "node", a.Node, "action", a.Do, "reason", a.Reason)
+	}
+}
+
+// checkJobs reports gpuctl's running attempts that lost a node in Slurm
+// (down, failed: not a drain, which lets jobs finish).
+func (p *Poller) checkJobs(queue []QueueJob, states []NodeState) {
+	lost := map[string]NodeState{}
+	for _, s := range states {
+		if s.Unavailable() && !s.Drained() {
+			lost[s.Name] = s
+		}
+	}
+	all, err := p.Owner.List("")
+	if err != nil {
+		return
+	}
+	for _, j := range all {
+		if j.GetState() != api.JobState_JOB_STATE_RUNNING || j.GetStopping() != api.JobStop_JOB_STOP_NONE || strings.HasPrefix(j.GetId(), "slurm-") {
+			continue
+		}
+		key := fmt.Sprintf("%s/%d", j.GetId(), j.GetAttempt())
+		if p.failed[key] {
+			continue
+		}
+		var gone []string
+		var why []string
+		for _, jn := range j.GetPlacement() {
+			if s, ok := lost[jn.GetNode()]; ok {
+				gone = append(gone, jn.GetNode())
+				why = append(why, slurmWhy(s))
+			}
+		}
+		if len(gone) == 0 {
+			continue
+		}
+		p.failed[key] = true
+		p.Log.Warn("Slurm lost nodes of a running attempt", "job", j.GetId(), "attempt", j.GetAttempt(), "nodes", gone)
+		p.Owner.ExecutorFailed(j.GetId(), j.GetAttempt(), gone, strings.Join(why, "; "))
+	}
+}
+
+// externalJobs lists the Slurm jobs gpuctl did not submit, with the ranks
+// nodemon reports of them.
+func (p *Poller) externalJobs(queue []QueueJob) []*api.Job {
+	var out []*api.Job
+	for _, q := range queue {
+		if _, _, ok := ParseComment(q.Comment); ok {
+			continue
+		}
+		out = append(out, ExternalJob(q, p.Registry.Ranks(api.SlurmJobName(q.ID))))
+	}
+	return out
+}
+
+// ExternalJob is how gpuctl lists a Slurm job it did not submit.
+func ExternalJob(q QueueJob, ranks []nodes.NodeRanks) *api.Job {
+	j := &api.Job{Id: api.SlurmJobName(q.ID), Name: q.Name, Attempt: 1,
+		Reason: fmt.Sprintf("Slurm job %s (%s), submitted without gpuctl: listed and traced, not scheduled or recovered by gpuctl", q.ID, q.State)}
+	switch q.State {
+	case "PENDING", "CONFIGURING":
+		j.State, j.PendingReason = api.JobState_JOB_STATE_PENDING, "Slurm: "+q.Reason
+	case "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED":
+		j.State = api.JobState_JOB_STATE_RUNNING
+	case "COMPLETED":
+		j.State = api.JobState_JOB_STATE_SUCCEEDED
+	case "CANCELLED":
+		j.State = api.JobState_JOB_STATE_CANCELLED
+	default:
+		j.State = api.JobState_JOB_STATE_FAILED
+	}
+	byNode := map[string][]*api.RankStatus{}
+	for _, nr := range ranks {
+		byNode[nr.Node] = nr.Ranks
+	}
+	step := int64(-1)
+	for _, n := range q.Nodes {
+		jn := &api.JobNode{Node: n}
+		rs := slices.Clone(byNode[n])
+		slices.SortFunc(rs, func(a, b *api.RankStatus) int { return int(a.GetRank() - b.GetRank()) })
+		for i, r := range rs {
+			jn.Ranks = append(jn.Ranks, &api.JobRank{Rank: r.GetRank(), LocalRank: int32(i), Pid: r.GetPid()})
+			step = max(step, r.GetStep())
+		}
+		j.Placement = append(j.Placement, jn)
+	}
+	if step >= 0 {
+		j.Step = step
+	}
+	return j
+}

@@ -1,0 +1,343 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/client"
+	"github.com/gpuctl/gpuctl/internal/slurmtest"
+	"github.com/gpuctl/gpuctl/internal/testbin"
+)
+
+// slurmGpuctl is a real Slurm (internal/slurmtest: node1..node4), a real
+// `gpuctl serve --executor slurm` and one nodemon per Slurm node, named
+// as the node and watching its Slurm tasks (--slurm-node).
+type slurmGpuctl struct {
+	*procCluster
+	slurm  *slurmtest.Cluster
+	runDir string
+	cl     *client.Client
+}
+
+func newSlurmGpuctl(t *testing.T, placement string) *slurmGpuctl {
+	t.Helper()
+	slurmtest.Require(t)
+	sl := slurmtest.Start(t, slurmtest.Options{Nodes: 4, GPUs: 8})
+	// The server's sbatch and squeue, and the tests', find this cluster.
+	t.Setenv("SLURM_CONF", sl.Conf)
+	nodemon, ringtrain := binaries(t)
+	c := &procCluster{t: t, dir: t.TempDir(), gpuctl: testbin.Gpuctl(t), nodemon: nodemon, ringtain: ringtrain,
+		nodes: map[string]*proc{}, nodeStarts: map[string]int{}}
+	udp, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.addr = udp.LocalAddr().String()
+	udp.Close()
+	s := &slurmGpuctl{procCluster: c, slurm: sl, runDir: filepath.Join(c.dir, "slurm-run")}
+	c.serveArgs = []string{"serve", "--data-dir", filepath.Join(c.dir, "server"), "--listen", c.addr,
+		"--executor", "slurm", "--slurm-placement", placement, "--slurm-task", nodemon + " slurm-task",
+		"--slurm-run-dir", s.runDir, "--slurm-poll", "250ms"}
+	c.startServer()
+	s.cl = c.dial(20 * time.Second)
+	t.Cleanup(func() { s.cl.Close() })
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("gpuctl logs:\n%s", c.logs())
+		}
+	})
+	token, _, err := s.cl.CreateJoinToken(context.Background(), client.TokenOptions{TTL: time.Hour, Uses: len(sl.Nodes)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.token = token
+	for _, n := range sl.Nodes {
+		c.nodeStarts[n]++
+		c.nodes[n] = startProcess(t, filepath.Join(c.dir, n+"-1.log"), nodemon,
+			"--server", c.addr, "--token", token, "--name", n, "--data-dir", filepath.Join(c.dir, "nodes", n),
+			"--sim", "dgx-h100", "--ebpf", ebpfMode(), "--trace-scope", "node", "--allow-root-ranks", "--slurm-node", n)
+	}
+	c.waitNodes(s.cl, 30*time.Second, len(sl.Nodes))
+	return s
+}
+
+// ringJob is ringtrain on two nodes, two GPUs (ranks) each.
+func (s *slurmGpuctl) ringJob(name string, steps int) string {
+	return fmt.Sprintf(`name: %s
+nodes: 2
+gpus_per_node: 2
+command: [%q, --steps, "%d", --compute-ms, "30", --bytes, 64K]
+checkpoint: {dir: %q, interval: 1h}
+restart_policy: replace-node
+`, name, s.ringtain, steps, filepath.Join(s.dir, "ckpt", name))
+}
+
+func (s *slurmGpuctl) submit(spec string) string {
+	s.t.Helper()
+	r, err := s.cl.SubmitJob(context.Background(), &api.SubmitJobRequest{SpecYaml: spec, Source: "slurm test"})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return r.GetJob().GetId()
+}
+
+// observed waits for NCCL calls of job traced by the nodemons' eBPF
+// probes; where eBPF is not required and not available it says so and
+// returns.
+func (s *slurmGpuctl) observed(job string, ranks int) {
+	t := s.t
+	t.Helper()
+	seen := map[int32]bool{}
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) && len(seen) < ranks {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := s.cl.Observe(ctx, &api.ObserveRequest{Filter: &api.ObserveFilter{Job: job, Collectives: true}, Last: 200},
+			func(b *api.ObserveBatch) error {
+				for _, it := range b.GetItems() {
+					if c := it.GetCollective(); c != nil {
+						seen[c.GetRank()] = true
+					}
+				}
+				return nil
+			})
+		cancel()
+		if err != nil && !errors.Is(err, io.EOF) {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if len(seen) < ranks {
+		if os.Getenv("GPUCTL_REQUIRE_EBPF") == "1" {
+			t.Fatalf("job %s: NCCL calls of %d of %d ranks traced (%v)", job, len(seen), ranks, seen)
+		}
+		t.Logf("job %s: NCCL calls of %d of %d ranks traced; eBPF not required here (GPUCTL_REQUIRE_EBPF unset)", job, len(seen), ranks)
+		return
+	}
+	t.Logf("job %s: NCCL calls traced for ranks %v", job, slices.Sorted(func(yield func(int32) bool) {
+		for r := range seen {
+			if !yield(r) {
+				return
+			}
+		}
+	}))
+}
+
+func nodesOf(j *api.Job) []string {
+	var out []string
+	for _, jn := range j.GetPlacement() {
+		out = append(out, jn.GetNode())
+	}
+	return out
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+// TestSlurmExecutor runs gpuctl's jobs through a real Slurm: ringtrain
+// across two Slurm nodes with gpuctl's placement as --nodelist, its ranks
+// reported and traced by the nodemons, a checkpoint through scancel
+// --signal=USR1, a node set down in Slurm: the job is back on the others
+// from its checkpoint and the node is out on both sides with the reason.
+func TestSlurmExecutor(t *testing.T) {
+	s := newSlurmGpuctl(t, "gpuctl")
+	ctx := context.Background()
+
+	// Submit → ranks running, a few times.
+	var starts []time.Duration
+	for i := 0; i < 3; i++ {
+		t0 := time.Now()
+		id := s.submit(s.ringJob(fmt.Sprintf("warm%d", i), 0))
+		waitFor(t, s.cl, id, 30*time.Second, "ranks running", func(j *api.Job) error { return runningWith(j, 1, 4) })
+		starts = append(starts, time.Since(t0))
+		if _, err := s.cl.CancelJob(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, s.cl, id, 30*time.Second, "cancelled", func(j *api.Job) error {
+			if j.GetState() != api.JobState_JOB_STATE_CANCELLED {
+				return fmt.Errorf("%s: %s", j.GetState(), j.GetReason())
+			}
+			return nil
+		})
+	}
+	t.Logf("gpuctl submit → 4 ranks running through Slurm: median %v of %v", median(starts), starts)
+
+	id := s.submit(s.ringJob("rt", 0))
+	j := waitFor(t, s.cl, id, 30*time.Second, "attempt 1 running", func(j *api.Job) error { return runningWith(j, 1, 4) })
+	first := nodesOf(j)
+	// gpuctl's placement went to Slurm: the Slurm job runs on those nodes.
+	out := s.slurm.Run("squeue", "-h", "-o", "%k|%N")
+	if !strings.Contains(out, "gpuctl:"+id+":1|") {
+		t.Fatalf("squeue has no Slurm job for %s attempt 1:\n%s", id, out)
+	}
+	for _, n := range first {
+		if !strings.Contains(out, n) && !strings.Contains(out, "node[") {
+			t.Fatalf("squeue %q does not run on gpuctl's node %s", out, n)
+		}
+	}
+	s.observed(id, 4)
+
+	// A checkpoint through Slurm lands.
+	waitFor(t, s.cl, id, 20*time.Second, "steps reported", func(j *api.Job) error {
+		if j.GetStep() < 10 {
+			return fmt.Errorf("step %d", j.GetStep())
+		}
+		return nil
+	})
+	if _, err := s.cl.CheckpointJob(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	j = waitFor(t, s.cl, id, 20*time.Second, "checkpoint reported", func(j *api.Job) error {
+		if j.GetLastCheckpointStep() <= 0 {
+			return fmt.Errorf("no checkpoint yet (step %d)", j.GetStep())
+		}
+		return nil
+	})
+	ckpt := j.GetLastCheckpointStep()
+	t.Logf("checkpoint at step %d through scancel --signal=USR1", ckpt)
+
+	// One of its nodes goes down in Slurm.
+	lost := first[1]
+	t0 := time.Now()
+	s.slurm.Run("scontrol", "update", "nodename="+lost, "state=down", "reason=test")
+	j = waitFor(t, s.cl, id, 60*time.Second, "attempt 2 running without "+lost, func(j *api.Job) error {
+		if err := runningWith(j, 2, 4); err != nil {
+			return err
+		}
+		if slices.Contains(nodesOf(j), lost) {
+			return fmt.Errorf("attempt 2 placed on %s, which is down", lost)
+		}
+		return nil
+	})
+	requeue := time.Since(t0)
+	if j.GetResumeStep() < ckpt {
+		t.Fatalf("attempt 2 resumes from step %d, before the checkpoint at %d", j.GetResumeStep(), ckpt)
+	}
+	out = s.slurm.Run("squeue", "-h", "-o", "%k|%N")
+	if !strings.Contains(out, "gpuctl:"+id+":2|") {
+		t.Fatalf("squeue has no Slurm job for %s attempt 2:\n%s", id, out)
+	}
+	waitFor(t, s.cl, id, 20*time.Second, "steps past the checkpoint", func(j *api.Job) error {
+		if j.GetStep() <= ckpt {
+			return fmt.Errorf("step %d", j.GetStep())
+		}
+		return nil
+	})
+	t.Logf("node %s down in Slurm → attempt 2 running on %v from step %d in %v", lost, nodesOf(j), j.GetResumeStep(), requeue)
+
+	// Out on both sides, with the reason.
+	poll(t, 20*time.Second, lost+" cordoned in gpuctl and drained in Slurm", func() error {
+		ns, err := s.cl.Nodes(ctx)
+		if err != nil {
+			return err
+		}
+		for _, n := range ns {
+			if n.GetRegistration().GetName() == lost && (!n.GetCordoned() || !strings.Contains(n.GetCordonReason(), "Slurm")) {
+				return fmt.Errorf("gpuctl: %s cordoned=%v reason %q", lost, n.GetCordoned(), n.GetCordonReason())
+			}
+		}
+		out, err := s.slurm.Command("scontrol", "show", "node", lost).Output()
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(out), "DRAIN") || !strings.Contains(string(out), "Reason=gpuctl: ") {
+			return fmt.Errorf("Slurm: %s", strings.Join(strings.Fields(string(out)), " "))
+		}
+		return nil
+	})
+	t.Logf("Slurm submit → ranks running median %v; node down → requeued running %v", median(starts), requeue)
+}
+
+// TestSlurmNodeStatesFollowEachOther: a gpuctl cordon drains the node in
+// Slurm with the reason, a Slurm drain cordons it in gpuctl saying Slurm
+// did, and each side lifts what it took.
+func TestSlurmNodeStatesFollowEachOther(t *testing.T) {
+	s := newSlurmGpuctl(t, "gpuctl")
+	ctx := context.Background()
+	if _, err := s.cl.Cordon(ctx, "node2", "cordon", "fan failure"); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 10*time.Second, "node2 drained in Slurm", func() error {
+		out := s.slurm.Run("sinfo", "-h", "-N", "-n", "node2", "-o", "%T|%E")
+		if !strings.HasPrefix(out, "drain") || !strings.Contains(out, "gpuctl: fan failure") {
+			return fmt.Errorf("sinfo: %s", out)
+		}
+		return nil
+	})
+	s.slurm.Run("scontrol", "update", "nodename=node3", "state=drain", "reason=bad dimm")
+	poll(t, 10*time.Second, "node3 cordoned in gpuctl", func() error {
+		ns, err := s.cl.Nodes(ctx)
+		if err != nil {
+			return err
+		}
+		for _, n := range ns {
+			if n.GetRegistration().GetName() == "node3" && (!n.GetCordoned() || !strings.HasPrefix(n.GetCordonReason(), "Slurm: ") || !strings.Contains(n.GetCordonReason(), "bad dimm")) {
+				return fmt.Errorf("node3 cordoned=%v reason %q", n.GetCordoned(), n.GetCordonReason())
+			}
+		}
+		return nil
+	})
+	if _, err := s.cl.Cordon(ctx, "node2", "uncordon", ""); err != nil {
+		t.Fatal(err)
+	}
+	s.slurm.Run("scontrol", "update", "nodename=node3", "state=resume")
+	poll(t, 10*time.Second, "both back", func() error {
+		out := s.slurm.Run("sinfo", "-h", "-N", "-n", "node2", "-o", "%T")
+		if strings.TrimSpace(out) != "idle" {
+			return fmt.Errorf("Slurm node2 %s", out)
+		}
+		ns, err := s.cl.Nodes(ctx)
+		if err != nil {
+			return err
+		}
+		for _, n := range ns {
+			if n.GetCordoned() {
+				return fmt.Errorf("%s still cordoned: %s", n.GetRegistration().GetName(), n.GetCordonReason())
+			}
+		}
+		return nil
+	})
+}
+
+// TestSlurmPlainSbatchJobShowsUp: a job submitted with sbatch, not through
+// gpuctl, is listed by gpuctl with its ranks, found and traced by nodemon.
+func TestSlurmPlainSbatchJobShowsUp(t *testing.T) {
+	s := newSlurmGpuctl(t, "gpuctl")
+	script := fmt.Sprintf(`#!/bin/sh
+srun sh -c 'RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS MASTER_ADDR=127.0.0.1 MASTER_PORT=%d exec %s --steps 0 --compute-ms 30 --bytes 64K'
+`, 29000+os.Getpid()%500, s.ringtain)
+	path := filepath.Join(s.dir, "plain.sh")
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := s.slurm.Run("sbatch", "--parsable", "--job-name=plain", "-N2", "--ntasks-per-node=1", "--nodelist=node2,node4", "--output="+filepath.Join(s.dir, "plain-%j.out"), path)
+	sid := strings.TrimSpace(out)
+	id := api.SlurmJobName(sid)
+	j := waitFor(t, s.cl, id, 30*time.Second, "the plain sbatch job listed with its ranks", func(j *api.Job) error {
+		if j.GetState() != api.JobState_JOB_STATE_RUNNING || j.GetName() != "plain" {
+			return fmt.Errorf("%s %q: %s", j.GetState(), j.GetName(), j.GetReason())
+		}
+		if n := len(rankPIDs(j)); n != 2 {
+			return fmt.Errorf("%d of 2 ranks with pids (%v)", n, nodesOf(j))
+		}
+		return nil
+	})
+	if got := nodesOf(j); !slices.Equal(got, []string{"node2", "node4"}) {
+		t.Fatalf("listed on %v, want node2, node4", got)
+	}
+	s.observed(id, 2)
+	s.slurm.Run("scancel", sid)
+}
