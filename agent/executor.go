@@ -56,6 +56,9 @@ type rankRecord struct {
 	LastCheckpointStep int64 `json:"last_checkpoint_step"`
 	CheckpointReported int64 `json:"checkpoint_reported"`
 	LaunchedUnixNano   int64 `json:"launched_unix_nano"`
+	// SlurmJob is the Slurm job of a rank Slurm started (found, not
+	// launched): Slurm stops it, so it holds no lease.
+	SlurmJob string `json:"slurm_job,omitempty"`
 }
 
 // ranksFile is the layout of <data-dir>/ranks.json.
@@ -522,6 +525,9 @@ func (x *Executor) exitEvent(p *rankProc, now time.Time, shimSignal string) *api
 		ev.ExitCode, ev.Signal, ev.Severity = int32(st.ExitCode), LeaseSignal, api.Severity_SEVERITY_WARNING
 		ev.Attrs["fenced"] = st.Fenced
 		ev.Message = fmt.Sprintf("rank %d (pid %d) stopped by its shim: %s", r.Rank, r.PID, st.Fenced)
+	case err == nil && st.Signal == "" && st.Stopped != "":
+		ev.ExitCode, ev.Signal, ev.Severity = int32(st.ExitCode), st.Stopped, api.Severity_SEVERITY_WARNING
+		ev.Message = fmt.Sprintf("rank %d (pid %d) exited with code %d after Slurm sent it %s", r.Rank, r.PID, st.ExitCode, st.Stopped)
 	case err == nil && st.Signal != "":
 		ev.ExitCode, ev.Signal, ev.Severity = -1, st.Signal, api.Severity_SEVERITY_WARNING
 		ev.Message = fmt.Sprintf("rank %d (pid %d) killed by %s", r.Rank, r.PID, st.Signal)
@@ -833,7 +839,7 @@ func (x *Executor) RenewLeases(deadline time.Time) {
 	x.lease.deadline = deadline
 	paths := map[string]bool{}
 	for _, p := range x.liveLocked() {
-		if !p.fenced {
+		if !p.fenced && p.rec.SlurmJob == "" {
 			paths[x.leasePath(p.rec.Job, p.rec.Attempt)] = true
 		}
 	}

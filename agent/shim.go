@@ -47,6 +47,10 @@ type shimStatus struct {
 	Error         string `json:"error,omitempty"`
 	// Fenced says why the shim stopped the rank itself: its lease ran out.
 	Fenced string `json:"fenced,omitempty"`
+	// Stopped is the signal the shim was sent and passed on, under Slurm
+	// (--exit-code): Slurm stopped the job (a lost node, scancel), so even
+	// a rank that then exits 0 did not finish.
+	Stopped string `json:"stopped,omitempty"`
 }
 
 // RunShim runs the rank shim with the arguments after ShimCommand and
@@ -177,8 +181,13 @@ func RunShim(args []string, stderr io.Writer) int {
 	// can stop the shim and leave the rank behind.
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	stopped := make(chan string, 1)
 	go func() {
 		for s := range sigs {
+			select {
+			case stopped <- signalName(s.(syscall.Signal)):
+			default:
+			}
 			syscall.Kill(-pid, s.(syscall.Signal))
 		}
 	}()
@@ -204,6 +213,12 @@ func RunShim(args []string, stderr io.Writer) int {
 		status.ExitCode, status.Signal, status.CoreDumped = -1, signalName(ws.Signal()), ws.CoreDump()
 	} else {
 		status.ExitCode = cmd.ProcessState.ExitCode()
+	}
+	if *exitCode {
+		select {
+		case status.Stopped = <-stopped:
+		default:
+		}
 	}
 	var exitErr *exec.ExitError
 	if waitErr != nil && !errors.As(waitErr, &exitErr) {

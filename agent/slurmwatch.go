@@ -148,7 +148,7 @@ func (x *Executor) scanSlurm(now time.Time) {
 		rec := rankRecord{Job: t.job, Attempt: t.attempt, Rank: t.rank, LocalRank: t.local, GPUs: t.gpus,
 			PID: st.PID, StartTicks: st.StartTicks, ShimPID: st.PID, ShimStartTicks: st.StartTicks,
 			LogPath: t.logPath, StatusPath: t.statusPath, CheckpointDir: t.ckptDir,
-			LastCheckpointStep: -1, CheckpointReported: -1, LaunchedUnixNano: now.UnixNano()}
+			LastCheckpointStep: -1, CheckpointReported: -1, LaunchedUnixNano: now.UnixNano(), SlurmJob: t.slurmJob}
 		if t.shimmed {
 			kids := children[st.PID]
 			if len(kids) == 0 {

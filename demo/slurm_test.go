@@ -55,6 +55,14 @@ func newSlurmGpuctl(t *testing.T, placement string) *slurmGpuctl {
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("gpuctl logs:\n%s", c.logs())
+			if dir := os.Getenv("GPUCTL_KEEP_LOGS"); dir != "" {
+				logs, _ := filepath.Glob(filepath.Join(c.dir, "*.log"))
+				for _, l := range logs {
+					if b, err := os.ReadFile(l); err == nil {
+						os.WriteFile(filepath.Join(dir, filepath.Base(l)), b, 0o644)
+					}
+				}
+			}
 		}
 	})
 	token, _, err := s.cl.CreateJoinToken(context.Background(), client.TokenOptions{TTL: time.Hour, Uses: len(sl.Nodes)})

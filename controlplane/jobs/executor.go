@@ -78,18 +78,28 @@ type msgExecutorFailed struct {
 }
 
 // ExecutorFailed tells the owner that the executor saw an attempt fail on
-// nodes (Slurm set them down, or ended the job): the job recovers as from
-// lost nodes.
+// nodes (Slurm set them down): the job recovers as from lost nodes. No
+// nodes: the job's own fault (its batch script failed before any rank
+// started), so it fails with reason rather than retrying the same way.
 func (m *Manager) ExecutorFailed(job string, attempt uint32, nodes []string, reason string) {
 	m.in.post(msgExecutorFailed{job: job, attempt: attempt, nodes: nodes, reason: reason})
 }
 
 func (m *Manager) executorFailed(msg msgExecutorFailed) {
 	en := m.jobs[msg.job]
-	if en == nil || en.job.GetAttempt() != msg.attempt || !active(en.job) {
+	if en == nil || en.job.GetAttempt() != msg.attempt {
 		return
 	}
-	m.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: msg.nodes}, msg.reason, m.now())
+	if !active(en.job) && m.recs[msg.job] == nil {
+		// Stopping, or ended; a recovery already under way (the ranks'
+		// exits came first) still learns which nodes to avoid.
+		return
+	}
+	if len(msg.nodes) == 0 {
+		m.giveUp(en, msg.reason, m.now())
+	} else {
+		m.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: msg.nodes}, msg.reason, m.now())
+	}
 	m.kick()
 }
 

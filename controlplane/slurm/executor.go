@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -71,6 +72,12 @@ func New(cfg Config) *Executor {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	// Where Slurm writes the job output: made here for the usual case of a
+	// file system the Slurm nodes share with this host; elsewhere it must
+	// exist on the nodes (sbatch fails the job, and the poller says so).
+	if err := os.MkdirAll(cfg.RunDir, 0o755); err != nil {
+		cfg.Log.Warn("make the Slurm run dir", "dir", cfg.RunDir, "err", err)
 	}
 	return &Executor{cfg: cfg, log: cfg.Log, ids: map[string]map[uint32]string{}}
 }
