@@ -47,7 +47,10 @@ type Poller struct {
 	Log   *slog.Logger
 
 	failed map[string]bool // job/attempt already reported failed
-	warned string          // the last error logged, so a down slurmctld logs once
+	// ended counts the polls that found an attempt's Slurm job gone
+	// before any of its ranks was seen.
+	ended  map[string]int
+	warned string // the last error logged, so a down slurmctld logs once
 }
 
 // Run polls until ctx ends.
@@ -55,10 +58,6 @@ func (p *Poller) Run(ctx context.Context) {
 	if p.Every <= 0 {
 		p.Every = time.Second
 	}
-	if p.Log == nil {
-		p.Log = slog.New(slog.DiscardHandler)
-	}
-	p.failed = map[string]bool{}
 	t := time.NewTicker(p.Every)
 	defer t.Stop()
 	for {
@@ -74,7 +73,10 @@ func (p *Poller) Run(ctx context.Context) {
 // Once polls once.
 func (p *Poller) Once(ctx context.Context) {
 	if p.failed == nil {
-		p.failed = map[string]bool{}
+		p.failed, p.ended = map[string]bool{}, map[string]int{}
+	}
+	if p.Log == nil {
+		p.Log = slog.New(slog.DiscardHandler)
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -102,9 +104,7 @@ func (p *Poller) Once(ctx context.Context) {
 	} else {
 		p.X.learn(queue)
 		p.Owner.ExternalJobs(p.externalJobs(queue))
-		if states != nil {
-			p.checkJobs(queue, states)
-		}
+		p.checkJobs(queue, states)
 	}
 	if msg := strings.Join(errs, "; "); msg != p.warned {
 		if msg != "" {
@@ -218,6 +218,9 @@ func (p *Poller) checkJobs(queue []QueueJob, states []NodeState) {
 		if p.failed[key] {
 			continue
 		}
+		if p.endedEarly(j, key, queue) {
+			continue
+		}
 		var gone []string
 		var why []string
 		for _, jn := range j.GetPlacement() {
@@ -233,6 +236,52 @@ func (p *Poller) checkJobs(queue []QueueJob, states []NodeState) {
 		p.Log.Warn("Slurm lost nodes of a running attempt", "job", j.GetId(), "attempt", j.GetAttempt(), "nodes", gone)
 		p.Owner.ExecutorFailed(j.GetId(), j.GetAttempt(), gone, strings.Join(why, "; "))
 	}
+}
+
+// endedEarly reports (once) an attempt whose Slurm job ended before any of
+// its ranks was seen: the batch script failed (a missing output dir, a task
+// command not on the nodes), and no rank will ever report.
+func (p *Poller) endedEarly(j *api.Job, key string, queue []QueueJob) bool {
+	id := p.X.SlurmID(j.GetId(), j.GetAttempt())
+	if id == "" {
+		return false
+	}
+	for _, jn := range j.GetPlacement() {
+		for _, r := range jn.GetRanks() {
+			if r.GetPid() != 0 || r.GetExited() {
+				return false
+			}
+		}
+	}
+	state := "gone from squeue"
+	for _, q := range queue {
+		if q.ID == id {
+			if !SlurmEnded(q.State) {
+				delete(p.ended, key)
+				return false
+			}
+			state = q.State
+		}
+	}
+	// Three polls: nodemon finds a rank within its own poll, so a miss may
+	// be a rank not found yet.
+	if p.ended[key]++; p.ended[key] < 3 {
+		return false
+	}
+	p.failed[key] = true
+	why := fmt.Sprintf("Slurm job %s ended (%s) before any rank started: its output, %s/slurm-%s.out on its first node, says why", id, state, p.X.cfg.RunDir, id)
+	p.Log.Warn("Slurm job ended before its ranks started", "job", j.GetId(), "attempt", j.GetAttempt(), "slurm_job", id, "state", state)
+	p.Owner.ExecutorFailed(j.GetId(), j.GetAttempt(), nil, why)
+	return true
+}
+
+// SlurmEnded reports whether a Slurm job state is final.
+func SlurmEnded(state string) bool {
+	switch state {
+	case "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD":
+		return false
+	}
+	return true
 }
 
 // externalJobs lists the Slurm jobs gpuctl did not submit, with the ranks

@@ -233,6 +233,21 @@ func (c *Cluster) StopNode(n string) {
 	}
 }
 
+// StopController kills slurmctld, leaving the CLI tools without an
+// answer, as a crashed controller would.
+func (c *Cluster) StopController() {
+	if c.ctld != nil {
+		c.ctld.Process.Kill()
+		c.ctld.Wait()
+		c.ctld = nil
+	}
+}
+
+// StartController starts slurmctld again, keeping its state.
+func (c *Cluster) StartController() {
+	c.ctld = c.daemon("slurmctld-again", Slurmctld, "-D", "-f", c.Conf)
+}
+
 // Logs returns the tail of every daemon log, for a failing test.
 func (c *Cluster) Logs() string {
 	var b strings.Builder
