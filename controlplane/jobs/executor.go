@@ -20,26 +20,37 @@ import (
 // ExecutorFailed and ExternalJobs). Config.Executor nil is nodemon: each
 // node's commands through the dispatcher, as always.
 type Executor interface {
-	// Launch starts one attempt: nodes in rank order, each node's ranks in
-	// launches. It returns the nodes it could not start on, with why.
-	Launch(ctx context.Context, job string, attempt uint32, nodes []string, launches map[string]*api.LaunchRanks) map[string]error
+	// Launch starts one attempt. It returns the nodes it could not start
+	// on, with why.
+	Launch(ctx context.Context, a AttemptLaunch) map[string]error
 	// Signal sends sig (SIGUSR1: checkpoint, SIGTERM: stop, SIGKILL) to
 	// one attempt of job (0: every attempt) on nodes.
 	Signal(ctx context.Context, job string, attempt uint32, nodes []string, sig string) map[string]error
 }
 
+// AttemptLaunch is one attempt as the owner placed it.
+type AttemptLaunch struct {
+	Job     string
+	Attempt uint32
+	// Nodes in rank order; Ranks holds each node's launch.
+	Nodes []string
+	Ranks map[string]*api.LaunchRanks
+	// Exclude are the nodes the job must avoid (it failed on them).
+	Exclude []string
+}
+
 // launchOn runs one attempt's launch through the executor, or nodemon.
-func (d *dispatcher) launchOn(job string, attempt uint32, nodes []string, launches map[string]*api.LaunchRanks, timeout time.Duration, done func(map[string]error)) {
+func (d *dispatcher) launchOn(a AttemptLaunch, timeout time.Duration, done func(map[string]error)) {
 	if d.exec != nil {
 		d.async(func() {
 			ctx, cancel := context.WithTimeout(d.context(), max(timeout, ExecutorTimeout))
 			defer cancel()
-			done(d.exec.Launch(ctx, job, attempt, nodes, launches))
+			done(d.exec.Launch(ctx, a))
 		})
 		return
 	}
-	d.fanOut(nodes, func(node string) *api.Command {
-		return &api.Command{Body: &api.Command_Launch{Launch: launches[node]}}
+	d.fanOut(a.Nodes, func(node string) *api.Command {
+		return &api.Command{Body: &api.Command_Launch{Launch: a.Ranks[node]}}
 	}, timeout, done)
 }
 

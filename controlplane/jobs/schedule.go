@@ -682,11 +682,11 @@ func (m *Manager) launch(en *entry) {
 		launches[jn.GetNode()] = l
 		nodes = append(nodes, jn.GetNode())
 	}
-	id, attempt := j.GetId(), j.GetAttempt()
+	id, attempt, exclude := j.GetId(), j.GetAttempt(), slices.Clone(j.GetExclude())
 	m.log.Info("job starting", "job", id, "attempt", attempt, "nodes", nodes, "master", fmt.Sprintf("%s:%d", j.GetMasterAddr(), j.GetMasterPort()))
 	timeout, post := m.cfg.CommandTimeout, m.in.post
 	m.act(func(d *dispatcher) {
-		d.launchOn(id, attempt, nodes, launches, timeout, func(errs map[string]error) {
+		d.launchOn(AttemptLaunch{Job: id, Attempt: attempt, Nodes: nodes, Ranks: launches, Exclude: exclude}, timeout, func(errs map[string]error) {
 			post(msgLaunched{job: id, attempt: attempt, errs: errs})
 		})
 	})

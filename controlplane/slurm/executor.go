@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/controlplane/jobs"
 )
 
 // Placement modes.
@@ -106,7 +107,8 @@ func ParseComment(c string) (job string, attempt uint32, ok bool) {
 }
 
 // Batch is what one attempt's sbatch gets: its arguments and script.
-func (x *Executor) Batch(job string, attempt uint32, nodes []string, launches map[string]*api.LaunchRanks) (args []string, script string, env []string, err error) {
+func (x *Executor) Batch(a jobs.AttemptLaunch) (args []string, script string, env []string, err error) {
+	job, attempt, nodes, launches := a.Job, a.Attempt, a.Nodes, a.Ranks
 	if len(nodes) == 0 {
 		return nil, "", nil, fmt.Errorf("slurm: attempt %d of %s has no nodes", attempt, job)
 	}
@@ -138,6 +140,11 @@ func (x *Executor) Batch(job string, attempt uint32, nodes []string, launches ma
 		// node name, so Slurm's sorted order does not matter.
 		args = append(args, "--nodelist="+strings.Join(nodes, ","))
 	}
+	if len(a.Exclude) > 0 {
+		// The nodes the job failed on: Slurm must not pick them (with
+		// gpuctl's placement they are not in --nodelist anyway).
+		args = append(args, "--exclude="+strings.Join(a.Exclude, ","))
+	}
 	if x.cfg.Partition != "" {
 		args = append(args, "--partition="+x.cfg.Partition)
 	}
@@ -156,8 +163,9 @@ func (x *Executor) Batch(job string, attempt uint32, nodes []string, launches ma
 
 // Launch submits the attempt with sbatch. A failed sbatch refuses the
 // attempt on every node, saying why.
-func (x *Executor) Launch(ctx context.Context, job string, attempt uint32, nodes []string, launches map[string]*api.LaunchRanks) map[string]error {
-	args, script, env, err := x.Batch(job, attempt, nodes, launches)
+func (x *Executor) Launch(ctx context.Context, a jobs.AttemptLaunch) map[string]error {
+	job, attempt, nodes := a.Job, a.Attempt, a.Nodes
+	args, script, env, err := x.Batch(a)
 	if err == nil {
 		var out string
 		out, err = x.cfg.CLI.Run(ctx, []byte(script), env, "sbatch", args...)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/controlplane/jobs"
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
 	"github.com/gpuctl/gpuctl/internal/slurmtest"
 )
@@ -27,7 +28,7 @@ func launches() ([]string, map[string]*api.LaunchRanks) {
 func TestBatchKeepsGpuctlPlacement(t *testing.T) {
 	x := New(Config{RunDir: t.TempDir(), Task: []string{"/opt/nodemon", "slurm-task"}})
 	nodes, l := launches()
-	args, script, env, err := x.Batch("j-1", 2, nodes, l)
+	args, script, env, err := x.Batch(jobs.AttemptLaunch{Job: "j-1", Attempt: 2, Nodes: nodes, Ranks: l})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,13 +46,13 @@ func TestBatchKeepsGpuctlPlacement(t *testing.T) {
 	}
 	// Slurm places: no --nodelist, parts by node index.
 	x.cfg.Placement = PlaceSlurm
-	args, _, env, _ = x.Batch("j-1", 2, nodes, l)
+	args, _, env, _ = x.Batch(jobs.AttemptLaunch{Job: "j-1", Attempt: 2, Nodes: nodes, Ranks: l})
 	parts, _ = api.DecodeSlurmLaunch(strings.TrimPrefix(env[0], api.SlurmLaunchEnv+"="))
 	if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--nodelist") }) || parts[0].Node != "" {
 		t.Errorf("slurm placement: args %v, parts %v", args, parts)
 	}
 	l["node1"].Ranks = l["node1"].Ranks[:1]
-	if _, _, _, err := x.Batch("j-1", 2, nodes, l); err == nil || !strings.Contains(err.Error(), "--ntasks-per-node") {
+	if _, _, _, err := x.Batch(jobs.AttemptLaunch{Job: "j-1", Attempt: 2, Nodes: nodes, Ranks: l}); err == nil || !strings.Contains(err.Error(), "--ntasks-per-node") {
 		t.Errorf("uneven ranks per node: err = %v", err)
 	}
 }
@@ -186,7 +187,7 @@ func (f *fakeOwner) ExternalJobs(jobs []*api.Job) { f.external = append(f.extern
 func TestBadSlurm(t *testing.T) {
 	nodes, l := launches()
 	x := New(Config{CLI: CLI{Bin: t.TempDir()}, RunDir: t.TempDir()})
-	errs := x.Launch(context.Background(), "j-1", 2, nodes, l)
+	errs := x.Launch(context.Background(), jobs.AttemptLaunch{Job: "j-1", Attempt: 2, Nodes: nodes, Ranks: l})
 	if err := errs["node3"]; err == nil || !strings.Contains(err.Error(), "Slurm's sbatch is not installed here") || !strings.Contains(err.Error(), "--executor nodemon") {
 		t.Errorf("sbatch missing: %v", err)
 	}
@@ -204,7 +205,7 @@ func TestBadSlurm(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	_, l2 := launches()
-	errs = x.Launch(ctx, "j-1", 2, []string{"node1", "node2"}, map[string]*api.LaunchRanks{"node1": l2["node3"], "node2": l2["node1"]})
+	errs = x.Launch(ctx, jobs.AttemptLaunch{Job: "j-1", Attempt: 2, Nodes: []string{"node1", "node2"}, Ranks: map[string]*api.LaunchRanks{"node1": l2["node3"], "node2": l2["node1"]}})
 	if err := errs["node1"]; err == nil || !strings.Contains(err.Error(), "slurmctld is not answering") {
 		t.Errorf("slurmctld down: %v", err)
 	}
