@@ -80,7 +80,7 @@ func slurmTaskEnv(environ []string, runDir string) (env []string, logPath, statu
 	if node == "" || job == "" {
 		return nil, "", "", fmt.Errorf("SLURMD_NODENAME and SLURM_JOB_ID are unset: run under srun in a Slurm job")
 	}
-	l, r, err := api.SlurmTask(parts, node, get("SLURM_NODEID"), get("SLURM_LOCALID"))
+	l, r, err := api.SlurmTask(parts, node, get("SLURM_NODEID"), get("SLURM_LOCALID"), get(api.SlurmMasterEnv))
 	if err != nil {
 		return nil, "", "", err
 	}

@@ -23,6 +23,9 @@ const (
 	// /proc/PID/environ when it finds the rank.
 	SlurmLogEnv    = "GPUCTL_SLURM_LOG"
 	SlurmStatusEnv = "GPUCTL_SLURM_STATUS"
+	// SlurmMasterEnv, set by the batch script when Slurm chose the nodes,
+	// is the address of the first of them: rank 0's, MASTER_ADDR.
+	SlurmMasterEnv = "GPUCTL_SLURM_MASTER"
 )
 
 // SlurmJobName is the gpuctl job a Slurm job submitted without gpuctl
@@ -79,7 +82,9 @@ func DecodeSlurmLaunch(s string) ([]SlurmNodeLaunch, error) {
 // SlurmTask picks one srun'd task's launch and rank: by its Slurm node
 // name when the launch names nodes, else by its node index, and by its
 // local task id on the node.
-func SlurmTask(parts []SlurmNodeLaunch, slurmNode, nodeID, localID string) (*LaunchRanks, *RankSpec, error) {
+// master, when set, is the address of Slurm's first node (SlurmMasterEnv),
+// rank 0's when Slurm chose the nodes.
+func SlurmTask(parts []SlurmNodeLaunch, slurmNode, nodeID, localID, master string) (*LaunchRanks, *RankSpec, error) {
 	var l *LaunchRanks
 	for _, p := range parts {
 		if p.Node != "" && p.Node == slurmNode {
@@ -93,6 +98,10 @@ func SlurmTask(parts []SlurmNodeLaunch, slurmNode, nodeID, localID string) (*Lau
 				slurmNode, nodeID, slurmNodes(parts))
 		}
 		l = parts[i].Launch
+		if master != "" {
+			l = proto.Clone(l).(*LaunchRanks)
+			l.MasterAddr = master
+		}
 	}
 	li, err := strconv.Atoi(localID)
 	if err != nil || li < 0 || li >= len(l.GetRanks()) {

@@ -31,7 +31,7 @@ func TestSlurmLaunchRoundTripAndTaskPick(t *testing.T) {
 		{node: "node3", nodeID: "0", local: "0", err: "no part"},
 		{node: "node2", nodeID: "1", local: "2", err: "--ntasks-per-node"},
 	} {
-		_, r, err := SlurmTask(got, tc.node, tc.nodeID, tc.local)
+		_, r, err := SlurmTask(got, tc.node, tc.nodeID, tc.local, "")
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Errorf("SlurmTask(%s,%s,%s) err = %v, want %q", tc.node, tc.nodeID, tc.local, err, tc.err)
@@ -44,8 +44,8 @@ func TestSlurmLaunchRoundTripAndTaskPick(t *testing.T) {
 	}
 	// Slurm placed the job: parts by node index.
 	placed := []SlurmNodeLaunch{{Launch: parts[0].Launch}, {Launch: parts[1].Launch}}
-	if _, r, err := SlurmTask(placed, "node7", "1", "0"); err != nil || r.GetRank() != 2 {
-		t.Errorf("SlurmTask by node id = %v, %v", r, err)
+	if l, r, err := SlurmTask(placed, "node7", "1", "0", "10.0.0.7"); err != nil || r.GetRank() != 2 || l.GetMasterAddr() != "10.0.0.7" || parts[1].Launch.GetMasterAddr() != "" {
+		t.Errorf("SlurmTask by node id = %v %v, %v", l, r, err)
 	}
 	for _, bad := range []string{"", "node1", "node1:!!", "node1:AAEC"} {
 		if _, err := DecodeSlurmLaunch(bad); err == nil {
@@ -62,7 +62,7 @@ func FuzzDecodeSlurmLaunch(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if l, r, err := SlurmTask(parts, node, nodeID, local); err == nil && (l == nil || r == nil) {
+		if l, r, err := SlurmTask(parts, node, nodeID, local, ""); err == nil && (l == nil || r == nil) {
 			t.Fatal("SlurmTask: nil launch without an error")
 		}
 	})

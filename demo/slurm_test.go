@@ -349,3 +349,39 @@ srun sh -c 'RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASK
 	s.observed(id, 2)
 	s.slurm.Run("scancel", sid)
 }
+
+// TestSlurmPlacement: with --slurm-placement slurm, Slurm picks the
+// nodes (here not gpuctl's choice: a plain sbatch job holds node1's GPUs,
+// which gpuctl does not count), and gpuctl reads back where the ranks
+// landed.
+func TestSlurmPlacement(t *testing.T) {
+	s := newSlurmGpuctl(t, "slurm")
+	busy := strings.TrimSpace(s.slurm.Run("sbatch", "--parsable", "--job-name=busy", "-N1", "--nodelist=node1", "--gres=gpu:8", "--output=/dev/null", "--wrap", "sleep 120"))
+	poll(t, 10*time.Second, "node1 busy", func() error {
+		if out := s.slurm.Run("squeue", "-h", "-j", busy, "-o", "%T"); strings.TrimSpace(out) != "RUNNING" {
+			return fmt.Errorf("busy job %s", out)
+		}
+		return nil
+	})
+	t0 := time.Now()
+	id := s.submit(s.ringJob("placed", 0))
+	j := waitFor(t, s.cl, id, 30*time.Second, "running where Slurm placed it", func(j *api.Job) error {
+		if err := runningWith(j, 1, 4); err != nil {
+			return err
+		}
+		if slices.Contains(nodesOf(j), "node1") {
+			return fmt.Errorf("still on %v", nodesOf(j))
+		}
+		return nil
+	})
+	out := s.slurm.Run("squeue", "-h", "-o", "%k|%N")
+	t.Logf("Slurm placed %s on %v in %v (squeue: %s)", id, nodesOf(j), time.Since(t0), strings.Join(strings.Fields(out), " "))
+	waitFor(t, s.cl, id, 20*time.Second, "training", func(j *api.Job) error {
+		if j.GetStep() < 5 {
+			return fmt.Errorf("step %d", j.GetStep())
+		}
+		return nil
+	})
+	s.observed(id, 4)
+	s.slurm.Run("scancel", busy)
+}

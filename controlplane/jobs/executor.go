@@ -2,8 +2,10 @@ package jobs
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -112,6 +114,63 @@ func (m *Manager) executorFailed(msg msgExecutorFailed) {
 		m.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: msg.nodes}, msg.reason, m.now())
 	}
 	m.kick()
+}
+
+type msgPlaced struct {
+	job     string
+	attempt uint32
+	nodes   []string
+}
+
+// ExecutorPlaced tells the owner where the executor ran an attempt whose
+// nodes it chose itself (Slurm placement): nodes in rank order, as many as
+// the owner placed. The owner's placement follows, ranks and GPUs kept by
+// position.
+func (m *Manager) ExecutorPlaced(job string, attempt uint32, nodes []string) {
+	m.in.post(msgPlaced{job: job, attempt: attempt, nodes: nodes})
+}
+
+func (m *Manager) placed(msg msgPlaced) {
+	en := m.jobs[msg.job]
+	if en == nil || en.job.GetAttempt() != msg.attempt || !active(en.job) {
+		return
+	}
+	j := en.job
+	if len(msg.nodes) != len(j.GetPlacement()) {
+		m.log.Warn("executor placed an attempt on a different number of nodes; placement kept", "job", j.GetId(), "nodes", msg.nodes)
+		return
+	}
+	if slices.Equal(msg.nodes, nodesOfJob(j)) {
+		return
+	}
+	for i, jn := range j.GetPlacement() {
+		jn.Node = msg.nodes[i]
+	}
+	j.MasterAddr = m.addrOf(msg.nodes[0])
+	if n := len(j.GetAttempts()); n > 0 {
+		j.Attempts[n-1].Nodes = slices.Clone(msg.nodes)
+	}
+	// Rank starts reported before the placement was known found no rank
+	// to match: take their pids from what the nodes report now.
+	for _, nr := range m.cfg.Nodes.Ranks(j.GetId()) {
+		for _, st := range nr.Ranks {
+			if r := findRank(j, nr.Node, st.GetRank()); r != nil && st.GetAttempt() == j.GetAttempt() && r.GetPid() == 0 && !r.GetExited() {
+				r.Pid = st.GetPid()
+			}
+		}
+	}
+	j.Reason = fmt.Sprintf("attempt %d placed by Slurm on %s", j.GetAttempt(), strings.Join(msg.nodes, ","))
+	m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_JOB, Job: j.GetId(), Message: j.GetReason()})
+	m.save(en)
+	m.kick()
+}
+
+func nodesOfJob(j *api.Job) []string {
+	out := make([]string, len(j.GetPlacement()))
+	for i, jn := range j.GetPlacement() {
+		out[i] = jn.GetNode()
+	}
+	return out
 }
 
 type msgExternal struct{ jobs []*api.Job }

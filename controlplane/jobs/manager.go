@@ -447,6 +447,8 @@ func (m *Manager) handle(msg any) {
 		m.executorFailed(msg)
 	case msgExternal:
 		m.external(msg)
+	case msgPlaced:
+		m.placed(msg)
 	default:
 		m.log.Error("job owner got an unknown message", "type", fmt.Sprintf("%T", msg))
 	}

@@ -154,7 +154,14 @@ func (x *Executor) Batch(a jobs.AttemptLaunch) (args []string, script string, en
 	for i, w := range words {
 		quoted[i] = shellQuote(w)
 	}
-	script = "#!/bin/sh\n# gpuctl job " + job + " attempt " + strconv.Itoa(int(attempt)) + "\nexec " + strings.Join(quoted, " ") + "\n"
+	script = "#!/bin/sh\n# gpuctl job " + job + " attempt " + strconv.Itoa(int(attempt)) + "\n"
+	if x.cfg.Placement == PlaceSlurm {
+		// Rank 0 runs on the first node Slurm gave: its address is the
+		// ranks' MASTER_ADDR.
+		script += `first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)` + "\n" +
+			`export ` + api.SlurmMasterEnv + `=$(scontrol show node "$first" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')` + "\n"
+	}
+	script += "exec " + strings.Join(quoted, " ") + "\n"
 	// Through the environment (--export=ALL), not --export=…, whose
 	// commas would split the launch.
 	env = []string{api.SlurmLaunchEnv + "=" + enc, api.SlurmClusterEnv + "=" + x.cfg.Cluster()}

@@ -173,6 +173,7 @@ type fakeOwner struct {
 	jobs     []*api.Job
 	failed   []string
 	external [][]*api.Job
+	placed   []string
 }
 
 func (f *fakeOwner) List(string) ([]*api.Job, error) { return f.jobs, nil }
@@ -180,6 +181,9 @@ func (f *fakeOwner) ExecutorFailed(job string, attempt uint32, nodes []string, r
 	f.failed = append(f.failed, job+" "+strings.Join(nodes, ",")+" "+reason)
 }
 func (f *fakeOwner) ExternalJobs(jobs []*api.Job) { f.external = append(f.external, jobs) }
+func (f *fakeOwner) ExecutorPlaced(job string, attempt uint32, nodes []string) {
+	f.placed = append(f.placed, job+" "+strings.Join(nodes, ","))
+}
 
 // TestBadSlurm: a missing sbatch, and a slurmctld that is down, are clear
 // errors; the poller changes nothing while Slurm does not answer, and

@@ -33,6 +33,7 @@ type Owner interface {
 	List(key string) ([]*api.Job, error)
 	ExecutorFailed(job string, attempt uint32, nodes []string, reason string)
 	ExternalJobs(jobs []*api.Job)
+	ExecutorPlaced(job string, attempt uint32, nodes []string)
 }
 
 // Poller reads Slurm's view on an interval, outside the job owner, and
@@ -221,6 +222,7 @@ func (p *Poller) checkJobs(queue []QueueJob, states []NodeState) {
 		if p.endedEarly(j, key, queue) {
 			continue
 		}
+		p.readPlacement(j, queue)
 		var gone []string
 		var why []string
 		for _, jn := range j.GetPlacement() {
@@ -273,6 +275,29 @@ func (p *Poller) endedEarly(j *api.Job, key string, queue []QueueJob) bool {
 	p.Log.Warn("Slurm job ended before its ranks started", "job", j.GetId(), "attempt", j.GetAttempt(), "slurm_job", id, "state", state)
 	p.Owner.ExecutorFailed(j.GetId(), j.GetAttempt(), nil, why)
 	return true
+}
+
+// readPlacement tells the owner where Slurm ran an attempt it placed
+// (--slurm-placement slurm): squeue's node list, expanded, is the tasks'
+// SLURM_NODEID order, which is the rank order the tasks took.
+func (p *Poller) readPlacement(j *api.Job, queue []QueueJob) {
+	if p.X.cfg.Placement != PlaceSlurm {
+		return
+	}
+	id := p.X.SlurmID(j.GetId(), j.GetAttempt())
+	for _, q := range queue {
+		if q.ID != id || id == "" || q.State != "RUNNING" || len(q.Nodes) != len(j.GetPlacement()) {
+			continue
+		}
+		same := true
+		for i, jn := range j.GetPlacement() {
+			same = same && jn.GetNode() == q.Nodes[i]
+		}
+		if !same {
+			p.Log.Info("Slurm placed an attempt", "job", j.GetId(), "attempt", j.GetAttempt(), "nodes", q.Nodes)
+			p.Owner.ExecutorPlaced(j.GetId(), j.GetAttempt(), q.Nodes)
+		}
+	}
 }
 
 // SlurmEnded reports whether a Slurm job state is final.
