@@ -270,6 +270,20 @@ func (p *Poller) endedEarly(j *api.Job, key string, queue []QueueJob) bool {
 	if p.ended[key]++; p.ended[key] < 3 {
 		return false
 	}
+	if state == "gone from squeue" {
+		// Where accounting is configured, sacct knows how it ended; it is
+		// optional, so without it the reason says less.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		out, err := p.X.cfg.CLI.Run(ctx, nil, nil, "sacct", "-P", "-n", "-j", id, "-o", "JobID,State,ExitCode,NodeList")
+		cancel()
+		if steps, perr := ParseSacct(out); err == nil && perr == nil {
+			for _, st := range steps {
+				if st.JobID == id {
+					state = st.State + ", exit " + st.ExitCode
+				}
+			}
+		}
+	}
 	p.failed[key] = true
 	why := fmt.Sprintf("Slurm job %s ended (%s) before any rank started: its output, %s/slurm-%s.out on its first node, says why", id, state, p.X.cfg.RunDir, id)
 	p.Log.Warn("Slurm job ended before its ranks started", "job", j.GetId(), "attempt", j.GetAttempt(), "slurm_job", id, "state", state)
