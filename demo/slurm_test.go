@@ -385,3 +385,35 @@ func TestSlurmPlacement(t *testing.T) {
 	s.observed(id, 4)
 	s.slurm.Run("scancel", busy)
 }
+
+// TestSlurmControllerDownLosesNothing: a job submitted while slurmctld is
+// down waits in gpuctl's queue saying why, no node is blamed, and it runs
+// once slurmctld is back.
+func TestSlurmControllerDownLosesNothing(t *testing.T) {
+	s := newSlurmGpuctl(t, "gpuctl")
+	s.slurm.StopController()
+	id := s.submit(s.ringJob("patient", 0))
+	waitFor(t, s.cl, id, 60*time.Second, "back in the queue, saying why", func(j *api.Job) error {
+		if j.GetState() != api.JobState_JOB_STATE_PENDING || !strings.Contains(j.GetReason(), "slurmctld is not answering") {
+			return fmt.Errorf("%s: %s", j.GetState(), j.GetReason())
+		}
+		return nil
+	})
+	ns, err := s.cl.Nodes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range ns {
+		if n.GetCordoned() {
+			t.Fatalf("%s cordoned while slurmctld was down: %s", n.GetRegistration().GetName(), n.GetCordonReason())
+		}
+	}
+	s.slurm.StartController()
+	j := waitFor(t, s.cl, id, 90*time.Second, "running once slurmctld is back", func(j *api.Job) error {
+		if j.GetState() != api.JobState_JOB_STATE_RUNNING || len(rankPIDs(j)) != 4 {
+			return fmt.Errorf("%s attempt %d, %d ranks: %s / %s", j.GetState(), j.GetAttempt(), len(rankPIDs(j)), j.GetReason(), j.GetPendingReason())
+		}
+		return nil
+	})
+	t.Logf("ran as attempt %d after slurmctld came back", j.GetAttempt())
+}

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -81,6 +82,47 @@ func (d *dispatcher) context() context.Context {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.ctx
+}
+
+// ErrExecutorUnavailable marks a launch the executor could not make for
+// reasons of its own (Slurm's controller not answering, its tools
+// missing): neither the nodes nor the job are at fault, so the attempt
+// goes back to the queue and is tried again, with why.
+var ErrExecutorUnavailable = errors.New("executor unavailable")
+
+func executorUnavailable(errs map[string]error) bool {
+	for _, err := range errs {
+		if !errors.Is(err, ErrExecutorUnavailable) {
+			return false
+		}
+	}
+	return len(errs) > 0
+}
+
+// ExecutorRetry is the first wait before a job the executor could not
+// start is tried again; each failure in a row doubles it, up to
+// ExecutorRetryMax.
+const (
+	ExecutorRetry    = 2 * time.Second
+	ExecutorRetryMax = time.Minute
+)
+
+// requeueUnlaunched puts an attempt that never started back in the queue
+// (a preemption with no rank to stop), to be tried again after a backoff.
+func (m *Manager) requeueUnlaunched(en *entry, why string, now time.Time) {
+	j := en.job
+	en.retryAt = now.Add(min(ExecutorRetry<<min(en.retries, 6), ExecutorRetryMax))
+	en.retryWhy = why
+	en.retries++
+	from := phaseOf(j)
+	j.Stopping, j.StopSinceUnixNano = api.JobStop_JOB_STOP_PREEMPT, now.UnixNano()
+	m.check(from, EvPreempt, j)
+	preemptions := j.GetPreemptions()
+	m.finishStop(en, now)
+	j.Preemptions = preemptions
+	j.Reason = "not started, back in the queue: " + why
+	m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_JOB, Severity: api.Severity_SEVERITY_WARNING, Job: j.GetId(), Message: j.GetReason()})
+	m.log.Warn("attempt not started; requeued", "job", j.GetId(), "why", why)
 }
 
 type msgExecutorFailed struct {

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -16,12 +17,20 @@ type fakeExecutor struct {
 	mu       sync.Mutex
 	launched []AttemptLaunch
 	signals  []string
+	refuse   error
 }
 
 func (f *fakeExecutor) Launch(_ context.Context, a AttemptLaunch) map[string]error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.launched = append(f.launched, a)
+	if f.refuse != nil {
+		errs := map[string]error{}
+		for _, n := range a.Nodes {
+			errs[n] = f.refuse
+		}
+		return errs
+	}
 	return nil
 }
 
@@ -126,5 +135,38 @@ func TestExternalJobsListed(t *testing.T) {
 	h.settle()
 	if _, err := h.m.Lookup("slurm-7"); err == nil {
 		t.Fatal("an external job Slurm no longer lists is still listed")
+	}
+}
+
+// TestExecutorUnavailableRequeues: a launch the executor could not make
+// (Slurm's controller down) blames neither nodes nor job: the attempt goes
+// back to the queue with why, and starts once the executor answers.
+func TestExecutorUnavailableRequeues(t *testing.T) {
+	h := newHarness(t, scheduler.DefaultPolicy, threeNodes()...)
+	fx := withExecutor(h)
+	fx.refuse = fmt.Errorf("sbatch: slurmctld is not answering (%w)", ErrExecutorUnavailable)
+	id := h.submit(ringSpec("ring", 2, 2, ""), false)
+	h.reconcile()
+	j := h.job(id)
+	if j.GetState() != api.JobState_JOB_STATE_PENDING || !strings.Contains(j.GetReason(), "slurmctld is not answering") || j.GetPreemptions() != 0 {
+		t.Fatalf("after an unavailable executor: %s %q preemptions %d", stateName(j.GetState()), j.GetReason(), j.GetPreemptions())
+	}
+	if c := h.nodes.cordoned(); len(c) != 0 {
+		t.Fatalf("nodes cordoned for the executor's outage: %v", c)
+	}
+	if j.GetPendingReason() == "" || !strings.Contains(j.GetPendingReason(), "tried again at") {
+		t.Errorf("pending reason %q", j.GetPendingReason())
+	}
+	fx.mu.Lock()
+	fx.refuse = nil
+	fx.mu.Unlock()
+	h.reconcile()
+	if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_PENDING {
+		t.Fatalf("tried again before its backoff: %s", stateName(j.GetState()))
+	}
+	h.clock.add(ExecutorRetry)
+	h.reconcile()
+	if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RUNNING || j.GetAttempt() != 2 || len(fx.launched) != 2 {
+		t.Fatalf("once the executor answers: %s attempt %d, %d launches", stateName(j.GetState()), j.GetAttempt(), len(fx.launched))
 	}
 }

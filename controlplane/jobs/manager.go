@@ -189,6 +189,12 @@ type entry struct {
 	// fences are the lost nodes that may still run an old attempt of the
 	// job: no new attempt starts until each is fenced.
 	fences map[string]fence
+	// retryAt, when set, is when a job the executor could not start is
+	// tried again (retryWhy says why it waits); retries counts the
+	// failures in a row, for the backoff.
+	retryAt  time.Time
+	retryWhy string
+	retries  int
 }
 
 // Manager is the job owner.

@@ -169,7 +169,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 			}
 			snap.Running = append(snap.Running, rj)
 		case api.JobState_JOB_STATE_PENDING:
-			if !j.GetHold() {
+			if !j.GetHold() && !now.Before(en.retryAt) {
 				snap.Pending = append(snap.Pending, m.request(en))
 			}
 		}
@@ -696,10 +696,13 @@ func (m *Manager) launch(en *entry) {
 // fails the attempt (its ranks there never started; the others stop).
 func (m *Manager) launched(msg msgLaunched) {
 	defer m.answer(launchKey{msg.job, msg.attempt})
+	en := m.jobs[msg.job]
 	if len(msg.errs) == 0 {
+		if en != nil {
+			en.retries = 0
+		}
 		return
 	}
-	en := m.jobs[msg.job]
 	if en == nil || en.job.GetAttempt() != msg.attempt {
 		return
 	}
@@ -721,6 +724,11 @@ func (m *Manager) launched(msg msgLaunched) {
 	if active(j) {
 		refused := slices.Sorted(mapKeys(msg.errs))
 		why := "launch failed on " + strings.Join(msgs, "; ")
+		if executorUnavailable(msg.errs) {
+			m.requeueUnlaunched(en, msg.errs[refused[0]].Error(), m.now())
+			m.kick()
+			return
+		}
 		if jobFaults(msg.errs) {
 			// The job's own fault (a typo in its command, a user the node
 			// lacks): no node is to blame, and a restart would fail the
@@ -830,6 +838,8 @@ func (m *Manager) explain(now time.Time, started map[string]bool, never map[stri
 			why = fmt.Sprintf("held: place it with `gpuctl assign %s --nodes …` or let the scheduler with `gpuctl release %s`", j.GetId(), j.GetId())
 		case never[j.GetId()] != "":
 			why = never[j.GetId()]
+		case now.Before(en.retryAt):
+			why = fmt.Sprintf("tried again at %s: %s", en.retryAt.UTC().Format(time.TimeOnly), en.retryWhy)
 		case explained >= m.cfg.MaxExplained:
 			why = "queued"
 		default:

@@ -39,6 +39,16 @@ func (c *CLI) Run(ctx context.Context, stdin []byte, extraEnv []string, name str
 	return out.String(), cliError(name, args, err, strings.TrimSpace(stderr.String()), ctx.Err())
 }
 
+// CLIError is a failed Slurm command. Unavailable: Slurm could not be
+// asked (a missing tool, a controller that does not answer, failed
+// authentication), as opposed to Slurm refusing what was asked.
+type CLIError struct {
+	Msg         string
+	Unavailable bool
+}
+
+func (e *CLIError) Error() string { return e.Msg }
+
 // cliError words a failed Slurm command: a missing tool, a controller
 // that does not answer, or the tool's own complaint.
 func cliError(name string, args []string, err error, stderr string, ctxErr error) error {
@@ -46,21 +56,24 @@ func cliError(name string, args []string, err error, stderr string, ctxErr error
 	if len(args) > 0 {
 		what += " " + args[0]
 	}
+	down := func(format string, a ...any) error {
+		return &CLIError{Msg: what + ": " + fmt.Sprintf(format, a...), Unavailable: true}
+	}
 	switch {
 	case errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("%s: Slurm's %s is not installed here (%v): install Slurm's client tools (Debian: slurm-client) on the gpuctl serve host, or run gpuctl serve --executor nodemon", what, name, err)
+		return down("Slurm's %s is not installed here (%v): install Slurm's client tools (Debian: slurm-client) on the gpuctl serve host, or run gpuctl serve --executor nodemon", name, err)
 	case ctxErr != nil:
-		return fmt.Errorf("%s: no answer in time (%v): is slurmctld up? check `scontrol ping`", what, ctxErr)
+		return down("no answer in time (%v): is slurmctld up? check `scontrol ping`", ctxErr)
 	case strings.Contains(stderr, "Unable to contact slurm controller") || strings.Contains(stderr, "Socket timed out") ||
 		strings.Contains(stderr, "Connection refused") || strings.Contains(stderr, "Zero Bytes were transmitted"):
-		return fmt.Errorf("%s: slurmctld is not answering (%s): start it or check `scontrol ping`; gpuctl retries and loses nothing", what, firstLine(stderr))
+		return down("slurmctld is not answering (%s): start it or check `scontrol ping`; gpuctl retries and loses nothing", firstLine(stderr))
 	case strings.Contains(stderr, "munge") || strings.Contains(stderr, "Munge"):
-		return fmt.Errorf("%s: Slurm authentication failed (%s): is munged running with the cluster's key?", what, firstLine(stderr))
+		return down("Slurm authentication failed (%s): is munged running with the cluster's key?", firstLine(stderr))
 	}
 	if stderr == "" {
 		stderr = err.Error()
 	}
-	return fmt.Errorf("%s: %s", what, firstLine(stderr))
+	return &CLIError{Msg: what + ": " + firstLine(stderr)}
 }
 
 func firstLine(s string) string {

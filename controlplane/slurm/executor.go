@@ -2,6 +2,7 @@ package slurm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane/jobs"
+	"github.com/gpuctl/gpuctl/controlplane/nodes"
 )
 
 // Placement modes.
@@ -171,27 +173,45 @@ func (x *Executor) Batch(a jobs.AttemptLaunch) (args []string, script string, en
 // Launch submits the attempt with sbatch. A failed sbatch refuses the
 // attempt on every node, saying why.
 func (x *Executor) Launch(ctx context.Context, a jobs.AttemptLaunch) map[string]error {
-	job, attempt, nodes := a.Job, a.Attempt, a.Nodes
-	args, script, env, err := x.Batch(a)
-	if err == nil {
-		var out string
-		out, err = x.cfg.CLI.Run(ctx, []byte(script), env, "sbatch", args...)
-		if err == nil {
-			var id string
-			if id, err = ParseSbatch(out); err == nil {
-				x.remember(job, attempt, id)
-				x.log.Info("submitted to Slurm", "job", job, "attempt", attempt, "slurm_job", id, "nodes", nodes)
-				return nil
+	job, attempt, targets := a.Job, a.Attempt, a.Nodes
+	fail := func(err error) map[string]error {
+		x.log.Error("Slurm submit failed", "job", job, "attempt", attempt, "err", err)
+		errs := map[string]error{}
+		var ce *CLIError
+		for _, n := range targets {
+			switch {
+			case errors.As(err, &ce) && ce.Unavailable:
+				errs[n] = fmt.Errorf("submit attempt %d to Slurm: %w (%w)", attempt, err, jobs.ErrExecutorUnavailable)
+			default:
+				// Slurm refused the job itself (bad gres, no such
+				// partition): retrying it would fail the same way.
+				errs[n] = &nodes.CommandError{Node: n, Msg: fmt.Sprintf("Slurm refused attempt %d: %v", attempt, err), JobFault: true}
 			}
 		}
+		return errs
 	}
-	err = fmt.Errorf("submit attempt %d to Slurm: %w", attempt, err)
-	x.log.Error("Slurm submit failed", "job", job, "attempt", attempt, "err", err)
-	errs := map[string]error{}
-	for _, n := range nodes {
-		errs[n] = err
+	args, script, env, err := x.Batch(a)
+	if err != nil {
+		return fail(err)
 	}
-	return errs
+	out, err := x.cfg.CLI.Run(ctx, []byte(script), env, "sbatch", args...)
+	if err != nil {
+		return fail(err)
+	}
+	id, err := ParseSbatch(out)
+	if err != nil {
+		// sbatch said something else than an id: the job may be in
+		// Slurm all the same, and must not be submitted twice. Its
+		// comment finds it.
+		if rerr := x.Refresh(ctx); rerr == nil && x.SlurmID(job, attempt) != "" {
+			x.log.Warn("sbatch's answer was not an id; found the job by its comment", "job", job, "attempt", attempt, "answer", out)
+			return nil
+		}
+		return fail(&CLIError{Msg: err.Error() + ": is this Slurm's sbatch?", Unavailable: true})
+	}
+	x.remember(job, attempt, id)
+	x.log.Info("submitted to Slurm", "job", job, "attempt", attempt, "slurm_job", id, "nodes", targets)
+	return nil
 }
 
 // Signal maps gpuctl's signals onto scancel: SIGTERM cancels the Slurm job

@@ -2,6 +2,7 @@ package slurm
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"strings"
@@ -190,10 +191,11 @@ func (f *fakeOwner) ExecutorPlaced(job string, attempt uint32, nodes []string) {
 // errors; the poller changes nothing while Slurm does not answer, and
 // picks up again once it does.
 func TestBadSlurm(t *testing.T) {
-	nodes, l := launches()
+	targets, l := launches()
 	x := New(Config{CLI: CLI{Bin: t.TempDir()}, RunDir: t.TempDir()})
-	errs := x.Launch(context.Background(), jobs.AttemptLaunch{Job: "j-1", Attempt: 2, Nodes: nodes, Ranks: l})
-	if err := errs["node3"]; err == nil || !strings.Contains(err.Error(), "Slurm's sbatch is not installed here") || !strings.Contains(err.Error(), "--executor nodemon") {
+	errs := x.Launch(context.Background(), jobs.AttemptLaunch{Job: "j-1", Attempt: 2, Nodes: targets, Ranks: l})
+	if err := errs["node3"]; err == nil || !strings.Contains(err.Error(), "Slurm's sbatch is not installed here") || !strings.Contains(err.Error(), "--executor nodemon") ||
+		!errors.Is(err, jobs.ErrExecutorUnavailable) {
 		t.Errorf("sbatch missing: %v", err)
 	}
 
@@ -206,12 +208,21 @@ func TestBadSlurm(t *testing.T) {
 	if len(owner.external) != 1 || len(reg.cordons) != 0 {
 		t.Fatalf("first poll: external %v, cordons %v", owner.external, reg.cordons)
 	}
+	// Slurm refuses the job itself: the job's fault, not retried.
+	bad := New(Config{CLI: CLI{Env: []string{"SLURM_CONF=" + c.Conf}}, RunDir: t.TempDir(), Partition: "nope"})
+	_, l3 := launches()
+	errs = bad.Launch(context.Background(), jobs.AttemptLaunch{Job: "j-2", Attempt: 1, Nodes: []string{"node1"}, Ranks: map[string]*api.LaunchRanks{"node1": l3["node3"]}})
+	var ce *nodes.CommandError
+	if err := errs["node1"]; !errors.As(err, &ce) || !ce.JobFault || !strings.Contains(err.Error(), "partition") {
+		t.Errorf("bad partition: %v", err)
+	}
+
 	c.StopController()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	_, l2 := launches()
 	errs = x.Launch(ctx, jobs.AttemptLaunch{Job: "j-1", Attempt: 2, Nodes: []string{"node1", "node2"}, Ranks: map[string]*api.LaunchRanks{"node1": l2["node3"], "node2": l2["node1"]}})
-	if err := errs["node1"]; err == nil || !strings.Contains(err.Error(), "slurmctld is not answering") {
+	if err := errs["node1"]; err == nil || !strings.Contains(err.Error(), "slurmctld is not answering") || !errors.Is(err, jobs.ErrExecutorUnavailable) {
 		t.Errorf("slurmctld down: %v", err)
 	}
 	p.Once(ctx)
