@@ -331,7 +331,8 @@ srun sh -c 'RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASK
 	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	out := s.slurm.Run("sbatch", "--parsable", "--job-name=plain", "-N2", "--ntasks-per-node=1", "--nodelist=node2,node4", "--output="+filepath.Join(s.dir, "plain-%j.out"), path)
+	out := s.slurm.Run("sbatch", "--parsable", "--job-name=plain", "-N2", "--ntasks-per-node=1", "--nodelist=node2,node4", "--gres=gpu:8",
+		"--output="+filepath.Join(s.dir, "plain-%j.out"), path)
 	sid := strings.TrimSpace(out)
 	id := api.SlurmJobName(sid)
 	j := waitFor(t, s.cl, id, 30*time.Second, "the plain sbatch job listed with its ranks", func(j *api.Job) error {
@@ -347,6 +348,21 @@ srun sh -c 'RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASK
 		t.Fatalf("listed on %v, want node2, node4", got)
 	}
 	s.observed(id, 2)
+	// Slurm gave it every GPU of node2 and node4: gpuctl's scheduler
+	// counts them busy and places its own job on the others.
+	j = waitFor(t, s.cl, id, 10*time.Second, "its GPUs from scontrol show job -d", func(j *api.Job) error {
+		for _, jn := range j.GetPlacement() {
+			if len(jn.GetGpus()) != 8 {
+				return fmt.Errorf("%s: GPUs %v", jn.GetNode(), jn.GetGpus())
+			}
+		}
+		return nil
+	})
+	mine := s.submit(s.ringJob("beside", 0))
+	mj := waitFor(t, s.cl, mine, 30*time.Second, "gpuctl's job running beside it", func(j *api.Job) error { return runningWith(j, 1, 4) })
+	if got := nodesOf(mj); slices.Contains(got, "node2") || slices.Contains(got, "node4") {
+		t.Fatalf("gpuctl placed its job on %v, where Slurm's plain job holds every GPU", got)
+	}
 	s.slurm.Run("scancel", sid)
 }
 

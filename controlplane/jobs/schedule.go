@@ -114,6 +114,16 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 			}
 		}
 	}
+	for _, j := range m.externals {
+		// Slurm gave these GPUs to a job gpuctl did not submit.
+		for _, jn := range j.GetPlacement() {
+			for _, g := range jn.GetGpus() {
+				if alloc[jn.GetNode()][g] == "" {
+					hold(jn.GetNode(), g, j.GetId())
+				}
+			}
+		}
+	}
 	for _, v := range m.vals {
 		for node, gpu := range v.gpus {
 			if ours[node] == nil {

@@ -149,12 +149,18 @@ func TestExternalJob(t *testing.T) {
 		{Node: "node4", Ranks: []*api.RankStatus{{Job: "slurm-42", Rank: 1, Pid: 11, Step: 7}}},
 		{Node: "node2", Ranks: []*api.RankStatus{{Job: "slurm-42", Rank: 0, Pid: 10, Step: 9}}},
 	}
-	j := ExternalJob(q, ranks)
+	info := &JobInfo{Fields: map[string]string{"JobId": "42", "UserId": "alice(1000)", "Restarts": "1"},
+		Details: []map[string]string{{"Nodes": "node2", "GRES": "gpu:2(IDX:0-1)"}, {"Nodes": "node4", "GRES": "gpu:a100:2(IDX:3,5)"}}}
+	j := ExternalJob(q, ranks, info)
 	if j.GetId() != "slurm-42" || j.GetName() != "mine" || j.GetState() != api.JobState_JOB_STATE_RUNNING || j.GetStep() != 9 ||
 		len(j.GetPlacement()) != 2 || j.GetPlacement()[0].GetNode() != "node2" || j.GetPlacement()[1].GetRanks()[0].GetPid() != 11 {
 		t.Errorf("ExternalJob = %v", j)
 	}
-	if j := ExternalJob(QueueJob{ID: "43", State: "PENDING", Reason: "Resources"}, nil); j.GetState() != api.JobState_JOB_STATE_PENDING || j.GetPendingReason() != "Slurm: Resources" {
+	if !slices.Equal(j.GetPlacement()[0].GetGpus(), []uint32{0, 1}) || !slices.Equal(j.GetPlacement()[1].GetGpus(), []uint32{3, 5}) ||
+		j.GetAttempt() != 2 || !strings.Contains(j.GetReason(), "user alice") {
+		t.Errorf("from scontrol: gpus %v %v attempt %d reason %q", j.GetPlacement()[0].GetGpus(), j.GetPlacement()[1].GetGpus(), j.GetAttempt(), j.GetReason())
+	}
+	if j := ExternalJob(QueueJob{ID: "43", State: "PENDING", Reason: "Resources"}, nil, nil); j.GetState() != api.JobState_JOB_STATE_PENDING || j.GetPendingReason() != "Slurm: Resources" {
 		t.Errorf("pending ExternalJob = %v", j)
 	}
 }
@@ -264,4 +270,29 @@ func TestCheckJobs(t *testing.T) {
 	if len(owner.failed) != 2 || owner.failed[0] != "a n2 Slurm: n2 is down (test)" || !strings.HasPrefix(owner.failed[1], "b  Slurm job 6 ended (gone from squeue) before any rank started") {
 		t.Errorf("failures reported: %q", owner.failed)
 	}
+}
+
+func TestGRESGPUs(t *testing.T) {
+	for in, want := range map[string][]uint32{
+		"gpu:2(IDX:0-1)":            {0, 1},
+		"gpu:a100:3(IDX:0,2-3)":     {0, 2, 3},
+		"gpu:1(IDX:7),nic:1(IDX:0)": {7},
+		"":                          nil,
+		"gpu:2":                     nil,
+		"gpu:2(IDX:x)":              nil,
+		"gpu:1(IDX:5-2)":            nil,
+	} {
+		if got := GRESGPUs(in); !slices.Equal(got, want) {
+			t.Errorf("GRESGPUs(%q) = %v, want %v", in, got, want)
+		}
+	}
+}
+
+func FuzzGRESGPUs(f *testing.F) {
+	f.Add("gpu:a100:3(IDX:0,2-3)")
+	f.Fuzz(func(t *testing.T, s string) {
+		if n := len(GRESGPUs(s)); n > 1025*len(s) {
+			t.Fatalf("%d GPUs from %q", n, s)
+		}
+	})
 }

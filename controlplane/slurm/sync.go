@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -50,8 +51,10 @@ type Poller struct {
 	failed map[string]bool // job/attempt already reported failed
 	// ended counts the polls that found an attempt's Slurm job gone
 	// before any of its ranks was seen.
-	ended  map[string]int
-	warned string // the last error logged, so a down slurmctld logs once
+	ended map[string]int
+	// details are the external jobs' scontrol show job -d, by id.
+	details map[string]JobInfo
+	warned  string // the last error logged, so a down slurmctld logs once
 }
 
 // Run polls until ctx ends.
@@ -104,7 +107,7 @@ func (p *Poller) Once(ctx context.Context) {
 		errs = append(errs, err.Error())
 	} else {
 		p.X.learn(queue)
-		p.Owner.ExternalJobs(p.externalJobs(queue))
+		p.Owner.ExternalJobs(p.externalJobs(cctx, queue))
 		p.checkJobs(queue, states)
 	}
 	if msg := strings.Join(errs, "; "); msg != p.warned {
@@ -324,20 +327,110 @@ func SlurmEnded(state string) bool {
 }
 
 // externalJobs lists the Slurm jobs gpuctl did not submit, with the ranks
-// nodemon reports of them.
-func (p *Poller) externalJobs(queue []QueueJob) []*api.Job {
+// nodemon reports of them and, from scontrol show job -d, their user,
+// restarts and the GPUs Slurm gave them on each node (read once per job
+// once it runs).
+func (p *Poller) externalJobs(ctx context.Context, queue []QueueJob) []*api.Job {
+	if p.details == nil {
+		p.details = map[string]JobInfo{}
+	}
 	var out []*api.Job
+	seen := map[string]bool{}
+	missing := false
 	for _, q := range queue {
 		if _, _, ok := ParseComment(q.Comment); ok {
 			continue
 		}
-		out = append(out, ExternalJob(q, p.Registry.Ranks(api.SlurmJobName(q.ID))))
+		seen[q.ID] = true
+		if _, ok := p.details[q.ID]; !ok && q.State == "RUNNING" {
+			missing = true
+		}
+	}
+	if missing {
+		if out, err := p.X.cfg.CLI.Run(ctx, nil, nil, "scontrol", "show", "job", "-d"); err == nil {
+			if infos, err := ParseScontrolJobs(out); err == nil {
+				for _, in := range infos {
+					if id := in.Get("JobId"); seen[id] && in.Get("JobState") == "RUNNING" {
+						p.details[id] = in
+					}
+				}
+			} else {
+				p.Log.Warn("read scontrol show job -d", "err", err)
+			}
+		}
+	}
+	for id := range p.details {
+		if !seen[id] {
+			delete(p.details, id)
+		}
+	}
+	for _, q := range queue {
+		if _, _, ok := ParseComment(q.Comment); ok {
+			continue
+		}
+		var info *JobInfo
+		if in, ok := p.details[q.ID]; ok {
+			info = &in
+		}
+		out = append(out, ExternalJob(q, p.Registry.Ranks(api.SlurmJobName(q.ID)), info))
 	}
 	return out
 }
 
-// ExternalJob is how gpuctl lists a Slurm job it did not submit.
-func ExternalJob(q QueueJob, ranks []nodes.NodeRanks) *api.Job {
+// GRESGPUs reads the GPU indexes of a -d detail's GRES (gpu:2(IDX:0-1),
+// gpu:a100:2(IDX:0,3)).
+func GRESGPUs(gres string) []uint32 {
+	var out []uint32
+	for _, part := range splitGRES(gres) {
+		if !strings.HasPrefix(part, "gpu") {
+			continue
+		}
+		_, idx, ok := strings.Cut(part, "(IDX:")
+		if !ok {
+			continue
+		}
+		idx, _, _ = strings.Cut(idx, ")")
+		for _, r := range strings.Split(idx, ",") {
+			lo, hi, isRange := strings.Cut(r, "-")
+			if !isRange {
+				hi = lo
+			}
+			a, err1 := strconv.Atoi(lo)
+			b, err2 := strconv.Atoi(hi)
+			if err1 != nil || err2 != nil || a < 0 || b < a || b-a > 1024 {
+				continue
+			}
+			for n := a; n <= b; n++ {
+				out = append(out, uint32(n))
+			}
+		}
+	}
+	return out
+}
+
+// splitGRES splits a GRES list at commas outside parentheses.
+func splitGRES(s string) []string {
+	var out []string
+	depth, start := 0, 0
+	for i, r := range s {
+		switch r {
+		case '(':
+			depth++
+		case ')':
+			depth--
+		case ',':
+			if depth == 0 {
+				out = append(out, s[start:i])
+				start = i + 1
+			}
+		}
+	}
+	return append(out, s[start:])
+}
+
+// ExternalJob is how gpuctl lists a Slurm job it did not submit; info (may
+// be nil) is its scontrol show job -d.
+func ExternalJob(q QueueJob, ranks []nodes.NodeRanks, info *JobInfo) *api.Job {
 	j := &api.Job{Id: api.SlurmJobName(q.ID), Name: q.Name, Attempt: 1,
 		Reason: fmt.Sprintf("Slurm job %s (%s), submitted without gpuctl: listed and traced, not scheduled or recovered by gpuctl", q.ID, q.State)}
 	switch q.State {
@@ -369,6 +462,24 @@ func ExternalJob(q QueueJob, ranks []nodes.NodeRanks) *api.Job {
 	}
 	if step >= 0 {
 		j.Step = step
+	}
+	if info != nil {
+		if user, _, _ := strings.Cut(info.Get("UserId"), "("); user != "" {
+			j.Reason += "; user " + user
+		}
+		if n, err := strconv.Atoi(info.Get("Restarts")); err == nil {
+			j.Attempt = uint32(n + 1)
+		}
+		// The GPUs Slurm allocated: gpuctl's scheduler counts them busy.
+		for _, d := range info.Details {
+			hosts, _ := ExpandHostlist(d["Nodes"])
+			gpus := GRESGPUs(d["GRES"])
+			for _, jn := range j.Placement {
+				if slices.Contains(hosts, jn.GetNode()) {
+					jn.Gpus = gpus
+				}
+			}
+		}
 	}
 	return j
 }
