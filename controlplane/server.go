@@ -211,24 +211,12 @@ func newServer(cfg Config, auth *transport.Authority, st store.Store, policy sch
 	if jc.ValidateCommand == nil {
 		jc.ValidateCommand = cfg.ValidateCommand
 	}
-	var sx *slurm.Executor
-	switch cfg.Executor {
-	case "", "nodemon":
-	case "slurm":
-		sc := cfg.Slurm
-		sc.Log = cfg.Log.With("part", "slurm")
-		if sc.Placement != "" && sc.Placement != slurm.PlaceGpuctl && sc.Placement != slurm.PlaceSlurm {
-			return nil, fmt.Errorf("slurm placement %q: use %s or %s", sc.Placement, slurm.PlaceGpuctl, slurm.PlaceSlurm)
-		}
-		if ca := auth.CACert(); ca != nil {
-			// The ranks name their cluster as nodemon's do.
-			id := transport.ClusterID(ca)
-			sc.Cluster = func() string { return id }
-		}
-		sx = slurm.New(sc)
+	sx, err := slurmExecutor(cfg, auth)
+	if err != nil {
+		return nil, err
+	}
+	if sx != nil {
 		jc.Executor = sx
-	default:
-		return nil, fmt.Errorf("executor %q: use nodemon or slurm", cfg.Executor)
 	}
 	mgr, err := jobs.New(jc)
 	if err != nil {
@@ -236,9 +224,7 @@ func newServer(cfg Config, auth *transport.Authority, st store.Store, policy sch
 	}
 	sink.set(mgr)
 	s.jobs = mgr
-	if sx != nil {
-		s.slurm = &slurm.Poller{X: sx, Registry: reg, Owner: mgr, Every: cfg.Slurm.Poll, Log: cfg.Log.With("part", "slurm")}
-	}
+	s.slurm = slurmPoller(cfg, sx, reg, mgr)
 	for _, n := range reg.Nodes() {
 		s.hub.PublishNode(n)
 	}
