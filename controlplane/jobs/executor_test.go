@@ -54,6 +54,8 @@ func withExecutor(h *harness) *fakeExecutor {
 func TestExecutorRunsTheOwnersPlan(t *testing.T) {
 	h := newHarness(t, scheduler.DefaultPolicy, threeNodes()...)
 	fx := withExecutor(h)
+	// nodemon would launch a validation gang outside Slurm's allocation.
+	h.m.cfg.ValidateCommand = []string{"/bin/true"}
 	id := h.submit(ringSpec("ring", 2, 2, "checkpoint: {dir: /tmp/ck, interval: 1h}\nrestart_policy: replace-node\n"), false)
 	h.reconcile()
 	j := h.job(id)
@@ -90,8 +92,22 @@ func TestExecutorRunsTheOwnersPlan(t *testing.T) {
 	if !slices.Contains(fx.signals, "SIGTERM") {
 		t.Errorf("survivors not stopped through the executor: %v", fx.signals)
 	}
+	for _, jn := range j.GetPlacement() {
+		for _, r := range jn.GetRanks() {
+			h.exit(id, jn.GetNode(), r.GetRank(), 0, "SIGTERM")
+		}
+	}
+	h.reconcile()
+	j = h.job(id)
+	if j.GetState() != api.JobState_JOB_STATE_RUNNING || j.GetAttempt() != 2 || len(fx.launched) != 2 || slices.Contains(fx.launched[1].Nodes, lost) ||
+		!slices.Contains(fx.launched[1].Exclude, lost) {
+		t.Fatalf("after recovery: %s attempt %d, launches %+v", stateName(j.GetState()), j.GetAttempt(), fx.launched)
+	}
+	if cmds := h.nodes.take(); len(launches(cmds)) != 0 {
+		t.Fatalf("nodemon got launches (a validation gang?): %v", launches(cmds))
+	}
 	// A report for an attempt that is no longer current changes nothing.
-	h.m.ExecutorFailed(id, 7, []string{a.Nodes[0]}, "stale")
+	h.m.ExecutorFailed(id, 1, []string{a.Nodes[0]}, "stale")
 	h.settle()
 	if j2 := h.job(id); slices.Contains(j2.GetExclude(), a.Nodes[0]) {
 		t.Errorf("a stale report excluded %s", a.Nodes[0])
