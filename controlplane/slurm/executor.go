@@ -142,6 +142,14 @@ func (x *Executor) Batch(a jobs.AttemptLaunch) (args []string, script string, en
 		// node name, so Slurm's sorted order does not matter.
 		args = append(args, "--nodelist="+strings.Join(nodes, ","))
 	}
+	if u := launches[nodes[0]].GetRunAsUser(); u != "" {
+		// The account gpuctl's run-as policy chose: Slurm starts the job as
+		// it (sbatch --uid needs the server to run as root or SlurmUser).
+		args = append(args, "--uid="+u)
+		if g := launches[nodes[0]].GetRunAsGroup(); g != "" {
+			args = append(args, "--gid="+g)
+		}
+	}
 	if len(a.Exclude) > 0 {
 		// The nodes the job failed on: Slurm must not pick them (with
 		// gpuctl's placement they are not in --nodelist anyway).

@@ -45,6 +45,13 @@ func TestBatchKeepsGpuctlPlacement(t *testing.T) {
 	if err != nil || len(parts) != 2 || parts[0].Node != "node3" || parts[1].Launch.GetRanks()[0].GetRank() != 2 {
 		t.Errorf("launch env %v: %v", parts, err)
 	}
+	l["node3"].RunAsUser, l["node3"].RunAsGroup = "alice", "ml"
+	args, _, _, _ = x.Batch(jobs.AttemptLaunch{Job: "j-1", Attempt: 2, Nodes: nodes, Ranks: l, Exclude: []string{"node2"}})
+	for _, want := range []string{"--uid=alice", "--gid=ml", "--exclude=node2"} {
+		if !slices.Contains(args, want) {
+			t.Errorf("sbatch args %v lack %s", args, want)
+		}
+	}
 	// Slurm places: no --nodelist, parts by node index.
 	x.cfg.Placement = PlaceSlurm
 	args, _, env, _ = x.Batch(jobs.AttemptLaunch{Job: "j-1", Attempt: 2, Nodes: nodes, Ranks: l})
