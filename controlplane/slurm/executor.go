@@ -81,6 +81,9 @@ func New(cfg Config) *Executor {
 	// exist on the nodes (sbatch fails the job, and the poller says so).
 	if err := os.MkdirAll(cfg.RunDir, 0o755); err != nil {
 		cfg.Log.Warn("make the Slurm run dir", "dir", cfg.RunDir, "err", err)
+	} else if err := os.Chmod(cfg.RunDir, 0o777|os.ModeSticky); err != nil {
+		// Jobs run as their users: writable by all, sticky as /tmp.
+		cfg.Log.Warn("make the Slurm run dir writable by the jobs' users", "dir", cfg.RunDir, "err", err)
 	}
 	return &Executor{cfg: cfg, log: cfg.Log, ids: map[string]map[uint32]string{}}
 }
