@@ -644,20 +644,31 @@ func (x *Executor) monitor() {
 	defer x.wg.Done()
 	t := time.NewTicker(x.opts.Poll)
 	defer t.Stop()
+	// Slurm's ranks are found by looking: more often than the logs are
+	// read, so that a rank Slurm starts is reported soon.
+	var slurm <-chan time.Time
+	if x.opts.SlurmNode != "" {
+		st := time.NewTicker(min(x.opts.Poll, SlurmScanEvery))
+		defer st.Stop()
+		slurm = st.C
+	}
 	for {
 		select {
 		case <-x.stop:
 			return
 		case <-t.C:
+			x.pollOnce(time.Now())
+		case <-slurm:
+			x.scanSlurm(time.Now())
 		}
-		x.pollOnce(time.Now())
 	}
 }
 
+// SlurmScanEvery is how often nodemon --slurm-node looks for new Slurm
+// tasks in /proc (at most its poll).
+const SlurmScanEvery = 250 * time.Millisecond
+
 func (x *Executor) pollOnce(now time.Time) {
-	if x.opts.SlurmNode != "" {
-		x.scanSlurm(now)
-	}
 	x.mu.Lock()
 	live := x.liveLocked()
 	watches := map[string]*ckptWatch{}
