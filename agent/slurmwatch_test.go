@@ -1,9 +1,15 @@
 package agent
 
 import (
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpuctl/gpuctl/api"
 )
@@ -94,5 +100,74 @@ func TestSlurmTaskEnvIsRankEnv(t *testing.T) {
 	}
 	if _, _, _, err := slurmTaskEnv([]string{"SLURM_JOB_ID=9"}, "/run/g"); err == nil || !strings.Contains(err.Error(), "not submitted by gpuctl") {
 		t.Errorf("task without a launch: err = %v", err)
+	}
+}
+
+// fakeProc writes one process into a fake /proc.
+func fakeProc(t *testing.T, root string, pid, ppid int, comm string, env map[string]string) {
+	t.Helper()
+	dir := filepath.Join(root, strconv.Itoa(pid))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Fields 3..24 of proc(5): state ppid pgrp … starttime (22) vsize rss.
+	stat := fmt.Sprintf("%d (%s) S %d %d 0 0 0 0 0 0 0 0 5 3 0 0 20 0 1 0 %d 0 100\n", pid, comm, ppid, pid, 1000+pid)
+	var environ []byte
+	for k, v := range env {
+		environ = append(environ, k+"="+v+"\x00"...)
+	}
+	for name, data := range map[string][]byte{"stat": []byte(stat), "comm": []byte(comm + "\n"), "environ": environ} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestScanSlurmAdoptsThisNodesTasks: the executor finds the Slurm tasks of
+// its node in /proc (the rank under a gpuctl task's shim; a plain task
+// itself), reports each once, and leaves other nodes' tasks and batch
+// scripts alone.
+func TestScanSlurmAdoptsThisNodesTasks(t *testing.T) {
+	root := t.TempDir()
+	task := map[string]string{"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURMD_NODENAME": "node2"}
+	fakeProc(t, root, 100, 1, "slurmstepd", nil)
+	// A plain sbatch task of node2, rank 1.
+	fakeProc(t, root, 101, 100, "sh", task)
+	// The same job's task on node1 (another slurmd on this host).
+	other := maps.Clone(task)
+	other["SLURMD_NODENAME"], other["SLURM_PROCID"] = "node1", "0"
+	fakeProc(t, root, 102, 100, "sh", other)
+	// A gpuctl job's task: the shim (under slurmstepd) and its rank.
+	shim := maps.Clone(task)
+	shim["SLURM_JOB_ID"], shim["SLURM_PROCID"] = "8", "0"
+	shim[api.SlurmStatusEnv], shim[api.SlurmLogEnv] = filepath.Join(root, "rank-3.status"), filepath.Join(root, "rank-3.log")
+	shim["GPUCTL_JOB"], shim["RANK"], shim["LOCAL_RANK"], shim["GPUCTL_ATTEMPT"] = "j-1", "3", "1", "2"
+	fakeProc(t, root, 103, 100, "nodemon", shim)
+	fakeProc(t, root, 104, 103, "ringtrain", shim)
+	// The batch script: no step id.
+	batch := maps.Clone(task)
+	delete(batch, "SLURM_STEP_ID")
+	fakeProc(t, root, 105, 100, "bash", batch)
+
+	var events []*api.Event
+	x, err := NewExecutor(ExecutorOptions{Node: "node2", DataDir: t.TempDir(), ProcRoot: root, SlurmNode: "node2", Poll: time.Hour,
+		OnEvent: func(e *api.Event) { events = append(events, e) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	x.scanSlurm(time.Now())
+	x.scanSlurm(time.Now())
+	got := map[string]uint32{}
+	for _, e := range events {
+		got[fmt.Sprintf("%s/%d", e.GetJob(), e.GetRank())] = e.GetPid()
+	}
+	want := map[string]uint32{"slurm-7/1": 101, "j-1/3": 104}
+	if !maps.Equal(got, want) {
+		t.Fatalf("ranks found %v, want %v (events %v)", got, want, events)
+	}
+	st := x.RankStatuses()
+	if len(st) != 2 || st[0].GetJob() != "j-1" || st[0].GetAttempt() != 2 || st[1].GetJob() != "slurm-7" {
+		t.Fatalf("rank statuses %v", st)
 	}
 }
