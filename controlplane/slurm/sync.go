@@ -170,7 +170,8 @@ func slurmWhy(s NodeState) string {
 		why += ", not responding"
 	}
 	if s.Reason != "" {
-		why += " (" + s.Reason + ")"
+		// Free text from Slurm's operators, shown in the console.
+		why += " (" + api.CleanText(s.Reason, 0) + ")"
 	}
 	return why
 }
