@@ -221,12 +221,18 @@ func TestSlurmExecutor(t *testing.T) {
 	lost := first[1]
 	t0 := time.Now()
 	s.slurm.Run("scontrol", "update", "nodename="+lost, "state=down", "reason=test")
-	j = waitFor(t, s.cl, id, 60*time.Second, "attempt 2 running without "+lost, func(j *api.Job) error {
-		if err := runningWith(j, 2, 4); err != nil {
+	// Attempt 2, or 3 when the ranks' exits (Slurm stopped them) came in
+	// before the poller saw the node down: attempt 2 then went to the
+	// same nodes and was refused for the down one without being submitted.
+	j = waitFor(t, s.cl, id, 60*time.Second, "a new attempt running without "+lost, func(j *api.Job) error {
+		if j.GetAttempt() < 2 {
+			return fmt.Errorf("attempt %d", j.GetAttempt())
+		}
+		if err := runningWith(j, j.GetAttempt(), 4); err != nil {
 			return err
 		}
 		if slices.Contains(nodesOf(j), lost) {
-			return fmt.Errorf("attempt 2 placed on %s, which is down", lost)
+			return fmt.Errorf("attempt %d placed on %s, which is down", j.GetAttempt(), lost)
 		}
 		return nil
 	})
@@ -235,8 +241,8 @@ func TestSlurmExecutor(t *testing.T) {
 		t.Fatalf("attempt 2 resumes from step %d, before the checkpoint at %d", j.GetResumeStep(), ckpt)
 	}
 	out = s.slurm.Run("squeue", "-h", "-o", "%k|%N")
-	if !strings.Contains(out, "gpuctl:"+id+":2|") {
-		t.Fatalf("squeue has no Slurm job for %s attempt 2:\n%s", id, out)
+	if !strings.Contains(out, fmt.Sprintf("gpuctl:%s:%d|", id, j.GetAttempt())) {
+		t.Fatalf("squeue has no Slurm job for %s attempt %d:\n%s", id, j.GetAttempt(), out)
 	}
 	waitFor(t, s.cl, id, 20*time.Second, "steps past the checkpoint", func(j *api.Job) error {
 		if j.GetStep() <= ckpt {
@@ -244,7 +250,7 @@ func TestSlurmExecutor(t *testing.T) {
 		}
 		return nil
 	})
-	t.Logf("node %s down in Slurm → attempt 2 running on %v from step %d in %v", lost, nodesOf(j), j.GetResumeStep(), requeue)
+	t.Logf("node %s down in Slurm → attempt %d running on %v from step %d in %v", lost, j.GetAttempt(), nodesOf(j), j.GetResumeStep(), requeue)
 
 	// Out on both sides, with the reason.
 	poll(t, 20*time.Second, lost+" cordoned in gpuctl and drained in Slurm", func() error {

@@ -90,6 +90,10 @@ func (d *dispatcher) context() context.Context {
 // goes back to the queue and is tried again, with why.
 var ErrExecutorUnavailable = errors.New("executor unavailable")
 
+// ErrNotStarted marks a node of an attempt an executor refused as a whole
+// because of other nodes: its own error is not held against it.
+var ErrNotStarted = errors.New("not started: the attempt was refused on another node")
+
 func executorUnavailable(errs map[string]error) bool {
 	for _, err := range errs {
 		if !errors.Is(err, ErrExecutorUnavailable) {

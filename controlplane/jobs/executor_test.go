@@ -18,16 +18,21 @@ type fakeExecutor struct {
 	launched []AttemptLaunch
 	signals  []string
 	refuse   error
+	// refuseOn, when set, refuses on one node and not-starts the others.
+	refuseOn string
 }
 
 func (f *fakeExecutor) Launch(_ context.Context, a AttemptLaunch) map[string]error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.launched = append(f.launched, a)
-	if f.refuse != nil {
+	if f.refuse != nil && (f.refuseOn == "" || slices.Contains(a.Nodes, f.refuseOn)) {
 		errs := map[string]error{}
 		for _, n := range a.Nodes {
 			errs[n] = f.refuse
+			if f.refuseOn != "" && n != f.refuseOn {
+				errs[n] = ErrNotStarted
+			}
 		}
 		return errs
 	}
@@ -184,5 +189,23 @@ func TestExecutorUnavailableRequeues(t *testing.T) {
 	h.reconcile()
 	if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RUNNING || j.GetAttempt() != 2 || len(fx.launched) != 2 {
 		t.Fatalf("once the executor answers: %s attempt %d, %d launches", stateName(j.GetState()), j.GetAttempt(), len(fx.launched))
+	}
+}
+
+// TestExecutorRefusesOneNode: an attempt the executor refuses because one
+// node is down (Slurm has it down) blames that node only.
+func TestExecutorRefusesOneNode(t *testing.T) {
+	h := newHarness(t, scheduler.DefaultPolicy, threeNodes()...)
+	fx := withExecutor(h)
+	fx.refuse, fx.refuseOn = fmt.Errorf("not submitted to Slurm: Slurm: n1 is down (test)"), "n1"
+	id := h.submit(ringSpec("ring", 2, 2, "restart_policy: replace-node\n"), false)
+	h.reconcile()
+	// Refused on n0,n1 for n1 alone, then started on n0,n2.
+	j := h.job(id)
+	if j.GetState() != api.JobState_JOB_STATE_RUNNING || j.GetAttempt() != 2 || !slices.Equal(j.GetExclude(), []string{"n1"}) || !slices.Equal(nodesOf(j), []string{"n0", "n2"}) {
+		t.Fatalf("%s attempt %d on %v, %q exclude %v", stateName(j.GetState()), j.GetAttempt(), nodesOf(j), j.GetReason(), j.GetExclude())
+	}
+	if c := h.nodes.cordoned(); !slices.Equal(c, []string{"n1"}) {
+		t.Errorf("cordoned %v, want n1 only", c)
 	}
 }

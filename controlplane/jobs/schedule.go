@@ -717,13 +717,26 @@ func (m *Manager) launched(msg msgLaunched) {
 		return
 	}
 	j := en.job
+	// Nodes refused only because another node was (an executor starts
+	// the attempt whole) are not to blame.
+	blamed := map[string]error{}
+	for node, err := range msg.errs {
+		if !errors.Is(err, ErrNotStarted) {
+			blamed[node] = err
+		}
+	}
+	if len(blamed) == 0 {
+		blamed = msg.errs
+	}
 	var msgs []string
 	for _, jn := range j.GetPlacement() {
 		err, ok := msg.errs[jn.GetNode()]
 		if !ok {
 			continue
 		}
-		msgs = append(msgs, fmt.Sprintf("%s: %v", jn.GetNode(), err))
+		if _, ok := blamed[jn.GetNode()]; ok {
+			msgs = append(msgs, fmt.Sprintf("%s: %v", jn.GetNode(), err))
+		}
 		for _, r := range jn.GetRanks() {
 			if !r.GetExited() && r.GetPid() == 0 {
 				r.Exited, r.ExitCode, r.Signal = true, -1, "not launched"
@@ -732,14 +745,14 @@ func (m *Manager) launched(msg msgLaunched) {
 	}
 	m.save(en)
 	if active(j) {
-		refused := slices.Sorted(mapKeys(msg.errs))
+		refused := slices.Sorted(mapKeys(blamed))
 		why := "launch failed on " + strings.Join(msgs, "; ")
-		if executorUnavailable(msg.errs) {
-			m.requeueUnlaunched(en, msg.errs[refused[0]].Error(), m.now())
+		if executorUnavailable(blamed) {
+			m.requeueUnlaunched(en, blamed[refused[0]].Error(), m.now())
 			m.kick()
 			return
 		}
-		if jobFaults(msg.errs) {
+		if jobFaults(blamed) {
 			// The job's own fault (a typo in its command, a user the node
 			// lacks): no node is to blame, and a restart would fail the
 			// same way.

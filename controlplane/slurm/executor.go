@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -205,6 +206,9 @@ func (x *Executor) Launch(ctx context.Context, a jobs.AttemptLaunch) map[string]
 	if err != nil {
 		return fail(err)
 	}
+	if errs := x.downNodes(ctx, a); errs != nil {
+		return errs
+	}
 	out, err := x.cfg.CLI.Run(ctx, []byte(script), env, "sbatch", args...)
 	if err != nil {
 		return fail(err)
@@ -223,6 +227,43 @@ func (x *Executor) Launch(ctx context.Context, a jobs.AttemptLaunch) map[string]
 	x.remember(job, attempt, id)
 	x.log.Info("submitted to Slurm", "job", job, "attempt", attempt, "slurm_job", id, "nodes", targets)
 	return nil
+}
+
+// downNodes refuses an attempt gpuctl placed on a node Slurm has down or
+// drained (the poller may not have told gpuctl yet): Slurm would hold the
+// job pending. The down nodes are blamed, the others not. A sinfo that
+// fails refuses nothing: sbatch will say what is wrong.
+func (x *Executor) downNodes(ctx context.Context, a jobs.AttemptLaunch) map[string]error {
+	if x.cfg.Placement == PlaceSlurm {
+		return nil // Slurm picks among the nodes it has up
+	}
+	out, err := x.cfg.CLI.Run(ctx, nil, nil, "sinfo", "-h", "-N", "-n", strings.Join(a.Nodes, ","), "-o", NodeFormat)
+	if err != nil {
+		return nil
+	}
+	states, err := ParseSinfo(out)
+	if err != nil {
+		return nil
+	}
+	down := map[string]NodeState{}
+	for _, s := range states {
+		if s.Unavailable() {
+			down[s.Name] = s
+		}
+	}
+	if len(down) == 0 {
+		return nil
+	}
+	errs := map[string]error{}
+	for _, n := range a.Nodes {
+		if s, ok := down[n]; ok {
+			errs[n] = fmt.Errorf("not submitted to Slurm: %s", slurmWhy(s))
+		} else {
+			errs[n] = jobs.ErrNotStarted
+		}
+	}
+	x.log.Warn("attempt placed on nodes Slurm has out; not submitted", "job", a.Job, "attempt", a.Attempt, "down", slices.Sorted(maps.Keys(down)))
+	return errs
 }
 
 // Signal maps gpuctl's signals onto scancel: SIGTERM cancels the Slurm job
