@@ -48,6 +48,11 @@ func slurmTaskOf(env map[string]string, node string) (slurmTask, bool) {
 		// The batch script itself (or its non-srun children): not a rank.
 		return slurmTask{}, false
 	}
+	if env[api.SlurmLaunchEnv] != "" {
+		// nodemon slurm-task before it execs the rank shim: found again,
+		// as the shim, on a later scan.
+		return slurmTask{}, false
+	}
 	t := slurmTask{slurmJob: id}
 	if status := env[api.SlurmStatusEnv]; status != "" && env["GPUCTL_JOB"] != "" {
 		rank, err1 := strconv.Atoi(env["RANK"])

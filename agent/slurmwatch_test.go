@@ -40,6 +40,8 @@ func TestSlurmTaskOf(t *testing.T) {
 		// Several slurmd on one host: another node's task is not ours.
 		{name: "other node", env: base, node: "node1"},
 		{name: "batch script", env: with("SLURM_STEP_ID", ""), node: "node2"},
+		// Caught between srun's start and its exec of the rank shim.
+		{name: "slurm-task before exec", env: with(api.SlurmLaunchEnv, "node2:AA"), node: "node2"},
 		{name: "not slurm", env: map[string]string{"RANK": "0"}, node: "node2"},
 		{name: "gpuctl job", node: "node2", ok: true,
 			env: with(api.SlurmStatusEnv, "/r/7/rank-5.status", api.SlurmLogEnv, "/r/7/rank-5.log", "GPUCTL_JOB", "j-1", "RANK", "5",
