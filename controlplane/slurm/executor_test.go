@@ -112,7 +112,7 @@ func TestSyncNodes(t *testing.T) {
 		node("n5", false, ""),                          // gpuctl uncordoned its drain → resume
 		node("n6", true, "fan"),                        // already drained by gpuctl
 		node("n7", true, "recovering job j: Slurm: x"), // gpuctl's (a recovery), Slurm down → drain too
-		node("n8", true, "Slurm: n8 is down (t)"),      // Slurm's, still down: nothing
+		node("n8", true, "Slurm: n8 is down (t)"),      // Slurm's, down: drained too, so it stays out when back
 		node("n9", false, ""),                          // not in Slurm
 	}
 	slurm := []NodeState{
@@ -132,6 +132,7 @@ func TestSyncNodes(t *testing.T) {
 		{Node: "n4", Do: nodes.ActionUncordon},
 		{Node: "n5", Do: "resume"},
 		{Node: "n7", Do: "drain", Reason: "gpuctl: recovering job j: Slurm: x"},
+		{Node: "n8", Do: "drain", Reason: "gpuctl: Slurm: n8 is down (t)"},
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("SyncNodes =\n%+v\nwant\n%+v", got, want)
@@ -141,8 +142,9 @@ func TestSyncNodes(t *testing.T) {
 		{Name: "n1", State: "idle"}, {Name: "n2", State: "draining", Reason: "gpuctl: fan"},
 		{Name: "n3", State: "down", Reason: "Not responding"}, {Name: "n4", State: "idle"}, {Name: "n5", State: "idle"},
 		{Name: "n6", State: "draining", Reason: "gpuctl: fan"}, {Name: "n7", State: "drained", Reason: "gpuctl: recovering job j: Slurm: x"},
-		{Name: "n8", State: "down", Reason: "t"},
+		{Name: "n8", State: "down", Reason: "gpuctl: Slurm: n8 is down (t)"},
 	}
+	after[2].Reason = "gpuctl: Slurm: n3 is down (Not responding)"
 	gpuctl[2] = node("n3", true, "Slurm: n3 is down (Not responding)")
 	gpuctl[3] = node("n4", false, "")
 	if got := SyncNodes(gpuctl, after); len(got) != 0 {

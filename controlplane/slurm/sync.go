@@ -155,6 +155,11 @@ func SyncNodes(gpuctl []*api.NodeStatus, slurm []NodeState) []NodeAction {
 			out = append(out, NodeAction{Node: name, Do: "drain", Reason: GpuctlReason + orNone(reason)})
 		case n.GetCordoned() && fromSlurm && !s.Unavailable():
 			out = append(out, NodeAction{Node: name, Do: nodes.ActionUncordon})
+		case n.GetCordoned() && fromSlurm && s.State == "down" && !fromGpuctl:
+			// A node Slurm lost stays out once its slurmd is back
+			// (ReturnToService), as a gpuctl cordon outlives an outage,
+			// until someone lifts it on either side.
+			out = append(out, NodeAction{Node: name, Do: "drain", Reason: GpuctlReason + reason})
 		case !n.GetCordoned() && s.Unavailable() && fromGpuctl && s.Drained():
 			out = append(out, NodeAction{Node: name, Do: "resume"})
 		case !n.GetCordoned() && s.Unavailable() && !fromGpuctl:
