@@ -60,17 +60,25 @@ func (d *dispatcher) launchOn(a AttemptLaunch, timeout time.Duration, done func(
 // signalOn sends sig to an attempt's ranks through the executor, or
 // nodemon.
 func (d *dispatcher) signalOn(job string, attempt uint32, nodes []string, sig string, timeout time.Duration, done func(map[string]error)) {
-	if d.exec != nil {
-		d.async(func() {
-			ctx, cancel := context.WithTimeout(d.context(), max(timeout, ExecutorTimeout))
-			defer cancel()
-			done(d.exec.Signal(ctx, job, attempt, nodes, sig))
-		})
+	viaNodemon := func(done func(map[string]error)) {
+		d.fanOut(nodes, func(string) *api.Command {
+			return &api.Command{Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: job, Signal: sig, Attempt: attempt}}}
+		}, timeout, done)
+	}
+	if d.exec == nil {
+		viaNodemon(done)
 		return
 	}
-	d.fanOut(nodes, func(string) *api.Command {
-		return &api.Command{Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: job, Signal: sig, Attempt: attempt}}}
-	}, timeout, done)
+	if sig == "SIGKILL" {
+		// nodemon kills the ranks it reports too: a node whose slurmd is
+		// gone still runs them, and Slurm cannot reach them there.
+		viaNodemon(nil)
+	}
+	d.async(func() {
+		ctx, cancel := context.WithTimeout(d.context(), max(timeout, ExecutorTimeout))
+		defer cancel()
+		done(d.exec.Signal(ctx, job, attempt, nodes, sig))
+	})
 }
 
 // ExecutorTimeout is the least time one executor call (an sbatch or a
