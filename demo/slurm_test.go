@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -250,6 +251,29 @@ func TestSlurmExecutor(t *testing.T) {
 		}
 		return nil
 	})
+	// The ranks themselves resumed from the checkpoint: rank 0's log (the
+	// shim's, under the run dir, by Slurm job id) says so.
+	var sid string
+	for _, line := range strings.Fields(s.slurm.Run("squeue", "-h", "-o", "%i|%k")) {
+		if id2, c, _ := strings.Cut(line, "|"); c == fmt.Sprintf("gpuctl:%s:%d", id, j.GetAttempt()) {
+			sid = id2
+		}
+	}
+	poll(t, 10*time.Second, "rank 0 resumed from the checkpoint", func() error {
+		b, err := os.ReadFile(filepath.Join(s.runDir, sid, "rank-0.log"))
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if m := resumeLine.FindStringSubmatch(line); m != nil {
+				if n, _ := strconv.ParseInt(m[1], 10, 64); n >= ckpt {
+					return nil
+				}
+				return fmt.Errorf("resumed from %s, before the checkpoint at %d", m[1], ckpt)
+			}
+		}
+		return fmt.Errorf("no resume line in Slurm job %s's rank 0 log", sid)
+	})
 	t.Logf("node %s down in Slurm → attempt %d running on %v from step %d in %v", lost, j.GetAttempt(), nodesOf(j), j.GetResumeStep(), requeue)
 
 	// Out on both sides, with the reason.
@@ -438,4 +462,35 @@ func TestSlurmControllerDownLosesNothing(t *testing.T) {
 		return nil
 	})
 	t.Logf("ran as attempt %d after slurmctld came back", j.GetAttempt())
+}
+
+// TestSlurmSlurmdKilled: a node's slurmd dies (the host as Slurm sees it
+// is lost, its ranks may run on): Slurm sets it down after SlurmdTimeout,
+// gpuctl moves the job to the other nodes, and no rank of the old attempt
+// is left running anywhere.
+func TestSlurmSlurmdKilled(t *testing.T) {
+	s := newSlurmGpuctl(t, "gpuctl")
+	id := s.submit(s.ringJob("rt", 0))
+	j := waitFor(t, s.cl, id, 30*time.Second, "attempt 1 running", func(j *api.Job) error { return runningWith(j, 1, 4) })
+	lost := nodesOf(j)[1]
+	t0 := time.Now()
+	s.slurm.StopNode(lost)
+	j = waitFor(t, s.cl, id, 90*time.Second, "a new attempt running without "+lost, func(j *api.Job) error {
+		if j.GetAttempt() < 2 {
+			return fmt.Errorf("attempt %d: %s", j.GetAttempt(), j.GetReason())
+		}
+		if err := runningWith(j, j.GetAttempt(), 4); err != nil {
+			return err
+		}
+		if slices.Contains(nodesOf(j), lost) {
+			return fmt.Errorf("placed on %s", lost)
+		}
+		return nil
+	})
+	t.Logf("slurmd of %s killed → attempt %d running on %v in %v", lost, j.GetAttempt(), nodesOf(j), time.Since(t0))
+	for _, r := range s.clusterRanks() {
+		if r.job == id && r.attempt != j.GetAttempt() {
+			t.Errorf("rank %d of attempt %d still runs on %s (pid %d)", r.rank, r.attempt, r.node, r.pid)
+		}
+	}
 }
