@@ -52,7 +52,10 @@ type Config struct {
 	CgroupRoot string
 	// AllowRootRanks lets ranks run as root (nodemon --allow-root-ranks).
 	AllowRootRanks bool
-	Log            *slog.Logger
+	// SlurmNode, when set, is this node's name in Slurm: its Slurm tasks
+	// are reported as this node's ranks (nodemon --slurm-node).
+	SlurmNode string
+	Log       *slog.Logger
 }
 
 // Agent is a running nodemon.
@@ -123,13 +126,14 @@ func New(cfg Config, p *Probes) (*Agent, error) {
 	x, err := NewExecutor(ExecutorOptions{
 		Node: cfg.Name, DataDir: cfg.DataDir, OnEvent: a.events.add, Log: a.log,
 		LogMaxBytes: cfg.LogMaxBytes, LogKeep: cfg.LogKeep, CgroupRoot: cfg.CgroupRoot,
-		AllowRootRanks: cfg.AllowRootRanks, Env: p.rankEnv(),
+		AllowRootRanks: cfg.AllowRootRanks, Env: p.rankEnv(), SlurmNode: cfg.SlurmNode,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("nodemon: %w", err)
 	}
 	a.exec = x
 	a.exec.BeforeLaunch = p.prepareLaunch
+	a.exec.OnAdopt = p.attachPid
 	return a, nil
 }
 

@@ -56,6 +56,9 @@ type rankRecord struct {
 	LastCheckpointStep int64 `json:"last_checkpoint_step"`
 	CheckpointReported int64 `json:"checkpoint_reported"`
 	LaunchedUnixNano   int64 `json:"launched_unix_nano"`
+	// SlurmJob is the Slurm job of a rank Slurm started (found, not
+	// launched): Slurm stops it, so it holds no lease.
+	SlurmJob string `json:"slurm_job,omitempty"`
 }
 
 // ranksFile is the layout of <data-dir>/ranks.json.
@@ -127,6 +130,10 @@ type ExecutorOptions struct {
 	// Env is added to every rank's environment after the host's and
 	// before api.RankEnv's (the simulated GPUs' kernel time dir).
 	Env []string
+	// SlurmNode, when set, is this node's Slurm name: the Slurm tasks
+	// whose SLURMD_NODENAME it is are found in /proc every Poll and
+	// reported as this node's ranks.
+	SlurmNode string
 }
 
 // Executor launches a job's ranks on this host, reports their exits and
@@ -141,7 +148,11 @@ type Executor struct {
 	// BeforeLaunch, when set, runs before a job's ranks start (nodemon
 	// attaches its NCCL probes to the libraries the command links).
 	BeforeLaunch func(*api.LaunchRanks)
-	cluster      atomic.Pointer[string]
+	// OnAdopt, when set, hears the pid of each rank found rather than
+	// launched (a Slurm task): nodemon attaches its NCCL probes to the
+	// libraries it mapped.
+	OnAdopt func(pid int)
+	cluster atomic.Pointer[string]
 
 	mu     sync.Mutex
 	ranks  map[string]map[int32]*rankProc // job → rank → process
@@ -514,6 +525,9 @@ func (x *Executor) exitEvent(p *rankProc, now time.Time, shimSignal string) *api
 		ev.ExitCode, ev.Signal, ev.Severity = int32(st.ExitCode), LeaseSignal, api.Severity_SEVERITY_WARNING
 		ev.Attrs["fenced"] = st.Fenced
 		ev.Message = fmt.Sprintf("rank %d (pid %d) stopped by its shim: %s", r.Rank, r.PID, st.Fenced)
+	case err == nil && st.Signal == "" && st.Stopped != "":
+		ev.ExitCode, ev.Signal, ev.Severity = int32(st.ExitCode), st.Stopped, api.Severity_SEVERITY_WARNING
+		ev.Message = fmt.Sprintf("rank %d (pid %d) exited with code %d after Slurm sent it %s", r.Rank, r.PID, st.ExitCode, st.Stopped)
 	case err == nil && st.Signal != "":
 		ev.ExitCode, ev.Signal, ev.Severity = -1, st.Signal, api.Severity_SEVERITY_WARNING
 		ev.Message = fmt.Sprintf("rank %d (pid %d) killed by %s", r.Rank, r.PID, st.Signal)
@@ -630,15 +644,29 @@ func (x *Executor) monitor() {
 	defer x.wg.Done()
 	t := time.NewTicker(x.opts.Poll)
 	defer t.Stop()
+	// Slurm's ranks are found by looking: more often than the logs are
+	// read, so that a rank Slurm starts is reported soon.
+	var slurm <-chan time.Time
+	if x.opts.SlurmNode != "" {
+		st := time.NewTicker(min(x.opts.Poll, SlurmScanEvery))
+		defer st.Stop()
+		slurm = st.C
+	}
 	for {
 		select {
 		case <-x.stop:
 			return
 		case <-t.C:
+			x.pollOnce(time.Now())
+		case <-slurm:
+			x.scanSlurm(time.Now())
 		}
-		x.pollOnce(time.Now())
 	}
 }
+
+// SlurmScanEvery is how often nodemon --slurm-node looks for new Slurm
+// tasks in /proc (at most its poll).
+const SlurmScanEvery = 250 * time.Millisecond
 
 func (x *Executor) pollOnce(now time.Time) {
 	x.mu.Lock()
@@ -822,7 +850,7 @@ func (x *Executor) RenewLeases(deadline time.Time) {
 	x.lease.deadline = deadline
 	paths := map[string]bool{}
 	for _, p := range x.liveLocked() {
-		if !p.fenced {
+		if !p.fenced && p.rec.SlurmJob == "" {
 			paths[x.leasePath(p.rec.Job, p.rec.Attempt)] = true
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -204,6 +205,30 @@ func (p *Probes) prepareLaunch(l *api.LaunchRanks) {
 	for _, lib := range libs {
 		if err := p.nccl.AttachLibrary(lib); err != nil {
 			p.log.Warn("attach NCCL probe", "lib", lib, "err", err)
+		}
+	}
+}
+
+// attachPid attaches the NCCL probe to the NCCL libraries a running
+// process mapped (a rank Slurm started, found after it loaded them;
+// uprobes reach mappings made before they attach).
+func (p *Probes) attachPid(pid int) {
+	if p.nccl == nil {
+		return
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return
+	}
+	seen := map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 || !strings.Contains(filepath.Base(f[5]), "libnccl") || seen[f[5]] {
+			continue
+		}
+		seen[f[5]] = true
+		if err := p.nccl.AttachLibrary(f[5]); err != nil {
+			p.log.Warn("attach NCCL probe", "lib", f[5], "pid", pid, "err", err)
 		}
 	}
 }

@@ -47,6 +47,10 @@ type shimStatus struct {
 	Error         string `json:"error,omitempty"`
 	// Fenced says why the shim stopped the rank itself: its lease ran out.
 	Fenced string `json:"fenced,omitempty"`
+	// Stopped is the signal the shim was sent and passed on, under Slurm
+	// (--exit-code): Slurm stopped the job (a lost node, scancel), so even
+	// a rank that then exits 0 did not finish.
+	Stopped string `json:"stopped,omitempty"`
 }
 
 // RunShim runs the rank shim with the arguments after ShimCommand and
@@ -68,6 +72,7 @@ func RunShim(args []string, stderr io.Writer) int {
 		groups     = fs.String("groups", "", "supplementary group ids, comma-separated (with --uid)")
 		dir        = fs.String("dir", "", "working directory of the rank (default: the shim's)")
 		leasePath  = fs.String("lease", "", "lease file: the rank is stopped once the deadline in it has passed")
+		exitCode   = fs.Bool("exit-code", false, "exit with the rank's status (128+signal when killed), for Slurm to see")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -123,6 +128,15 @@ func RunShim(args []string, stderr io.Writer) int {
 	note := func(format string, a ...any) {
 		fmt.Fprintf(w, "gpuctl: "+format+"\n", a...)
 	}
+	// Under Slurm, scancel --signal=USR1 (a checkpoint request) reaches
+	// every process of the step, this shim too: the rank gets its own
+	// copy, and the shim must not die of it (USR1's default action).
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	go func() {
+		for range usr1 {
+		}
+	}()
 	// Pdeathsig is tied to the thread that starts the child: keep this
 	// goroutine on its thread for the shim's life so the rank dies with
 	// the shim and never with an idle runtime thread.
@@ -167,8 +181,13 @@ func RunShim(args []string, stderr io.Writer) int {
 	// can stop the shim and leave the rank behind.
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	stopped := make(chan string, 1)
 	go func() {
 		for s := range sigs {
+			select {
+			case stopped <- signalName(s.(syscall.Signal)):
+			default:
+			}
 			syscall.Kill(-pid, s.(syscall.Signal))
 		}
 	}()
@@ -194,6 +213,12 @@ func RunShim(args []string, stderr io.Writer) int {
 		status.ExitCode, status.Signal, status.CoreDumped = -1, signalName(ws.Signal()), ws.CoreDump()
 	} else {
 		status.ExitCode = cmd.ProcessState.ExitCode()
+	}
+	if *exitCode {
+		select {
+		case status.Stopped = <-stopped:
+		default:
+		}
 	}
 	var exitErr *exec.ExitError
 	if waitErr != nil && !errors.As(waitErr, &exitErr) {
@@ -225,6 +250,12 @@ func RunShim(args []string, stderr io.Writer) int {
 		note("write exit status: %v", err)
 		fmt.Fprintln(stderr, "rank-shim:", err)
 		return 1
+	}
+	if *exitCode {
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return status.ExitCode
 	}
 	return 0
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/gpuctl/gpuctl/controlplane/jobs"
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
 	"github.com/gpuctl/gpuctl/controlplane/observe"
+	"github.com/gpuctl/gpuctl/controlplane/slurm"
 	"github.com/gpuctl/gpuctl/controlplane/stalls"
 	"github.com/gpuctl/gpuctl/controlplane/watch"
 	"github.com/gpuctl/gpuctl/jobspec"
@@ -65,6 +66,10 @@ type Config struct {
 	// run first, one rank per node (e.g. ringtrain --steps 3 --compute-ms 0
 	// --bytes 1M); empty skips it.
 	ValidateCommand []string
+	// Executor runs the jobs' ranks: "nodemon" (default) or "slurm"
+	// (through Slurm's sbatch, scancel and squeue, configured by Slurm).
+	Executor string
+	Slurm    slurm.Config
 	// Jobs tunes the job owner beyond the fields above (tests).
 	Jobs jobs.Config
 	// RunAs decides the accounts submitters may have ranks run as.
@@ -107,6 +112,8 @@ type Server struct {
 	nodes *nodes.Registry
 	jobs  *jobs.Manager
 	stall *stalls.Detector
+	// slurm reads Slurm's view in (--executor slurm); nil otherwise.
+	slurm *slurm.Poller
 	ln    *transport.Listener
 	wg    sync.WaitGroup
 
@@ -228,12 +235,20 @@ func newServer(cfg Config, auth *transport.Authority, st store.Store, policy sch
 	if jc.ValidateCommand == nil {
 		jc.ValidateCommand = cfg.ValidateCommand
 	}
+	sx, err := slurmExecutor(cfg, auth)
+	if err != nil {
+		return nil, err
+	}
+	if sx != nil {
+		jc.Executor = sx
+	}
 	mgr, err := jobs.New(jc)
 	if err != nil {
 		return nil, err
 	}
 	sink.set(mgr)
 	s.jobs = mgr
+	s.slurm = slurmPoller(cfg, sx, reg, mgr)
 	for _, n := range reg.Nodes() {
 		s.hub.PublishNode(n)
 	}
@@ -349,6 +364,13 @@ func (s *Server) run(ctx context.Context) {
 		defer s.wg.Done()
 		s.stall.Run(ctx, s.cfg.StallEvery)
 	}()
+	if s.slurm != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.slurm.Run(ctx)
+		}()
+	}
 	if b, ok := s.store.(*store.Bolt); ok {
 		// Inside the wait group, so the backup at shutdown is written
 		// before the store closes.

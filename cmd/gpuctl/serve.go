@@ -29,6 +29,7 @@ func newServeCmd() *cobra.Command {
 		restore           string
 		runAsDefault      string
 		haf               haFlags
+		slurmTask         string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -46,6 +47,7 @@ certificate and admin.yaml (a client config with an admin certificate) in
 			cfg.Log = log
 			cfg.Commit = buildCommit()
 			cfg.ValidateCommand = strings.Fields(validate)
+			cfg.Slurm.Task = strings.Fields(slurmTask)
 			cfg.RunAs.DefaultUser, cfg.RunAs.DefaultGroup, _ = strings.Cut(runAsDefault, ":")
 			if restore != "" && !haf.enabled() {
 				if err := restoreState(cmd, cfg.DataDir, restore); err != nil {
@@ -122,6 +124,13 @@ certificate and admin.yaml (a client config with an admin certificate) in
 	f.StringVar(&sshf.listen, "ssh-listen", "", "serve the console over SSH on this TCP address, e.g. :2222 (host key in --data-dir)")
 	f.StringVar(&sshf.authorizedKeys, "ssh-authorized-keys", "", "keys allowed into the SSH console, one per line with its role:\nrole=operator ssh-ed25519 AAAA… alice")
 	haf.register(cmd)
+	f.StringVar(&cfg.Executor, "executor", "nodemon", "what runs the jobs' ranks: nodemon, or slurm (sbatch/scancel/squeue; nodemon --slurm-node on every node still traces them)")
+	f.StringVar(&cfg.Slurm.Placement, "slurm-placement", "gpuctl", "with --executor slurm: gpuctl (its scheduler places, Slurm gets --nodelist) or slurm (Slurm picks the nodes)")
+	f.StringVar(&slurmTask, "slurm-task", "nodemon slurm-task", "with --executor slurm: the command srun runs as each task (on the Slurm nodes), before -- and the job's command")
+	f.StringVar(&cfg.Slurm.RunDir, "slurm-run-dir", "/tmp/gpuctl-slurm", "with --executor slurm: where the tasks keep rank logs and exit status, and Slurm the job output (on the Slurm nodes)")
+	f.StringVar(&cfg.Slurm.Partition, "slurm-partition", "", "with --executor slurm: sbatch --partition (default: Slurm's default partition)")
+	f.StringVar(&cfg.Slurm.CLI.Bin, "slurm-bin", "", "with --executor slurm: directory holding sbatch, squeue, … (default: PATH)")
+	f.DurationVar(&cfg.Slurm.Poll, "slurm-poll", time.Second, "with --executor slurm: how often squeue and sinfo are read")
 	return cmd
 }
 

@@ -79,8 +79,9 @@ func rootCmd(run func(o *options) error) *cobra.Command {
 	f.Int64Var(&cfg.LogMaxBytes, "rank-log-max-bytes", agent.DefaultLogMaxBytes, "rotate a rank's log past this size")
 	f.IntVar(&cfg.LogKeep, "rank-log-keep", agent.DefaultLogKeep, "rotated files kept of each rank's log")
 	f.StringVar(&cfg.CgroupRoot, "cgroup-root", agent.DefaultCgroupRoot, "cgroup v2 mount where each job's ranks get a cgroup (gpuctl/<job>/rank-<R>), or off")
+	f.StringVar(&cfg.SlurmNode, "slurm-node", "", "this node's Slurm name (usually --name): report the Slurm tasks on it (SLURMD_NODENAME) as ranks, for gpuctl serve --executor slurm and plain sbatch jobs")
 	f.BoolVar(&cfg.AllowRootRanks, "allow-root-ranks", false, "let ranks run as root (a job that names no user while nodemon runs as root, or names root); refused without it")
-	cmd.AddCommand(newShimCmd())
+	cmd.AddCommand(newShimCmd(), newSlurmTaskCmd())
 	return cmd
 }
 
@@ -158,6 +159,23 @@ func newShimCmd() *cobra.Command {
 			if code := agent.RunShim(args, os.Stderr); code != 0 {
 				os.Exit(code)
 			}
+			return nil
+		},
+	}
+}
+
+// newSlurmTaskCmd is what Slurm runs as each task of a job gpuctl
+// submitted (agent.RunSlurmTask).
+func newSlurmTaskCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:                agent.SlurmTaskCommand + " [--run-dir DIR] -- COMMAND [ARG...]",
+		Short:              "run one rank of a Slurm job gpuctl submitted, with gpuctl's rank environment (srun runs this)",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		SilenceUsage:       true,
+		SilenceErrors:      true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			os.Exit(agent.RunSlurmTask(args, os.Stderr))
 			return nil
 		},
 	}

@@ -21,6 +21,8 @@ type effect func(d *dispatcher)
 type dispatcher struct {
 	send func(ctx context.Context, node string, c *api.Command) (*api.CommandAck, error)
 	log  *slog.Logger
+	// exec, when set, launches and signals attempts instead of nodemon.
+	exec Executor
 
 	mu     sync.Mutex
 	ctx    context.Context

@@ -111,6 +111,9 @@ type Config struct {
 	// RunAs decides which accounts a submitter may have ranks run as, and
 	// the default account.
 	RunAs jobspec.RunAsPolicy
+	// Executor, when set, launches and signals attempts (Slurm); nil:
+	// nodemon does, through the dispatcher.
+	Executor Executor
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -186,6 +189,12 @@ type entry struct {
 	// fences are the lost nodes that may still run an old attempt of the
 	// job: no new attempt starts until each is fenced.
 	fences map[string]fence
+	// retryAt, when set, is when a job the executor could not start is
+	// tried again (retryWhy says why it waits); retries counts the
+	// failures in a row, for the backoff.
+	retryAt  time.Time
+	retryWhy string
+	retries  int
 }
 
 // Manager is the job owner.
@@ -199,6 +208,9 @@ type Manager struct {
 
 	// Everything below belongs to the loop goroutine.
 	jobs map[string]*entry
+	// externals are the executor's jobs gpuctl did not submit (listed,
+	// never scheduled): ExternalJobs.
+	externals map[string]*api.Job
 	// moves are the moves not yet begun; they run one at a time.
 	moves []scheduler.Move
 	// recs are the recoveries in progress, vals the validation gangs.
@@ -234,6 +246,7 @@ func New(cfg Config) (*Manager, error) {
 		waiting: map[launchKey][]chan reply{}, stalled: map[string]bool{}, pass: &txn{}, startedAt: cfg.Now()}
 	m.in.sig = make(chan struct{}, 1)
 	m.disp = newDispatcher(cfg.Nodes.Command, cfg.Log)
+	m.disp.exec = cfg.Executor
 	stored, err := cfg.Store.Jobs()
 	if err != nil {
 		return nil, fmt.Errorf("load jobs: %w", err)
@@ -436,6 +449,12 @@ func (m *Manager) handle(msg any) {
 		m.call(msg)
 	case msgFenced:
 		m.fenced(msg)
+	case msgExecutorFailed:
+		m.executorFailed(msg)
+	case msgExternal:
+		m.external(msg)
+	case msgPlaced:
+		m.placed(msg)
 	default:
 		m.log.Error("job owner got an unknown message", "type", fmt.Sprintf("%T", msg))
 	}
@@ -627,6 +646,10 @@ func (m *Manager) publishView() {
 			v.Jobs = append(v.Jobs, en.committed)
 			v.byID[en.committed.GetId()] = en.committed
 		}
+	}
+	for _, j := range m.externalsSorted() {
+		v.Jobs = append(v.Jobs, j)
+		v.byID[j.GetId()] = j
 	}
 	slices.SortFunc(v.Jobs, func(a, b *api.Job) int {
 		if c := a.GetSubmitUnixNano() - b.GetSubmitUnixNano(); c != 0 {

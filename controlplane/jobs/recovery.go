@@ -355,7 +355,10 @@ func (m *Manager) decide(en *entry, rec *recovery, now time.Time) {
 	j.MoveTarget = jobNodes(&d.Placement)
 	m.save(en)
 	m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "decided to %s: %s", d.Action, d.Reason)
-	if len(d.Added) > 0 && len(m.cfg.ValidateCommand) > 0 {
+	// A validation gang is launched by nodemon itself: under an executor
+	// (Slurm) it would run outside its allocations, so the executor's own
+	// node checks vouch for new nodes instead.
+	if len(d.Added) > 0 && len(m.cfg.ValidateCommand) > 0 && m.cfg.Executor == nil {
 		m.validate(en, rec, now)
 		return
 	}

@@ -114,6 +114,16 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 			}
 		}
 	}
+	for _, j := range m.externals {
+		// Slurm gave these GPUs to a job gpuctl did not submit.
+		for _, jn := range j.GetPlacement() {
+			for _, g := range jn.GetGpus() {
+				if alloc[jn.GetNode()][g] == "" {
+					hold(jn.GetNode(), g, j.GetId())
+				}
+			}
+		}
+	}
 	for _, v := range m.vals {
 		for node, gpu := range v.gpus {
 			if ours[node] == nil {
@@ -169,7 +179,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 			}
 			snap.Running = append(snap.Running, rj)
 		case api.JobState_JOB_STATE_PENDING:
-			if !j.GetHold() {
+			if !j.GetHold() && !now.Before(en.retryAt) {
 				snap.Pending = append(snap.Pending, m.request(en))
 			}
 		}
@@ -509,9 +519,7 @@ func (m *Manager) signalAttempt(id string, attempt uint32, nodes []string, sig s
 	}
 	log, timeout := m.log, m.cfg.SignalTimeout
 	m.act(func(d *dispatcher) {
-		d.fanOut(nodes, func(string) *api.Command {
-			return &api.Command{Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: id, Signal: sig, Attempt: attempt}}}
-		}, timeout, func(errs map[string]error) {
+		d.signalOn(id, attempt, nodes, sig, timeout, func(errs map[string]error) {
 			for node, err := range errs {
 				log.Warn("signal ranks", "job", id, "node", node, "signal", sig, "err", err)
 			}
@@ -684,13 +692,11 @@ func (m *Manager) launch(en *entry) {
 		launches[jn.GetNode()] = l
 		nodes = append(nodes, jn.GetNode())
 	}
-	id, attempt := j.GetId(), j.GetAttempt()
+	id, attempt, exclude := j.GetId(), j.GetAttempt(), slices.Clone(j.GetExclude())
 	m.log.Info("job starting", "job", id, "attempt", attempt, "nodes", nodes, "master", fmt.Sprintf("%s:%d", j.GetMasterAddr(), j.GetMasterPort()))
 	timeout, post := m.cfg.CommandTimeout, m.in.post
 	m.act(func(d *dispatcher) {
-		d.fanOut(nodes, func(node string) *api.Command {
-			return &api.Command{Body: &api.Command_Launch{Launch: launches[node]}}
-		}, timeout, func(errs map[string]error) {
+		d.launchOn(AttemptLaunch{Job: id, Attempt: attempt, Nodes: nodes, Ranks: launches, Exclude: exclude}, timeout, func(errs map[string]error) {
 			post(msgLaunched{job: id, attempt: attempt, errs: errs})
 		})
 	})
@@ -700,21 +706,37 @@ func (m *Manager) launch(en *entry) {
 // fails the attempt (its ranks there never started; the others stop).
 func (m *Manager) launched(msg msgLaunched) {
 	defer m.answer(launchKey{msg.job, msg.attempt})
+	en := m.jobs[msg.job]
 	if len(msg.errs) == 0 {
+		if en != nil {
+			en.retries = 0
+		}
 		return
 	}
-	en := m.jobs[msg.job]
 	if en == nil || en.job.GetAttempt() != msg.attempt {
 		return
 	}
 	j := en.job
+	// Nodes refused only because another node was (an executor starts
+	// the attempt whole) are not to blame.
+	blamed := map[string]error{}
+	for node, err := range msg.errs {
+		if !errors.Is(err, ErrNotStarted) {
+			blamed[node] = err
+		}
+	}
+	if len(blamed) == 0 {
+		blamed = msg.errs
+	}
 	var msgs []string
 	for _, jn := range j.GetPlacement() {
 		err, ok := msg.errs[jn.GetNode()]
 		if !ok {
 			continue
 		}
-		msgs = append(msgs, fmt.Sprintf("%s: %v", jn.GetNode(), err))
+		if _, ok := blamed[jn.GetNode()]; ok {
+			msgs = append(msgs, fmt.Sprintf("%s: %v", jn.GetNode(), err))
+		}
 		for _, r := range jn.GetRanks() {
 			if !r.GetExited() && r.GetPid() == 0 {
 				r.Exited, r.ExitCode, r.Signal = true, -1, "not launched"
@@ -723,9 +745,14 @@ func (m *Manager) launched(msg msgLaunched) {
 	}
 	m.save(en)
 	if active(j) {
-		refused := slices.Sorted(mapKeys(msg.errs))
+		refused := slices.Sorted(mapKeys(blamed))
 		why := "launch failed on " + strings.Join(msgs, "; ")
-		if jobFaults(msg.errs) {
+		if executorUnavailable(blamed) {
+			m.requeueUnlaunched(en, blamed[refused[0]].Error(), m.now())
+			m.kick()
+			return
+		}
+		if jobFaults(blamed) {
 			// The job's own fault (a typo in its command, a user the node
 			// lacks): no node is to blame, and a restart would fail the
 			// same way.
@@ -834,6 +861,8 @@ func (m *Manager) explain(now time.Time, started map[string]bool, never map[stri
 			why = fmt.Sprintf("held: place it with `gpuctl assign %s --nodes …` or let the scheduler with `gpuctl release %s`", j.GetId(), j.GetId())
 		case never[j.GetId()] != "":
 			why = never[j.GetId()]
+		case now.Before(en.retryAt):
+			why = fmt.Sprintf("tried again at %s: %s", en.retryAt.UTC().Format(time.TimeOnly), en.retryWhy)
 		case explained >= m.cfg.MaxExplained:
 			why = "queued"
 		default:

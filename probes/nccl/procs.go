@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/procfs"
 )
 
@@ -137,9 +138,21 @@ type procEnv struct {
 
 // parseEnviron picks gpuctl's variables out of a NUL-separated
 // /proc/PID/environ. The first of duplicate names wins, as with glibc's getenv.
-func parseEnviron(b []byte) procEnv {
-	env := procEnv{rank: -1}
+func parseEnviron(b []byte) (env procEnv) {
+	env = procEnv{rank: -1}
 	seen := make(map[string]bool, 3)
+	slurm := map[string]string{}
+	defer func() {
+		// A task of a Slurm job submitted without gpuctl: its job is
+		// api.SlurmJobName's, its rank SLURM_PROCID, its node the slurmd's.
+		if _, isJob := seen[EnvJob]; isJob || slurm["SLURM_JOB_ID"] == "" || slurm["SLURM_PROCID"] == "" {
+			return
+		}
+		env.job, env.node = api.SlurmJobName(slurm["SLURM_JOB_ID"]), slurm["SLURMD_NODENAME"]
+		if r, err := strconv.ParseInt(slurm["SLURM_PROCID"], 10, 32); err == nil && r >= 0 {
+			env.rank = int32(r)
+		}
+	}()
 	for kv := range bytes.SplitSeq(b, []byte{0}) {
 		k, v, ok := bytes.Cut(kv, []byte{'='})
 		if !ok || seen[string(k)] {
@@ -150,6 +163,10 @@ func parseEnviron(b []byte) procEnv {
 			seen[string(k)] = true
 		}
 		switch string(k) {
+		case "SLURM_JOB_ID", "SLURM_PROCID", "SLURMD_NODENAME":
+			if _, ok := slurm[string(k)]; !ok {
+				slurm[string(k)] = string(v)
+			}
 		case EnvJob:
 			env.job = string(v)
 		case EnvCluster:

@@ -20,6 +20,9 @@ func TestParseEnviron(t *testing.T) {
 		{"value with =", "GPUCTL_JOB=a=b\x00", procEnv{job: "a=b", rank: -1}},
 		{"no separator", "GARBAGE\x00RANK=0", procEnv{rank: 0}},
 		{"empty", "", procEnv{rank: -1}},
+		{"plain Slurm task", "SLURM_JOB_ID=7\x00SLURM_PROCID=2\x00SLURMD_NODENAME=node3\x00", procEnv{job: "slurm-7", rank: 2, node: "node3"}},
+		{"gpuctl's rank under Slurm", "SLURM_JOB_ID=7\x00SLURM_PROCID=2\x00SLURMD_NODENAME=node3\x00GPUCTL_JOB=j\x00RANK=5\x00GPUCTL_NODE=node3\x00",
+			procEnv{job: "j", rank: 5, node: "node3"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := parseEnviron([]byte(tc.in)); got != tc.want {

@@ -1,0 +1,206 @@
+package agent
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/procfs"
+)
+
+// Ranks that Slurm starts are not nodemon's children: nodemon finds them
+// in /proc by their environment (SLURM_JOB_ID, SLURM_PROCID and
+// SLURMD_NODENAME, which tells apart the nodes of several slurmd on one
+// host) and reports them like the ranks it launched. A task of a job gpuctl
+// submitted runs the rank shim (nodemon slurm-task), whose status file
+// gives the real exit status; a task of a job submitted with plain sbatch
+// is reported as rank SLURM_PROCID of job api.SlurmJobName(id), its exit
+// status unknown.
+
+// slurmTask is what a task's environment says of it.
+type slurmTask struct {
+	slurmJob string
+	job      string
+	attempt  uint32
+	rank     int32
+	local    int32
+	gpus     []uint32
+	// logPath and statusPath are the shim's (gpuctl's jobs only).
+	logPath, statusPath string
+	ckptDir             string
+	// shimmed: a gpuctl job's task, whose process is the rank shim.
+	shimmed bool
+}
+
+// slurmTaskOf reads a process environment: ok when it is a Slurm task of
+// node. env holds the first value of each name, as getenv reads it.
+func slurmTaskOf(env map[string]string, node string) (slurmTask, bool) {
+	id, procID := env["SLURM_JOB_ID"], env["SLURM_PROCID"]
+	if id == "" || procID == "" || env["SLURMD_NODENAME"] != node || node == "" {
+		return slurmTask{}, false
+	}
+	if env["SLURM_STEP_ID"] == "" {
+		// The batch script itself (or its non-srun children): not a rank.
+		return slurmTask{}, false
+	}
+	if env[api.SlurmLaunchEnv] != "" {
+		// nodemon slurm-task before it execs the rank shim: found again,
+		// as the shim, on a later scan.
+		return slurmTask{}, false
+	}
+	t := slurmTask{slurmJob: id}
+	if status := env[api.SlurmStatusEnv]; status != "" && env["GPUCTL_JOB"] != "" {
+		rank, err1 := strconv.Atoi(env["RANK"])
+		local, err2 := strconv.Atoi(env["LOCAL_RANK"])
+		attempt, err3 := strconv.Atoi(env["GPUCTL_ATTEMPT"])
+		if err1 != nil || err2 != nil || err3 != nil || rank < 0 || local < 0 || attempt < 0 {
+			return slurmTask{}, false
+		}
+		t.job, t.rank, t.local, t.attempt = env["GPUCTL_JOB"], int32(rank), int32(local), uint32(attempt)
+		t.logPath, t.statusPath, t.ckptDir, t.shimmed = env[api.SlurmLogEnv], status, env["GPUCTL_CHECKPOINT_DIR"], true
+		t.gpus = parseGPUs(env["CUDA_VISIBLE_DEVICES"])
+		return t, true
+	}
+	rank, err := strconv.Atoi(procID)
+	if err != nil || rank < 0 {
+		return slurmTask{}, false
+	}
+	local, _ := strconv.Atoi(env["SLURM_LOCALID"])
+	restarts, _ := strconv.Atoi(env["SLURM_RESTART_COUNT"])
+	t.job, t.rank, t.local, t.attempt = api.SlurmJobName(id), int32(rank), int32(local), uint32(restarts+1)
+	t.gpus = parseGPUs(env["CUDA_VISIBLE_DEVICES"])
+	return t, true
+}
+
+func parseGPUs(s string) []uint32 {
+	var out []uint32
+	for _, f := range strings.Split(s, ",") {
+		if n, err := strconv.ParseUint(strings.TrimSpace(f), 10, 32); err == nil {
+			out = append(out, uint32(n))
+		}
+	}
+	return out
+}
+
+// readEnv reads /proc/PID/environ: the first value of each name.
+func readEnv(root string, pid int) (map[string]string, error) {
+	b, err := os.ReadFile(filepath.Join(root, strconv.Itoa(pid), "environ"))
+	if err != nil {
+		return nil, err
+	}
+	env := map[string]string{}
+	for kv := range bytes.SplitSeq(b, []byte{0}) {
+		k, v, ok := bytes.Cut(kv, []byte{'='})
+		if ok {
+			if _, dup := env[string(k)]; !dup {
+				env[string(k)] = string(v)
+			}
+		}
+	}
+	return env, nil
+}
+
+func comm(root string, pid int) string {
+	b, _ := os.ReadFile(filepath.Join(root, strconv.Itoa(pid), "comm"))
+	return strings.TrimSpace(string(b))
+}
+
+// scanSlurm adopts the Slurm tasks of this node it does not know yet:
+// processes whose parent is slurmstepd (the task itself, not what it
+// starts). For a shimmed task the rank is the shim's child.
+func (x *Executor) scanSlurm(now time.Time) {
+	root := x.opts.ProcRoot
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return
+	}
+	x.mu.Lock()
+	known := map[int]bool{}
+	for _, p := range x.liveLocked() {
+		known[p.rec.ShimPID], known[p.rec.PID] = true, true
+	}
+	x.mu.Unlock()
+	children := map[int][]procfs.Stat{}
+	var tasks []procfs.Stat
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		st, err := procfs.ReadStat(root, pid)
+		if err != nil || st.Exited() {
+			continue
+		}
+		children[st.PPID] = append(children[st.PPID], st)
+		if !known[pid] && st.PPID > 1 && comm(root, st.PPID) == "slurmstepd" {
+			tasks = append(tasks, st)
+		}
+	}
+	for _, st := range tasks {
+		env, err := readEnv(root, st.PID)
+		if err != nil {
+			continue
+		}
+		t, ok := slurmTaskOf(env, x.opts.SlurmNode)
+		if !ok {
+			continue
+		}
+		rec := rankRecord{Job: t.job, Attempt: t.attempt, Rank: t.rank, LocalRank: t.local, GPUs: t.gpus,
+			PID: st.PID, StartTicks: st.StartTicks, ShimPID: st.PID, ShimStartTicks: st.StartTicks,
+			LogPath: t.logPath, StatusPath: t.statusPath, CheckpointDir: t.ckptDir,
+			LastCheckpointStep: -1, CheckpointReported: -1, LaunchedUnixNano: now.UnixNano(), SlurmJob: t.slurmJob}
+		if t.shimmed {
+			kids := children[st.PID]
+			if len(kids) == 0 {
+				continue // the shim has not started the rank yet: next poll
+			}
+			rec.PID, rec.StartTicks = kids[0].PID, kids[0].StartTicks
+		} else if out, err := os.Readlink(filepath.Join(root, strconv.Itoa(st.PID), "fd", "1")); err == nil && strings.HasPrefix(out, "/") {
+			// A plain sbatch job's rank prints into Slurm's output file.
+			rec.LogPath = out
+		}
+		x.adoptSlurm(rec, t.slurmJob, now)
+	}
+}
+
+func (x *Executor) adoptSlurm(rec rankRecord, slurmJob string, now time.Time) {
+	p := &rankProc{rec: rec, adopted: true, done: make(chan struct{}), tail: openLogTail(rec.LogPath), parser: newLogParser()}
+	if err := p.tail.catchUp(p.parser, rec.PID, now); err != nil {
+		x.log.Warn("read Slurm rank's log", "job", rec.Job, "rank", rec.Rank, "err", err)
+	}
+	x.mu.Lock()
+	if x.closed {
+		x.mu.Unlock()
+		return
+	}
+	if old := x.ranks[rec.Job][rec.Rank]; old != nil && !old.exited() {
+		x.mu.Unlock()
+		return
+	}
+	if x.ranks[rec.Job] == nil {
+		x.ranks[rec.Job] = map[int32]*rankProc{}
+	}
+	x.ranks[rec.Job][rec.Rank] = p
+	if rec.Rank == 0 && rec.CheckpointDir != "" {
+		w := newCkptWatch(rec.CheckpointDir, readMarker(rec.CheckpointDir))
+		x.ckpt[rec.Job] = w
+		p.rec.CheckpointReported = w.reported
+	}
+	x.saveLocked()
+	x.mu.Unlock()
+	if x.OnAdopt != nil {
+		x.OnAdopt(rec.PID)
+	}
+	x.log.Info("Slurm rank found", "job", rec.Job, "slurm_job", slurmJob, "rank", rec.Rank, "pid", rec.PID, "attempt", rec.Attempt)
+	x.opts.OnEvent(&api.Event{
+		TimeUnixNano: now.UnixNano(), Kind: api.EventKind_EVENT_KIND_JOB, Severity: api.Severity_SEVERITY_INFO,
+		Pid: uint32(rec.PID), Job: rec.Job, Rank: rec.Rank,
+		Attrs:   map[string]string{"attempt": strconv.Itoa(int(rec.Attempt)), "slurm_job": slurmJob},
+		Message: fmt.Sprintf("rank %d started (pid %d, attempt %d, Slurm job %s)", rec.Rank, rec.PID, rec.Attempt, slurmJob),
+	})
+}

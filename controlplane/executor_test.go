@@ -1,0 +1,34 @@
+package controlplane
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/gpuctl/gpuctl/controlplane/slurm"
+)
+
+// TestExecutorConfig: an unknown executor or Slurm placement is refused at
+// start, saying what to use.
+func TestExecutorConfig(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Executor: "pbs"}, "use nodemon or slurm"},
+		{Config{Executor: "slurm", Slurm: slurm.Config{Placement: "random"}}, "--slurm-placement \"random\""},
+	} {
+		tc.cfg.DataDir, tc.cfg.Listen = t.TempDir(), "127.0.0.1:0"
+		s, err := New(tc.cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			if s != nil {
+				s.store.Close()
+			}
+			t.Errorf("New(%+v) err = %v, want %q", tc.cfg.Slurm, err, tc.want)
+		}
+	}
+	s, err := New(Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Executor: "slurm", Slurm: slurm.Config{RunDir: t.TempDir()}})
+	if err != nil || s.slurm == nil {
+		t.Fatalf("New with --executor slurm: %v (poller %v)", err, s != nil && s.slurm != nil)
+	}
+	s.store.Close()
+}
