@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/scheduler"
 )
@@ -143,9 +145,32 @@ func TestExternalJobsListed(t *testing.T) {
 	h := newHarness(t, scheduler.DefaultPolicy, threeNodes()...)
 	withExecutor(h)
 	ext := &api.Job{Id: "slurm-7", Name: "plain", State: api.JobState_JOB_STATE_RUNNING,
-		Placement: []*api.JobNode{{Node: "n2", Ranks: []*api.JobRank{{Rank: 0, Pid: 99}}}}}
+		Placement: []*api.JobNode{{Node: "n2", Gpus: []uint32{0, 1}, Ranks: []*api.JobRank{{Rank: 0, Pid: 99}}}}}
 	h.m.ExternalJobs([]*api.Job{ext})
 	h.reconcile()
+	busy := func() []int {
+		var out []int
+		for _, n := range h.m.snapshot(h.clock.now()).Nodes {
+			for _, g := range n.GPUs {
+				if n.Name == "n2" && g.Job == "slurm-7" {
+					out = append(out, g.Index)
+				}
+			}
+		}
+		return out
+	}
+	if got := busy(); !slices.Equal(got, []int{0, 1}) {
+		t.Errorf("GPUs of n2 Slurm gave the plain job, as the scheduler sees them: %v, want 0, 1", got)
+	}
+	done := proto.Clone(ext).(*api.Job)
+	done.State = api.JobState_JOB_STATE_SUCCEEDED
+	h.m.ExternalJobs([]*api.Job{done})
+	h.settle()
+	if got := busy(); len(got) != 0 {
+		t.Errorf("an ended plain job still holds GPUs %v", got)
+	}
+	h.m.ExternalJobs([]*api.Job{ext})
+	h.settle()
 	if j, err := h.m.Lookup("plain"); err != nil || j.GetId() != "slurm-7" || j.GetState() != api.JobState_JOB_STATE_RUNNING {
 		t.Fatalf("lookup plain: %v %v", j, err)
 	}

@@ -115,6 +115,9 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 		}
 	}
 	for _, j := range m.externals {
+		if j.GetState() != api.JobState_JOB_STATE_RUNNING {
+			continue // ended: squeue --states=all lists it a while longer
+		}
 		// Slurm gave these GPUs to a job gpuctl did not submit.
 		for _, jn := range j.GetPlacement() {
 			for _, g := range jn.GetGpus() {

@@ -296,7 +296,7 @@ func (x *Executor) Signal(ctx context.Context, job string, attempt uint32, nodes
 
 // Refresh learns the Slurm ids of gpuctl's jobs from squeue.
 func (x *Executor) Refresh(ctx context.Context) error {
-	out, err := x.cfg.CLI.Run(ctx, nil, nil, "squeue", "-h", "-o", QueueFormat)
+	out, err := x.cfg.CLI.Run(ctx, nil, nil, "squeue", "-h", "--states=all", "-o", QueueFormat)
 	if err != nil {
 		return err
 	}

@@ -97,7 +97,7 @@ func (p *Poller) Once(ctx context.Context) {
 		p.syncNodes(cctx, states)
 	}
 	var queue []QueueJob
-	out, err = cli.Run(cctx, nil, nil, "squeue", "-h", "-o", QueueFormat)
+	out, err = cli.Run(cctx, nil, nil, "squeue", "-h", "--states=all", "-o", QueueFormat)
 	if err == nil {
 		queue, err = ParseSqueue(out)
 	}
