@@ -43,14 +43,17 @@ func ExpandHostlist(s string) ([]string, error) {
 }
 
 // splitTop splits at commas outside brackets.
-func splitTop(s string) []string {
+func splitTop(s string) []string { return splitOutside(s, '[', ']') }
+
+// splitOutside splits s at commas not between open and close.
+func splitOutside(s string, open, close rune) []string {
 	var out []string
 	depth, start := 0, 0
 	for i, r := range s {
 		switch r {
-		case '[':
+		case open:
 			depth++
-		case ']':
+		case close:
 			depth--
 		case ',':
 			if depth == 0 {

@@ -415,24 +415,7 @@ func GRESGPUs(gres string) []uint32 {
 }
 
 // splitGRES splits a GRES list at commas outside parentheses.
-func splitGRES(s string) []string {
-	var out []string
-	depth, start := 0, 0
-	for i, r := range s {
-		switch r {
-		case '(':
-			depth++
-		case ')':
-			depth--
-		case ',':
-			if depth == 0 {
-				out = append(out, s[start:i])
-				start = i + 1
-			}
-		}
-	}
-	return append(out, s[start:])
-}
+func splitGRES(s string) []string { return splitOutside(s, '(', ')') }
 
 // ExternalJob is how gpuctl lists a Slurm job it did not submit; info (may
 // be nil) is its scontrol show job -d.
