@@ -66,7 +66,7 @@ func DecodeSlurmLaunch(s string) ([]SlurmNodeLaunch, error) {
 		if !ok {
 			return nil, fmt.Errorf("%s part %d: want NODE:BASE64", SlurmLaunchEnv, i)
 		}
-		b, err := base64.RawURLEncoding.DecodeString(enc)
+		b, err := DecodeBase64URL(enc)
 		if err != nil {
 			return nil, fmt.Errorf("%s part %d: %w", SlurmLaunchEnv, i, err)
 		}

@@ -47,7 +47,7 @@ func TestSlurmLaunchRoundTripAndTaskPick(t *testing.T) {
 	if l, r, err := SlurmTask(placed, "node7", "1", "0", "10.0.0.7"); err != nil || r.GetRank() != 2 || l.GetMasterAddr() != "10.0.0.7" || parts[1].Launch.GetMasterAddr() != "" {
 		t.Errorf("SlurmTask by node id = %v %v, %v", l, r, err)
 	}
-	for _, bad := range []string{"", "node1", "node1:!!", "node1:AAEC"} {
+	for _, bad := range []string{"", "node1", "node1:!!", "node1:AAEC", "node1:CgFq\n", "node1:Cg\rFq", "node1:CgFq=="} {
 		if _, err := DecodeSlurmLaunch(bad); err == nil {
 			t.Errorf("DecodeSlurmLaunch(%q) = nil error", bad)
 		}
@@ -61,6 +61,11 @@ func FuzzDecodeSlurmLaunch(f *testing.F) {
 		parts, err := DecodeSlurmLaunch(s)
 		if err != nil {
 			return
+		}
+		for _, item := range strings.Split(s, ",") {
+			if _, enc, _ := strings.Cut(item, ":"); strings.ContainsAny(enc, "\r\n=") {
+				t.Fatalf("DecodeSlurmLaunch(%q) accepted %q, which is not unpadded base64url", s, enc)
+			}
 		}
 		if l, r, err := SlurmTask(parts, node, nodeID, local, ""); err == nil && (l == nil || r == nil) {
 			t.Fatal("SlurmTask: nil launch without an error")

@@ -35,7 +35,7 @@ const (
 	maxTokenTTL  = 365 * 24 * time.Hour
 )
 
-var tokenMACEncoding = base64.RawURLEncoding.Strict()
+var tokenMACEncoding = base64.RawURLEncoding
 
 // Token is a parsed join token. Parsing checks only its form; the server
 // checks the signature and expiry with VerifyToken.
@@ -72,8 +72,8 @@ func ParseToken(s string) (Token, error) {
 		return Token{}, fmt.Errorf("%w: expiry: %v", ErrTokenMalformed, err)
 	}
 	t.Expiry = time.Unix(sec, 0)
-	if t.mac, err = tokenMACEncoding.DecodeString(parts[3]); err != nil || len(t.mac) != sha256.Size {
-		return Token{}, fmt.Errorf("%w: signature must be %d bytes of unpadded base64url", ErrTokenMalformed, sha256.Size)
+	if t.mac, err = api.DecodeBase64URL(parts[3]); err != nil || len(t.mac) != sha256.Size {
+		return Token{}, fmt.Errorf("%w: signature must be %d bytes of unpadded base64url (A-Z a-z 0-9 - _): copy the token as one line", ErrTokenMalformed, sha256.Size)
 	}
 	if !isLowerHex(parts[4], 2*sha256.Size) {
 		return Token{}, fmt.Errorf("%w: CA hash must be %d lowercase hex digits", ErrTokenMalformed, 2*sha256.Size)

@@ -60,6 +60,9 @@ func TestVerifyToken(t *testing.T) {
 		{"leading zero expiry", tampered(good, 2, "0"+strings.Split(good, ".")[2]), ErrTokenMalformed, "expiry"},
 		{"signed expiry", tampered(good, 2, "+1"), ErrTokenMalformed, "expiry"},
 		{"padded mac", tampered(good, 3, strings.Split(good, ".")[3]+"="), ErrTokenMalformed, "signature"},
+		{"newline inside mac", tampered(good, 3, strings.Split(good, ".")[3][:10]+"\n"+strings.Split(good, ".")[3][10:]), ErrTokenMalformed, "as one line"},
+		{"carriage return inside mac", tampered(good, 3, "\r"+strings.Split(good, ".")[3]), ErrTokenMalformed, "as one line"},
+		{"space inside mac", tampered(good, 3, strings.Split(good, ".")[3][:5]+" "+strings.Split(good, ".")[3][5:]), ErrTokenMalformed, "signature"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
