@@ -6558,8 +6558,12 @@ type Job struct {
 	CheckpointSteps []int64 `protobuf:"varint,44,rep,packed,name=checkpoint_steps,json=checkpointSteps,proto3" json:"checkpoint_steps,omitempty"`
 	// The submit's idempotency key, when the client gave one.
 	IdempotencyKey string `protobuf:"bytes,45,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Lost nodes that may still run an old attempt of the job: no attempt
+	// starts until each is fenced (came back without it, killed it, or its
+	// lease passed). Kept so that a restarted server waits for them too.
+	FencedNodes   []string `protobuf:"bytes,46,rep,name=fenced_nodes,json=fencedNodes,proto3" json:"fenced_nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -6905,6 +6909,13 @@ func (x *Job) GetIdempotencyKey() string {
 		return x.IdempotencyKey
 	}
 	return ""
+}
+
+func (x *Job) GetFencedNodes() []string {
+	if x != nil {
+		return x.FencedNodes
+	}
+	return nil
 }
 
 // JobAttempt is one launch of a job.
@@ -10486,7 +10497,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\aJobNode\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12(\n" +
-	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\x95\r\n" +
+	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xb8\r\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -10539,7 +10550,8 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\battempts\x18* \x03(\v2\x15.gpuctl.v1.JobAttemptR\battempts\x12\x1b\n" +
 	"\tfull_gpus\x18+ \x01(\x05R\bfullGpus\x12)\n" +
 	"\x10checkpoint_steps\x18, \x03(\x03R\x0fcheckpointSteps\x12'\n" +
-	"\x0fidempotency_key\x18- \x01(\tR\x0eidempotencyKey\"\xee\x02\n" +
+	"\x0fidempotency_key\x18- \x01(\tR\x0eidempotencyKey\x12!\n" +
+	"\ffenced_nodes\x18. \x03(\tR\vfencedNodes\"\xee\x02\n" +
 	"\n" +
 	"JobAttempt\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\rR\aattempt\x12&\n" +
