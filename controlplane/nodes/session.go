@@ -112,7 +112,8 @@ func (ns *session) handshake(ctx context.Context) error {
 		st.Send(&api.ServerMessage{Body: &api.ServerMessage_Welcome{Welcome: &api.Welcome{Version: api.CurrentVersion(), Error: err.Error(), Features: need}}})
 		return err
 	}
-	ns.features = slices.DeleteFunc(have, func(f string) bool { return !slices.Contains(ns.r.usedFeatures(), f) })
+	used := ns.r.usedFeatures()
+	ns.features = slices.DeleteFunc(have, func(f string) bool { return !slices.Contains(used, f) })
 	last, err := ns.r.cfg.Store.LastNodeEventSeq(ns.name)
 	if err != nil {
 		return err
@@ -231,11 +232,10 @@ func (r *Registry) neededFeatures() []string {
 // usedFeatures are the features this server uses with a node that has
 // them.
 func (r *Registry) usedFeatures() []string {
-	used := slices.DeleteFunc(api.NodeFeatures(), func(f string) bool { return f == api.FeatureLease })
 	if r.cfg.Lease > 0 {
-		used = append(used, api.FeatureLease)
+		return api.NodeFeatures()
 	}
-	return used
+	return slices.DeleteFunc(api.NodeFeatures(), func(f string) bool { return f == api.FeatureLease })
 }
 
 // uses reports whether this session uses feature f with the node.
