@@ -74,10 +74,13 @@ func TestHandshakeRefusals(t *testing.T) {
 	}{
 		{"unknown major version", &api.Version{Major: api.ProtocolMajor + 1}, "", "protocol v2"},
 		{"registration under another name", api.CurrentVersion(), "someone-else", "certificate names"},
+		// A v1.1 nodemon that lists no features may not fence one attempt
+		// alone: it is refused at hello, told to upgrade.
+		{"v1.1 without features", &api.Version{Major: 1, Minor: 1}, "", "protocol v1.1 without fence"},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			node := []string{"n-a", "n-b"}[i]
+			node := []string{"n-a", "n-b", "n-c"}[i]
 			_, st := fakeNode(t, s, node)
 			if err := st.Send(&api.AgentMessage{Body: &api.AgentMessage_Hello{Hello: &api.Hello{Version: tc.version}}}); err != nil {
 				t.Fatal(err)
