@@ -386,7 +386,7 @@ func (a *Agent) handshake(ctx context.Context, conn *transport.Conn, reg *api.No
 	// in this session cannot end before now plus the lease.
 	hello := time.Now()
 	if err := control.Send(&api.AgentMessage{Body: &api.AgentMessage_Hello{Hello: &api.Hello{
-		Version: api.CurrentVersion(), Role: "node", Software: "nodemon " + Version}}}); err != nil {
+		Version: api.CurrentVersion(), Role: "node", Software: "nodemon " + Version, Features: api.NodeFeatures()}}}); err != nil {
 		return nil, 0, fmt.Errorf("send hello: %w", err)
 	}
 	var m api.ServerMessage
@@ -413,10 +413,10 @@ func (a *Agent) handshake(ctx context.Context, conn *transport.Conn, reg *api.No
 
 // welcomeError reads a welcome's refusal. A standby names the leader, or
 // none while no leader is elected: a *transport.NotLeaderError, to go on
-// with. A refusal from a server of another protocol version is final (a
-// *transport.RefusedError): no server of that release will take this
-// node. (The version check is the only refusal a leader sends in a
-// welcome.)
+// with. A refusal from a server of another protocol version, or one that
+// needs a feature this nodemon lacks, is final (a *transport.RefusedError):
+// no server of that release will take this node. (The version and the
+// features are the only refusals a leader sends in a welcome.)
 func welcomeError(w *api.Welcome) error {
 	msg := w.GetError()
 	switch {
@@ -424,7 +424,8 @@ func welcomeError(w *api.Welcome) error {
 		return nil
 	case w.GetLeaderAddr() != "":
 		return &transport.NotLeaderError{Leader: w.GetLeaderAddr(), Reason: msg}
-	case api.CheckVersion(w.GetVersion()) != nil:
+	case api.CheckVersion(w.GetVersion()) != nil,
+		len(api.MissingFeatures(api.NodeFeatures(), w.GetFeatures())) > 0:
 		return &transport.RefusedError{Reason: msg}
 	}
 	return &transport.NotLeaderError{Reason: msg}

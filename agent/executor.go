@@ -236,6 +236,9 @@ func NewExecutor(opts ExecutorOptions) (*Executor, error) {
 	if err := x.recoverRanks(); err != nil {
 		return nil, err
 	}
+	x.mu.Lock()
+	x.dropStaleLeasesLocked()
+	x.mu.Unlock()
 	x.wg.Add(1)
 	go x.monitor()
 	return x, nil
@@ -336,6 +339,7 @@ func (x *Executor) Launch(l *api.LaunchRanks) error {
 		}
 		p, err := x.start(l, r, exe, cred, leasePath)
 		if err != nil {
+			x.dropLeaseLocked(l.GetJob(), l.GetAttempt())
 			return err
 		}
 		running[r.GetRank()] = p
@@ -822,6 +826,24 @@ func (x *Executor) dropLeaseLocked(job string, attempt uint32) {
 	}
 	if err := os.Remove(x.leasePath(job, attempt)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		x.log.Warn("remove lease file", "job", job, "attempt", attempt, "err", err)
+	}
+}
+
+// dropStaleLeasesLocked removes, once the ranks are adopted, the lease
+// files of attempts with no rank here: left by ranks that ended while
+// nodemon was down (it never saw them exit) or by a nodemon older than
+// this cleanup. No shim reads them any more.
+func (x *Executor) dropStaleLeasesLocked() {
+	paths, err := filepath.Glob(filepath.Join(x.runDir, "*", "lease-*"))
+	if err != nil {
+		return
+	}
+	for _, path := range paths {
+		attempt, err := strconv.ParseUint(strings.TrimPrefix(filepath.Base(path), "lease-"), 10, 32)
+		if err != nil {
+			continue // not a lease file of ours
+		}
+		x.dropLeaseLocked(filepath.Base(filepath.Dir(path)), uint32(attempt))
 	}
 }
 

@@ -196,3 +196,51 @@ func alive(pid uint32) bool {
 	// A zombie is dead, only not yet reaped.
 	return err == nil && !strings.Contains(string(b), ") Z ")
 }
+
+// TestLeftoverLeaseFilesAreCleaned: a restarted nodemon removes the lease
+// files of attempts that have no rank left here (one whose rank was
+// killed while nodemon was down, one an older nodemon left behind), and
+// keeps those of the ranks it adopts.
+func TestLeftoverLeaseFilesAreCleaned(t *testing.T) {
+	dir := t.TempDir()
+	first := newTestExecutor(t, dir)
+	first.x.BeginLease(time.Minute, time.Now())
+	for _, l := range []*api.LaunchRanks{sleepJob("kept", 2, 0), sleepJob("gone", 1, 1)} {
+		if err := first.x.Launch(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first.x.mu.Lock()
+	kept, gone := first.x.ranks["kept"][0].rec, first.x.ranks["gone"][1].rec
+	first.x.mu.Unlock()
+	killOnCleanup(t, kept.PID)
+	killOnCleanup(t, gone.PID)
+	run := filepath.Join(dir, "run")
+	older := filepath.Join(run, "older", "lease-7")
+	if err := os.MkdirAll(filepath.Dir(older), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeLease(older, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	crash(first)
+	syscall.Kill(-gone.PID, syscall.SIGKILL)
+	eventually(t, "the killed rank's shim gone", 10*time.Second, func() bool {
+		return !processAlive("/proc", gone.ShimPID, gone.ShimStartTicks)
+	})
+	for _, f := range []string{"kept/lease-2", "gone/lease-1"} {
+		if _, err := os.Stat(filepath.Join(run, f)); err != nil {
+			t.Fatalf("before the restart: %v", err)
+		}
+	}
+
+	newTestExecutor(t, dir)
+	if _, err := os.Stat(filepath.Join(run, "kept", "lease-2")); err != nil {
+		t.Errorf("the adopted rank's lease file: %v", err)
+	}
+	for _, f := range []string{"gone/lease-1", "older/lease-7"} {
+		if _, err := os.Stat(filepath.Join(run, f)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after the restart: %v, want it removed", f, err)
+		}
+	}
+}

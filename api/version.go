@@ -3,10 +3,11 @@ package api
 import "fmt"
 
 // Protocol version spoken by this build. A peer with another major version
-// is refused; minor versions only add fields.
+// is refused; minor versions only add fields. v1.3 added the features of
+// Hello and Welcome (features.go).
 const (
 	ProtocolMajor = 1
-	ProtocolMinor = 2
+	ProtocolMinor = 3
 )
 
 // CurrentVersion is the version this build sends in Hello.

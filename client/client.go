@@ -176,15 +176,6 @@ func (c *Client) GPUHistory(ctx context.Context, node string, gpu int) ([]*api.G
 	return r.GetGpuHistory().GetSamples(), nil
 }
 
-// CreateToken makes a join token valid for ttl.
-func (c *Client) CreateToken(ctx context.Context, ttl time.Duration) (string, time.Time, error) {
-	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_CreateToken{CreateToken: &api.CreateTokenRequest{TtlSeconds: int64(ttl / time.Second)}}})
-	if err != nil {
-		return "", time.Time{}, err
-	}
-	return r.GetCreateToken().GetToken(), time.Unix(0, r.GetCreateToken().GetExpiresUnixNano()), nil
-}
-
 // InjectFault asks a simulated node to inject a GPU fault.
 func (c *Client) InjectFault(ctx context.Context, node string, f *api.InjectFault) error {
 	_, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_InjectFault{InjectFault: &api.InjectFaultRequest{Node: node, Fault: f}}})

@@ -39,7 +39,6 @@ func TestEveryRequestTypeHasItsRow(t *testing.T) {
 		"restart_job":       {transport.RoleOperator, true},
 		"release_job":       {transport.RoleOperator, true},
 		"cordon":            {transport.RoleOperator, true},
-		"create_token":      {transport.RoleAdmin, true},
 		"create_join_token": {transport.RoleAdmin, true},
 		"list_tokens":       {transport.RoleAdmin, false},
 		"revoke_token":      {transport.RoleAdmin, true},

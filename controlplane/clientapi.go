@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -63,6 +64,34 @@ func requestName(req *api.ClientRequest) protoreflect.Name {
 	return fd.Name()
 }
 
+// retired are the request types no supported client sends any more, by
+// their field number in ClientRequest (reserved there): a client that sends
+// one is older than the server answers, and is told so.
+var retired = map[protowire.Number]string{
+	6: "create_token is the join-token request of gpuctl clients older than protocol v1.1, which this server no longer answers: upgrade gpuctl and run `gpuctl token create`",
+}
+
+// retiredRequest returns what to tell a client whose request is of a
+// retired type, or "".
+func retiredRequest(req *api.ClientRequest) string {
+	b := req.ProtoReflect().GetUnknown()
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return ""
+		}
+		if msg, ok := retired[num]; ok {
+			return msg
+		}
+		b = b[n:]
+		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+			return ""
+		}
+		b = b[n:]
+	}
+	return ""
+}
+
 var bodyOneof = (&api.ClientRequest{}).ProtoReflect().Descriptor().Oneofs().ByName("body")
 
 // routes is the authorization table. A request type missing from it is
@@ -99,7 +128,6 @@ var routes = map[protoreflect.Name]route{
 	"restart_job":       {role: transport.RoleOperator, mutates: true, handle: (*Server).restartJob},
 	"release_job":       {role: transport.RoleOperator, mutates: true, handle: (*Server).releaseJob},
 	"cordon":            {role: transport.RoleOperator, mutates: true, handle: (*Server).cordon},
-	"create_token":      {role: transport.RoleAdmin, mutates: true, handle: (*Server).createTokenOld},
 	"create_join_token": {role: transport.RoleAdmin, mutates: true, handle: (*Server).createJoinToken},
 	"list_tokens":       {role: transport.RoleAdmin, handle: (*Server).listTokens},
 	"revoke_token":      {role: transport.RoleAdmin, mutates: true, handle: (*Server).revokeTokenReq},
@@ -117,6 +145,9 @@ func authorize(caller Caller, req *api.ClientRequest) (route, bool, error) {
 	rt, ok := routes[name]
 	if !ok {
 		if name == "" {
+			if retired := retiredRequest(req); retired != "" {
+				return route{}, false, errors.New(retired)
+			}
 			return route{}, false, errors.New("empty request")
 		}
 		return route{}, false, fmt.Errorf("request %s is not one this server answers (gpuctl protocol v%d.%d): upgrade the server if the client is newer",

@@ -19,10 +19,6 @@ import (
 // store's deny-list, which the listener consults at every handshake
 // (checkPeer) before a connection reaches the server.
 
-// defaultTokenTTL is the lifetime of a token from a client that sends none
-// (CreateTokenRequest without ttl_seconds, from releases before 1.1).
-const defaultTokenTTL = 24 * time.Hour
-
 // identities returns the store's identity records; nil when the store
 // keeps none (then nothing is recorded and nothing can be revoked).
 func (s *Server) identities() store.IdentityStore {
@@ -182,24 +178,6 @@ func (s *Server) keeper(c *call) (store.IdentityStore, error) {
 		return nil, c.fail("this server's store keeps no identities")
 	}
 	return ids, nil
-}
-
-// createTokenOld answers the request of releases before 1.1: a single-use
-// token, with 0 meaning the default lifetime.
-func (s *Server) createTokenOld(_ context.Context, c *call) error {
-	if _, err := s.keeper(c); err != nil {
-		return err
-	}
-	r := c.req.GetCreateToken()
-	ttl := time.Duration(r.GetTtlSeconds()) * time.Second
-	if r.GetTtlSeconds() == 0 {
-		ttl = defaultTokenTTL
-	}
-	tok, rec, err := s.createToken(c.caller.Name, ttl, 1, r.GetDescription())
-	if err != nil {
-		return c.fail("%v", err)
-	}
-	return c.send(&api.ClientResponse{Body: &api.ClientResponse_CreateToken{CreateToken: &api.CreateTokenResponse{Token: tok, ExpiresUnixNano: rec.GetExpiresUnixNano()}}})
 }
 
 func (s *Server) createJoinToken(_ context.Context, c *call) error {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
+
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/transport"
@@ -72,10 +74,13 @@ func TestHandshakeRefusals(t *testing.T) {
 	}{
 		{"unknown major version", &api.Version{Major: api.ProtocolMajor + 1}, "", "protocol v2"},
 		{"registration under another name", api.CurrentVersion(), "someone-else", "certificate names"},
+		// A v1.1 nodemon that lists no features may not fence one attempt
+		// alone: it is refused at hello, told to upgrade.
+		{"v1.1 without features", &api.Version{Major: 1, Minor: 1}, "", "protocol v1.1 without fence"},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			node := []string{"n-a", "n-b"}[i]
+			node := []string{"n-a", "n-b", "n-c"}[i]
 			_, st := fakeNode(t, s, node)
 			if err := st.Send(&api.AgentMessage{Body: &api.AgentMessage_Hello{Hello: &api.Hello{Version: tc.version}}}); err != nil {
 				t.Fatal(err)
@@ -158,8 +163,21 @@ func TestClientRolesAndViews(t *testing.T) {
 	if xids != 1 {
 		t.Fatalf("%d XID 79 events in %v", xids, evs)
 	}
-	if _, _, err := admin.CreateToken(ctx, time.Hour); err != nil {
+	if _, _, err := admin.CreateJoinToken(ctx, client.TokenOptions{TTL: time.Hour}); err != nil {
 		t.Fatalf("admin token: %v", err)
+	}
+	// create_token (field 6), as a client older than v1.1 sends it, is
+	// refused saying what to do.
+	old := &api.ClientRequest{}
+	old.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 6, protowire.BytesType), 0))
+	err = admin.Transport().Call(ctx, old, func(r *api.ClientResponse) error {
+		if r.GetError() != "" {
+			return errors.New(r.GetError())
+		}
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "older than protocol v1.1") || !strings.Contains(err.Error(), "gpuctl token create") {
+		t.Errorf("create_token of a client before v1.1: %v, want the refusal naming the version and what to do", err)
 	}
 	if err := admin.InjectFault(ctx, "nope", &api.InjectFault{Kind: api.FaultKind_FAULT_KIND_XID79}); err == nil || !strings.Contains(err.Error(), "unknown node") {
 		t.Fatalf("fault on unknown node: %v", err)
@@ -182,7 +200,7 @@ func TestClientRolesAndViews(t *testing.T) {
 	if _, err := viewer.Nodes(ctx); err != nil {
 		t.Fatalf("viewer list nodes: %v", err)
 	}
-	if _, _, err := viewer.CreateToken(ctx, time.Hour); err == nil || !strings.Contains(err.Error(), "permission denied: create_token needs the admin role, watcher has viewer") {
+	if _, _, err := viewer.CreateJoinToken(ctx, client.TokenOptions{TTL: time.Hour}); err == nil || !strings.Contains(err.Error(), "permission denied: create_join_token needs the admin role, watcher has viewer") {
 		t.Fatalf("viewer token: %v, want permission denied", err)
 	}
 	if _, err := viewer.Cordon(ctx, "gpu-1", "cordon", "mine"); err == nil || !strings.Contains(err.Error(), "permission denied") {
@@ -203,7 +221,7 @@ func TestClientRolesAndViews(t *testing.T) {
 			audited = append(audited, a["who"]+" "+a["request"]+" "+strings.SplitN(a["result"], ":", 2)[0])
 		}
 	}
-	for _, want := range []string{"admin create_token ok", "watcher create_token permission denied", "watcher cordon permission denied"} {
+	for _, want := range []string{"admin create_join_token ok", "watcher create_join_token permission denied", "watcher cordon permission denied"} {
 		if !slices.Contains(audited, want) {
 			t.Errorf("no audit event %q among %q", want, audited)
 		}

@@ -293,7 +293,7 @@ func TestCLIAgainstCluster(t *testing.T) {
 		{name: "describe node", args: []string{"describe", "node", "node-01"}, stdout: "Takes new work:        yes"},
 		{name: "describe gpu", args: []string{"describe", "gpu", "node-00/3"}, stdout: "Index:                 3"},
 		{name: "describe missing gpu", args: []string{"describe", "gpu", "node-00/9"}, fail: "node-00 has no GPU 9: its GPUs are 0,1,2,3,4,5,6,7"},
-		{name: "version", args: []string{"version"}, stdout: "client 0.1.0, protocol v1.2"},
+		{name: "version", args: []string{"version"}, stdout: "client 0.1.0, protocol v1.3"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

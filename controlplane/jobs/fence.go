@@ -92,27 +92,44 @@ func (m *Manager) awaitFence(en *entry, node string, now time.Time) {
 		f.until = old.until
 	}
 	en.fences[node] = f
+	m.keepFences(en)
 }
 
-// fenceAfterLoad restores, after a server restart, the fences of a
-// recovering job: its fences were in memory only, and a node lost before
-// the restart may still run its ranks until a lease from the last renewal
-// the old server sent, which was no later than now.
+// keepFences stores which nodes en waits for, so that a restarted server
+// waits for them too (fenceAfterLoad).
+func (m *Manager) keepFences(en *entry) {
+	nodes := slices.Sorted(mapKeys(en.fences))
+	if slices.Equal(nodes, en.job.GetFencedNodes()) {
+		return
+	}
+	en.job.FencedNodes = nodes
+	m.save(en)
+}
+
+// fenceAfterLoad restores, after a server restart, the fences of a job
+// that will start again (recovering, moving, preempted): the nodes it
+// waited for, and any node whose ranks of it were lost. Such a node may
+// still run its ranks until a lease from the last renewal the old server
+// sent, which was no later than now.
 func (m *Manager) fenceAfterLoad(en *entry, now time.Time) {
 	if m.cfg.Lease <= 0 {
 		return
 	}
+	nodes := slices.Clone(en.job.GetFencedNodes())
 	for _, jn := range en.job.GetPlacement() {
 		for _, r := range jn.GetRanks() {
-			if r.GetSignal() == lostRank {
-				if en.fences == nil {
-					en.fences = map[string]fence{}
-				}
-				en.fences[jn.GetNode()] = fence{attempt: en.job.GetAttempt(), until: now.Add(m.cfg.Lease + fenceMargin)}
-				break
+			if r.GetSignal() == lostRank && !slices.Contains(nodes, jn.GetNode()) {
+				nodes = append(nodes, jn.GetNode())
 			}
 		}
 	}
+	for _, node := range nodes {
+		if en.fences == nil {
+			en.fences = map[string]fence{}
+		}
+		en.fences[node] = fence{attempt: en.job.GetAttempt(), until: now.Add(m.cfg.Lease + fenceMargin)}
+	}
+	m.keepFences(en)
 }
 
 // unfenced returns the nodes that may still run an old attempt of en at
@@ -129,6 +146,7 @@ func (m *Manager) unfenced(en *entry, now time.Time) []string {
 		m.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, 0,
 			"attempt %d fenced on %s: its lease has passed without word from the node, so its shims have stopped its ranks", f.attempt, node)
 	}
+	m.keepFences(en)
 	return wait
 }
 
@@ -140,6 +158,7 @@ func (m *Manager) confirmFenced(en *entry, node, how string) {
 		return
 	}
 	delete(en.fences, node)
+	m.keepFences(en)
 	m.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, 0, "attempt %d fenced on %s: %s", f.attempt, node, how)
 	m.kick()
 }

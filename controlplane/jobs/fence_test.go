@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -168,27 +169,107 @@ func TestRestartKeepsTheFence(t *testing.T) {
 	id := h.submit(ringSpec("ring", 2, 4, "restart_policy: replace-node\n"), false)
 	h.reconcile()
 	h.started(id)
-	h.nodes.update("n1", func(n *api.NodeStatus) {
-		n.State, n.Connected, n.Stale, n.LastSeenUnixNano = api.NodeState_NODE_STATE_DOWN, false, true, h.clock.now().UnixNano()
-	})
-	h.nodeDown("n1", "no heartbeat for 2s")
+	h.lose("n1")
 	for _, r := range findNode(h.job(id), "n0").GetRanks() {
 		h.exit(id, "n0", r.GetRank(), -1, "SIGTERM")
 	}
 	h.clock.add(3 * time.Second)
 	h.restart("fifo")
 	h.nodes.take()
-	loaded := h.clock.now()
-	for h.clock.now().Sub(loaded) < lease+fenceMargin-100*time.Millisecond {
+	h.launchesOnlyAfter(id, h.clock.now().Add(lease+fenceMargin))
+}
+
+// TestRestartKeepsTheFenceOfAStoppingJob restarts the server while a job
+// is being moved or preempted and its node is lost: the job starts again
+// (on the move's target, or from the queue with room for it at once), and
+// after the restart it still waits a lease for the lost node's fence, as
+// a recovery does (TestRestartKeepsTheFence).
+func TestRestartKeepsTheFenceOfAStoppingJob(t *testing.T) {
+	const lease = 5 * time.Second
+	tests := []struct {
+		name, policy string
+		stop         api.JobStop
+		// begin starts the stop of job id on n1; what it returns runs
+		// after the restart.
+		begin func(t *testing.T, h *harness, id string) func()
+	}{
+		{"move", "fifo", api.JobStop_JOB_STOP_MOVE, func(t *testing.T, h *harness, id string) func() {
+			if _, err := h.nodes.SetCordon("n1", "drain", ""); err != nil {
+				t.Fatal(err)
+			}
+			if got := byTo(h.drain("n1"))[id]; len(got) != 1 {
+				t.Fatalf("drain of n1 moves the job to %v, want one node", got)
+			}
+			return func() {}
+		}},
+		{"preemption", "priority", api.JobStop_JOB_STOP_PREEMPT, func(t *testing.T, h *harness, id string) func() {
+			high := h.submit(ringSpec("high", 2, 4, "priority: 500\n"), false)
+			return func() {
+				// The job it was preempted for goes: n0 is free at once.
+				if _, err := h.cancel(high, "test"); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, tc.policy, readyNode("n0", 4, "r0", "s0"), readyNode("n1", 4, "r0", "s0"))
+			h.lease = lease
+			h.restart(tc.policy)
+			id := h.submit(ringSpec("ring", 1, 4, "checkpoint:\n  dir: "+t.TempDir()+"\n"), true)
+			if _, err := h.assign(id, []string{"n1"}); err != nil {
+				t.Fatal(err)
+			}
+			h.started(id)
+			h.checkpointed(id, 10)
+			then := tc.begin(t, h, id)
+			h.reconcile()
+			if j := h.job(id); j.GetStopping() != tc.stop {
+				t.Fatalf("job stopping %s, want %s", j.GetStopping(), tc.stop)
+			}
+			h.lose("n1")
+			h.clock.add(time.Second)
+			h.restart(tc.policy)
+			h.nodes.take()
+			fenced := h.clock.now().Add(lease + fenceMargin)
+			then()
+			h.launchesOnlyAfter(id, fenced)
+			if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RUNNING || j.GetAttempt() != 2 {
+				t.Errorf("not running again a lease after the restart: %s attempt %d %s", stateName(j.GetState()), j.GetAttempt(), j.GetReason())
+			}
+			if evs := strings.Join(h.recoveryEvents(id), "\n"); !strings.Contains(evs, "attempt 1 fenced on n1: its lease has passed") {
+				t.Errorf("no event says n1 was fenced:\n%s", evs)
+			}
+		})
+	}
+}
+
+// lose takes node down as the heartbeat detector does.
+func (h *harness) lose(node string) {
+	h.t.Helper()
+	h.nodes.update(node, func(n *api.NodeStatus) {
+		n.State, n.Connected, n.Stale, n.LastSeenUnixNano = api.NodeState_NODE_STATE_DOWN, false, true, h.clock.now().UnixNano()
+	})
+	h.nodeDown(node, "no heartbeat for 2s")
+}
+
+// launchesOnlyAfter runs the owner's passes, 250 ms apart, until fenced:
+// job id must not launch before, and must launch right after.
+func (h *harness) launchesOnlyAfter(id string, fenced time.Time) {
+	h.t.Helper()
+	launched := func() bool {
 		h.reconcile()
-		if l := launches(h.nodes.take()); len(l) > 0 {
-			t.Fatalf("attempt 2 launched %s after the restart, within the lease", h.clock.now().Sub(loaded))
+		return slices.ContainsFunc(launches(h.nodes.take()), func(c sentCmd) bool { return c.cmd.GetLaunch().GetJob() == id })
+	}
+	for h.clock.now().Before(fenced.Add(-100 * time.Millisecond)) {
+		if launched() {
+			h.t.Fatalf("%s launched %s before its lost node's lease passed", id, fenced.Sub(h.clock.now()))
 		}
 		h.clock.add(250 * time.Millisecond)
 	}
 	h.clock.add(200 * time.Millisecond)
-	h.reconcile()
-	if l := launches(h.nodes.take()); len(l) == 0 {
-		t.Fatalf("attempt 2 not launched a lease after the restart: %s", h.job(id).GetReason())
+	if !launched() {
+		h.t.Fatalf("%s not launched once its lost node's lease passed: %s %s", id, stateName(h.job(id).GetState()), h.job(id).GetReason())
 	}
 }

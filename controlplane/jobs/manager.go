@@ -269,6 +269,10 @@ func New(cfg Config) (*Manager, error) {
 			// left, choose nodes, validate, relaunch.
 			m.recs[j.GetId()] = &recovery{failure: scheduler.Failure{Kind: scheduler.FailRankExit}, reason: strings.TrimPrefix(j.GetReason(), "recovering: "),
 				since: now, stepAt: j.GetStep(), resume: -1, cordon: map[string]string{}}
+		}
+		if !terminal(j.GetState()) {
+			// Not only a recovery: a move or a preemption under way also
+			// starts its job again, and must wait for its lost nodes.
 			m.fenceAfterLoad(en, now)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,6 +27,9 @@ type session struct {
 
 	writeMu sync.Mutex
 	control *transport.Stream
+	// features are those of the node's hello this server uses with it
+	// (set by the handshake, read only after).
+	features []string
 
 	mu      sync.Mutex
 	pending map[uint64]chan *api.CommandAck // command id → the node's answer
@@ -97,17 +101,30 @@ func (ns *session) handshake(ctx context.Context) error {
 	if h == nil {
 		return errors.New("first message is not a hello")
 	}
+	need := ns.r.neededFeatures()
 	if err := api.CheckVersion(h.GetVersion()); err != nil {
-		st.Send(&api.ServerMessage{Body: &api.ServerMessage_Welcome{Welcome: &api.Welcome{Version: api.CurrentVersion(), Error: err.Error()}}})
+		st.Send(&api.ServerMessage{Body: &api.ServerMessage_Welcome{Welcome: &api.Welcome{Version: api.CurrentVersion(), Error: err.Error(), Features: need}}})
 		return err
 	}
+	have := api.PeerFeatures(h)
+	if missing := api.MissingFeatures(have, need); len(missing) > 0 {
+		err := &api.FeatureError{Version: h.GetVersion(), Missing: missing}
+		st.Send(&api.ServerMessage{Body: &api.ServerMessage_Welcome{Welcome: &api.Welcome{Version: api.CurrentVersion(), Error: err.Error(), Features: need}}})
+		return err
+	}
+	used := ns.r.usedFeatures()
+	ns.features = slices.DeleteFunc(have, func(f string) bool { return !slices.Contains(used, f) })
 	last, err := ns.r.cfg.Store.LastNodeEventSeq(ns.name)
 	if err != nil {
 		return err
 	}
+	var lease time.Duration
+	if ns.uses(api.FeatureLease) {
+		lease = ns.r.cfg.Lease
+	}
 	if err := ns.send(&api.ServerMessage{Body: &api.ServerMessage_Welcome{Welcome: &api.Welcome{
 		Version: api.CurrentVersion(), ServerName: ns.r.cfg.ServerName, LastEventSeq: last,
-		LeaseMs: uint32(ns.r.cfg.Lease / time.Millisecond)}}}); err != nil {
+		LeaseMs: uint32(lease / time.Millisecond), Features: ns.features}}}); err != nil {
 		return err
 	}
 	var reg api.AgentMessage
@@ -160,8 +177,11 @@ func (ns *session) fence(reg *api.NodeRegistration) (*api.NodeRegistration, erro
 	for _, k := range order {
 		id := ns.r.cmdID.Add(1)
 		cmds[id] = k
-		if err := ns.send(&api.ServerMessage{Body: &api.ServerMessage_Command{Command: &api.Command{Id: id,
-			Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: k.job, Attempt: k.attempt, Signal: "SIGKILL", Fence: true}}}}}); err != nil {
+		c := &api.Command{Id: id, Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: k.job, Attempt: k.attempt, Signal: "SIGKILL", Fence: true}}}
+		if err := ns.may(c); err != nil {
+			return nil, fmt.Errorf("fence superseded ranks: %w", err)
+		}
+		if err := ns.send(&api.ServerMessage{Body: &api.ServerMessage_Command{Command: c}}); err != nil {
 			return nil, fmt.Errorf("fence superseded ranks: %w", err)
 		}
 	}
@@ -199,6 +219,38 @@ func (ns *session) fence(reg *api.NodeRegistration) (*api.NodeRegistration, erro
 	return keep, nil
 }
 
+// neededFeatures are the features a node must have to be let in: without
+// any of them it would misread commands this server sends every node.
+func (r *Registry) neededFeatures() []string {
+	need := []string{api.FeatureFence, api.FeatureRunAs, api.FeatureNodeRank}
+	if r.cfg.Lease > 0 {
+		need = append(need, api.FeatureLease)
+	}
+	return need
+}
+
+// usedFeatures are the features this server uses with a node that has
+// them.
+func (r *Registry) usedFeatures() []string {
+	if r.cfg.Lease > 0 {
+		return api.NodeFeatures()
+	}
+	return slices.DeleteFunc(api.NodeFeatures(), func(f string) bool { return f == api.FeatureLease })
+}
+
+// uses reports whether this session uses feature f with the node.
+func (ns *session) uses(f string) bool { return slices.Contains(ns.features, f) }
+
+// may says whether the node can honour c: the one check every command to
+// a node passes before it is sent, so that a node of an older release is
+// never sent a command it would misread.
+func (ns *session) may(c *api.Command) error {
+	if missing := api.MissingFeatures(ns.features, api.CommandNeeds(c)); len(missing) > 0 {
+		return fmt.Errorf("node %s cannot honour this command: its nodemon lacks %s; upgrade nodemon there", ns.name, strings.Join(missing, ", "))
+	}
+	return nil
+}
+
 func (ns *session) send(m *api.ServerMessage) error {
 	ns.writeMu.Lock()
 	defer ns.writeMu.Unlock()
@@ -215,7 +267,7 @@ func (ns *session) readControl() error {
 		}
 		switch b := m.Body.(type) {
 		case *api.AgentMessage_Heartbeat:
-			if ns.r.beat(ns.name, ns) && ns.r.cfg.Lease > 0 {
+			if ns.r.beat(ns.name, ns) && ns.uses(api.FeatureLease) {
 				// The node's ranks may run on: the lease counts from when
 				// it sent this heartbeat, no later than the server heard it.
 				if err := ns.send(&api.ServerMessage{Body: &api.ServerMessage_Lease{Lease: &api.LeaseRenewal{
@@ -300,6 +352,9 @@ func (ns *session) command(ctx context.Context, c *api.Command) error {
 // commandAck sends c to the node and returns its acknowledgement, which
 // carries the data of commands that read (ReadLogs).
 func (ns *session) commandAck(ctx context.Context, c *api.Command) (*api.CommandAck, error) {
+	if err := ns.may(c); err != nil {
+		return nil, err
+	}
 	ch := make(chan *api.CommandAck, 1)
 	ns.mu.Lock()
 	if ns.closed {

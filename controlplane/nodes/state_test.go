@@ -165,6 +165,8 @@ type nodeConn struct {
 	conn    *transport.Conn
 	control *transport.Stream
 	welcome *api.Welcome
+	// refusal is the server's refusal of the hello, if it refused.
+	refusal string
 }
 
 // connect joins (the first time) and registers node rg, and returns once
@@ -192,9 +194,23 @@ func (l *loopback) connect(rg *api.NodeRegistration) *nodeConn {
 // without waiting for the registry.
 func (l *loopback) dial(rg *api.NodeRegistration) *nodeConn {
 	l.t.Helper()
+	nc := l.hello(rg.GetName(), &api.Hello{Version: api.CurrentVersion()})
+	if nc.refusal != "" {
+		l.t.Fatalf("welcome: %q", nc.refusal)
+	}
+	if err := nc.control.Send(&api.AgentMessage{Body: &api.AgentMessage_Register{Register: rg}}); err != nil {
+		l.t.Fatal(err)
+	}
+	return nc
+}
+
+// hello joins node name (the first time), says h and returns the
+// session with the server's welcome, or its refusal: in the welcome, or in
+// the connection's close when that overtook it.
+func (l *loopback) hello(name string, h *api.Hello) *nodeConn {
+	l.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	name := rg.GetName()
 	id := l.ids[name]
 	if id == nil {
 		tok, _, err := l.auth.CreateToken(time.Minute)
@@ -215,19 +231,26 @@ func (l *loopback) dial(rg *api.NodeRegistration) *nodeConn {
 	if err != nil {
 		l.t.Fatal(err)
 	}
-	if err := st.Send(&api.AgentMessage{Body: &api.AgentMessage_Hello{Hello: &api.Hello{Version: api.CurrentVersion()}}}); err != nil {
+	if err := st.Send(&api.AgentMessage{Body: &api.AgentMessage_Hello{Hello: h}}); err != nil {
 		l.t.Fatal(err)
 	}
 	var m api.ServerMessage
 	st.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if err := st.Recv(&m); err != nil || m.GetWelcome().GetError() != "" {
-		l.t.Fatalf("welcome: %v %q", err, m.GetWelcome().GetError())
+	nc := &nodeConn{conn: conn, control: st}
+	if err := st.Recv(&m); err != nil {
+		var refused *transport.RefusedError
+		if !errors.As(err, &refused) {
+			l.t.Fatalf("welcome: %v", err)
+		}
+		nc.refusal = refused.Reason
+		return nc
+	}
+	if m.GetWelcome() == nil {
+		l.t.Fatalf("first answer %v, want a welcome", &m)
 	}
 	st.SetReadDeadline(time.Time{})
-	if err := st.Send(&api.AgentMessage{Body: &api.AgentMessage_Register{Register: rg}}); err != nil {
-		l.t.Fatal(err)
-	}
-	return &nodeConn{conn: conn, control: st, welcome: m.GetWelcome()}
+	nc.welcome, nc.refusal = m.GetWelcome(), m.GetWelcome().GetError()
+	return nc
 }
 
 // heartbeat sends a heartbeat and waits until the registry has noted it
