@@ -98,6 +98,59 @@ func (m *Manager) recoverRequest(en *entry, f scheduler.Failure) scheduler.Recov
 		Policy: restartPolicy(en.spec.RestartPolicy), Restarts: int(j.GetRestarts()), MaxRestarts: en.spec.Restarts(), Failure: f}
 }
 
+// recoveryRequest is the job as RecoversBefore orders it; a job without
+// its spec (loaded from an older server) counts at priority 0.
+func (m *Manager) recoveryRequest(en *entry) scheduler.JobRequest {
+	if en.spec == nil {
+		return scheduler.JobRequest{ID: en.job.GetId(), Submit: en.job.GetSubmitUnixNano() / 1e9}
+	}
+	return m.request(en)
+}
+
+// recoverySnapshot is the snapshot a recovering job decides on. Every
+// job's GPUs are held as usual, a recovering job's reservation included
+// (its surviving GPUs stay its own), except the GPUs a recovery ordered
+// after this one reserved off its own nodes before deciding: those were a
+// guess, and the job ordered first may take them.
+func (m *Manager) recoverySnapshot(en *entry, now time.Time) scheduler.Snapshot {
+	snap := m.snapshot(now)
+	me := m.recoveryRequest(en)
+	guessed := map[string]map[int]string{}
+	for id, rec := range m.recs {
+		o := m.jobs[id]
+		if o == nil || o == en || rec.decision != nil {
+			continue
+		}
+		if r := m.recoveryRequest(o); scheduler.RecoversBefore(&me, &r) > 0 {
+			continue
+		}
+		own := map[string]bool{}
+		for _, jn := range o.job.GetPlacement() {
+			own[jn.GetNode()] = true
+		}
+		for _, jn := range o.job.GetMoveTarget() {
+			if own[jn.GetNode()] {
+				continue
+			}
+			if guessed[jn.GetNode()] == nil {
+				guessed[jn.GetNode()] = map[int]string{}
+			}
+			for _, g := range jn.GetGpus() {
+				guessed[jn.GetNode()][int(g)] = id
+			}
+		}
+	}
+	for i := range snap.Nodes {
+		n := &snap.Nodes[i]
+		for k := range n.GPUs {
+			if g := &n.GPUs[k]; g.Job != "" && guessed[n.Name][g.Index] == g.Job {
+				g.Job = ""
+			}
+		}
+	}
+	return snap
+}
+
 // giveUp records that a job broke for good: it fails and its remaining
 // ranks are stopped, since a gang with a dead rank hangs in its next
 // collective.
@@ -157,7 +210,7 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 		m.giveUp(en, reason, now)
 		return
 	}
-	snap := m.snapshot(now)
+	snap := m.recoverySnapshot(en, now)
 	req := m.recoverRequest(en, f)
 	d := scheduler.Recover(&snap, &req)
 	if d.Action == scheduler.GiveUp {
@@ -245,10 +298,22 @@ func (m *Manager) gpuFault(e *api.Event) {
 	m.kick()
 }
 
-// recoveries moves every recovery along one step.
+// recoveries moves every recovery along one step, the highest priority
+// first (scheduler.RecoversBefore): recoveries that decide in the same
+// pass take the free capacity in that order.
 func (m *Manager) recoveries(now time.Time) {
 	var ranks map[string][]*api.RankStatus
+	var order []*entry
 	for _, en := range m.sorted() {
+		if m.recs[en.job.GetId()] != nil {
+			order = append(order, en)
+		}
+	}
+	slices.SortStableFunc(order, func(a, b *entry) int {
+		ra, rb := m.recoveryRequest(a), m.recoveryRequest(b)
+		return scheduler.RecoversBefore(&ra, &rb)
+	})
+	for _, en := range order {
 		j := en.job
 		rec := m.recs[j.GetId()]
 		if rec == nil {
@@ -342,7 +407,7 @@ func (m *Manager) cordoned(msg msgCordoned) {
 // new nodes or relaunches at once.
 func (m *Manager) decide(en *entry, rec *recovery, now time.Time) {
 	j := en.job
-	snap := m.snapshot(now)
+	snap := m.recoverySnapshot(en, now)
 	req := m.recoverRequest(en, rec.failure)
 	d := scheduler.Recover(&snap, &req)
 	if d.Action == scheduler.GiveUp {

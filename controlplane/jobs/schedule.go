@@ -428,7 +428,13 @@ func (m *Manager) finishStop(en *entry, now time.Time) {
 		}
 		j.Reason = "move target no longer free (" + why + "); back in the queue, resumes from its checkpoint"
 	}
-	j.Stopping, j.TermSentUnixNano, j.StopSinceUnixNano, j.MoveTarget = api.JobStop_JOB_STOP_NONE, 0, 0, nil
+	j.Stopping, j.TermSentUnixNano, j.StopSinceUnixNano = api.JobStop_JOB_STOP_NONE, 0, 0
+	if m.recs[j.GetId()] == nil {
+		// A recovering job keeps its reservation once its ranks are gone:
+		// its surviving GPUs are its own until it decides, or another
+		// recovery would take them and count its node as failed.
+		j.MoveTarget = nil
+	}
 	switch stop {
 	case api.JobStop_JOB_STOP_PREEMPT:
 		m.requeue(en, now)
