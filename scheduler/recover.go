@@ -27,9 +27,13 @@ const (
 	FailStall
 	// FailManual is an operator's restart request.
 	FailManual
+	// FailRefused is a launch Nodes refused by a policy of their own
+	// (root ranks not allowed there): the job runs without them, and
+	// the nodes are fine for other jobs.
+	FailRefused
 )
 
-var failureNames = [...]string{"rank exit", "node down", "GPU fault", "stall", "operator restart"}
+var failureNames = [...]string{"rank exit", "node down", "GPU fault", "stall", "operator restart", "refused the launch"}
 
 // String names the failure kind.
 func (k FailureKind) String() string {

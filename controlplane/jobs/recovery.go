@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -64,6 +65,9 @@ type valRank struct {
 	code   int32
 	signal string
 	err    string
+	// refused: the node refused the gang by its own policy, so it is
+	// excluded for the job, not cordoned.
+	refused bool
 }
 
 func restartPolicy(p jobspec.RestartPolicy) scheduler.RestartPolicy {
@@ -485,7 +489,9 @@ func (m *Manager) validationLaunched(msg msgValidationLaunched) {
 	}
 	for node, err := range msg.errs {
 		if r := v.ranks[node]; r != nil {
+			var ce *nodes.CommandError
 			r.exited, r.code, r.err = true, -1, err.Error()
+			r.refused = errors.As(err, &ce) && ce.NodeRefused
 		}
 	}
 	m.kick()
@@ -552,10 +558,12 @@ func (m *Manager) checkValidation(en *entry, rec *recovery, now time.Time) {
 	rec.validation = ""
 	rec.decision = nil
 	m.signalNodes(v.id, v.nodes, "SIGKILL")
-	m.recoveryEvent(j, api.Severity_SEVERITY_WARNING, now.Sub(v.started), "validation %s failed (%s); cordoning %s and choosing again",
+	m.recoveryEvent(j, api.Severity_SEVERITY_WARNING, now.Sub(v.started), "validation %s failed (%s); excluding %s (cordoned unless it refused by its own policy) and choosing again",
 		v.id, strings.Join(why, "; "), strings.Join(blame, ","))
 	for _, n := range blame {
-		rec.cordon[n] = "failed validation " + v.id + " (" + strings.Join(why, "; ") + ")"
+		if r := v.ranks[n]; r == nil || !r.refused {
+			rec.cordon[n] = "failed validation " + v.id + " (" + strings.Join(why, "; ") + ")"
+		}
 		if !slices.Contains(j.Exclude, n) {
 			j.Exclude = append(j.Exclude, n)
 		}
