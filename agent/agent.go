@@ -480,7 +480,9 @@ func (a *Agent) commands(ctx context.Context, control *transport.Stream, send fu
 		if err != nil {
 			ack.Error = err.Error()
 			var je *JobError
+			var nr *NodeRefusal
 			ack.JobError = errors.As(err, &je)
+			ack.NodeRefused = errors.As(err, &nr)
 			a.log.Warn("command failed", "id", c.GetId(), "err", err)
 		}
 		if err := send(&api.AgentMessage{Body: &api.AgentMessage_CommandAck{CommandAck: ack}}); err != nil {

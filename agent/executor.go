@@ -277,6 +277,15 @@ type JobError struct{ Err error }
 func (e *JobError) Error() string { return e.Err.Error() }
 func (e *JobError) Unwrap() error { return e.Err }
 
+// NodeRefusal is a launch refused by this node's own policy (no
+// --allow-root-ranks, or a nodemon that is not root asked for another
+// account): the job may run on other nodes, so the server places it
+// without this one rather than fail it or suspect the node.
+type NodeRefusal struct{ Err error }
+
+func (e *NodeRefusal) Error() string { return e.Err.Error() }
+func (e *NodeRefusal) Unwrap() error { return e.Err }
+
 func (x *Executor) Launch(l *api.LaunchRanks) error {
 	if l.GetJob() == "" || len(l.GetCommand()) == 0 || len(l.GetRanks()) == 0 {
 		return &JobError{errors.New("launch: job, command and at least one rank are required")}
@@ -293,6 +302,9 @@ func (x *Executor) Launch(l *api.LaunchRanks) error {
 	}
 	cred, err := x.runAs(l)
 	if err != nil {
+		if nr := (*NodeRefusal)(nil); errors.As(err, &nr) {
+			return &NodeRefusal{fmt.Errorf("launch %s: %w", l.GetJob(), err)}
+		}
 		return &JobError{fmt.Errorf("launch %s: %w", l.GetJob(), err)}
 	}
 	if cred != nil {

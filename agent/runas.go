@@ -32,7 +32,8 @@ func (c *rankCred) inGroup(gid uint32) bool { return gid == c.gid || slices.Cont
 // runAs resolves the account l's ranks run as on this host: nil means
 // nodemon's own user. Ranks never run as root (uid or gid 0) unless
 // nodemon was started with --allow-root-ranks, and a nodemon that is not
-// root can start ranks only as itself.
+// root can start ranks only as itself: those refusals are this node's
+// (NodeRefusal), the others the job's.
 func (x *Executor) runAs(l *api.LaunchRanks) (*rankCred, error) {
 	euid, egid := os.Geteuid(), os.Getegid()
 	name := l.GetRunAsUser()
@@ -41,8 +42,8 @@ func (x *Executor) runAs(l *api.LaunchRanks) (*rankCred, error) {
 	}
 	if name == "" {
 		if euid == 0 && !x.opts.AllowRootRanks {
-			return nil, fmt.Errorf("its ranks would run as root (the job names no user, and nodemon runs as root on node %s): "+
-				"name the account in the job (user: NAME, or gpuctl submit --user NAME), or start nodemon with --allow-root-ranks where root ranks are acceptable", x.opts.Node)
+			return nil, &NodeRefusal{fmt.Errorf("its ranks would run as root (the job names no user, and nodemon runs as root on node %s): "+
+				"name the account in the job (user: NAME, or gpuctl submit --user NAME), or start nodemon with --allow-root-ranks where root ranks are acceptable", x.opts.Node)}
 		}
 		return nil, nil
 	}
@@ -81,13 +82,13 @@ func (x *Executor) runAs(l *api.LaunchRanks) (*rankCred, error) {
 		if c.uid != 0 {
 			what = fmt.Sprintf("the job's ranks would run as %s, in group root", c)
 		}
-		return nil, fmt.Errorf("%s: nodemon on node %s refuses ranks as root unless started with --allow-root-ranks", what, x.opts.Node)
+		return nil, &NodeRefusal{fmt.Errorf("%s: nodemon on node %s refuses ranks as root unless started with --allow-root-ranks", what, x.opts.Node)}
 	}
 	if euid != 0 {
 		if int(c.uid) == euid && int(c.gid) == egid {
 			return nil, nil // already that account
 		}
-		return nil, fmt.Errorf("nodemon on node %s runs as uid %d and cannot start ranks as %s: run nodemon as root to run ranks as other users", x.opts.Node, euid, c)
+		return nil, &NodeRefusal{fmt.Errorf("nodemon on node %s runs as uid %d and cannot start ranks as %s: run nodemon as root to run ranks as other users", x.opts.Node, euid, c)}
 	}
 	return c, nil
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -174,6 +175,9 @@ func TestRootRanksRefused(t *testing.T) {
 		{"checkpoint dir of another user", job(u.Username, "", taken), "cannot write " + taken},
 		{"relative checkpoint dir", job(u.Username, "", "ckpt"), "not an absolute path"},
 	}
+	// Root ranks are this node's policy (another node may allow them): the
+	// job runs elsewhere. The rest is the job's fault on any node.
+	nodePolicy := map[string]bool{"no user named": true, "user root": true, "uid 0": true, "group root": true}
 	e := newTestExecutor(t, "", func(o *ExecutorOptions) { o.AllowRootRanks = false })
 	os.MkdirAll(closed, 0o700)
 	for _, tc := range tests {
@@ -181,6 +185,11 @@ func TestRootRanksRefused(t *testing.T) {
 			err := e.x.Launch(tc.l)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("launch: %v, want a refusal containing %q", err, tc.want)
+			}
+			var nr *NodeRefusal
+			var je *JobError
+			if errors.As(err, &nr) != nodePolicy[tc.name] || errors.As(err, &je) == nodePolicy[tc.name] {
+				t.Errorf("node's refusal %v, job's %v; want the node's only for a root refusal", errors.As(err, &nr), errors.As(err, &je))
 			}
 			t.Logf("refusal as reported: %v", err)
 			if got := e.x.GPUProcesses(); len(got) != 0 {

@@ -3160,6 +3160,11 @@ type CommandAck struct {
 	// a launch whose command, user or checkpoint dir is wrong fails the job,
 	// and its node is not suspected.
 	JobError bool `protobuf:"varint,5,opt,name=job_error,json=jobError,proto3" json:"job_error,omitempty"`
+	// The node refused the command by a policy of its own (nodemon without
+	// --allow-root-ranks asked for root ranks, or not root and asked for
+	// another account): the job is placed without this node, which is
+	// flagged with an event, neither suspected nor cordoned.
+	NodeRefused bool `protobuf:"varint,7,opt,name=node_refused,json=nodeRefused,proto3" json:"node_refused,omitempty"`
 	// ReadLogs: the bytes read and the offset after them.
 	Data       []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
 	NextOffset int64  `protobuf:"varint,4,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
@@ -3216,6 +3221,13 @@ func (x *CommandAck) GetError() string {
 func (x *CommandAck) GetJobError() bool {
 	if x != nil {
 		return x.JobError
+	}
+	return false
+}
+
+func (x *CommandAck) GetNodeRefused() bool {
+	if x != nil {
+		return x.NodeRefused
 	}
 	return false
 }
@@ -10225,12 +10237,13 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x06signal\x18\x03 \x01(\v2\x16.gpuctl.v1.SignalRanksH\x00R\x06signal\x12;\n" +
 	"\finject_fault\x18\x04 \x01(\v2\x16.gpuctl.v1.InjectFaultH\x00R\vinjectFault\x122\n" +
 	"\tread_logs\x18\x05 \x01(\v2\x13.gpuctl.v1.ReadLogsH\x00R\breadLogsB\x06\n" +
-	"\x04body\"\xb3\x01\n" +
+	"\x04body\"\xd6\x01\n" +
 	"\n" +
 	"CommandAck\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1b\n" +
-	"\tjob_error\x18\x05 \x01(\bR\bjobError\x12\x12\n" +
+	"\tjob_error\x18\x05 \x01(\bR\bjobError\x12!\n" +
+	"\fnode_refused\x18\a \x01(\bR\vnodeRefused\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x12\x1f\n" +
 	"\vnext_offset\x18\x04 \x01(\x03R\n" +
 	"nextOffset\x12-\n" +

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -46,6 +47,9 @@ type Options struct {
 	Heartbeat time.Duration
 	// EBPF is passed to nodemon's --ebpf.
 	EBPF string
+	// NoRootRanks names nodes whose nodemon starts without
+	// --allow-root-ranks (every other node allows root ranks).
+	NoRootRanks []string
 	// Lease is the server's lease (gpuctl serve --lease); zero takes the
 	// server's default. DefaultOptions makes it 5 s: on one machine a
 	// short lease costs nothing, and a lost node's job then waits 6 s, not
@@ -189,9 +193,11 @@ func (c *Cluster) StartNode(name, token string) error {
 	args := []string{"--server", c.Server.Addr().String(), "--name", name, "--data-dir", dir, "--sim", c.opts.Sim,
 		"--heartbeat", c.opts.Heartbeat.String(), "--ebpf", c.opts.EBPF, "--trace-scope", "node",
 		"--label", "rack=rack-" + strconv.Itoa(idx/2), "--label", "switch=leaf-" + strconv.Itoa(idx/4),
-		"--log-file", filepath.Join(dir, "nodemon.log"),
+		"--log-file", filepath.Join(dir, "nodemon.log")}
+	if !slices.Contains(c.opts.NoRootRanks, name) {
 		// The demo's ranks run as whoever runs it, root included.
-		"--allow-root-ranks"}
+		args = append(args, "--allow-root-ranks")
+	}
 	if c.opts.MetricsBasePort > 0 {
 		addr := "127.0.0.1:" + strconv.Itoa(c.opts.MetricsBasePort+1+idx)
 		args = append(args, "--metrics-addr", addr)

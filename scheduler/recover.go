@@ -1,9 +1,12 @@
 package scheduler
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -24,9 +27,13 @@ const (
 	FailStall
 	// FailManual is an operator's restart request.
 	FailManual
+	// FailRefused is a launch Nodes refused by a policy of their own
+	// (root ranks not allowed there): the job runs without them, and
+	// the nodes are fine for other jobs.
+	FailRefused
 )
 
-var failureNames = [...]string{"rank exit", "node down", "GPU fault", "stall", "operator restart"}
+var failureNames = [...]string{"rank exit", "node down", "GPU fault", "stall", "operator restart", "refused the launch"}
 
 // String names the failure kind.
 func (k FailureKind) String() string {
@@ -150,7 +157,10 @@ func Recover(s *Snapshot, r *RecoverRequest) Recovery {
 	for i := range view.Nodes {
 		byName[view.Nodes[i].Name] = &view.Nodes[i]
 	}
-	for _, sl := range r.Placement.Ranks {
+	// A surviving GPU another job took while this one stopped does not
+	// fail its node: the ranks move to free GPUs of the same node.
+	taken := map[string][]int{}
+	for i, sl := range r.Placement.Ranks {
 		if _, ok := bad[sl.Node]; ok {
 			continue
 		}
@@ -162,30 +172,30 @@ func Recover(s *Snapshot, r *RecoverRequest) Recovery {
 			bad[sl.Node] = "node " + n.State.String()
 		default:
 			for _, g := range n.GPUs {
-				if g.Index == sl.GPU && (!g.Healthy || g.Job != "") {
-					if !g.Healthy {
-						bad[sl.Node] = fmt.Sprintf("GPU %d unhealthy", sl.GPU)
-					} else {
-						bad[sl.Node] = fmt.Sprintf("GPU %d taken by %s", sl.GPU, g.Job)
-					}
+				if g.Index == sl.GPU && !g.Healthy {
+					bad[sl.Node] = fmt.Sprintf("GPU %d unhealthy", sl.GPU)
+				} else if g.Index == sl.GPU && g.Job != "" {
+					taken[sl.Node] = append(taken[sl.Node], i)
 				}
 			}
 		}
 	}
+	old := clonePlacement(&r.Placement)
+	moved := regainTaken(byName, &old, taken, bad)
 	view = recoveryView(s, r.Job.ID, bad)
-	failed := failedNodes(&r.Placement, bad)
+	failed := failedNodes(&old, bad)
 	if len(failed) == 0 {
-		why := fmt.Sprintf("%s on healthy nodes: restarting every rank in place", r.Failure.Kind)
-		return Recovery{Action: RestartSame, Placement: clonePlacement(&r.Placement), Reason: why}
+		why := fmt.Sprintf("%s on healthy nodes: restarting every rank in place%s", r.Failure.Kind, moved)
+		return Recovery{Action: RestartSame, Placement: old, Reason: why}
 	}
-	what := describeBad(failed, bad)
+	what := describeBad(failed, bad) + moved
 	if r.Policy == RestartInPlace && !manual {
 		return Recovery{Action: GiveUp, Reason: what + "; restart_policy restart-in-place needs the same nodes (replace-node swaps in spares)"}
 	}
 	req := r.Job
 	req.UseSpares = true
-	if p, ok := replaceOneForOne(&view, &req, &r.Placement, failed); ok {
-		added := newNodes(&r.Placement, &p)
+	if p, ok := replaceOneForOne(&view, &req, &old, failed); ok {
+		added := newNodes(&old, &p)
 		return Recovery{Action: ReplaceNodes, Placement: p, Removed: failed, Added: added,
 			Reason: fmt.Sprintf("%s; replacing with %s, keeping the other nodes", what, strings.Join(added, ","))}
 	}
@@ -193,17 +203,80 @@ func Recover(s *Snapshot, r *RecoverRequest) Recovery {
 	full.ElasticDP = nil
 	st := newState(&view)
 	if p, err := st.place(&full, placeOpts{quiet: true}); err == nil {
-		return Recovery{Action: Replan, Placement: p, Removed: goneNodes(&r.Placement, &p), Added: newNodes(&r.Placement, &p),
+		return Recovery{Action: Replan, Placement: p, Removed: goneNodes(&old, &p), Added: newNodes(&old, &p),
 			Reason: fmt.Sprintf("%s; no one-for-one swap fits, re-placed on %s", what, strings.Join(p.Nodes(), ","))}
 	}
 	if r.Policy == RestartShrink || (manual && len(req.ElasticDP) > 0) {
-		if p, ok := shrink(&view, &req, &r.Placement, failed); ok {
-			return Recovery{Action: ShrinkDP, Placement: p, Removed: goneNodes(&r.Placement, &p), Added: newNodes(&r.Placement, &p),
+		if p, ok := shrink(&view, &req, &old, failed); ok {
+			return Recovery{Action: ShrinkDP, Placement: p, Removed: goneNodes(&old, &p), Added: newNodes(&old, &p),
 				Reason: fmt.Sprintf("%s; no spare fits, shrinking data parallelism %d → %d on %s", what, req.shape().DP, p.Shape.DP, strings.Join(p.Nodes(), ","))}
 		}
 		return Recovery{Action: GiveUp, Reason: fmt.Sprintf("%s; no spare fits and no allowed data-parallel size %v fits the healthy nodes", what, req.ElasticDP)}
 	}
 	return Recovery{Action: GiveUp, Reason: what + "; no free node can replace it: add or uncordon nodes, then `gpuctl restart " + r.Job.ID + "`"}
+}
+
+// RecoversBefore orders jobs recovering at the same time (a negative
+// result puts a first): the job that decides first has the free capacity
+// first, so the higher priority goes first, then the earlier submitted,
+// then the lower id.
+func RecoversBefore(a, b *JobRequest) int {
+	if c := cmp.Compare(b.Priority, a.Priority); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.Submit, b.Submit); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.ID, b.ID)
+}
+
+// regainTaken moves the ranks of p whose GPU another job holds (taken:
+// node → rank indices) onto free healthy GPUs of the same node, which
+// p's other ranks do not use. A node without enough of them is bad. It
+// returns what moved, as a clause for the reason ("" when nothing did).
+func regainTaken(byName map[string]*Node, p *Placement, taken map[string][]int, bad map[string]string) string {
+	var notes []string
+	for _, name := range slices.Sorted(maps.Keys(taken)) {
+		if _, ok := bad[name]; ok {
+			continue
+		}
+		ranks := taken[name]
+		inUse := map[int]bool{}
+		for _, sl := range p.Ranks {
+			if sl.Node == name {
+				inUse[sl.GPU] = true
+			}
+		}
+		var free []int
+		for _, g := range byName[name].GPUs {
+			if g.Healthy && g.Job == "" && !inUse[g.Index] {
+				free = append(free, g.Index)
+			}
+		}
+		first := p.Ranks[ranks[0]].GPU
+		holder := ""
+		for _, g := range byName[name].GPUs {
+			if g.Index == first {
+				holder = g.Job
+			}
+		}
+		if len(free) < len(ranks) {
+			bad[name] = fmt.Sprintf("GPU %d taken by %s and %d free GPUs left for %d ranks", first, holder, len(free), len(ranks))
+			continue
+		}
+		slices.Sort(free)
+		var from, to []string
+		for k, i := range ranks {
+			from = append(from, strconv.Itoa(p.Ranks[i].GPU))
+			to = append(to, strconv.Itoa(free[k]))
+			p.Ranks[i].GPU = free[k]
+		}
+		notes = append(notes, fmt.Sprintf("%s GPU %s taken by %s, using GPU %s", name, strings.Join(from, ","), holder, strings.Join(to, ",")))
+	}
+	if len(notes) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(notes, "; ") + ")"
 }
 
 // recoveryView copies the snapshot with the job's own GPUs free and the

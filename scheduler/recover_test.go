@@ -27,6 +27,7 @@ func TestRecover(t *testing.T) {
 		// setup changes the cluster after the job is placed on four.
 		setup   func(b *clusterBuilder)
 		nodes   []string
+		gpus    int // GPUs per node; 0 = 2
 		policy  RestartPolicy
 		elastic []int
 		perNode int // GPUsPerNode of the request; 0 = plain data parallel
@@ -35,6 +36,7 @@ func TestRecover(t *testing.T) {
 		restarts int
 
 		want    RecoveryAction
+		moves   []string // healthy nodes whose ranks may change GPU
 		added   []string
 		removed []string
 		dp      int
@@ -97,10 +99,33 @@ func TestRecover(t *testing.T) {
 			},
 			fail: Failure{Kind: FailNodeDown, Nodes: []string{"s0r0n01"}},
 			want: Replan, removed: []string{"s0r0n01"}, added: []string{"s0r1n01", "s0r1n02"}, reason: "no one-for-one swap fits"},
+		// Two jobs recovering at once: the other took a GPU this job's
+		// surviving rank had just released. The node is not lost for it.
+		{name: "a surviving GPU another job took moves the rank on its node", policy: RestartReplace, gpus: 4,
+			setup: func(b *clusterBuilder) {
+				b.node("s0r0n01").GPUs[0].Job = "other"
+				b.state("s0r0n00", NodeDown)
+			},
+			fail: Failure{Kind: FailNodeDown, Nodes: []string{"s0r0n00"}},
+			want: ReplaceNodes, moves: []string{"s0r0n01"}, added: []string{"s0r1n01"}, removed: []string{"s0r0n00"},
+			reason: "s0r0n01 GPU 0 taken by other, using GPU 2"},
+		{name: "a taken GPU on healthy nodes restarts in place on other GPUs", policy: RestartInPlace, gpus: 4,
+			setup: func(b *clusterBuilder) { b.node("s0r1n00").GPUs[1].Job = "other" },
+			fail:  Failure{Kind: FailRankExit},
+			want:  RestartSame, moves: []string{"s0r1n00"}, reason: "s0r1n00 GPU 1 taken by other, using GPU 2"},
+		{name: "a taken GPU with no free one left on its node fails the node", policy: RestartReplace,
+			setup: func(b *clusterBuilder) { b.node("s0r0n02").GPUs[1].Job = "other" },
+			fail:  Failure{Kind: FailRankExit},
+			want:  ReplaceNodes, added: []string{"s0r1n01"}, removed: []string{"s0r0n02"},
+			reason: "s0r0n02 (GPU 1 taken by other and 0 free GPUs left for 1 ranks)"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			b := newCluster(t, 1, 2, 3, 2)
+			gpus := c.gpus
+			if gpus == 0 {
+				gpus = 2
+			}
+			b := newCluster(t, 1, 2, 3, gpus)
 			nodes := c.nodes
 			if nodes == nil {
 				nodes = four
@@ -137,13 +162,48 @@ func TestRecover(t *testing.T) {
 					t.Errorf("rank placed on failed or excluded node %s", sl.Node)
 				}
 			}
+			for r, sl := range got.Placement.Ranks {
+				if slices.Contains(c.moves, sl.Node) && b.node(sl.Node).GPUs[sl.GPU].Job == "other" {
+					t.Errorf("rank %d placed on %v, which another job holds", r, sl)
+				}
+			}
 			if got.Action == ReplaceNodes || got.Action == RestartSame {
 				// Ranks on nodes that stay keep their GPUs.
 				for r, sl := range old.Ranks {
-					if !slices.Contains(got.Removed, sl.Node) && got.Placement.Ranks[r] != sl {
+					if !slices.Contains(got.Removed, sl.Node) && !slices.Contains(c.moves, sl.Node) && got.Placement.Ranks[r] != sl {
 						t.Errorf("rank %d moved from %v to %v although its node is healthy", r, sl, got.Placement.Ranks[r])
 					}
 				}
+			}
+		})
+	}
+}
+
+func TestRecoversBefore(t *testing.T) {
+	cases := []struct {
+		name string
+		jobs []JobRequest
+		want []string
+	}{
+		{name: "higher priority first", jobs: []JobRequest{{ID: "a", Priority: 0, Submit: 1}, {ID: "b", Priority: 5, Submit: 2}},
+			want: []string{"b", "a"}},
+		{name: "same priority: earlier submitted first", jobs: []JobRequest{{ID: "a", Submit: 9}, {ID: "b", Submit: 3}, {ID: "c", Submit: 5}},
+			want: []string{"b", "c", "a"}},
+		{name: "same priority and time: by id", jobs: []JobRequest{{ID: "j-2", Submit: 1}, {ID: "j-1", Submit: 1}},
+			want: []string{"j-1", "j-2"}},
+		{name: "negative priority last", jobs: []JobRequest{{ID: "low", Priority: -1}, {ID: "mid"}, {ID: "high", Priority: 1, Submit: 99}},
+			want: []string{"high", "mid", "low"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			jobs := slices.Clone(c.jobs)
+			slices.SortFunc(jobs, func(a, b JobRequest) int { return RecoversBefore(&a, &b) })
+			var got []string
+			for _, j := range jobs {
+				got = append(got, j.ID)
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("order %v, want %v", got, c.want)
 			}
 		})
 	}

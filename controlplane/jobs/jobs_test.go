@@ -33,7 +33,10 @@ type fakeNodes struct {
 	// jobFault refuses launches on chosen nodes as nodemon refuses a
 	// job's own mistake (a command it cannot find).
 	jobFault map[string]string
-	storeAt  func(job string) *api.Job
+	// nodePolicy refuses launches on chosen nodes as nodemon refuses by
+	// its own policy (root ranks without --allow-root-ranks).
+	nodePolicy map[string]string
+	storeAt    func(job string) *api.Job
 }
 
 type sentCmd struct {
@@ -87,6 +90,9 @@ func (f *fakeNodes) Command(_ context.Context, node string, c *api.Command) (*ap
 	}
 	if msg := f.jobFault[node]; msg != "" && c.GetLaunch() != nil {
 		return nil, &nodes.CommandError{Node: node, Msg: msg, JobFault: true}
+	}
+	if msg := f.nodePolicy[node]; msg != "" && c.GetLaunch() != nil {
+		return nil, &nodes.CommandError{Node: node, Msg: msg, NodeRefused: true}
 	}
 	return &api.CommandAck{Id: c.GetId()}, nil
 }

@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -64,6 +65,9 @@ type valRank struct {
 	code   int32
 	signal string
 	err    string
+	// refused: the node refused the gang by its own policy, so it is
+	// excluded for the job, not cordoned.
+	refused bool
 }
 
 func restartPolicy(p jobspec.RestartPolicy) scheduler.RestartPolicy {
@@ -96,6 +100,59 @@ func (m *Manager) recoverRequest(en *entry, f scheduler.Failure) scheduler.Recov
 	}
 	return scheduler.RecoverRequest{Job: r, Placement: placementOf(j.GetPlacement(), shapeOf(j)),
 		Policy: restartPolicy(en.spec.RestartPolicy), Restarts: int(j.GetRestarts()), MaxRestarts: en.spec.Restarts(), Failure: f}
+}
+
+// recoveryRequest is the job as RecoversBefore orders it; a job without
+// its spec (loaded from an older server) counts at priority 0.
+func (m *Manager) recoveryRequest(en *entry) scheduler.JobRequest {
+	if en.spec == nil {
+		return scheduler.JobRequest{ID: en.job.GetId(), Submit: en.job.GetSubmitUnixNano() / 1e9}
+	}
+	return m.request(en)
+}
+
+// recoverySnapshot is the snapshot a recovering job decides on. Every
+// job's GPUs are held as usual, a recovering job's reservation included
+// (its surviving GPUs stay its own), except the GPUs a recovery ordered
+// after this one reserved off its own nodes before deciding: those were a
+// guess, and the job ordered first may take them.
+func (m *Manager) recoverySnapshot(en *entry, now time.Time) scheduler.Snapshot {
+	snap := m.snapshot(now)
+	me := m.recoveryRequest(en)
+	guessed := map[string]map[int]string{}
+	for id, rec := range m.recs {
+		o := m.jobs[id]
+		if o == nil || o == en || rec.decision != nil {
+			continue
+		}
+		if r := m.recoveryRequest(o); scheduler.RecoversBefore(&me, &r) > 0 {
+			continue
+		}
+		own := map[string]bool{}
+		for _, jn := range o.job.GetPlacement() {
+			own[jn.GetNode()] = true
+		}
+		for _, jn := range o.job.GetMoveTarget() {
+			if own[jn.GetNode()] {
+				continue
+			}
+			if guessed[jn.GetNode()] == nil {
+				guessed[jn.GetNode()] = map[int]string{}
+			}
+			for _, g := range jn.GetGpus() {
+				guessed[jn.GetNode()][int(g)] = id
+			}
+		}
+	}
+	for i := range snap.Nodes {
+		n := &snap.Nodes[i]
+		for k := range n.GPUs {
+			if g := &n.GPUs[k]; g.Job != "" && guessed[n.Name][g.Index] == g.Job {
+				g.Job = ""
+			}
+		}
+	}
+	return snap
 }
 
 // giveUp records that a job broke for good: it fails and its remaining
@@ -157,7 +214,7 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 		m.giveUp(en, reason, now)
 		return
 	}
-	snap := m.snapshot(now)
+	snap := m.recoverySnapshot(en, now)
 	req := m.recoverRequest(en, f)
 	d := scheduler.Recover(&snap, &req)
 	if d.Action == scheduler.GiveUp {
@@ -245,10 +302,22 @@ func (m *Manager) gpuFault(e *api.Event) {
 	m.kick()
 }
 
-// recoveries moves every recovery along one step.
+// recoveries moves every recovery along one step, the highest priority
+// first (scheduler.RecoversBefore): recoveries that decide in the same
+// pass take the free capacity in that order.
 func (m *Manager) recoveries(now time.Time) {
 	var ranks map[string][]*api.RankStatus
+	var order []*entry
 	for _, en := range m.sorted() {
+		if m.recs[en.job.GetId()] != nil {
+			order = append(order, en)
+		}
+	}
+	slices.SortStableFunc(order, func(a, b *entry) int {
+		ra, rb := m.recoveryRequest(a), m.recoveryRequest(b)
+		return scheduler.RecoversBefore(&ra, &rb)
+	})
+	for _, en := range order {
 		j := en.job
 		rec := m.recs[j.GetId()]
 		if rec == nil {
@@ -342,7 +411,7 @@ func (m *Manager) cordoned(msg msgCordoned) {
 // new nodes or relaunches at once.
 func (m *Manager) decide(en *entry, rec *recovery, now time.Time) {
 	j := en.job
-	snap := m.snapshot(now)
+	snap := m.recoverySnapshot(en, now)
 	req := m.recoverRequest(en, rec.failure)
 	d := scheduler.Recover(&snap, &req)
 	if d.Action == scheduler.GiveUp {
@@ -420,7 +489,9 @@ func (m *Manager) validationLaunched(msg msgValidationLaunched) {
 	}
 	for node, err := range msg.errs {
 		if r := v.ranks[node]; r != nil {
+			var ce *nodes.CommandError
 			r.exited, r.code, r.err = true, -1, err.Error()
+			r.refused = errors.As(err, &ce) && ce.NodeRefused
 		}
 	}
 	m.kick()
@@ -487,10 +558,12 @@ func (m *Manager) checkValidation(en *entry, rec *recovery, now time.Time) {
 	rec.validation = ""
 	rec.decision = nil
 	m.signalNodes(v.id, v.nodes, "SIGKILL")
-	m.recoveryEvent(j, api.Severity_SEVERITY_WARNING, now.Sub(v.started), "validation %s failed (%s); cordoning %s and choosing again",
+	m.recoveryEvent(j, api.Severity_SEVERITY_WARNING, now.Sub(v.started), "validation %s failed (%s); excluding %s (cordoned unless it refused by its own policy) and choosing again",
 		v.id, strings.Join(why, "; "), strings.Join(blame, ","))
 	for _, n := range blame {
-		rec.cordon[n] = "failed validation " + v.id + " (" + strings.Join(why, "; ") + ")"
+		if r := v.ranks[n]; r == nil || !r.refused {
+			rec.cordon[n] = "failed validation " + v.id + " (" + strings.Join(why, "; ") + ")"
+		}
 		if !slices.Contains(j.Exclude, n) {
 			j.Exclude = append(j.Exclude, n)
 		}

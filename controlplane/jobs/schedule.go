@@ -428,7 +428,13 @@ func (m *Manager) finishStop(en *entry, now time.Time) {
 		}
 		j.Reason = "move target no longer free (" + why + "); back in the queue, resumes from its checkpoint"
 	}
-	j.Stopping, j.TermSentUnixNano, j.StopSinceUnixNano, j.MoveTarget = api.JobStop_JOB_STOP_NONE, 0, 0, nil
+	j.Stopping, j.TermSentUnixNano, j.StopSinceUnixNano = api.JobStop_JOB_STOP_NONE, 0, 0
+	if m.recs[j.GetId()] == nil {
+		// A recovering job keeps its reservation once its ranks are gone:
+		// its surviving GPUs are its own until it decides, or another
+		// recovery would take them and count its node as failed.
+		j.MoveTarget = nil
+	}
 	switch stop {
 	case api.JobStop_JOB_STOP_PREEMPT:
 		m.requeue(en, now)
@@ -761,10 +767,37 @@ func (m *Manager) launched(msg msgLaunched) {
 			// same way.
 			m.giveUp(en, why, m.now())
 		} else {
-			m.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: refused}, why, m.now())
+			m.refusedLaunch(en, blamed, why)
 		}
 	}
 	m.kick()
+}
+
+// refusedLaunch fails a job over the nodes that did not start its ranks.
+// A node that refused by a policy of its own (CommandError.NodeRefused)
+// is excluded for this job and flagged with an event, never cordoned: it
+// serves other jobs. The other nodes are suspected as a lost node is.
+func (m *Manager) refusedLaunch(en *entry, blamed map[string]error, why string) {
+	j := en.job
+	var policy, broken []string
+	for _, node := range slices.Sorted(mapKeys(blamed)) {
+		var ce *nodes.CommandError
+		if errors.As(blamed[node], &ce) && ce.NodeRefused {
+			policy = append(policy, node)
+			m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_RECOVERY, Severity: api.Severity_SEVERITY_WARNING, Node: node, Job: j.GetId(),
+				Message: fmt.Sprintf("%s refused job %s by its own policy (%s); the job runs without it, and the node stays open to other jobs",
+					node, j.GetId(), ce.Msg)})
+		} else {
+			broken = append(broken, node)
+		}
+	}
+	now := m.now()
+	if len(broken) > 0 {
+		m.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: broken}, why, now)
+	}
+	if len(policy) > 0 && (active(j) || phaseOf(j) == Recovering) {
+		m.fail(en, scheduler.Failure{Kind: scheduler.FailRefused, Nodes: policy}, why, now)
+	}
 }
 
 // jobFaults reports whether every refusal in errs is the job's fault.

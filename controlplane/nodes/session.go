@@ -372,7 +372,7 @@ func (ns *session) commandAck(ctx context.Context, c *api.Command) (*api.Command
 	select {
 	case ack := <-ch:
 		if msg := ack.GetError(); msg != "" {
-			return nil, &CommandError{Node: ns.name, Msg: msg, JobFault: ack.GetJobError()}
+			return nil, &CommandError{Node: ns.name, Msg: msg, JobFault: ack.GetJobError(), NodeRefused: ack.GetNodeRefused()}
 		}
 		return ack, nil
 	case <-ctx.Done():
@@ -456,11 +456,13 @@ const pauseTolerance = 500 * time.Millisecond
 
 // CommandError is a node's refusal of a command. JobFault says the
 // refusal is the job's fault (its command, user or checkpoint dir), not
-// the node's.
+// the node's; NodeRefused that the node refused by a policy of its own
+// (root ranks without --allow-root-ranks): the job may run elsewhere.
 type CommandError struct {
-	Node     string
-	Msg      string
-	JobFault bool
+	Node        string
+	Msg         string
+	JobFault    bool
+	NodeRefused bool
 }
 
 func (e *CommandError) Error() string { return fmt.Sprintf("node %s: %s", e.Node, e.Msg) }
