@@ -89,7 +89,7 @@ func writeNodeAction(w io.Writer, action string, r *api.CordonResponse) error {
 	n := r.GetNode()
 	line := n.GetRegistration().GetName() + " " + views.NodeStateText(n)
 	if reason := n.GetCordonReason(); reason != "" {
-		line += " (" + views.Escape(reason) + ")"
+		line += " (" + api.EscapeText(reason) + ")"
 	}
 	if state, _, _ := views.NodeLiveness(n); action == "uncordon" && state == "down" {
 		line += ": takes new work once it reconnects"
@@ -105,7 +105,7 @@ func writeNodeAction(w io.Writer, action string, r *api.CordonResponse) error {
 		return err
 	}
 	for _, j := range r.GetJobs() {
-		what := "stays: " + views.Escape(j.GetReason())
+		what := "stays: " + api.EscapeText(j.GetReason())
 		if j.GetMoving() {
 			what = "moving to " + strings.Join(j.GetTo(), ",") + " (checkpoint, stop, relaunch)"
 		}
