@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -52,6 +53,19 @@ func CleanText(s string, max int) string {
 		return strings.TrimRight(truncateRunes(out, max), " ")
 	}
 	return strings.TrimRight(truncateRunes(out, cut), " ") + ellipsis
+}
+
+// MaxQuote is how many bytes of a refused value an error quotes.
+const MaxQuote = 64
+
+// Quote quotes a value an error refuses, as %q does, cut to its first
+// MaxQuote bytes and saying how long it was when longer: a 10 KB name
+// must not fill the terminal or the log it is refused in.
+func Quote(s string) string {
+	if len(s) <= MaxQuote {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(truncateRunes(s, MaxQuote)), len(s))
 }
 
 // truncateRunes cuts s to at most n bytes without splitting a rune.

@@ -140,3 +140,20 @@ func FuzzEscapeText(f *testing.F) {
 		}
 	})
 }
+
+func TestQuote(t *testing.T) {
+	tests := []struct{ name, in, want string }{
+		{"short", "node-01", `"node-01"`},
+		{"escapes", "a\x1b[2J", `"a\x1b[2J"`},
+		{"at the bound", strings.Repeat("n", MaxQuote), `"` + strings.Repeat("n", MaxQuote) + `"`},
+		{"long", strings.Repeat("n", 10<<10), `"` + strings.Repeat("n", MaxQuote) + `"… (10240 bytes)`},
+		{"cut at a rune boundary", strings.Repeat("é", 40), `"` + strings.Repeat("é", 32) + `"… (80 bytes)`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Quote(tc.in); got != tc.want {
+				t.Errorf("Quote(%.80q) = %q, want %q", tc.in, got, tc.want)
+			}
+		})
+	}
+}

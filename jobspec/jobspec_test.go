@@ -64,6 +64,8 @@ func TestValidationRules(t *testing.T) {
 		{"name missing", "command: [x]\ngpus: 8\n", "job.yaml: name: required"},
 		{"name not a label", strings.Replace(base, "name: job", "name: My_Job", 1), `job.yaml:1: name: "My_Job" is not a DNS label`},
 		{"tenant not a label", base + "tenant: Big Lab\n", `job.yaml:4: tenant: "Big Lab" is not a DNS label`},
+		{"long name cut", strings.Replace(base, "name: job", "name: "+strings.Repeat("X", 10<<10), 1),
+			`job.yaml:1: name: "` + strings.Repeat("X", 64) + `"… (10240 bytes) is not a DNS label`},
 		{"queue not a label", base + "queue: -q\n", `job.yaml:4: queue: "-q" is not a DNS label`},
 		{"priority range", base + "priority: 5000\n", "job.yaml:4: priority: 5000 is outside -1000..1000"},
 		{"command missing", "name: a\ngpus: 8\n", "job.yaml: command: required"},

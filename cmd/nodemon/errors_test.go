@@ -22,6 +22,7 @@ func TestErrorsSayEachPrefixOnce(t *testing.T) {
 	}{
 		{"no identity and no token", nil, "nodemon: no identity in "},
 		{"malformed token", []string{"--token", "gpj1.junk"}, "nodemon: join 127.0.0.1:9 as n1: malformed join token"},
+		{"10 KB name", []string{"--name", strings.Repeat("n", 10<<10) + "x"}, `nodemon: --name: name "` + strings.Repeat("n", 64) + `"… (10241 bytes) must be 1 to 64 characters`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -48,6 +49,9 @@ func TestErrorsSayEachPrefixOnce(t *testing.T) {
 			msg := strings.TrimSpace(stderr.String())
 			if !strings.HasPrefix(msg, tc.want) {
 				t.Errorf("stderr %q, want it to start with %q", msg, tc.want)
+			}
+			if len(msg) > 512 {
+				t.Errorf("stderr is %d bytes: a refused value is quoted whole", len(msg))
 			}
 			for _, word := range []string{"nodemon:", "join 127.0.0.1:9"} {
 				if strings.Count(msg, word) > 1 {
