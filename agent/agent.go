@@ -80,24 +80,24 @@ type Agent struct {
 // New builds an agent around already-opened probes.
 func New(cfg Config, p *Probes) (*Agent, error) {
 	if cfg.Server == "" {
-		return nil, errors.New("nodemon: --server is required")
+		return nil, errors.New("--server is required")
 	}
 	addrs, err := transport.ParseServers(cfg.Server)
 	if err != nil {
-		return nil, fmt.Errorf("nodemon: --server: %w", err)
+		return nil, fmt.Errorf("--server: %w", err)
 	}
 	if cfg.DataDir == "" {
-		return nil, errors.New("nodemon: --data-dir is required")
+		return nil, errors.New("--data-dir is required")
 	}
 	if cfg.Name == "" {
 		h, err := os.Hostname()
 		if err != nil {
-			return nil, fmt.Errorf("nodemon: no --name and no host name: %w", err)
+			return nil, fmt.Errorf("no --name and no host name: %w", err)
 		}
 		cfg.Name = h
 	}
 	if err := transport.ValidateName(cfg.Name); err != nil {
-		return nil, fmt.Errorf("nodemon: --name: %w", err)
+		return nil, fmt.Errorf("--name: %w", err)
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = time.Second
@@ -129,7 +129,7 @@ func New(cfg Config, p *Probes) (*Agent, error) {
 		AllowRootRanks: cfg.AllowRootRanks, Env: p.rankEnv(), SlurmNode: cfg.SlurmNode,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("nodemon: %w", err)
+		return nil, err
 	}
 	a.exec = x
 	a.exec.BeforeLaunch = p.prepareLaunch
@@ -172,7 +172,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}()
 	d, err := transport.NewDialer(a.log)
 	if err != nil {
-		return fmt.Errorf("nodemon: %w", err)
+		return err
 	}
 	defer d.Close()
 	// The pauses start over whenever the server answers a hello: a server
@@ -192,7 +192,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		var refused *transport.RefusedError
 		if errors.As(err, &refused) {
-			return fmt.Errorf("nodemon: server %s refused this node: %w", addr, err)
+			return fmt.Errorf("server %s refused this node: %w", addr, err)
 		}
 		var nl *transport.NotLeaderError
 		if errors.As(err, &nl) && nl.Leader != "" && a.servers.Redirect(addr, nl.Leader) {
@@ -223,10 +223,10 @@ func (a *Agent) identity(ctx context.Context) (*transport.Identity, error) {
 		return id, nil
 	}
 	if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("nodemon: load identity from %s: %w", dir, err)
+		return nil, fmt.Errorf("load identity from %s: %w", dir, err)
 	}
 	if a.cfg.Token == "" {
-		return nil, fmt.Errorf("nodemon: no identity in %s yet: pass --token (make one with `gpuctl token create`)", dir)
+		return nil, fmt.Errorf("no identity in %s yet: pass --token (make one with `gpuctl token create`)", dir)
 	}
 	return a.join(ctx, dir)
 }
@@ -252,7 +252,7 @@ func (a *Agent) join(ctx context.Context, dir string) (*transport.Identity, erro
 			return id, nil
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("nodemon: join %s: %w", addr, ctx.Err())
+			return nil, fmt.Errorf("join %s: %w", addr, ctx.Err())
 		}
 		var nl *transport.NotLeaderError
 		if errors.As(err, &nl) && nl.Leader != "" && a.servers.Redirect(addr, nl.Leader) {
@@ -261,7 +261,7 @@ func (a *Agent) join(ctx context.Context, dir string) (*transport.Identity, erro
 		}
 		var refused *transport.RefusedError
 		if errors.As(err, &refused) {
-			return nil, fmt.Errorf("nodemon: join %s: %w", addr, err)
+			return nil, err // transport.Join names the server
 		}
 		if transport.IsBusy(err) {
 			busy = true
@@ -275,16 +275,16 @@ func (a *Agent) join(ctx context.Context, dir string) (*transport.Identity, erro
 		switch {
 		case busy:
 		case len(unreachable) == 1:
-			return nil, fmt.Errorf("nodemon: join %s: %w", addr, err)
+			return nil, err
 		default:
-			return nil, fmt.Errorf("nodemon: join: no server of %s could be reached: %w", a.servers, errors.Join(unreachable...))
+			return nil, fmt.Errorf("join: no server of %s could be reached: %w", a.servers, errors.Join(unreachable...))
 		}
 		busy, unreachable = false, nil
 		delay := backoff.Next()
 		a.log.Warn("server busy; retrying the join", "err", err, "in", delay.Round(time.Millisecond), "attempt", backoff.Attempt())
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("nodemon: join %s: %w", addr, ctx.Err())
+			return nil, fmt.Errorf("join %s: %w", addr, ctx.Err())
 		case <-time.After(delay):
 		}
 	}
@@ -298,7 +298,7 @@ const joinRetryBase = 500 * time.Millisecond
 func (a *Agent) registration() (*api.NodeRegistration, error) {
 	gpus, driver, cuda, err := a.probes.inventory()
 	if err != nil {
-		return nil, fmt.Errorf("nodemon: GPU inventory: %w", err)
+		return nil, fmt.Errorf("GPU inventory: %w", err)
 	}
 	host, _ := os.Hostname()
 	return &api.NodeRegistration{

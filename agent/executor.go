@@ -370,10 +370,15 @@ func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string, cred *
 	fail := func(err error) (*rankProc, error) {
 		return nil, fmt.Errorf("launch %s rank %d: %w", job, rank, err)
 	}
-	for _, d := range []string{filepath.Join(x.logDir, job), filepath.Join(x.runDir, job)} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return fail(err)
-		}
+	var owner *syscall.Credential
+	if cred != nil {
+		owner = &syscall.Credential{Uid: cred.uid, Gid: cred.gid}
+	}
+	if err := rankLogDir(filepath.Join(x.logDir, job), owner); err != nil {
+		return fail(err)
+	}
+	if err := os.MkdirAll(filepath.Join(x.runDir, job), 0o755); err != nil {
+		return fail(err)
 	}
 	logPath := filepath.Join(x.logDir, job, fmt.Sprintf("rank-%d.log", rank))
 	statusPath := filepath.Join(x.runDir, job, fmt.Sprintf("rank-%d.status", rank))
@@ -381,9 +386,9 @@ func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string, cred *
 		return fail(err)
 	}
 	// The tail starts at the log's end now, before the rank can print.
-	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	lf, err := openRankLog(logPath, owner)
 	if err != nil {
-		return fail(fmt.Errorf("open log: %w", err))
+		return fail(err)
 	}
 	lf.Close()
 	tail := openLogTail(logPath)

@@ -164,7 +164,7 @@ func TestLogTailFollowsRotationAndTruncation(t *testing.T) {
 func TestRotatingWriter(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "rank-0.log")
-	w, err := openRotating(path, 100, 3)
+	w, err := openRotating(path, 100, 3, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func TestRotatingWriter(t *testing.T) {
 			t.Fatalf("%s = %q, want %q", name, b, content)
 		}
 	}
-	if _, err := openRotating(path, 0, 3); err == nil {
+	if _, err := openRotating(path, 0, 3, nil); err == nil {
 		t.Fatal("a zero rotation size was accepted")
 	}
 }

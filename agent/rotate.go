@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"syscall"
 )
 
 // Rank log rotation defaults: 64 MiB per file, three rotated files kept
@@ -26,16 +27,19 @@ type rotatingWriter struct {
 	f    *os.File
 	size int64
 	err  error // last write error, reported once
+	// owner is the job's account, which every log file is made over to;
+	// nil keeps the shim's own.
+	owner *syscall.Credential
 }
 
-func openRotating(path string, max int64, keep int) (*rotatingWriter, error) {
+func openRotating(path string, max int64, keep int, owner *syscall.Credential) (*rotatingWriter, error) {
 	if max <= 0 {
 		return nil, fmt.Errorf("log rotation size %d: want more than 0 bytes", max)
 	}
 	if keep < 0 {
 		return nil, fmt.Errorf("log rotation keep %d: want 0 or more files", keep)
 	}
-	w := &rotatingWriter{path: path, max: max, keep: keep}
+	w := &rotatingWriter{path: path, max: max, keep: keep, owner: owner}
 	if err := w.open(); err != nil {
 		return nil, err
 	}
@@ -43,9 +47,9 @@ func openRotating(path string, max int64, keep int) (*rotatingWriter, error) {
 }
 
 func (w *rotatingWriter) open() error {
-	f, err := os.OpenFile(w.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	f, err := openRankLog(w.path, w.owner)
 	if err != nil {
-		return fmt.Errorf("open rank log: %w", err)
+		return err
 	}
 	fi, err := f.Stat()
 	if err != nil {
@@ -103,6 +107,52 @@ func (w *rotatingWriter) write(p []byte) {
 	if err != nil {
 		w.err = fmt.Errorf("write rank log: %w", err)
 	}
+}
+
+// Rank logs hold what a job printed, which may be private to its user:
+// they are the job's account's, readable by its group, and no one
+// else's, in a directory of the same.
+const (
+	rankLogMode    os.FileMode = 0o640
+	rankLogDirMode os.FileMode = 0o750
+)
+
+// openRankLog opens (creating) a rank log for appending, with
+// rankLogMode and owned by owner when given. A file left by an older
+// nodemon with a wider mode is narrowed.
+func openRankLog(path string, owner *syscall.Credential) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, rankLogMode)
+	if err != nil {
+		return nil, fmt.Errorf("open rank log: %w", err)
+	}
+	if err := f.Chmod(rankLogMode); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open rank log %s: %w", path, err)
+	}
+	if owner != nil {
+		if err := f.Chown(int(owner.Uid), int(owner.Gid)); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("open rank log %s: give it to uid %d: %w", path, owner.Uid, err)
+		}
+	}
+	return f, nil
+}
+
+// rankLogDir makes dir, a job's log directory, with rankLogDirMode and
+// owned by owner when given.
+func rankLogDir(dir string, owner *syscall.Credential) error {
+	if err := os.MkdirAll(dir, rankLogDirMode); err != nil {
+		return err
+	}
+	if err := os.Chmod(dir, rankLogDirMode); err != nil {
+		return err
+	}
+	if owner != nil {
+		if err := os.Chown(dir, int(owner.Uid), int(owner.Gid)); err != nil {
+			return fmt.Errorf("give %s to uid %d: %w", dir, owner.Uid, err)
+		}
+	}
+	return nil
 }
 
 // rotate shifts path.N to path.N+1 (dropping the oldest), path to path.1,

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/procfs"
 )
 
@@ -120,7 +121,11 @@ func RunShim(args []string, stderr io.Writer) int {
 			return fail("%v", lease.readErr)
 		}
 	}
-	w, err := openRotating(*logPath, *maxBytes, *keep)
+	cred, err := shimCredential(*uid, *gid, *groups)
+	if err != nil {
+		return fail("%v", err)
+	}
+	w, err := openRotating(*logPath, *maxBytes, *keep, cred)
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -145,10 +150,6 @@ func RunShim(args []string, stderr io.Writer) int {
 	if err != nil {
 		return fail("output pipe: %v", err)
 	}
-	cred, err := shimCredential(*uid, *gid, *groups)
-	if err != nil {
-		return fail("%v", err)
-	}
 	cmd, cgErr, err := startRank(*exe, argv, pw, *cgroup, cred, *dir)
 	pw.Close()
 	if err != nil {
@@ -163,8 +164,11 @@ func RunShim(args []string, stderr io.Writer) int {
 		// of /proc missing.
 		return fail("read start time of rank pid %d: %v", pid, err)
 	}
+	// gpuctl's own line is escaped always: the command comes from the job
+	// file, and `gpuctl logs --raw` must not pass it to a terminal as
+	// gpuctl's word.
 	note("rank %s of job %s (attempt %s) started: pid %d: %s", os.Getenv("RANK"), os.Getenv("GPUCTL_JOB"),
-		os.Getenv("GPUCTL_ATTEMPT"), pid, strings.Join(argv, " "))
+		os.Getenv("GPUCTL_ATTEMPT"), pid, api.EscapeText(strings.Join(argv, " ")))
 	h := shimHello{PID: pid, StartTicks: st.StartTicks}
 	if cgErr != nil {
 		h.CgroupError = cgErr.Error()

@@ -80,6 +80,12 @@ func (c *Client) Watch(ctx context.Context, req *api.WatchRequest, opt WatchOpti
 			// request): retrying would only be refused again.
 			return errors.New(se.msg)
 		}
+		var refused *transport.RefusedError
+		if errors.As(err, &refused) {
+			// The server refused this client (a revoked certificate):
+			// every server refuses it, and every retry would be.
+			return refused
+		}
 		if err == nil {
 			err = errors.New("the server ended the watch")
 		}

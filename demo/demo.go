@@ -12,8 +12,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -94,6 +96,11 @@ type Cluster struct {
 	srvStop sync.Once
 	mu      sync.Mutex
 	nodemon map[string]*exec.Cmd
+
+	spawnOnce sync.Once
+	spawns    chan spawnReq
+	spawnDone chan struct{}
+	spawnStop sync.Once
 }
 
 // Options returns the options the cluster runs with, defaults filled in.
@@ -205,12 +212,17 @@ func (c *Cluster) StartNode(name, token string) error {
 		c.NodeMetricsAddrs[name] = addr
 		c.mu.Unlock()
 	}
-	if token != "" {
-		args = append(args, "--token", token)
-	}
 	cmd := exec.Command(c.opts.Nodemon, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	if token != "" {
+		// On stdin, not in argv, where ps would show it to every user.
+		cmd.Args = append(cmd.Args, "--token", "-")
+		cmd.Stdin = strings.NewReader(token + "\n")
+	}
+	// Its own group, so the terminal's ^C reaches the demo alone and the
+	// demo stops the nodes in order; Pdeathsig, so a demo killed outright
+	// leaves no node behind (each stops its ranks on SIGTERM).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := c.spawn(cmd); err != nil {
 		return fmt.Errorf("demo: start nodemon %s: %w", name, err)
 	}
 	go cmd.Wait()
@@ -219,6 +231,40 @@ func (c *Cluster) StartNode(name, token string) error {
 	c.mu.Unlock()
 	c.opts.Log.Info("nodemon started", "node", name, "pid", cmd.Process.Pid)
 	return nil
+}
+
+// spawn starts cmd from the cluster's spawner thread. The kernel sends
+// Pdeathsig when the thread that started a process exits, not the
+// process: a Go thread can exit while the demo runs, so every nodemon is
+// started from one thread locked for the cluster's life.
+func (c *Cluster) spawn(cmd *exec.Cmd) error {
+	c.spawnOnce.Do(func() {
+		c.spawns = make(chan spawnReq)
+		c.spawnDone = make(chan struct{})
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+			for {
+				select {
+				case r := <-c.spawns:
+					r.err <- r.cmd.Start()
+				case <-c.spawnDone:
+					return
+				}
+			}
+		}()
+	})
+	errc := make(chan error, 1)
+	select {
+	case c.spawns <- spawnReq{cmd: cmd, err: errc}:
+	case <-c.spawnDone:
+		return errors.New("the demo is stopping")
+	}
+	return <-errc
+}
+
+type spawnReq struct {
+	cmd *exec.Cmd
+	err chan error
 }
 
 // NodemonPID returns the pid of a node's nodemon process.
@@ -316,6 +362,10 @@ func (c *Cluster) Stop() {
 		}
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	}
+	c.spawnStop.Do(func() {
+		c.spawnOnce.Do(func() { c.spawnDone = make(chan struct{}) })
+		close(c.spawnDone)
+	})
 	c.StopServer()
 }
 

@@ -2,8 +2,10 @@ package jobspec
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -64,6 +66,8 @@ func TestValidationRules(t *testing.T) {
 		{"name missing", "command: [x]\ngpus: 8\n", "job.yaml: name: required"},
 		{"name not a label", strings.Replace(base, "name: job", "name: My_Job", 1), `job.yaml:1: name: "My_Job" is not a DNS label`},
 		{"tenant not a label", base + "tenant: Big Lab\n", `job.yaml:4: tenant: "Big Lab" is not a DNS label`},
+		{"long name cut", strings.Replace(base, "name: job", "name: "+strings.Repeat("X", 10<<10), 1),
+			`job.yaml:1: name: "` + strings.Repeat("X", 64) + `"… (10240 bytes) is not a DNS label`},
 		{"queue not a label", base + "queue: -q\n", `job.yaml:4: queue: "-q" is not a DNS label`},
 		{"priority range", base + "priority: 5000\n", "job.yaml:4: priority: 5000 is outside -1000..1000"},
 		{"command missing", "name: a\ngpus: 8\n", "job.yaml: command: required"},
@@ -209,5 +213,56 @@ func TestParseFileErrors(t *testing.T) {
 	}
 	if _, err := ParseFile(big); err == nil || !strings.Contains(err.Error(), "over") {
 		t.Fatalf("oversized file: %v", err)
+	}
+}
+
+// TestAliasProblemsAtTheUse: a value that reaches a field through an
+// alias is wrong where it is used, so that is the line named, not the
+// anchor's.
+func TestAliasProblemsAtTheUse(t *testing.T) {
+	tests := []struct{ name, yaml, want string }{
+		{"unknown field through an alias", "name: a\ngpus: 8\ncommand: [x]\nenv: &e\n  X: a\ncheckpoint: *e\n",
+			"job.yaml:6: checkpoint.X: unknown field"},
+		{"wrong type through an alias", "name: a\ngpus: 8\ncommand: &c [x]\nenv:\n  X: a\npriority: *c\n",
+			"job.yaml:6: priority: cannot unmarshal !!seq into int"},
+		{"nested value through an alias", "name: a\ngpus: 8\ncommand: [x, &v 'a b']\ncheckpoint:\n  dir: x\n  interval: *v\n",
+			"job.yaml:6: checkpoint.interval: cannot unmarshal !!str `a b` into time.Duration"},
+		{"the anchor's own problem stays there", "name: &n Bad_Name\ngpus: 8\ncommand: [x]\ntenant: *n\n",
+			"job.yaml:1: name: \"Bad_Name\" is not a DNS label"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse("job.yaml", []byte(tc.yaml))
+			if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to start with %q", err, tc.want)
+			}
+		})
+	}
+	// The alias of the last problem names its own line too.
+	_, err := Parse("job.yaml", []byte(tests[3].yaml))
+	if !strings.Contains(err.Error(), "\njob.yaml:4: tenant: ") {
+		t.Errorf("the alias's problem is not at its line:\n%v", err)
+	}
+}
+
+// TestAliasBombRefused: aliases of aliases that would expand to billions
+// of values are refused at once, with the line.
+func TestAliasBombRefused(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("name: a\ngpus: 8\nenv:\n  A0: &a0 [x, x, x, x, x, x, x, x, x, x]\n")
+	for i := 1; i < 10; i++ {
+		fmt.Fprintf(&b, "  A%d: &a%d [*a%d, *a%d, *a%d, *a%d, *a%d, *a%d, *a%d, *a%d, *a%d, *a%d]\n", i, i, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1)
+	}
+	b.WriteString("command: *a9\n")
+	start := time.Now()
+	_, err := Parse("job.yaml", []byte(b.String()))
+	if err == nil || !strings.Contains(err.Error(), "aliases expand to more than") {
+		t.Fatalf("error %v, want the aliases refused", err)
+	}
+	if !regexp.MustCompile(`^job\.yaml:\d+: `).MatchString(err.Error()) {
+		t.Errorf("error %q names no line", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("refused after %s", d)
 	}
 }

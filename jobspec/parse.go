@@ -96,6 +96,12 @@ func Parse(source string, data []byte) (*Spec, error) {
 		return nil, &ValidationError{Source: source, Problems: []Problem{{Line: doc.Line, Reason: "a job file is a mapping of fields (name: …, command: …, gpus: …)"}}}
 	}
 
+	budget := maxExpandedNodes
+	doc, err := expandAliases(doc, nil, &budget)
+	if err != nil {
+		return nil, &ValidationError{Source: source, Problems: []Problem{{Line: err.(aliasError).line, Reason: err.Error()}}}
+	}
+
 	lines := map[string]int{}
 	var probs []Problem
 	checkFields(doc, reflect.TypeOf(Spec{}), "", lines, &probs)
@@ -103,10 +109,11 @@ func Parse(source string, data []byte) (*Spec, error) {
 		return nil, &ValidationError{Source: source, Problems: probs}
 	}
 
+	// Decoded from the expanded tree, so a value that came through an
+	// alias is reported at the alias; checkFields has refused unknown
+	// fields already.
 	var s Spec
-	typed := yaml.NewDecoder(bytes.NewReader(data))
-	typed.KnownFields(true)
-	if err := typed.Decode(&s); err != nil {
+	if err := doc.Decode(&s); err != nil {
 		var te *yaml.TypeError
 		if errors.As(err, &te) {
 			for _, msg := range te.Errors {
@@ -123,6 +130,51 @@ func Parse(source string, data []byte) (*Spec, error) {
 		return nil, err
 	}
 	return &s, nil
+}
+
+// maxExpandedNodes bounds a job file's tree once its aliases are
+// expanded: a real job has a few dozen nodes, a YAML bomb (aliases of
+// aliases of lists) billions.
+const maxExpandedNodes = 10_000
+
+// aliasError is a file whose aliases expand past maxExpandedNodes.
+type aliasError struct{ line int }
+
+func (e aliasError) Error() string {
+	return fmt.Sprintf("its aliases expand to more than %d values; a job file is a few dozen: write the values out", maxExpandedNodes)
+}
+
+// expandAliases returns a copy of n with every alias replaced by a copy of
+// the value it names, and that copy placed at the alias's line and
+// column: a problem in an aliased value is reported where it is used, not
+// at the anchor. budget bounds the nodes made.
+func expandAliases(n, at *yaml.Node, budget *int) (*yaml.Node, error) {
+	if *budget--; *budget < 0 {
+		line := n.Line
+		if at != nil {
+			line = at.Line
+		}
+		return nil, aliasError{line: line}
+	}
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		if at == nil {
+			at = n
+		}
+		return expandAliases(n.Alias, at, budget)
+	}
+	c := *n
+	c.Anchor = ""
+	if at != nil {
+		c.Line, c.Column = at.Line, at.Column
+	}
+	c.Content = make([]*yaml.Node, len(n.Content))
+	for i, child := range n.Content {
+		var err error
+		if c.Content[i], err = expandAliases(child, at, budget); err != nil {
+			return nil, err
+		}
+	}
+	return &c, nil
 }
 
 var yamlLineRE = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
@@ -151,9 +203,6 @@ func yamlProblem(msg string, lines map[string]int) Problem {
 func checkFields(n *yaml.Node, t reflect.Type, path string, lines map[string]int, probs *[]Problem) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
-	}
-	if n.Kind == yaml.AliasNode && n.Alias != nil {
-		n = n.Alias
 	}
 	switch {
 	case t.Kind() == reflect.Struct && t.PkgPath() != "time" && n.Kind == yaml.MappingNode:

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
 )
 
@@ -59,11 +60,11 @@ func (s *Spec) validate(lines map[string]int) *ValidationError {
 	case s.Name == "":
 		c.add("name", "required: a short DNS-style name such as llama-70b-sft")
 	case !labelRE.MatchString(s.Name):
-		c.add("name", "%q is not a DNS label: use lower-case letters, digits and '-', at most 63, starting and ending alphanumeric", s.Name)
+		c.add("name", "%s is not a DNS label: use lower-case letters, digits and '-', at most 63, starting and ending alphanumeric", api.Quote(s.Name))
 	}
 	for path, v := range map[string]string{"tenant": s.Tenant, "queue": s.Queue} {
 		if v != "" && !labelRE.MatchString(v) {
-			c.add(path, "%q is not a DNS label: use lower-case letters, digits and '-'", v)
+			c.add(path, "%s is not a DNS label: use lower-case letters, digits and '-'", api.Quote(v))
 		}
 	}
 	if s.Priority < -1000 || s.Priority > 1000 {

@@ -21,6 +21,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gpuctl/gpuctl/api"
 )
 
 // Files an Authority keeps in its data dir.
@@ -116,15 +118,15 @@ func RoleOf(cert *x509.Certificate) (Role, string, error) {
 // '-', '_' or '@', starting with a letter or digit.
 func ValidateName(name string) error {
 	if name == "" || len(name) > 64 {
-		return fmt.Errorf("name %q must be 1 to 64 characters", name)
+		return fmt.Errorf("name %s must be 1 to 64 characters", api.Quote(name))
 	}
 	for i, c := range name {
 		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
 		if i == 0 && !alnum {
-			return fmt.Errorf("name %q must start with a letter or digit", name)
+			return fmt.Errorf("name %s must start with a letter or digit", api.Quote(name))
 		}
 		if !alnum && c != '.' && c != '-' && c != '_' && c != '@' {
-			return fmt.Errorf("name %q has %q: use letters, digits, '.', '-', '_' or '@'", name, c)
+			return fmt.Errorf("name %s has %q: use letters, digits, '.', '-', '_' or '@'", api.Quote(name), c)
 		}
 	}
 	return nil

@@ -28,7 +28,7 @@ func (d *describer) printf(format string, args ...any) {
 
 // fact writes one "Key: value" line, the value escaped; "" shows as -.
 func (d *describer) fact(key, value string) {
-	d.printf("%-22s %s\n", key+":", Escape(dash(value)))
+	d.printf("%-22s %s\n", key+":", api.EscapeText(dash(value)))
 }
 
 // section writes a titled table indented under it, or "<none>".

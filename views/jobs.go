@@ -332,7 +332,7 @@ func placementText(w io.Writer, indent string, ns []JobNodeJSON) {
 		for i, r := range n.Ranks {
 			ranks[i] = strconv.Itoa(int(r.Rank))
 		}
-		fmt.Fprintf(w, "%s%s  gpus %s  ranks %s\n", indent, Escape(n.Node), strings.Join(gpus, ","), strings.Join(ranks, ","))
+		fmt.Fprintf(w, "%s%s  gpus %s  ranks %s\n", indent, api.EscapeText(n.Node), strings.Join(gpus, ","), strings.Join(ranks, ","))
 	}
 }
 
@@ -346,7 +346,7 @@ func DryRun(w io.Writer, o Options, r *api.SubmitJobResponse) error {
 			QueuedAhead uint32    `json:"queued_ahead"`
 		}{[]JobJSON{v}, r.GetQueuedAhead()})
 	}
-	fmt.Fprintf(w, "job %s: %d GPUs, plan %s (%s)\n", Escape(v.Name), v.GPUs, planText(v.Plan), planSourceText(v.Plan.Source))
+	fmt.Fprintf(w, "job %s: %d GPUs, plan %s (%s)\n", api.EscapeText(v.Name), v.GPUs, planText(v.Plan), planSourceText(v.Plan.Source))
 	if v.Plan.StepSeconds != nil {
 		fmt.Fprintf(w, "predicted: %.2f s/step, MFU %.1f%%", *v.Plan.StepSeconds, 100*deref0(v.Plan.MFU))
 		if v.Plan.MemPerGPUBytes != nil {
@@ -359,7 +359,7 @@ func DryRun(w io.Writer, o Options, r *api.SubmitJobResponse) error {
 		placementText(w, "  ", v.Placement)
 	}
 	if v.PendingReason != nil {
-		fmt.Fprintf(w, "would wait: %s\n", Escape(*v.PendingReason))
+		fmt.Fprintf(w, "would wait: %s\n", api.EscapeText(*v.PendingReason))
 	}
 	return nil
 }

@@ -96,7 +96,7 @@ func Status(w io.Writer, o Options, r *api.StatusResponse) error {
 	if !st.Store.Healthy {
 		health = "UNHEALTHY: " + deref(st.Store.Error)
 	}
-	if _, err := fmt.Fprintf(w, "\n%s\n", Escape(fmt.Sprintf("store %s: %s", st.Store.Kind, health))); err != nil {
+	if _, err := fmt.Fprintf(w, "\n%s\n", api.EscapeText(fmt.Sprintf("store %s: %s", st.Store.Kind, health))); err != nil {
 		return err
 	}
 	for _, m := range st.Store.Members {
@@ -107,14 +107,14 @@ func Status(w io.Writer, o Options, r *api.StatusResponse) error {
 		if !m.Healthy {
 			line += " UNREACHABLE: " + deref(m.Error)
 		}
-		if _, err := fmt.Fprintln(w, Escape(line)); err != nil {
+		if _, err := fmt.Fprintln(w, api.EscapeText(line)); err != nil {
 			return err
 		}
 	}
 	if len(st.Leadership) > 0 {
 		fmt.Fprintln(w, "\nleadership:")
 		for _, l := range st.Leadership {
-			if _, err := fmt.Fprintln(w, Escape(fmt.Sprintf("  %-6s ago  %s", ageOf(now, l.Time), l.Message))); err != nil {
+			if _, err := fmt.Fprintln(w, api.EscapeText(fmt.Sprintf("  %-6s ago  %s", ageOf(now, l.Time), l.Message))); err != nil {
 				return err
 			}
 		}

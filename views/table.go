@@ -8,6 +8,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/gpuctl/gpuctl/api"
 )
 
 // column is one column of a table; flex marks the free-text column that
@@ -94,48 +96,6 @@ func sortKey(c cell) any {
 	return c.text
 }
 
-// Escape makes s safe to print on a terminal: control characters and
-// invalid UTF-8 become visible escapes (\x1b, \n), so text from a job or
-// a node (a reason, a message) cannot move the cursor or clear the screen.
-func Escape(s string) string {
-	clean := true
-	for _, r := range s {
-		if r == utf8.RuneError || isControl(r) {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, n := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && n == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case r == '\n':
-			b.WriteString(`\n`)
-		case r == '\t':
-			b.WriteString(`\t`)
-		case r == '\r':
-			b.WriteString(`\r`)
-		case r < 0x80 && isControl(r):
-			fmt.Fprintf(&b, `\x%02x`, r)
-		case isControl(r):
-			fmt.Fprintf(&b, `\u%04x`, r)
-		default:
-			b.WriteString(s[i : i+n])
-		}
-		i += n
-	}
-	return b.String()
-}
-
-func isControl(r rune) bool {
-	return r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == '\u2028' || r == '\u2029'
-}
-
 func width(s string) int { return utf8.RuneCountInString(s) }
 
 // cut shortens s to at most n columns, ending in an ellipsis when cut.
@@ -177,7 +137,7 @@ func (o Options) writeTable(w io.Writer, t tableData) error {
 		row := make([]string, len(t.cols))
 		for i := range t.cols {
 			if i < len(r) {
-				row[i] = Escape(r[i].text)
+				row[i] = api.EscapeText(r[i].text)
 			}
 		}
 		cells = append(cells, row)

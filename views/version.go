@@ -3,6 +3,8 @@ package views
 import (
 	"fmt"
 	"io"
+
+	"github.com/gpuctl/gpuctl/api"
 )
 
 // VersionJSON is one component in `gpuctl version -o json`: the client,
@@ -29,7 +31,7 @@ func Versions(w io.Writer, o Options, vs []VersionJSON) error {
 	for _, v := range vs {
 		if v.Error != nil {
 			if o.Stderr != nil {
-				fmt.Fprintf(o.Stderr, "%s %s: version unknown: %s\n", v.Component, dash(deref(v.Address)), Escape(*v.Error))
+				fmt.Fprintf(o.Stderr, "%s %s: version unknown: %s\n", v.Component, dash(deref(v.Address)), api.EscapeText(*v.Error))
 			}
 			continue
 		}
@@ -43,7 +45,7 @@ func Versions(w io.Writer, o Options, vs []VersionJSON) error {
 		if v.Address != nil {
 			line += " at " + *v.Address
 		}
-		if _, err := fmt.Fprintln(w, Escape(line)); err != nil {
+		if _, err := fmt.Fprintln(w, api.EscapeText(line)); err != nil {
 			return err
 		}
 	}

@@ -285,23 +285,6 @@ func TestSortAndHeaders(t *testing.T) {
 	}
 }
 
-func TestEscape(t *testing.T) {
-	tests := []struct{ in, want string }{
-		{"plain", "plain"},
-		{"µs · → …", "µs · → …"},
-		{"clear \x1b[2J screen", `clear \x1b[2J screen`},
-		{"a\nb\tc\rd", `a\nb\tc\rd`},
-		{"bell\a del\x7f", `bell\x07 del\x7f`},
-		{"c1 \u009b31m", `c1 \u009b31m`},
-		{"bad \xff utf8", `bad \xff utf8`},
-	}
-	for _, tc := range tests {
-		if got := Escape(tc.in); got != tc.want {
-			t.Errorf("Escape(%q) = %q, want %q", tc.in, got, tc.want)
-		}
-	}
-}
-
 func TestHostList(t *testing.T) {
 	tests := []struct {
 		in   []string

@@ -279,7 +279,7 @@ func writeJobAction(cmd *cobra.Command, output string, j *api.Job, msg string) e
 	if f == views.JSON {
 		return views.Jobs(cmd.OutOrStdout(), views.Options{Format: f, Now: time.Now()}, []*api.Job{j})
 	}
-	_, err = fmt.Fprintln(cmd.OutOrStdout(), views.Escape(msg))
+	_, err = fmt.Fprintln(cmd.OutOrStdout(), api.EscapeText(msg))
 	return err
 }
 

@@ -89,7 +89,7 @@ func writeNodeAction(w io.Writer, action string, r *api.CordonResponse) error {
 	n := r.GetNode()
 	line := n.GetRegistration().GetName() + " " + views.NodeStateText(n)
 	if reason := n.GetCordonReason(); reason != "" {
-		line += " (" + views.Escape(reason) + ")"
+		line += " (" + api.EscapeText(reason) + ")"
 	}
 	if state, _, _ := views.NodeLiveness(n); action == "uncordon" && state == "down" {
 		line += ": takes new work once it reconnects"
@@ -105,7 +105,7 @@ func writeNodeAction(w io.Writer, action string, r *api.CordonResponse) error {
 		return err
 	}
 	for _, j := range r.GetJobs() {
-		what := "stays: " + views.Escape(j.GetReason())
+		what := "stays: " + api.EscapeText(j.GetReason())
 		if j.GetMoving() {
 			what = "moving to " + strings.Join(j.GetTo(), ",") + " (checkpoint, stop, relaunch)"
 		}
@@ -122,11 +122,19 @@ func newLogsCmd() *cobra.Command {
 		rank   int32
 		follow bool
 		tail   int
+		raw    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "logs JOB",
 		Short: "Print a rank's output (stdout and stderr), relayed from its node",
-		Args:  cobra.ExactArgs(1),
+		Long: `Print a rank's output (stdout and stderr), relayed from its node.
+
+On a terminal the output is escaped (\x1b[2J shows as those characters,
+line breaks and tabs stay), so a job cannot set the window title, clear
+the screen or hide a line; --raw prints the bytes as the rank wrote them.
+Into a pipe or a file the bytes are printed as written; --raw=false
+escapes them there too.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if rank < 0 {
 				return fmt.Errorf("logs: --rank %d is negative; ranks count from 0", rank)
@@ -142,6 +150,14 @@ func newLogsCmd() *cobra.Command {
 			}
 			defer c.Close()
 			w := cmd.OutOrStdout()
+			if !cmd.Flags().Changed("raw") {
+				raw = !isTerminal(w)
+			}
+			if !raw {
+				e := views.NewEscaper(w)
+				defer e.Flush()
+				w = e
+			}
 			req := &api.LogsRequest{Job: args[0], Rank: rank, Follow: follow}
 			if tail >= 0 {
 				last, err := tailLines(ctx, c, req, tail)
@@ -180,6 +196,7 @@ func newLogsCmd() *cobra.Command {
 	cmd.Flags().Int32Var(&rank, "rank", 0, "the rank whose log to print")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing what the rank writes until the job ends")
 	cmd.Flags().IntVar(&tail, "tail", -1, "print only the last N lines (-1: all)")
+	cmd.Flags().BoolVar(&raw, "raw", false, "print the bytes as the rank wrote them, escape sequences included (default: on a terminal escaped, else raw)")
 	return cmd
 }
 

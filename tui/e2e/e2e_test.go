@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -169,7 +167,6 @@ func TestConsoleEndToEnd(t *testing.T) {
 	need(t, "tmux")
 	need(t, "ssh")
 	need(t, "ssh-keygen")
-	testbin.Ringtrain(t) // gpuctl demo runs it
 	bin := testbin.Dir(t)
 	dir := t.TempDir()
 	opKey, viewKey := filepath.Join(dir, "op"), filepath.Join(dir, "view")
@@ -178,42 +175,8 @@ func TestConsoleEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	port := freePort(t)
-	demo := exec.Command(filepath.Join(bin, "gpuctl"), "demo", "--headless", "--nodes", "3", "--data-dir", filepath.Join(dir, "demo"),
+	_, cfg := startDemo(t, filepath.Join(dir, "demo"), "--nodes", "3",
 		"--ssh-listen", fmt.Sprintf("127.0.0.1:%d", port), "--ssh-authorized-keys", filepath.Join(dir, "console_keys"))
-	demo.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out, err := demo.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	demo.Stderr = os.Stderr
-	if err := demo.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		demo.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { demo.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			syscall.Kill(-demo.Process.Pid, syscall.SIGKILL)
-		}
-	})
-	ready := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if cfg, ok := strings.CutPrefix(sc.Text(), "gpuctl demo ready config="); ok {
-				ready <- cfg
-			}
-		}
-	}()
-	var cfg string
-	select {
-	case cfg = <-ready:
-	case <-time.After(120 * time.Second):
-		t.Fatal("gpuctl demo --headless did not get ready in 120 s")
-	}
 
 	m := &tmux{t: t, socket: filepath.Join(dir, "tmux.sock")}
 	t.Cleanup(func() { exec.Command("tmux", "-S", m.socket, "kill-server").Run() })

@@ -131,7 +131,9 @@ func (m *Model) renderLogs(h int) string {
 	}
 	start := max(end-rows, 0)
 	for _, l := range lines[start:end] {
-		b.WriteString("\n" + app.Trunc(l, m.ctx.Width))
+		// A rank's output reaches the terminal escaped: a job cannot set
+		// the title, clear the screen or reorder what it shows.
+		b.WriteString("\n" + app.Trunc(api.EscapeText(l), m.ctx.Width))
 	}
 	return b.String()
 }
