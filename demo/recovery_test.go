@@ -18,6 +18,7 @@ import (
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/controlplane"
+	"github.com/gpuctl/gpuctl/internal/needs"
 )
 
 // recoveryCluster starts nodes nodemons (eBPF off: recovery needs none of
@@ -493,17 +494,14 @@ stall_recovery: auto
 		}
 		return nil
 	})
-	traced := false
-	for range 40 {
+	if err := waitUntil(10*time.Second, func() error {
 		cs, err := cl.Collectives(ctx, old.GetId(), "")
-		if err == nil && len(cs) > 0 {
-			traced = true
-			break
+		if err == nil && len(cs) == 0 {
+			err = errors.New("no aggregates")
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if !traced {
-		t.Skip("no NCCL calls traced (eBPF unavailable here): the stall detector has nothing to read")
+		return err
+	}); err != nil {
+		needs.EBPF.Skip(t, "no NCCL calls traced within 10s (%v): the stall detector has nothing to read", err)
 	}
 	victim := rankPIDs(old)[1]
 	stopped := time.Now()
