@@ -154,6 +154,8 @@ record pass mode "$mode"
 
 # --- host: kernel, glibc, what the binaries need -----------------------
 glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null || echo "glibc unknown")
+# The newest glibc symbol version the binaries were linked against.
+needs_glibc=$(cat "$bin/gpuctl" "$bin/nodemon" 2>/dev/null | grep -a -o 'GLIBC_2\.[0-9]*' | sort -uV | tail -1)
 record pass host "kernel $(uname -r), $glibc, $(nproc) CPUs, uid $(id -u)"
 for b in gpuctl nodemon; do
 	if [ ! -x "$bin/$b" ]; then
@@ -161,11 +163,11 @@ for b in gpuctl nodemon; do
 		exit 1
 	fi
 	if ! v=$("$bin/$b" --help 2>&1 >/dev/null | head -3) || ! "$bin/$b" --help >/dev/null 2>&1; then
-		record fail binaries "$b does not run here ($glibc): $v; $(ldd "$bin/$b" 2>&1 | grep -i 'not found' | head -3 | tr '\n' ' ')"
+		record fail binaries "$b does not run here ($glibc; it needs ${needs_glibc:-?}): $v; $(ldd "$bin/$b" 2>&1 | grep -i 'not found' | head -3 | tr '\n' ' ')"
 		exit 1
 	fi
 done
-record pass binaries "gpuctl and nodemon from $bin run here ($(ldd "$bin/nodemon" 2>&1 | awk '/=>/{print $1}' | tr '\n' ' ' | sed 's/ $//'))"
+record pass binaries "gpuctl and nodemon from $bin run here (they need ${needs_glibc:-?}; $(ldd "$bin/nodemon" 2>&1 | awk '/=>/{print $1}' | tr '\n' ' ' | sed 's/ $//'))"
 
 # --- eBPF prerequisites ---------------------------------------------------
 # nodemon's own verdict (eBPF loaded or refused) is read from its log below.
@@ -262,6 +264,10 @@ else
 		record skip nccl "python3 cannot import nvidia.nccl (no nvidia-nccl wheel?): $(tail -1 "$work/py.err")"
 		finish
 	fi
+	if ! "$py" -c 'import torch, torch.distributed as d; assert torch.cuda.is_available(), "CUDA unavailable"; assert d.is_nccl_available(), "no NCCL backend"' 2>"$work/py.err"; then
+		record skip nccl "PyTorch cannot run the loop here: $(tail -1 "$work/py.err")"
+		finish
+	fi
 	expected="$dir/libnccl.so.2"
 	[ -e "$expected" ] || expected=$(find / -xdev -name libnccl.so.2 2>/dev/null | head -1)
 	command=("$py" "$here/gpu-check.py" allreduce --seconds "$seconds")
@@ -298,6 +304,10 @@ elif wait_for $((seconds + 30)) traced; then
 	cp "$work/coll.json" "$logs/collectives.json"
 	# Which libnccl the rank mapped (through its own root, as nodemon reads it).
 	mapped=$(awk '$6 ~ /libnccl\.so/ {print $6}' "/proc/$pid/maps" 2>/dev/null | sort -u | head -1)
+	if [ -z "$mapped" ]; then
+		# The loop has ended: it printed the library it mapped in its log.
+		mapped=$(find "$work/node" -name 'rank-0.log' -path "*$job*" -exec sed -n "s/.*libnccl \['\([^']*\)'.*/\1/p" {} + 2>/dev/null | head -1)
+	fi
 	calls=$(grep -o '"calls": *[0-9]*' "$work/coll.json" | grep -o '[0-9]*$' | awk '{n += $1} END {print n + 0}')
 	if [ -n "$mapped" ] && [ -n "$expected" ] && [ "$(readlink -f "$mapped")" != "$(readlink -f "$expected")" ]; then
 		record fail nccl "traced $calls calls, but rank pid $pid mapped $mapped, not $expected"
@@ -305,7 +315,9 @@ elif wait_for $((seconds + 30)) traced; then
 		record pass nccl "nodemon traced $calls NCCL calls (allreduce) of job $job pid $pid: $what${mapped:+, mapped $mapped}"
 	fi
 else
-	record fail nccl "job $job (pid $pid, $what) ran, but nodemon traced no allreduce within $((seconds + 30))s: $(head -c 300 "$work/coll.json" 2>/dev/null)"
+	ranklog=$(find "$work/node" -name 'rank-0.log' -path "*$job*" -exec tail -n 3 {} + 2>/dev/null)
+	attach=$(grep -m 3 'NCCL probe\|NCCL libraries' "$work/node/nodemon.log" 2>/dev/null)
+	record fail nccl "job $job (pid $pid, $what) ran, but nodemon traced no allreduce within $((seconds + 30))s: $(head -c 300 "$work/coll.json" 2>/dev/null); rank 0's log ends: $ranklog; nodemon on NCCL: ${attach:-nothing logged}"
 fi
 "$gpuctl" cancel "$job" >/dev/null 2>&1 || true
 finish
