@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/controlplane/jobs"
 	"github.com/gpuctl/gpuctl/internal/needs"
 )
 
@@ -58,6 +59,8 @@ func TestOpsOnRealNodes(t *testing.T) {
 	defer cancel()
 	began := time.Now()
 	c, cl := realCluster(t, 3, ebpf)
+	passes := &jobs.PassCount{}
+	c.Server.SetObserver(passes)
 	ringtrain := c.Options().Ringtrain
 	submit := func(spec string) string {
 		t.Helper()
@@ -94,8 +97,15 @@ func TestOpsOnRealNodes(t *testing.T) {
 		}
 		return nil
 	})
-	// Give the scheduler a few more passes to get it wrong.
-	time.Sleep(2500 * time.Millisecond)
+	// Three more scheduling passes, each of which would place the job were
+	// the cordon ignored.
+	seen := passes.Passes()
+	poll(t, 10*time.Second, "three more scheduling passes", func() error {
+		if n := passes.Passes() - seen; n < 3 {
+			return fmt.Errorf("%d passes so far", n)
+		}
+		return nil
+	})
 	if js, err := cl.Jobs(ctx, whole); err != nil || js[0].GetState() != api.JobState_JOB_STATE_PENDING {
 		t.Fatalf("job on a cordoned node: %v %v", js, err)
 	}
