@@ -99,7 +99,7 @@ json_string() {
 write_report() {
 	local status name detail first=1 failed=0
 	{
-		echo "gpuctl gpu-check on $(hostname) at $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+		echo "gpuctl gpu-check on $(uname -n) at $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 		echo "mode: $mode"
 		echo "took: ${SECONDS}s"
 		echo
@@ -109,7 +109,7 @@ write_report() {
 	} >"$report_txt"
 	{
 		printf '{"host":%s,"time":%s,"seconds":%d,"mode":%s,"simulated":%s,"steps":[' \
-			"$(json_string "$(hostname)")" "$(json_string "$(date -u +%Y-%m-%dT%H:%M:%SZ)")" "$SECONDS" \
+			"$(json_string "$(uname -n)")" "$(json_string "$(date -u +%Y-%m-%dT%H:%M:%SZ)")" "$SECONDS" \
 			"$(json_string "$mode")" "$([ -n "$simulate" ] && echo true || echo false)"
 		while IFS=$'\t' read -r status name detail; do
 			[ "$status" = fail ] && failed=1
