@@ -7,7 +7,7 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 GOTEST    ?= $(GO) test -count=1 -p 1 -timeout 30m
 PKGS      := ./...
 
-.PHONY: all build workload test chaos bench bench-tui bench-store bench-swarm fuzz generate check-generated demo lint clean
+.PHONY: all build workload test gpu-check gpu-check-bundle chaos bench bench-tui bench-store bench-swarm fuzz generate check-generated demo lint clean
 
 all: build
 
@@ -26,6 +26,20 @@ workload:
 test: build lint
 	GPUCTL_BIN=$(CURDIR)/bin $(GOTEST) $(PKGS)
 	GPUCTL_BIN=$(CURDIR)/bin $(GOTEST) -race ./controlplane/...
+
+# The GPU check (scripts/gpu-check.sh) runs on a GPU host from a bundle
+# built here: gpuctl and nodemon stripped into bin/gpu-check (about 50 MiB
+# together), with the reference workload in workload/build for the
+# simulated run. go-nvml needs cgo, so both link the host's glibc
+# dynamically (the script says when the GPU host's is too old). Without a
+# GPU, `make gpu-check` runs the same steps against simulated GPUs.
+gpu-check-bundle: workload
+	$(GO) build -trimpath -ldflags='-s -w' -o bin/gpu-check/gpuctl ./cmd/gpuctl
+	$(GO) build -trimpath -ldflags='-s -w' -o bin/gpu-check/nodemon ./cmd/nodemon
+	@du -ch bin/gpu-check/* workload/build/libnccl.so.2 workload/build/ringtrain | tail -1
+
+gpu-check:
+	scripts/gpu-check.sh $(GPU_CHECK_FLAGS)
 
 # The chaos test for longer than `make test` gives it (15 s): seeded
 # kill -9 and SIGSTOP of the server, nodemons and ranks amid submits,

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/internal/needs"
 	"github.com/gpuctl/gpuctl/procfs"
 )
 
@@ -424,7 +425,7 @@ func TestJobCgroupsV2(t *testing.T) {
 	}
 	probe := filepath.Join(root, fmt.Sprintf("gpuctl-test-%d", os.Getpid()))
 	if err := os.Mkdir(probe, 0o755); err != nil {
-		t.Skipf("cannot create a cgroup under %s (%v): needs root or a delegated cgroup", root, err)
+		needs.Root.Skip(t, "cannot create a cgroup under %s (%v): needs root or a delegated cgroup", root, err)
 	}
 	_, killErr := os.Stat(filepath.Join(probe, "cgroup.kill"))
 	syscall.Rmdir(probe)

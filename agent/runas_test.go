@@ -14,20 +14,15 @@ import (
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/internal/needs"
 )
 
-// requireRoot skips a test that needs root, except in CI
-// (GPUCTL_REQUIRE_EBPF=1), which runs as root: there a skip would hide a
+// requireRoot skips a test that needs root, except where tests must run
+// as root (GPUCTL_REQUIRE_ROOT=1, as in CI): there a skip would hide a
 // regression.
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("GPUCTL_REQUIRE_EBPF") == "1" {
-		t.Fatal("this test needs root (it creates a user and starts ranks as it), and GPUCTL_REQUIRE_EBPF=1 says this machine runs tests as root")
-	}
-	t.Skip("needs root to create a user and start ranks as it (set GPUCTL_REQUIRE_EBPF=1 to fail instead)")
+	needs.RootUser(t, "create a user and start ranks as it")
 }
 
 // throwawayUser creates a system user with a group of its own and one

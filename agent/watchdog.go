@@ -76,6 +76,10 @@ func (h *hearing) silence(now time.Time) time.Duration {
 	return now.Sub(h.last)
 }
 
+// sessionKept is logged each time the watchdog finds the server heard
+// within the silence limit.
+const sessionKept = "server heard within the silence limit; session kept"
+
 // watchdog ends the session once the server has been silent for
 // a.silenceLimit.
 func (a *Agent) watchdog(ctx context.Context, h *hearing) error {
@@ -92,6 +96,8 @@ func (a *Agent) watchdog(ctx context.Context, h *hearing) error {
 			return fmt.Errorf("nothing from the server for %s (it answers every heartbeat, every %s): taking it for dead and dialing again",
 				quiet.Round(time.Millisecond), a.cfg.Heartbeat)
 		}
+		// Said at every look, so that staying is as visible as leaving.
+		a.log.Debug(sessionKept, "quiet", quiet.Round(time.Millisecond), "limit", a.silenceLimit)
 		t.Reset(a.silenceLimit - quiet)
 	}
 }

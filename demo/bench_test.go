@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuctl/gpuctl/internal/needs"
 	"github.com/gpuctl/gpuctl/procfs"
 )
 
@@ -27,7 +28,7 @@ func BenchmarkNodemonFootprint(b *testing.B) {
 	for _, mode := range []string{"off", "required"} {
 		b.Run("ebpf="+mode, func(b *testing.B) {
 			if mode == "required" && os.Geteuid() != 0 {
-				b.Skip("eBPF needs root")
+				needs.EBPF.Skip(b, "eBPF needs root")
 			}
 			for i := 0; i < b.N; i++ {
 				opts := DefaultOptions()

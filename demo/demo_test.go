@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
+	"github.com/gpuctl/gpuctl/internal/needs"
 	"github.com/gpuctl/gpuctl/internal/testbin"
 )
 
@@ -24,7 +25,7 @@ func binaries(t testing.TB) (nodemon, ringtrain string) {
 
 // ebpfMode is required in CI (GPUCTL_REQUIRE_EBPF=1), else auto.
 func ebpfMode() string {
-	if os.Getenv("GPUCTL_REQUIRE_EBPF") == "1" {
+	if needs.EBPF.Required() {
 		return "required"
 	}
 	return "auto"
@@ -54,14 +55,19 @@ func startCluster(t *testing.T, opts Options) (*Cluster, *client.Client) {
 // poll retries f until it returns nil or the limit passes.
 func poll(t *testing.T, limit time.Duration, what string, f func() error) {
 	t.Helper()
+	if err := waitUntil(limit, f); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// waitUntil retries f until it returns nil or the limit passes, and
+// returns its last error.
+func waitUntil(limit time.Duration, f func() error) error {
 	deadline := time.Now().Add(limit)
 	for {
 		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
+		if err == nil || time.Now().After(deadline) {
+			return err
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -18,6 +18,8 @@ import (
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/controlplane"
+	"github.com/gpuctl/gpuctl/controlplane/jobs"
+	"github.com/gpuctl/gpuctl/internal/needs"
 )
 
 // recoveryCluster starts nodes nodemons (eBPF off: recovery needs none of
@@ -493,17 +495,14 @@ stall_recovery: auto
 		}
 		return nil
 	})
-	traced := false
-	for range 40 {
+	if err := waitUntil(10*time.Second, func() error {
 		cs, err := cl.Collectives(ctx, old.GetId(), "")
-		if err == nil && len(cs) > 0 {
-			traced = true
-			break
+		if err == nil && len(cs) == 0 {
+			err = errors.New("no aggregates")
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if !traced {
-		t.Skip("no NCCL calls traced (eBPF unavailable here): the stall detector has nothing to read")
+		return err
+	}); err != nil {
+		needs.EBPF.Skip(t, "no NCCL calls traced within 10s (%v): the stall detector has nothing to read", err)
 	}
 	victim := rankPIDs(old)[1]
 	stopped := time.Now()
@@ -541,7 +540,9 @@ stall_recovery: auto
 // TestBadCommandCordonsNoNode submits a job whose command does not exist:
 // the job fails with the launch error, and no healthy node is cordoned.
 func TestBadCommandCordonsNoNode(t *testing.T) {
-	_, cl := recoveryCluster(t, 3)
+	c, cl := recoveryCluster(t, 3)
+	passes := &jobs.PassCount{}
+	c.Server.SetObserver(passes)
 	ctx := context.Background()
 	r, err := cl.SubmitJob(ctx, &api.SubmitJobRequest{Source: "typo.yaml",
 		SpecYaml: "name: typo\nnodes: 2\ngpus_per_node: 1\ncommand: [/nonexistent/train]\nrestart_policy: replace-node\n"})
@@ -557,9 +558,16 @@ func TestBadCommandCordonsNoNode(t *testing.T) {
 	if !strings.Contains(j.GetReason(), `"/nonexistent/train" not found`) || j.GetRestarts() != 0 {
 		t.Errorf("failed with %q after %d restarts, want the launch error and none", j.GetReason(), j.GetRestarts())
 	}
-	// Give a wrong recovery time to act, then look: no node may be
-	// cordoned for the job's typo.
-	time.Sleep(2 * time.Second)
+	// Let two more of the owner's passes go by, in which a wrong recovery
+	// would have acted, then look: no node may be cordoned for the job's
+	// typo.
+	seen := passes.Passes()
+	poll(t, 10*time.Second, "two more scheduling passes", func() error {
+		if n := passes.Passes() - seen; n < 2 {
+			return fmt.Errorf("%d passes so far", n)
+		}
+		return nil
+	})
 	nodes, err := cl.Nodes(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
+	"github.com/gpuctl/gpuctl/internal/needs"
 	"github.com/gpuctl/gpuctl/internal/slurmtest"
 	"github.com/gpuctl/gpuctl/internal/testbin"
 )
@@ -127,7 +128,7 @@ func (s *slurmGpuctl) observed(job string, ranks int) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	if len(seen) < ranks {
-		if os.Getenv("GPUCTL_REQUIRE_EBPF") == "1" {
+		if needs.EBPF.Required() {
 			t.Fatalf("job %s: NCCL calls of %d of %d ranks traced (%v)", job, len(seen), ranks, seen)
 		}
 		t.Logf("job %s: NCCL calls of %d of %d ranks traced; eBPF not required here (GPUCTL_REQUIRE_EBPF unset)", job, len(seen), ranks)

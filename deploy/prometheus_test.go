@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/gpuctl/gpuctl/demo"
+	"github.com/gpuctl/gpuctl/internal/needs"
 	"github.com/gpuctl/gpuctl/internal/testbin"
 )
 
@@ -207,17 +208,14 @@ func poll(t *testing.T, limit time.Duration, what string, f func() error) {
 func TestPrometheusScrapesDemo(t *testing.T) {
 	promBin, err := exec.LookPath("prometheus")
 	if err != nil {
-		if os.Getenv("GPUCTL_REQUIRE_PROMETHEUS") == "" {
-			t.Skip("prometheus is not installed (apt-get install prometheus); GPUCTL_REQUIRE_PROMETHEUS=1 makes this a failure")
-		}
-		t.Fatalf("GPUCTL_REQUIRE_PROMETHEUS is set but prometheus is not in PATH: %v", err)
+		needs.Prometheus.Skip(t, "prometheus is not installed (apt-get install prometheus): %v", err)
 	}
 	nodemon, gpuctl, ringtrain := testbin.Nodemon(t), testbin.Gpuctl(t), testbin.Ringtrain(t)
 	opts := demo.DefaultOptions()
 	opts.Nodes, opts.ComputeMS, opts.Bytes = 3, 30, "256K"
 	opts.Nodemon, opts.Ringtrain, opts.DataDir = nodemon, ringtrain, t.TempDir()
 	opts.MetricsBasePort = freePorts(t, opts.Nodes+1)
-	if os.Getenv("GPUCTL_REQUIRE_EBPF") == "1" {
+	if needs.EBPF.Required() {
 		opts.EBPF = "required"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)

@@ -46,8 +46,13 @@ func TestReconnectFencesSupersededRanksBeforeReady(t *testing.T) {
 		t.Fatalf("first message after registering: %v, want a fence of j attempt 1", &m)
 	}
 	// A heartbeat before the answer renews nothing: the node is not ready.
-	nc.control.Send(&api.AgentMessage{Body: &api.AgentMessage_Heartbeat{Heartbeat: &api.Heartbeat{Seq: 1}}})
-	time.Sleep(50 * time.Millisecond)
+	// The control stream is read in order, so the server handles this
+	// heartbeat before the answer that follows it; had it renewed the
+	// lease, that renewal would come back before heartbeat 7's (checked
+	// below), with no sleep to guess how long handling takes.
+	if err := nc.control.Send(&api.AgentMessage{Body: &api.AgentMessage_Heartbeat{Heartbeat: &api.Heartbeat{Seq: 1}}}); err != nil {
+		t.Fatal(err)
+	}
 	if n, err := r.Node("a"); r.Connected("a") || err == nil && n.GetState() == api.NodeState_NODE_STATE_READY {
 		t.Fatal("node ready before its superseded ranks were fenced")
 	}

@@ -7,6 +7,7 @@ package slurmtest
 
 import (
 	"fmt"
+	"github.com/gpuctl/gpuctl/internal/needs"
 	"net"
 	"os"
 	"os/exec"
@@ -75,10 +76,7 @@ func Require(t testing.TB) {
 		missing = true
 	}
 	if missing {
-		if os.Getenv("GPUCTL_REQUIRE_SLURM") != "" {
-			t.Fatal("GPUCTL_REQUIRE_SLURM is set but slurmctld, slurmd, munged or the Slurm CLI tools are missing (or not root): apt-get install slurm-wlm munge")
-		}
-		t.Skip("Slurm not installed (apt-get install slurm-wlm munge); set GPUCTL_REQUIRE_SLURM=1 to make this a failure")
+		needs.Slurm.Skip(t, "slurmctld, slurmd, munged or the Slurm CLI tools are missing, or this is not root (apt-get install slurm-wlm munge; run as root)")
 	}
 }
 

@@ -17,10 +17,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/internal/needs"
 )
 
 // requireEBPF skips when the kernel or privileges cannot run eBPF, unless
-// GPUCTL_REQUIRE_EBPF=1, where a skip would hide a regression.
+// eBPF is required here (needs.EBPF), where a skip would hide a regression.
 func requireEBPF(t *testing.T, err error) {
 	t.Helper()
 	if err == nil {
@@ -28,10 +29,10 @@ func requireEBPF(t *testing.T, err error) {
 	}
 	unsupported := errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EPERM) ||
 		errors.Is(err, unix.EACCES) || errors.Is(err, os.ErrNotExist)
-	if !unsupported || os.Getenv("GPUCTL_REQUIRE_EBPF") == "1" {
-		t.Fatalf("eBPF required: %v", err)
+	if !unsupported {
+		t.Fatalf("eBPF failed for a reason other than the kernel or privileges: %v", err)
 	}
-	t.Skipf("eBPF unavailable here (set GPUCTL_REQUIRE_EBPF=1 to fail instead): %v", err)
+	needs.EBPF.Skip(t, "eBPF unavailable here: %v", err)
 }
 
 // mountTracefs makes tracepoints attachable where tracefs is not mounted.

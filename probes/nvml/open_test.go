@@ -2,11 +2,11 @@ package nvml
 
 import (
 	"errors"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/gpuctl/gpuctl/internal/needs"
 )
 
 // Real NVML where the library loads; otherwise Open must say so in a way
@@ -15,8 +15,8 @@ import (
 func TestOpen(t *testing.T) {
 	lib, err := Open()
 	if err != nil {
-		if os.Getenv("GPUCTL_REQUIRE_NVML") == "1" {
-			t.Fatalf("GPUCTL_REQUIRE_NVML=1 but Open failed: %v", err)
+		if needs.NVML.Required() {
+			t.Fatalf("%s=1 but Open failed: %v", needs.NVML, err)
 		}
 		if !errors.Is(err, ErrNoNVML) || !errors.Is(err, nvml.ERROR_LIBRARY_NOT_FOUND) {
 			t.Fatalf("Open without a driver: %v; want ErrNoNVML wrapping ERROR_LIBRARY_NOT_FOUND", err)
