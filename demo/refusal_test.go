@@ -3,7 +3,6 @@ package demo
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/internal/needs"
 )
 
 // TestNodeRefusingRootRanksIsAvoided runs a job whose ranks run as root
@@ -23,12 +23,7 @@ func TestNodeRefusingRootRanksIsAvoided(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real nodemon and ringtrain processes")
 	}
-	if os.Geteuid() != 0 {
-		if os.Getenv("GPUCTL_REQUIRE_ROOT") == "1" {
-			t.Fatal("this test needs root (a nodemon refuses root ranks only when it runs as root), and GPUCTL_REQUIRE_ROOT=1 says this machine runs tests as root")
-		}
-		t.Skip("needs root: only a nodemon running as root has root ranks to refuse (set GPUCTL_REQUIRE_ROOT=1 to fail instead)")
-	}
+	needs.RootUser(t, "start a nodemon as root, which alone has root ranks to refuse")
 	opts := DefaultOptions()
 	opts.Nodes, opts.JobNodes, opts.EBPF, opts.NoRootRanks = 3, 0, "off", []string{"node-00"}
 	c, cl := startCluster(t, opts)
