@@ -137,6 +137,7 @@ func Listen(ctx context.Context, addr string, auth *Authority, cfg ListenConfig)
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
+	sizeReceiveBuffer(udp, l.log)
 	l.tr = &quic.Transport{Conn: udp, StatelessResetKey: auth.statelessResetKey()}
 	l.ql, err = l.tr.Listen(serverTLS(auth), quicConfig)
 	if err != nil {
