@@ -72,6 +72,10 @@ type Config struct {
 	// of attempts that are no longer current; they are fenced (killed and
 	// confirmed gone) before the node is ready. Nil fences nothing.
 	Superseded func(node string, running []*api.RankStatus) []*api.RankStatus
+	// IngestQueue bounds the telemetry batches waiting to be applied
+	// (default DefaultIngestQueue): past half of it GPU samples are shed,
+	// past all of it whole batches.
+	IngestQueue int
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -90,6 +94,9 @@ type Registry struct {
 	lostAtNodes uint64
 	// lastCheck is when the detector last looked (Detect).
 	lastCheck time.Time
+
+	// queue is the telemetry waiting to be applied (offer).
+	queue ingestQueue
 }
 
 // entry is one node. rec is its current status; it is replaced, never
@@ -127,6 +134,9 @@ func New(cfg Config) (*Registry, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	cfg.History.defaults()
+	if cfg.IngestQueue <= 0 {
+		cfg.IngestQueue = DefaultIngestQueue
+	}
 	r := &Registry{cfg: cfg, log: cfg.Log, nodes: map[string]*entry{}, collectives: map[collKey]*api.CollectiveStat{}}
 	known, err := cfg.Store.Nodes()
 	if err != nil {
@@ -200,11 +210,12 @@ func (r *Registry) register(reg *api.NodeRegistration, remote string, sess *sess
 		// The established session wins while it is alive: two hosts must
 		// not share one identity, and a node's GPUs must not flip between
 		// two inventories. A silent one is replaced.
-		if silent := now.Sub(e.lastBeat); silent <= 2*e.heartbeat {
+		if silent := now.Sub(e.lastContact()); silent <= 2*e.heartbeat {
 			return &SessionHeldError{Msg: fmt.Sprintf("node %q is already connected from %s (heard %s ago): two hosts cannot share one node identity; stop the other nodemon, or run `gpuctl node remove %s` if this host replaced it",
 				name, e.rec.GetRemoteAddr(), silent.Round(time.Millisecond), name)}
 		}
-		old.close("replaced by a new connection after " + now.Sub(e.lastBeat).Round(time.Millisecond).String() + " of silence")
+		old.live.Store(false)
+		old.close("replaced by a new connection after " + now.Sub(e.lastContact()).Round(time.Millisecond).String() + " of silence")
 	}
 	next := copyStatus(e.rec)
 	next.Registration = reg
@@ -219,6 +230,8 @@ func (r *Registry) register(reg *api.NodeRegistration, remote string, sess *sess
 	}
 	e.session = sess
 	e.lastBeat = now
+	sess.hear(now)
+	sess.live.Store(true)
 	e.heartbeat = time.Duration(reg.GetHeartbeatIntervalMs()) * time.Millisecond
 	if e.heartbeat <= 0 {
 		e.heartbeat = DefaultHeartbeat
@@ -262,16 +275,25 @@ func mergeGPUs(old []*api.GPUStatus, infos []*api.GPUInfo) []*api.GPUStatus {
 	return out
 }
 
-// beat notes that name is alive; it reports whether the beat came from
-// the node's live session, which is what a lease renewal answers.
-func (r *Registry) beat(name string, sess *session) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if e, ok := r.nodes[name]; ok && e.session == sess && !e.down() {
-		e.lastBeat = r.now()
-		return true
+// beat notes that the node was heard through sess; it reports whether
+// sess is the node's live session, whose heartbeats a lease renewal
+// answers. It takes no registry lock: under load, liveness must not
+// queue behind telemetry.
+func (r *Registry) beat(sess *session) bool {
+	sess.hear(r.now())
+	return sess.live.Load()
+}
+
+// lastContact is when the node was last heard from: a heartbeat by
+// datagram or stream, or a telemetry batch, applied or shed.
+func (e *entry) lastContact() time.Time {
+	last := e.lastBeat
+	if e.session != nil {
+		if h := e.session.heardAt(); h.After(last) {
+			last = h
+		}
 	}
-	return false
+	return last
 }
 
 // creditPause forgives nodes the time the server itself stood still (its
@@ -286,7 +308,7 @@ func (r *Registry) creditPause(d time.Duration) {
 		if e.lastBeat.IsZero() || e.down() {
 			continue
 		}
-		e.lastBeat = e.lastBeat.Add(d)
+		e.lastBeat = e.lastContact().Add(d)
 		if e.lastBeat.After(now) {
 			e.lastBeat = now
 		}
@@ -309,7 +331,9 @@ func (r *Registry) disconnected(name string, sess *session, reason string) {
 // is only slow reconnects and registers again), its figures go stale, and
 // the sink hears of it.
 func (r *Registry) downLocked(name string, e *entry, reason string) {
+	last := e.lastContact()
 	if e.session != nil {
+		e.session.live.Store(false)
 		e.session.close("declared down: " + reason)
 		e.session = nil
 	}
@@ -319,10 +343,10 @@ func (r *Registry) downLocked(name string, e *entry, reason string) {
 	now := r.now()
 	next := copyStatus(e.rec)
 	next.State, next.DownReason, next.Connected, next.Stale = api.NodeState_NODE_STATE_DOWN, reason, false, true
-	if e.lastBeat.UnixNano() > next.GetLastSeenUnixNano() {
+	if last.UnixNano() > next.GetLastSeenUnixNano() {
 		// The last contact, heartbeats included: the server reckons the
 		// node's lease from it.
-		next.LastSeenUnixNano = e.lastBeat.UnixNano()
+		next.LastSeenUnixNano = last.UnixNano()
 	}
 	next.StateSinceUnixNano = now.UnixNano()
 	e.inFlight = nil
@@ -346,7 +370,7 @@ func (r *Registry) CheckHeartbeats() []string {
 		if e.down() || e.lastBeat.IsZero() {
 			continue
 		}
-		if silent := now.Sub(e.lastBeat); silent > 2*e.heartbeat {
+		if silent := now.Sub(e.lastContact()); silent > 2*e.heartbeat {
 			r.downLocked(name, e, fmt.Sprintf("no heartbeat for %s", silent.Round(time.Millisecond)))
 			down = append(down, name)
 		}
