@@ -5076,7 +5076,10 @@ type StatusResponse struct {
 	StoreError   string         `protobuf:"bytes,6,opt,name=store_error,json=storeError,proto3" json:"store_error,omitempty"`
 	StoreMembers []*StoreMember `protobuf:"bytes,7,rep,name=store_members,json=storeMembers,proto3" json:"store_members,omitempty"`
 	// Leadership changes seen, newest first (at most 20).
-	Leadership    []*Event `protobuf:"bytes,8,rep,name=leadership,proto3" json:"leadership,omitempty"`
+	Leadership []*Event `protobuf:"bytes,8,rep,name=leadership,proto3" json:"leadership,omitempty"`
+	// Telemetry the answering leader shed since it started because its
+	// ingest fell behind; unset from a standby or an older server.
+	TelemetryShed *TelemetryShed `protobuf:"bytes,9,opt,name=telemetry_shed,json=telemetryShed,proto3" json:"telemetry_shed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5167,6 +5170,76 @@ func (x *StatusResponse) GetLeadership() []*Event {
 	return nil
 }
 
+func (x *StatusResponse) GetTelemetryShed() *TelemetryShed {
+	if x != nil {
+		return x.TelemetryShed
+	}
+	return nil
+}
+
+// TelemetryShed counts telemetry a server dropped, unapplied, to keep up:
+// GPU samples go first (the console's figures go stale), then whole
+// batches with their NCCL call records. The nodes stay up meanwhile.
+type TelemetryShed struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Batches       uint64                 `protobuf:"varint,1,opt,name=batches,proto3" json:"batches,omitempty"`
+	GpuSamples    uint64                 `protobuf:"varint,2,opt,name=gpu_samples,json=gpuSamples,proto3" json:"gpu_samples,omitempty"`
+	Collectives   uint64                 `protobuf:"varint,3,opt,name=collectives,proto3" json:"collectives,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TelemetryShed) Reset() {
+	*x = TelemetryShed{}
+	mi := &file_gpuctl_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TelemetryShed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TelemetryShed) ProtoMessage() {}
+
+func (x *TelemetryShed) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TelemetryShed.ProtoReflect.Descriptor instead.
+func (*TelemetryShed) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *TelemetryShed) GetBatches() uint64 {
+	if x != nil {
+		return x.Batches
+	}
+	return 0
+}
+
+func (x *TelemetryShed) GetGpuSamples() uint64 {
+	if x != nil {
+		return x.GpuSamples
+	}
+	return 0
+}
+
+func (x *TelemetryShed) GetCollectives() uint64 {
+	if x != nil {
+		return x.Collectives
+	}
+	return 0
+}
+
 type InjectFaultRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -5177,7 +5250,7 @@ type InjectFaultRequest struct {
 
 func (x *InjectFaultRequest) Reset() {
 	*x = InjectFaultRequest{}
-	mi := &file_gpuctl_proto_msgTypes[53]
+	mi := &file_gpuctl_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5189,7 +5262,7 @@ func (x *InjectFaultRequest) String() string {
 func (*InjectFaultRequest) ProtoMessage() {}
 
 func (x *InjectFaultRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[53]
+	mi := &file_gpuctl_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5202,7 +5275,7 @@ func (x *InjectFaultRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFaultRequest.ProtoReflect.Descriptor instead.
 func (*InjectFaultRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{53}
+	return file_gpuctl_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *InjectFaultRequest) GetNode() string {
@@ -5227,7 +5300,7 @@ type InjectFaultResponse struct {
 
 func (x *InjectFaultResponse) Reset() {
 	*x = InjectFaultResponse{}
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5239,7 +5312,7 @@ func (x *InjectFaultResponse) String() string {
 func (*InjectFaultResponse) ProtoMessage() {}
 
 func (x *InjectFaultResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5252,7 +5325,7 @@ func (x *InjectFaultResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFaultResponse.ProtoReflect.Descriptor instead.
 func (*InjectFaultResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{54}
+	return file_gpuctl_proto_rawDescGZIP(), []int{55}
 }
 
 type ClientRequest struct {
@@ -5294,7 +5367,7 @@ type ClientRequest struct {
 
 func (x *ClientRequest) Reset() {
 	*x = ClientRequest{}
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5306,7 +5379,7 @@ func (x *ClientRequest) String() string {
 func (*ClientRequest) ProtoMessage() {}
 
 func (x *ClientRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5319,7 +5392,7 @@ func (x *ClientRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientRequest.ProtoReflect.Descriptor instead.
 func (*ClientRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{55}
+	return file_gpuctl_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ClientRequest) GetBody() isClientRequest_Body {
@@ -5801,7 +5874,7 @@ type ClientResponse struct {
 
 func (x *ClientResponse) Reset() {
 	*x = ClientResponse{}
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5813,7 +5886,7 @@ func (x *ClientResponse) String() string {
 func (*ClientResponse) ProtoMessage() {}
 
 func (x *ClientResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5826,7 +5899,7 @@ func (x *ClientResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientResponse.ProtoReflect.Descriptor instead.
 func (*ClientResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{56}
+	return file_gpuctl_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ClientResponse) GetError() string {
@@ -6309,7 +6382,7 @@ type JobPlan struct {
 
 func (x *JobPlan) Reset() {
 	*x = JobPlan{}
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6321,7 +6394,7 @@ func (x *JobPlan) String() string {
 func (*JobPlan) ProtoMessage() {}
 
 func (x *JobPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6334,7 +6407,7 @@ func (x *JobPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobPlan.ProtoReflect.Descriptor instead.
 func (*JobPlan) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{57}
+	return file_gpuctl_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *JobPlan) GetTp() int32 {
@@ -6459,7 +6532,7 @@ type JobRank struct {
 
 func (x *JobRank) Reset() {
 	*x = JobRank{}
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6471,7 +6544,7 @@ func (x *JobRank) String() string {
 func (*JobRank) ProtoMessage() {}
 
 func (x *JobRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6484,7 +6557,7 @@ func (x *JobRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobRank.ProtoReflect.Descriptor instead.
 func (*JobRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{58}
+	return file_gpuctl_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *JobRank) GetRank() int32 {
@@ -6548,7 +6621,7 @@ type JobNode struct {
 
 func (x *JobNode) Reset() {
 	*x = JobNode{}
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6560,7 +6633,7 @@ func (x *JobNode) String() string {
 func (*JobNode) ProtoMessage() {}
 
 func (x *JobNode) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6573,7 +6646,7 @@ func (x *JobNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobNode.ProtoReflect.Descriptor instead.
 func (*JobNode) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{59}
+	return file_gpuctl_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *JobNode) GetNode() string {
@@ -6677,7 +6750,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6689,7 +6762,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6702,7 +6775,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{60}
+	return file_gpuctl_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *Job) GetId() string {
@@ -7046,7 +7119,7 @@ type JobAttempt struct {
 
 func (x *JobAttempt) Reset() {
 	*x = JobAttempt{}
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7058,7 +7131,7 @@ func (x *JobAttempt) String() string {
 func (*JobAttempt) ProtoMessage() {}
 
 func (x *JobAttempt) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7071,7 +7144,7 @@ func (x *JobAttempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobAttempt.ProtoReflect.Descriptor instead.
 func (*JobAttempt) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{61}
+	return file_gpuctl_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *JobAttempt) GetAttempt() uint32 {
@@ -7175,7 +7248,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7187,7 +7260,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7200,7 +7273,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{62}
+	return file_gpuctl_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *SubmitJobRequest) GetSpecYaml() string {
@@ -7251,7 +7324,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7263,7 +7336,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7276,7 +7349,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{63}
+	return file_gpuctl_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *SubmitJobResponse) GetJob() *Job {
@@ -7303,7 +7376,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[64]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7315,7 +7388,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[64]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7328,7 +7401,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{64}
+	return file_gpuctl_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListJobsRequest) GetJob() string {
@@ -7347,7 +7420,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[65]
+	mi := &file_gpuctl_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7359,7 +7432,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[65]
+	mi := &file_gpuctl_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7372,7 +7445,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{65}
+	return file_gpuctl_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -7391,7 +7464,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[66]
+	mi := &file_gpuctl_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7403,7 +7476,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[66]
+	mi := &file_gpuctl_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7416,7 +7489,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{66}
+	return file_gpuctl_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *CancelJobRequest) GetJob() string {
@@ -7436,7 +7509,7 @@ type ReleaseJobRequest struct {
 
 func (x *ReleaseJobRequest) Reset() {
 	*x = ReleaseJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[67]
+	mi := &file_gpuctl_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7448,7 +7521,7 @@ func (x *ReleaseJobRequest) String() string {
 func (*ReleaseJobRequest) ProtoMessage() {}
 
 func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[67]
+	mi := &file_gpuctl_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7461,7 +7534,7 @@ func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseJobRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{67}
+	return file_gpuctl_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ReleaseJobRequest) GetJob() string {
@@ -7480,7 +7553,7 @@ type ReleaseJobResponse struct {
 
 func (x *ReleaseJobResponse) Reset() {
 	*x = ReleaseJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7492,7 +7565,7 @@ func (x *ReleaseJobResponse) String() string {
 func (*ReleaseJobResponse) ProtoMessage() {}
 
 func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7505,7 +7578,7 @@ func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseJobResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{68}
+	return file_gpuctl_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ReleaseJobResponse) GetJob() *Job {
@@ -7524,7 +7597,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7536,7 +7609,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7549,7 +7622,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{69}
+	return file_gpuctl_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -7569,7 +7642,7 @@ type AssignJobRequest struct {
 
 func (x *AssignJobRequest) Reset() {
 	*x = AssignJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7581,7 +7654,7 @@ func (x *AssignJobRequest) String() string {
 func (*AssignJobRequest) ProtoMessage() {}
 
 func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7594,7 +7667,7 @@ func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobRequest.ProtoReflect.Descriptor instead.
 func (*AssignJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{70}
+	return file_gpuctl_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *AssignJobRequest) GetJob() string {
@@ -7620,7 +7693,7 @@ type AssignJobResponse struct {
 
 func (x *AssignJobResponse) Reset() {
 	*x = AssignJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7632,7 +7705,7 @@ func (x *AssignJobResponse) String() string {
 func (*AssignJobResponse) ProtoMessage() {}
 
 func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7645,7 +7718,7 @@ func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobResponse.ProtoReflect.Descriptor instead.
 func (*AssignJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{71}
+	return file_gpuctl_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *AssignJobResponse) GetJob() *Job {
@@ -7667,7 +7740,7 @@ type Packing struct {
 
 func (x *Packing) Reset() {
 	*x = Packing{}
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7679,7 +7752,7 @@ func (x *Packing) String() string {
 func (*Packing) ProtoMessage() {}
 
 func (x *Packing) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7692,7 +7765,7 @@ func (x *Packing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Packing.ProtoReflect.Descriptor instead.
 func (*Packing) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{72}
+	return file_gpuctl_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *Packing) GetFragmentedNodes() int32 {
@@ -7736,7 +7809,7 @@ type RebalanceMove struct {
 
 func (x *RebalanceMove) Reset() {
 	*x = RebalanceMove{}
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7748,7 +7821,7 @@ func (x *RebalanceMove) String() string {
 func (*RebalanceMove) ProtoMessage() {}
 
 func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7761,7 +7834,7 @@ func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceMove.ProtoReflect.Descriptor instead.
 func (*RebalanceMove) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{73}
+	return file_gpuctl_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *RebalanceMove) GetJob() string {
@@ -7810,7 +7883,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7822,7 +7895,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7835,7 +7908,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{74}
+	return file_gpuctl_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *RebalanceRequest) GetApply() bool {
@@ -7865,7 +7938,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7877,7 +7950,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7890,7 +7963,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{75}
+	return file_gpuctl_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *RebalanceResponse) GetMoves() []*RebalanceMove {
@@ -7937,7 +8010,7 @@ type StalledRank struct {
 
 func (x *StalledRank) Reset() {
 	*x = StalledRank{}
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7949,7 +8022,7 @@ func (x *StalledRank) String() string {
 func (*StalledRank) ProtoMessage() {}
 
 func (x *StalledRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7962,7 +8035,7 @@ func (x *StalledRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StalledRank.ProtoReflect.Descriptor instead.
 func (*StalledRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{76}
+	return file_gpuctl_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *StalledRank) GetRank() int32 {
@@ -8032,7 +8105,7 @@ type Stall struct {
 
 func (x *Stall) Reset() {
 	*x = Stall{}
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8044,7 +8117,7 @@ func (x *Stall) String() string {
 func (*Stall) ProtoMessage() {}
 
 func (x *Stall) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8057,7 +8130,7 @@ func (x *Stall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stall.ProtoReflect.Descriptor instead.
 func (*Stall) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{77}
+	return file_gpuctl_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *Stall) GetJob() string {
@@ -8118,7 +8191,7 @@ type ListStallsRequest struct {
 
 func (x *ListStallsRequest) Reset() {
 	*x = ListStallsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8130,7 +8203,7 @@ func (x *ListStallsRequest) String() string {
 func (*ListStallsRequest) ProtoMessage() {}
 
 func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8143,7 +8216,7 @@ func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsRequest.ProtoReflect.Descriptor instead.
 func (*ListStallsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{78}
+	return file_gpuctl_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ListStallsRequest) GetJob() string {
@@ -8162,7 +8235,7 @@ type ListStallsResponse struct {
 
 func (x *ListStallsResponse) Reset() {
 	*x = ListStallsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[79]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8174,7 +8247,7 @@ func (x *ListStallsResponse) String() string {
 func (*ListStallsResponse) ProtoMessage() {}
 
 func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[79]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8187,7 +8260,7 @@ func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsResponse.ProtoReflect.Descriptor instead.
 func (*ListStallsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{79}
+	return file_gpuctl_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ListStallsResponse) GetStalls() []*Stall {
@@ -8209,7 +8282,7 @@ type CordonRequest struct {
 
 func (x *CordonRequest) Reset() {
 	*x = CordonRequest{}
-	mi := &file_gpuctl_proto_msgTypes[80]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8221,7 +8294,7 @@ func (x *CordonRequest) String() string {
 func (*CordonRequest) ProtoMessage() {}
 
 func (x *CordonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[80]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8234,7 +8307,7 @@ func (x *CordonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonRequest.ProtoReflect.Descriptor instead.
 func (*CordonRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{80}
+	return file_gpuctl_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *CordonRequest) GetNode() string {
@@ -8269,7 +8342,7 @@ type CordonResponse struct {
 
 func (x *CordonResponse) Reset() {
 	*x = CordonResponse{}
-	mi := &file_gpuctl_proto_msgTypes[81]
+	mi := &file_gpuctl_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8281,7 +8354,7 @@ func (x *CordonResponse) String() string {
 func (*CordonResponse) ProtoMessage() {}
 
 func (x *CordonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[81]
+	mi := &file_gpuctl_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8294,7 +8367,7 @@ func (x *CordonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonResponse.ProtoReflect.Descriptor instead.
 func (*CordonResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{81}
+	return file_gpuctl_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *CordonResponse) GetNode() *NodeStatus {
@@ -8326,7 +8399,7 @@ type DrainedJob struct {
 
 func (x *DrainedJob) Reset() {
 	*x = DrainedJob{}
-	mi := &file_gpuctl_proto_msgTypes[82]
+	mi := &file_gpuctl_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8338,7 +8411,7 @@ func (x *DrainedJob) String() string {
 func (*DrainedJob) ProtoMessage() {}
 
 func (x *DrainedJob) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[82]
+	mi := &file_gpuctl_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8351,7 +8424,7 @@ func (x *DrainedJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainedJob.ProtoReflect.Descriptor instead.
 func (*DrainedJob) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{82}
+	return file_gpuctl_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *DrainedJob) GetJob() string {
@@ -8391,7 +8464,7 @@ type CheckpointJobRequest struct {
 
 func (x *CheckpointJobRequest) Reset() {
 	*x = CheckpointJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[83]
+	mi := &file_gpuctl_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8403,7 +8476,7 @@ func (x *CheckpointJobRequest) String() string {
 func (*CheckpointJobRequest) ProtoMessage() {}
 
 func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[83]
+	mi := &file_gpuctl_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8416,7 +8489,7 @@ func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{83}
+	return file_gpuctl_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *CheckpointJobRequest) GetJob() string {
@@ -8435,7 +8508,7 @@ type CheckpointJobResponse struct {
 
 func (x *CheckpointJobResponse) Reset() {
 	*x = CheckpointJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[84]
+	mi := &file_gpuctl_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8447,7 +8520,7 @@ func (x *CheckpointJobResponse) String() string {
 func (*CheckpointJobResponse) ProtoMessage() {}
 
 func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[84]
+	mi := &file_gpuctl_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8460,7 +8533,7 @@ func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{84}
+	return file_gpuctl_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *CheckpointJobResponse) GetJob() *Job {
@@ -8482,7 +8555,7 @@ type RestartJobRequest struct {
 
 func (x *RestartJobRequest) Reset() {
 	*x = RestartJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[85]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8494,7 +8567,7 @@ func (x *RestartJobRequest) String() string {
 func (*RestartJobRequest) ProtoMessage() {}
 
 func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[85]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8507,7 +8580,7 @@ func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobRequest.ProtoReflect.Descriptor instead.
 func (*RestartJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{85}
+	return file_gpuctl_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *RestartJobRequest) GetJob() string {
@@ -8540,7 +8613,7 @@ type RestartJobResponse struct {
 
 func (x *RestartJobResponse) Reset() {
 	*x = RestartJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8552,7 +8625,7 @@ func (x *RestartJobResponse) String() string {
 func (*RestartJobResponse) ProtoMessage() {}
 
 func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8565,7 +8638,7 @@ func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobResponse.ProtoReflect.Descriptor instead.
 func (*RestartJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{86}
+	return file_gpuctl_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *RestartJobResponse) GetJob() *Job {
@@ -8588,7 +8661,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8600,7 +8673,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8613,7 +8686,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{87}
+	return file_gpuctl_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *LogsRequest) GetJob() string {
@@ -8654,7 +8727,7 @@ type LogsChunk struct {
 
 func (x *LogsChunk) Reset() {
 	*x = LogsChunk{}
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8666,7 +8739,7 @@ func (x *LogsChunk) String() string {
 func (*LogsChunk) ProtoMessage() {}
 
 func (x *LogsChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8679,7 +8752,7 @@ func (x *LogsChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsChunk.ProtoReflect.Descriptor instead.
 func (*LogsChunk) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{88}
+	return file_gpuctl_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *LogsChunk) GetData() []byte {
@@ -8718,7 +8791,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8730,7 +8803,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8743,7 +8816,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{89}
+	return file_gpuctl_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *WatchRequest) GetKinds() []WatchKind {
@@ -8795,7 +8868,7 @@ type WatchChange struct {
 
 func (x *WatchChange) Reset() {
 	*x = WatchChange{}
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8807,7 +8880,7 @@ func (x *WatchChange) String() string {
 func (*WatchChange) ProtoMessage() {}
 
 func (x *WatchChange) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8820,7 +8893,7 @@ func (x *WatchChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchChange.ProtoReflect.Descriptor instead.
 func (*WatchChange) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{90}
+	return file_gpuctl_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *WatchChange) GetRevision() uint64 {
@@ -8903,7 +8976,7 @@ type WatchBatch struct {
 
 func (x *WatchBatch) Reset() {
 	*x = WatchBatch{}
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8915,7 +8988,7 @@ func (x *WatchBatch) String() string {
 func (*WatchBatch) ProtoMessage() {}
 
 func (x *WatchBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8928,7 +9001,7 @@ func (x *WatchBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBatch.ProtoReflect.Descriptor instead.
 func (*WatchBatch) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{91}
+	return file_gpuctl_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *WatchBatch) GetEpoch() string {
@@ -9008,7 +9081,7 @@ type Identity struct {
 
 func (x *Identity) Reset() {
 	*x = Identity{}
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9020,7 +9093,7 @@ func (x *Identity) String() string {
 func (*Identity) ProtoMessage() {}
 
 func (x *Identity) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9033,7 +9106,7 @@ func (x *Identity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Identity.ProtoReflect.Descriptor instead.
 func (*Identity) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{92}
+	return file_gpuctl_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *Identity) GetKind() IdentityKind {
@@ -9136,7 +9209,7 @@ type Revocation struct {
 
 func (x *Revocation) Reset() {
 	*x = Revocation{}
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9148,7 +9221,7 @@ func (x *Revocation) String() string {
 func (*Revocation) ProtoMessage() {}
 
 func (x *Revocation) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9161,7 +9234,7 @@ func (x *Revocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revocation.ProtoReflect.Descriptor instead.
 func (*Revocation) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{93}
+	return file_gpuctl_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *Revocation) GetSerial() string {
@@ -9217,7 +9290,7 @@ type JoinTokenUse struct {
 
 func (x *JoinTokenUse) Reset() {
 	*x = JoinTokenUse{}
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9229,7 +9302,7 @@ func (x *JoinTokenUse) String() string {
 func (*JoinTokenUse) ProtoMessage() {}
 
 func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9242,7 +9315,7 @@ func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinTokenUse.ProtoReflect.Descriptor instead.
 func (*JoinTokenUse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{94}
+	return file_gpuctl_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *JoinTokenUse) GetNode() string {
@@ -9279,7 +9352,7 @@ type JoinToken struct {
 
 func (x *JoinToken) Reset() {
 	*x = JoinToken{}
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9291,7 +9364,7 @@ func (x *JoinToken) String() string {
 func (*JoinToken) ProtoMessage() {}
 
 func (x *JoinToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9304,7 +9377,7 @@ func (x *JoinToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
 func (*JoinToken) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{95}
+	return file_gpuctl_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *JoinToken) GetId() string {
@@ -9383,7 +9456,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9395,7 +9468,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9408,7 +9481,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{96}
+	return file_gpuctl_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *CreateJoinTokenRequest) GetTtlSeconds() int64 {
@@ -9442,7 +9515,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9454,7 +9527,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9467,7 +9540,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{97}
+	return file_gpuctl_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *CreateJoinTokenResponse) GetToken() string {
@@ -9492,7 +9565,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9504,7 +9577,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9517,7 +9590,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{98}
+	return file_gpuctl_proto_rawDescGZIP(), []int{99}
 }
 
 type ListTokensResponse struct {
@@ -9529,7 +9602,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9541,7 +9614,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9554,7 +9627,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{99}
+	return file_gpuctl_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *ListTokensResponse) GetTokens() []*JoinToken {
@@ -9574,7 +9647,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9586,7 +9659,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9599,7 +9672,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{100}
+	return file_gpuctl_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -9618,7 +9691,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9630,7 +9703,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9643,7 +9716,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{101}
+	return file_gpuctl_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *RevokeTokenResponse) GetToken() *JoinToken {
@@ -9668,7 +9741,7 @@ type AddUserRequest struct {
 
 func (x *AddUserRequest) Reset() {
 	*x = AddUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9680,7 +9753,7 @@ func (x *AddUserRequest) String() string {
 func (*AddUserRequest) ProtoMessage() {}
 
 func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9693,7 +9766,7 @@ func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserRequest.ProtoReflect.Descriptor instead.
 func (*AddUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{102}
+	return file_gpuctl_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *AddUserRequest) GetName() string {
@@ -9728,7 +9801,7 @@ type AddUserResponse struct {
 
 func (x *AddUserResponse) Reset() {
 	*x = AddUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9740,7 +9813,7 @@ func (x *AddUserResponse) String() string {
 func (*AddUserResponse) ProtoMessage() {}
 
 func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9753,7 +9826,7 @@ func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserResponse.ProtoReflect.Descriptor instead.
 func (*AddUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{103}
+	return file_gpuctl_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *AddUserResponse) GetUser() *Identity {
@@ -9787,7 +9860,7 @@ type ListIdentitiesRequest struct {
 
 func (x *ListIdentitiesRequest) Reset() {
 	*x = ListIdentitiesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9799,7 +9872,7 @@ func (x *ListIdentitiesRequest) String() string {
 func (*ListIdentitiesRequest) ProtoMessage() {}
 
 func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9812,7 +9885,7 @@ func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesRequest.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{104}
+	return file_gpuctl_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *ListIdentitiesRequest) GetKind() IdentityKind {
@@ -9831,7 +9904,7 @@ type ListIdentitiesResponse struct {
 
 func (x *ListIdentitiesResponse) Reset() {
 	*x = ListIdentitiesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9843,7 +9916,7 @@ func (x *ListIdentitiesResponse) String() string {
 func (*ListIdentitiesResponse) ProtoMessage() {}
 
 func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9856,7 +9929,7 @@ func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesResponse.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{105}
+	return file_gpuctl_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *ListIdentitiesResponse) GetIdentities() []*Identity {
@@ -9876,7 +9949,7 @@ type RevokeUserRequest struct {
 
 func (x *RevokeUserRequest) Reset() {
 	*x = RevokeUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[106]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9888,7 +9961,7 @@ func (x *RevokeUserRequest) String() string {
 func (*RevokeUserRequest) ProtoMessage() {}
 
 func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[106]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9901,7 +9974,7 @@ func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserRequest.ProtoReflect.Descriptor instead.
 func (*RevokeUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{106}
+	return file_gpuctl_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *RevokeUserRequest) GetName() string {
@@ -9930,7 +10003,7 @@ type RevokeUserResponse struct {
 
 func (x *RevokeUserResponse) Reset() {
 	*x = RevokeUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[107]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9942,7 +10015,7 @@ func (x *RevokeUserResponse) String() string {
 func (*RevokeUserResponse) ProtoMessage() {}
 
 func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[107]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9955,7 +10028,7 @@ func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserResponse.ProtoReflect.Descriptor instead.
 func (*RevokeUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{107}
+	return file_gpuctl_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *RevokeUserResponse) GetRevoked() []*Identity {
@@ -9982,7 +10055,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_gpuctl_proto_msgTypes[108]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9994,7 +10067,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[108]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10007,7 +10080,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{108}
+	return file_gpuctl_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *RemoveNodeRequest) GetName() string {
@@ -10035,7 +10108,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_gpuctl_proto_msgTypes[109]
+	mi := &file_gpuctl_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10047,7 +10120,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[109]
+	mi := &file_gpuctl_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10060,7 +10133,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{109}
+	return file_gpuctl_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *RemoveNodeResponse) GetRevoked() []*Identity {
@@ -10472,7 +10545,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x12\x16\n" +
 	"\x06leader\x18\x03 \x01(\bR\x06leader\x12\x18\n" +
 	"\ahealthy\x18\x04 \x01(\bR\ahealthy\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"\xec\x02\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"\xad\x03\n" +
 	"\x0eStatusResponse\x12+\n" +
 	"\x04self\x18\x01 \x01(\v2\x17.gpuctl.v1.ServerStatusR\x04self\x12/\n" +
 	"\x06leader\x18\x02 \x01(\v2\x17.gpuctl.v1.ServerStatusR\x06leader\x121\n" +
@@ -10484,7 +10557,13 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\rstore_members\x18\a \x03(\v2\x16.gpuctl.v1.StoreMemberR\fstoreMembers\x120\n" +
 	"\n" +
 	"leadership\x18\b \x03(\v2\x10.gpuctl.v1.EventR\n" +
-	"leadership\"V\n" +
+	"leadership\x12?\n" +
+	"\x0etelemetry_shed\x18\t \x01(\v2\x18.gpuctl.v1.TelemetryShedR\rtelemetryShed\"l\n" +
+	"\rTelemetryShed\x12\x18\n" +
+	"\abatches\x18\x01 \x01(\x04R\abatches\x12\x1f\n" +
+	"\vgpu_samples\x18\x02 \x01(\x04R\n" +
+	"gpuSamples\x12 \n" +
+	"\vcollectives\x18\x03 \x01(\x04R\vcollectives\"V\n" +
 	"\x12InjectFaultRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
 	"\x05fault\x18\x02 \x01(\v2\x16.gpuctl.v1.InjectFaultR\x05fault\"\x15\n" +
@@ -10979,7 +11058,7 @@ func file_gpuctl_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 114)
+var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 115)
 var file_gpuctl_proto_goTypes = []any{
 	(NCCLOp)(0),                     // 0: gpuctl.v1.NCCLOp
 	(EventKind)(0),                  // 1: gpuctl.v1.EventKind
@@ -11044,67 +11123,68 @@ var file_gpuctl_proto_goTypes = []any{
 	(*ServerStatus)(nil),            // 60: gpuctl.v1.ServerStatus
 	(*StoreMember)(nil),             // 61: gpuctl.v1.StoreMember
 	(*StatusResponse)(nil),          // 62: gpuctl.v1.StatusResponse
-	(*InjectFaultRequest)(nil),      // 63: gpuctl.v1.InjectFaultRequest
-	(*InjectFaultResponse)(nil),     // 64: gpuctl.v1.InjectFaultResponse
-	(*ClientRequest)(nil),           // 65: gpuctl.v1.ClientRequest
-	(*ClientResponse)(nil),          // 66: gpuctl.v1.ClientResponse
-	(*JobPlan)(nil),                 // 67: gpuctl.v1.JobPlan
-	(*JobRank)(nil),                 // 68: gpuctl.v1.JobRank
-	(*JobNode)(nil),                 // 69: gpuctl.v1.JobNode
-	(*Job)(nil),                     // 70: gpuctl.v1.Job
-	(*JobAttempt)(nil),              // 71: gpuctl.v1.JobAttempt
-	(*SubmitJobRequest)(nil),        // 72: gpuctl.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),       // 73: gpuctl.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 74: gpuctl.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 75: gpuctl.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),        // 76: gpuctl.v1.CancelJobRequest
-	(*ReleaseJobRequest)(nil),       // 77: gpuctl.v1.ReleaseJobRequest
-	(*ReleaseJobResponse)(nil),      // 78: gpuctl.v1.ReleaseJobResponse
-	(*CancelJobResponse)(nil),       // 79: gpuctl.v1.CancelJobResponse
-	(*AssignJobRequest)(nil),        // 80: gpuctl.v1.AssignJobRequest
-	(*AssignJobResponse)(nil),       // 81: gpuctl.v1.AssignJobResponse
-	(*Packing)(nil),                 // 82: gpuctl.v1.Packing
-	(*RebalanceMove)(nil),           // 83: gpuctl.v1.RebalanceMove
-	(*RebalanceRequest)(nil),        // 84: gpuctl.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),       // 85: gpuctl.v1.RebalanceResponse
-	(*StalledRank)(nil),             // 86: gpuctl.v1.StalledRank
-	(*Stall)(nil),                   // 87: gpuctl.v1.Stall
-	(*ListStallsRequest)(nil),       // 88: gpuctl.v1.ListStallsRequest
-	(*ListStallsResponse)(nil),      // 89: gpuctl.v1.ListStallsResponse
-	(*CordonRequest)(nil),           // 90: gpuctl.v1.CordonRequest
-	(*CordonResponse)(nil),          // 91: gpuctl.v1.CordonResponse
-	(*DrainedJob)(nil),              // 92: gpuctl.v1.DrainedJob
-	(*CheckpointJobRequest)(nil),    // 93: gpuctl.v1.CheckpointJobRequest
-	(*CheckpointJobResponse)(nil),   // 94: gpuctl.v1.CheckpointJobResponse
-	(*RestartJobRequest)(nil),       // 95: gpuctl.v1.RestartJobRequest
-	(*RestartJobResponse)(nil),      // 96: gpuctl.v1.RestartJobResponse
-	(*LogsRequest)(nil),             // 97: gpuctl.v1.LogsRequest
-	(*LogsChunk)(nil),               // 98: gpuctl.v1.LogsChunk
-	(*WatchRequest)(nil),            // 99: gpuctl.v1.WatchRequest
-	(*WatchChange)(nil),             // 100: gpuctl.v1.WatchChange
-	(*WatchBatch)(nil),              // 101: gpuctl.v1.WatchBatch
-	(*Identity)(nil),                // 102: gpuctl.v1.Identity
-	(*Revocation)(nil),              // 103: gpuctl.v1.Revocation
-	(*JoinTokenUse)(nil),            // 104: gpuctl.v1.JoinTokenUse
-	(*JoinToken)(nil),               // 105: gpuctl.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),  // 106: gpuctl.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil), // 107: gpuctl.v1.CreateJoinTokenResponse
-	(*ListTokensRequest)(nil),       // 108: gpuctl.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),      // 109: gpuctl.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),      // 110: gpuctl.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),     // 111: gpuctl.v1.RevokeTokenResponse
-	(*AddUserRequest)(nil),          // 112: gpuctl.v1.AddUserRequest
-	(*AddUserResponse)(nil),         // 113: gpuctl.v1.AddUserResponse
-	(*ListIdentitiesRequest)(nil),   // 114: gpuctl.v1.ListIdentitiesRequest
-	(*ListIdentitiesResponse)(nil),  // 115: gpuctl.v1.ListIdentitiesResponse
-	(*RevokeUserRequest)(nil),       // 116: gpuctl.v1.RevokeUserRequest
-	(*RevokeUserResponse)(nil),      // 117: gpuctl.v1.RevokeUserResponse
-	(*RemoveNodeRequest)(nil),       // 118: gpuctl.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),      // 119: gpuctl.v1.RemoveNodeResponse
-	nil,                             // 120: gpuctl.v1.NodeRegistration.LabelsEntry
-	nil,                             // 121: gpuctl.v1.RDMAPortSample.CountersEntry
-	nil,                             // 122: gpuctl.v1.Event.AttrsEntry
-	nil,                             // 123: gpuctl.v1.LaunchRanks.EnvEntry
+	(*TelemetryShed)(nil),           // 63: gpuctl.v1.TelemetryShed
+	(*InjectFaultRequest)(nil),      // 64: gpuctl.v1.InjectFaultRequest
+	(*InjectFaultResponse)(nil),     // 65: gpuctl.v1.InjectFaultResponse
+	(*ClientRequest)(nil),           // 66: gpuctl.v1.ClientRequest
+	(*ClientResponse)(nil),          // 67: gpuctl.v1.ClientResponse
+	(*JobPlan)(nil),                 // 68: gpuctl.v1.JobPlan
+	(*JobRank)(nil),                 // 69: gpuctl.v1.JobRank
+	(*JobNode)(nil),                 // 70: gpuctl.v1.JobNode
+	(*Job)(nil),                     // 71: gpuctl.v1.Job
+	(*JobAttempt)(nil),              // 72: gpuctl.v1.JobAttempt
+	(*SubmitJobRequest)(nil),        // 73: gpuctl.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),       // 74: gpuctl.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 75: gpuctl.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 76: gpuctl.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),        // 77: gpuctl.v1.CancelJobRequest
+	(*ReleaseJobRequest)(nil),       // 78: gpuctl.v1.ReleaseJobRequest
+	(*ReleaseJobResponse)(nil),      // 79: gpuctl.v1.ReleaseJobResponse
+	(*CancelJobResponse)(nil),       // 80: gpuctl.v1.CancelJobResponse
+	(*AssignJobRequest)(nil),        // 81: gpuctl.v1.AssignJobRequest
+	(*AssignJobResponse)(nil),       // 82: gpuctl.v1.AssignJobResponse
+	(*Packing)(nil),                 // 83: gpuctl.v1.Packing
+	(*RebalanceMove)(nil),           // 84: gpuctl.v1.RebalanceMove
+	(*RebalanceRequest)(nil),        // 85: gpuctl.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),       // 86: gpuctl.v1.RebalanceResponse
+	(*StalledRank)(nil),             // 87: gpuctl.v1.StalledRank
+	(*Stall)(nil),                   // 88: gpuctl.v1.Stall
+	(*ListStallsRequest)(nil),       // 89: gpuctl.v1.ListStallsRequest
+	(*ListStallsResponse)(nil),      // 90: gpuctl.v1.ListStallsResponse
+	(*CordonRequest)(nil),           // 91: gpuctl.v1.CordonRequest
+	(*CordonResponse)(nil),          // 92: gpuctl.v1.CordonResponse
+	(*DrainedJob)(nil),              // 93: gpuctl.v1.DrainedJob
+	(*CheckpointJobRequest)(nil),    // 94: gpuctl.v1.CheckpointJobRequest
+	(*CheckpointJobResponse)(nil),   // 95: gpuctl.v1.CheckpointJobResponse
+	(*RestartJobRequest)(nil),       // 96: gpuctl.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),      // 97: gpuctl.v1.RestartJobResponse
+	(*LogsRequest)(nil),             // 98: gpuctl.v1.LogsRequest
+	(*LogsChunk)(nil),               // 99: gpuctl.v1.LogsChunk
+	(*WatchRequest)(nil),            // 100: gpuctl.v1.WatchRequest
+	(*WatchChange)(nil),             // 101: gpuctl.v1.WatchChange
+	(*WatchBatch)(nil),              // 102: gpuctl.v1.WatchBatch
+	(*Identity)(nil),                // 103: gpuctl.v1.Identity
+	(*Revocation)(nil),              // 104: gpuctl.v1.Revocation
+	(*JoinTokenUse)(nil),            // 105: gpuctl.v1.JoinTokenUse
+	(*JoinToken)(nil),               // 106: gpuctl.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),  // 107: gpuctl.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil), // 108: gpuctl.v1.CreateJoinTokenResponse
+	(*ListTokensRequest)(nil),       // 109: gpuctl.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),      // 110: gpuctl.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),      // 111: gpuctl.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),     // 112: gpuctl.v1.RevokeTokenResponse
+	(*AddUserRequest)(nil),          // 113: gpuctl.v1.AddUserRequest
+	(*AddUserResponse)(nil),         // 114: gpuctl.v1.AddUserResponse
+	(*ListIdentitiesRequest)(nil),   // 115: gpuctl.v1.ListIdentitiesRequest
+	(*ListIdentitiesResponse)(nil),  // 116: gpuctl.v1.ListIdentitiesResponse
+	(*RevokeUserRequest)(nil),       // 117: gpuctl.v1.RevokeUserRequest
+	(*RevokeUserResponse)(nil),      // 118: gpuctl.v1.RevokeUserResponse
+	(*RemoveNodeRequest)(nil),       // 119: gpuctl.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),      // 120: gpuctl.v1.RemoveNodeResponse
+	nil,                             // 121: gpuctl.v1.NodeRegistration.LabelsEntry
+	nil,                             // 122: gpuctl.v1.RDMAPortSample.CountersEntry
+	nil,                             // 123: gpuctl.v1.Event.AttrsEntry
+	nil,                             // 124: gpuctl.v1.LaunchRanks.EnvEntry
 }
 var file_gpuctl_proto_depIdxs = []int32{
 	10,  // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
@@ -11113,12 +11193,12 @@ var file_gpuctl_proto_depIdxs = []int32{
 	15,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
 	16,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
 	17,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
-	120, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
+	121, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
 	37,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
 	19,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
 	20,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
 	0,   // 10: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
-	121, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
+	122, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
 	21,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
 	22,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
 	23,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
@@ -11128,9 +11208,9 @@ var file_gpuctl_proto_depIdxs = []int32{
 	1,   // 18: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
 	2,   // 19: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
 	3,   // 20: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
-	122, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
+	123, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
 	4,   // 22: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
-	123, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
+	124, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
 	31,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
 	32,  // 25: gpuctl.v1.Command.launch:type_name -> gpuctl.v1.LaunchRanks
 	33,  // 26: gpuctl.v1.Command.signal:type_name -> gpuctl.v1.SignalRanks
@@ -11168,114 +11248,115 @@ var file_gpuctl_proto_depIdxs = []int32{
 	60,  // 58: gpuctl.v1.StatusResponse.servers:type_name -> gpuctl.v1.ServerStatus
 	61,  // 59: gpuctl.v1.StatusResponse.store_members:type_name -> gpuctl.v1.StoreMember
 	26,  // 60: gpuctl.v1.StatusResponse.leadership:type_name -> gpuctl.v1.Event
-	30,  // 61: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
-	43,  // 62: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
-	45,  // 63: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
-	47,  // 64: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
-	49,  // 65: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
-	52,  // 66: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
-	55,  // 67: gpuctl.v1.ClientRequest.create_token:type_name -> gpuctl.v1.CreateTokenRequest
-	63,  // 68: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
-	72,  // 69: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
-	74,  // 70: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
-	76,  // 71: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
-	80,  // 72: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
-	84,  // 73: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
-	88,  // 74: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
-	90,  // 75: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
-	93,  // 76: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
-	95,  // 77: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
-	97,  // 78: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
-	99,  // 79: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
-	77,  // 80: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
-	106, // 81: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
-	108, // 82: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
-	110, // 83: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
-	112, // 84: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
-	114, // 85: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
-	116, // 86: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
-	118, // 87: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
-	57,  // 88: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
-	59,  // 89: gpuctl.v1.ClientRequest.status:type_name -> gpuctl.v1.StatusRequest
-	44,  // 90: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
-	46,  // 91: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
-	48,  // 92: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
-	50,  // 93: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
-	54,  // 94: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
-	56,  // 95: gpuctl.v1.ClientResponse.create_token:type_name -> gpuctl.v1.CreateTokenResponse
-	64,  // 96: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
-	73,  // 97: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
-	75,  // 98: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
-	79,  // 99: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
-	81,  // 100: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
-	85,  // 101: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
-	89,  // 102: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
-	91,  // 103: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
-	94,  // 104: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
-	96,  // 105: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
-	98,  // 106: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
-	101, // 107: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
-	78,  // 108: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
-	58,  // 109: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
-	107, // 110: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
-	109, // 111: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
-	111, // 112: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
-	113, // 113: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
-	115, // 114: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
-	117, // 115: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
-	119, // 116: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
-	62,  // 117: gpuctl.v1.ClientResponse.status:type_name -> gpuctl.v1.StatusResponse
-	68,  // 118: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
-	67,  // 119: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
-	6,   // 120: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
-	69,  // 121: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
-	7,   // 122: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
-	69,  // 123: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
-	71,  // 124: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
-	70,  // 125: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
-	70,  // 126: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
-	70,  // 127: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
-	70,  // 128: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
-	70,  // 129: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
-	69,  // 130: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
-	69,  // 131: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
-	82,  // 132: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
-	82,  // 133: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
-	83,  // 134: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
-	82,  // 135: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
-	82,  // 136: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
-	0,   // 137: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
-	86,  // 138: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
-	86,  // 139: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
-	87,  // 140: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
-	41,  // 141: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
-	92,  // 142: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
-	70,  // 143: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
-	70,  // 144: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
-	8,   // 145: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
-	8,   // 146: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
-	41,  // 147: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
-	70,  // 148: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
-	26,  // 149: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
-	87,  // 150: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
-	8,   // 151: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
-	100, // 152: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
-	9,   // 153: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
-	9,   // 154: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
-	104, // 155: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
-	105, // 156: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
-	105, // 157: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
-	105, // 158: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
-	102, // 159: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
-	9,   // 160: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
-	102, // 161: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
-	102, // 162: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
-	102, // 163: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
-	164, // [164:164] is the sub-list for method output_type
-	164, // [164:164] is the sub-list for method input_type
-	164, // [164:164] is the sub-list for extension type_name
-	164, // [164:164] is the sub-list for extension extendee
-	0,   // [0:164] is the sub-list for field type_name
+	63,  // 61: gpuctl.v1.StatusResponse.telemetry_shed:type_name -> gpuctl.v1.TelemetryShed
+	30,  // 62: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
+	43,  // 63: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
+	45,  // 64: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
+	47,  // 65: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
+	49,  // 66: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
+	52,  // 67: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
+	55,  // 68: gpuctl.v1.ClientRequest.create_token:type_name -> gpuctl.v1.CreateTokenRequest
+	64,  // 69: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
+	73,  // 70: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
+	75,  // 71: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
+	77,  // 72: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
+	81,  // 73: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
+	85,  // 74: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
+	89,  // 75: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
+	91,  // 76: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
+	94,  // 77: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
+	96,  // 78: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
+	98,  // 79: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
+	100, // 80: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
+	78,  // 81: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
+	107, // 82: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
+	109, // 83: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
+	111, // 84: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
+	113, // 85: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
+	115, // 86: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
+	117, // 87: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
+	119, // 88: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
+	57,  // 89: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
+	59,  // 90: gpuctl.v1.ClientRequest.status:type_name -> gpuctl.v1.StatusRequest
+	44,  // 91: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
+	46,  // 92: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
+	48,  // 93: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
+	50,  // 94: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
+	54,  // 95: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
+	56,  // 96: gpuctl.v1.ClientResponse.create_token:type_name -> gpuctl.v1.CreateTokenResponse
+	65,  // 97: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
+	74,  // 98: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
+	76,  // 99: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
+	80,  // 100: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
+	82,  // 101: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
+	86,  // 102: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
+	90,  // 103: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
+	92,  // 104: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
+	95,  // 105: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
+	97,  // 106: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
+	99,  // 107: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
+	102, // 108: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
+	79,  // 109: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
+	58,  // 110: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
+	108, // 111: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
+	110, // 112: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
+	112, // 113: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
+	114, // 114: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
+	116, // 115: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
+	118, // 116: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
+	120, // 117: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
+	62,  // 118: gpuctl.v1.ClientResponse.status:type_name -> gpuctl.v1.StatusResponse
+	69,  // 119: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
+	68,  // 120: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
+	6,   // 121: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
+	70,  // 122: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
+	7,   // 123: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
+	70,  // 124: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
+	72,  // 125: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
+	71,  // 126: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
+	71,  // 127: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
+	71,  // 128: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
+	71,  // 129: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
+	71,  // 130: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
+	70,  // 131: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
+	70,  // 132: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
+	83,  // 133: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
+	83,  // 134: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
+	84,  // 135: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
+	83,  // 136: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
+	83,  // 137: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
+	0,   // 138: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
+	87,  // 139: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
+	87,  // 140: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
+	88,  // 141: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
+	41,  // 142: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
+	93,  // 143: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
+	71,  // 144: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
+	71,  // 145: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
+	8,   // 146: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
+	8,   // 147: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
+	41,  // 148: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
+	71,  // 149: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
+	26,  // 150: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
+	88,  // 151: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
+	8,   // 152: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
+	101, // 153: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
+	9,   // 154: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
+	9,   // 155: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
+	105, // 156: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
+	106, // 157: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
+	106, // 158: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
+	106, // 159: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
+	103, // 160: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
+	9,   // 161: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
+	103, // 162: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
+	103, // 163: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
+	103, // 164: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
+	165, // [165:165] is the sub-list for method output_type
+	165, // [165:165] is the sub-list for method input_type
+	165, // [165:165] is the sub-list for extension type_name
+	165, // [165:165] is the sub-list for extension extendee
+	0,   // [0:165] is the sub-list for field type_name
 }
 
 func init() { file_gpuctl_proto_init() }
@@ -11307,7 +11388,7 @@ func file_gpuctl_proto_init() {
 		(*ObserveItem_Collective)(nil),
 		(*ObserveItem_Flow)(nil),
 	}
-	file_gpuctl_proto_msgTypes[55].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[56].OneofWrappers = []any{
 		(*ClientRequest_ListNodes)(nil),
 		(*ClientRequest_ListEvents)(nil),
 		(*ClientRequest_ListCollectives)(nil),
@@ -11337,7 +11418,7 @@ func file_gpuctl_proto_init() {
 		(*ClientRequest_Version)(nil),
 		(*ClientRequest_Status)(nil),
 	}
-	file_gpuctl_proto_msgTypes[56].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[57].OneofWrappers = []any{
 		(*ClientResponse_ListNodes)(nil),
 		(*ClientResponse_ListEvents)(nil),
 		(*ClientResponse_ListCollectives)(nil),
@@ -11373,7 +11454,7 @@ func file_gpuctl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuctl_proto_rawDesc), len(file_gpuctl_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   114,
+			NumMessages:   115,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
