@@ -151,8 +151,8 @@ type Report struct {
 	// Failover is the server's replacement, when asked for.
 	Failover       *Failover `json:"failover"`
 	FirstNodeError *string   `json:"first_node_error"`
-	ServerStarted   bool    `json:"server_started"`
-	ServerPID       int     `json:"server_pid"`
+	ServerStarted  bool      `json:"server_started"`
+	ServerPID      int       `json:"server_pid"`
 }
 
 // Shed counts what a server's ingest dropped: whole batches, and GPU
