@@ -72,6 +72,11 @@ type Config struct {
 	// of attempts that are no longer current; they are fenced (killed and
 	// confirmed gone) before the node is ready. Nil fences nothing.
 	Superseded func(node string, running []*api.RankStatus) []*api.RankStatus
+	// ReceiveLag, when set, is how far behind the server's receive path
+	// is (transport.Listener.ReceiveLag): a node's silence counts only
+	// past it, up to MaxLagCredit, so a busy server does not take its own
+	// backlog for its nodes' failure.
+	ReceiveLag func() time.Duration
 	// IngestQueue bounds the telemetry batches waiting to be applied
 	// (default DefaultIngestQueue): past half of it GPU samples are shed,
 	// past all of it whole batches.
@@ -359,9 +364,20 @@ func (r *Registry) downLocked(name string, e *entry, reason string) {
 	}
 }
 
+// MaxLagCredit bounds the receive lag a node's silence is excused: a
+// receive path that far behind has lost the nodes' packets anyway (and
+// QUIC's idle timeout ends their connections), and a lag probe gone wrong
+// must not stop the detector for good.
+const MaxLagCredit = 15 * time.Second
+
 // CheckHeartbeats declares down every node silent for more than twice its
-// heartbeat interval and returns their names.
+// heartbeat interval, past what the server's receive path is behind, and
+// returns their names.
 func (r *Registry) CheckHeartbeats() []string {
+	var lag time.Duration
+	if r.cfg.ReceiveLag != nil {
+		lag = min(r.cfg.ReceiveLag(), MaxLagCredit)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.now()
@@ -370,8 +386,12 @@ func (r *Registry) CheckHeartbeats() []string {
 		if e.down() || e.lastBeat.IsZero() {
 			continue
 		}
-		if silent := now.Sub(e.lastContact()); silent > 2*e.heartbeat {
-			r.downLocked(name, e, fmt.Sprintf("no heartbeat for %s", silent.Round(time.Millisecond)))
+		if silent := now.Sub(e.lastContact()); silent-lag > 2*e.heartbeat {
+			reason := fmt.Sprintf("no heartbeat for %s", silent.Round(time.Millisecond))
+			if lag > 0 {
+				reason += fmt.Sprintf(" (the server's receive path %s behind)", lag.Round(time.Millisecond))
+			}
+			r.downLocked(name, e, reason)
 			down = append(down, name)
 		}
 	}

@@ -180,3 +180,29 @@ func TestOfferShedsGPUSamplesFirst(t *testing.T) {
 		})
 	}
 }
+
+// A server whose receive path is behind credits its nodes the lag before
+// it takes their silence for a failure, up to MaxLagCredit.
+func TestReceiveLagCredit(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	c := &clock{t: t0}
+	var lag atomic.Int64
+	r, err := New(Config{Store: newStore(t), Now: c.now, ReceiveLag: func() time.Duration { return time.Duration(lag.Load()) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	registerIdle(t, r, reg("a", 1, 1000))
+	c.set(t0.Add(4 * time.Second))
+	lag.Store(int64(3 * time.Second))
+	if down := r.CheckHeartbeats(); len(down) != 0 {
+		t.Fatalf("4s silent with the receive path 3s behind: %v down", down)
+	}
+	c.set(t0.Add(MaxLagCredit + 2500*time.Millisecond))
+	lag.Store(int64(time.Hour))
+	if down := r.CheckHeartbeats(); len(down) != 1 {
+		t.Fatalf("silent past the most lag credited: %v down", down)
+	}
+	if n := statusOf(t, r, "a"); !strings.Contains(n.GetDownReason(), "(the server's receive path 15s behind)") {
+		t.Errorf("down reason %q", n.GetDownReason())
+	}
+}
