@@ -118,6 +118,9 @@ type entry struct {
 	ranks    []*api.RankStatus
 	// session is the node's live connection; nil while it is down.
 	session *session
+	// written counts the writes of the node's record; a registration
+	// that wrote it outside the lock checks that none came between.
+	written uint64
 }
 
 func (e *entry) down() bool { return e.rec.GetState() != api.NodeState_NODE_STATE_READY }
@@ -180,6 +183,7 @@ func (r *Registry) now() time.Time { return r.cfg.Now() }
 func (r *Registry) setLocked(e *entry, next *api.NodeStatus, persist bool) {
 	e.rec = next
 	if persist {
+		e.written++
 		if err := r.cfg.Store.PutNode(next); err != nil {
 			r.log.Error("persist node", "node", next.GetRegistration().GetName(), "err", err)
 		}
@@ -202,15 +206,98 @@ func (r *Registry) raiseLocked(e *api.Event) {
 
 // register records a node that connected through sess. A known node
 // keeps its cordon and GPU health; its inventory is what it reports now.
+//
+// A known node's record and its up event are written outside the lock, in
+// one store transaction: on etcd a write takes about a millisecond, and
+// thousands of nodes reconnecting at once after a failover would
+// otherwise queue on the lock, holding up heartbeats, telemetry and the
+// detector. Should the record be written meanwhile by another (a second
+// registration, the old session's end, a cordon), the registration is
+// decided again, and written, under the lock.
 func (r *Registry) register(reg *api.NodeRegistration, remote string, sess *session) error {
+	name := reg.GetName()
+	r.mu.Lock()
+	e, known := r.nodes[name]
+	if !known {
+		// A node joining for the first time: rare, and written under the
+		// lock, as it is not listed until registered.
+		defer r.mu.Unlock()
+		return r.registerLocked(reg, remote, sess, nil)
+	}
+	now := r.now()
+	if err := r.admitLocked(e, name, sess, now); err != nil {
+		r.mu.Unlock()
+		return err
+	}
+	written := e.written
+	next := registered(e.rec, reg, remote, now)
+	ev := upEvent(name, remote, reg, true, now)
+	r.mu.Unlock()
+	err := r.cfg.Store.Update(func(tx store.Tx) error {
+		if err := tx.PutNode(next); err != nil {
+			return err
+		}
+		return tx.AppendEvent(ev)
+	})
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("persist node %s: %w", name, err)
+	}
+	if r.nodes[name] != e || e.written != written {
+		// Which write landed last is unknown: the record is written again
+		// as it stands, then as this registration decides.
+		if r.nodes[name] == e {
+			if err := r.cfg.Store.PutNode(e.rec); err != nil {
+				return fmt.Errorf("persist node %s: %w", name, err)
+			}
+		}
+		return r.registerLocked(reg, remote, sess, ev)
+	}
+	e.written++
+	r.upLocked(e, reg, sess, next, now)
+	if r.cfg.Publish != nil {
+		r.cfg.Publish.PublishEvent(ev)
+	}
+	if r.cfg.Sink != nil {
+		r.cfg.Sink.NodeUp(name, reg, false)
+	}
+	return nil
+}
+
+// registerLocked is register with every write under the lock. stored is
+// the up event already written, if any.
+func (r *Registry) registerLocked(reg *api.NodeRegistration, remote string, sess *session, stored *api.Event) error {
 	now := r.now()
 	name := reg.GetName()
 	e, known := r.nodes[name]
 	if !known {
 		e = &entry{rec: &api.NodeStatus{}, history: map[uint32]*history{}}
 	}
+	if err := r.admitLocked(e, name, sess, now); err != nil {
+		return err
+	}
+	next := registered(e.rec, reg, remote, now)
+	if err := r.cfg.Store.PutNode(next); err != nil {
+		return fmt.Errorf("persist node %s: %w", name, err)
+	}
+	e.written++
+	r.nodes[name] = e
+	r.upLocked(e, reg, sess, next, now)
+	if stored == nil {
+		r.raiseLocked(upEvent(name, remote, reg, known, now))
+	} else if r.cfg.Publish != nil {
+		r.cfg.Publish.PublishEvent(stored)
+	}
+	if r.cfg.Sink != nil {
+		r.cfg.Sink.NodeUp(name, reg, !known)
+	}
+	return nil
+}
+
+// admitLocked refuses sess while the node's established session is heard
+// from, and closes a silent one.
+func (r *Registry) admitLocked(e *entry, name string, sess *session, now time.Time) error {
 	if old := e.session; old != nil && old != sess {
 		// The established session wins while it is alive: two hosts must
 		// not share one identity, and a node's GPUs must not flip between
@@ -222,17 +309,34 @@ func (r *Registry) register(reg *api.NodeRegistration, remote string, sess *sess
 		old.live.Store(false)
 		old.close("replaced by a new connection after " + now.Sub(e.lastContact()).Round(time.Millisecond).String() + " of silence")
 	}
-	next := copyStatus(e.rec)
+	return nil
+}
+
+// registered is the status of a node that registered reg from remote at
+// now, keeping what cur says of its cordon and GPU health.
+func registered(cur *api.NodeStatus, reg *api.NodeRegistration, remote string, now time.Time) *api.NodeStatus {
+	next := copyStatus(cur)
 	next.Registration = reg
 	next.RemoteAddr = remote
 	next.Connected = true
 	next.LastSeenUnixNano = now.UnixNano()
 	next.State, next.DownReason, next.Stale = api.NodeState_NODE_STATE_READY, "", false
 	next.StateSinceUnixNano = now.UnixNano()
-	next.Gpus = mergeGPUs(e.rec.GetGpus(), reg.GetGpus())
-	if err := r.cfg.Store.PutNode(next); err != nil {
-		return fmt.Errorf("persist node %s: %w", name, err)
+	next.Gpus = mergeGPUs(cur.GetGpus(), reg.GetGpus())
+	return next
+}
+
+// upEvent is the event of a node's registration: up again, or joined.
+func upEvent(name, remote string, reg *api.NodeRegistration, known bool, now time.Time) *api.Event {
+	kind, msg := api.EventKind_EVENT_KIND_NODE_UP, "node connected from "+remote
+	if !known {
+		kind, msg = api.EventKind_EVENT_KIND_NODE_JOINED, fmt.Sprintf("node joined from %s with %d GPUs", remote, len(reg.GetGpus()))
 	}
+	return &api.Event{Node: name, TimeUnixNano: now.UnixNano(), Kind: kind, Severity: api.Severity_SEVERITY_INFO, Message: msg}
+}
+
+// upLocked makes sess the node's live session with its stored status next.
+func (r *Registry) upLocked(e *entry, reg *api.NodeRegistration, sess *session, next *api.NodeStatus, now time.Time) {
 	e.session = sess
 	e.lastBeat = now
 	sess.hear(now)
@@ -242,17 +346,7 @@ func (r *Registry) register(reg *api.NodeRegistration, remote string, sess *sess
 		e.heartbeat = DefaultHeartbeat
 	}
 	e.ranks, e.inFlight = reg.GetRunning(), nil
-	r.nodes[name] = e
 	r.setLocked(e, next, false)
-	kind, msg := api.EventKind_EVENT_KIND_NODE_UP, "node connected from "+remote
-	if !known {
-		kind, msg = api.EventKind_EVENT_KIND_NODE_JOINED, fmt.Sprintf("node joined from %s with %d GPUs", remote, len(reg.GetGpus()))
-	}
-	r.raiseLocked(&api.Event{Node: name, TimeUnixNano: now.UnixNano(), Kind: kind, Severity: api.Severity_SEVERITY_INFO, Message: msg})
-	if r.cfg.Sink != nil {
-		r.cfg.Sink.NodeUp(name, reg, !known)
-	}
-	return nil
 }
 
 // SessionHeldError refuses a registration while the node's established
@@ -452,6 +546,7 @@ func (r *Registry) SetCordon(node, action, reason string) (*api.NodeStatus, erro
 	if err := r.cfg.Store.PutNode(next); err != nil {
 		return nil, fmt.Errorf("persist node %s: %w", node, err)
 	}
+	e.written++
 	r.setLocked(e, next, false)
 	r.log.Info("node cordon", "node", node, "action", action, "reason", reason)
 	r.raiseLocked(&api.Event{Node: node, TimeUnixNano: r.now().UnixNano(), Kind: api.EventKind_EVENT_KIND_CORDON,
