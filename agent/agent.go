@@ -506,11 +506,11 @@ func (a *Agent) datagrams(ctx context.Context, conn *transport.Conn, heard *hear
 	for {
 		var m api.ServerMessage
 		if err := conn.ReceiveDatagram(ctx, &m); err != nil {
-			if ctx.Err() != nil || conn.Err() != nil {
-				return nil
+			if bad := (*transport.BadDatagramError)(nil); errors.As(err, &bad) {
+				a.log.Warn("server datagram", "err", err)
+				continue
 			}
-			a.log.Warn("server datagram", "err", err)
-			continue
+			return nil // the session is ending: the control stream says why
 		}
 		heard.heard(time.Now())
 		if l := m.GetLease(); l != nil {

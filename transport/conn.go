@@ -128,18 +128,28 @@ func (c *Conn) SendDatagram(m proto.Message) error {
 }
 
 // ReceiveDatagram waits for the peer's next datagram and decodes it into
-// m. A datagram that does not decode is an error naming the peer; the
-// connection stays up (the caller decides).
+// m. It fails once ctx ends or the connection closes; a datagram that
+// does not decode is a *BadDatagramError, after which the connection
+// still carries the next (the caller decides).
 func (c *Conn) ReceiveDatagram(ctx context.Context, m proto.Message) error {
 	b, err := c.qc.ReceiveDatagram(ctx)
 	if err != nil {
 		return fmt.Errorf("datagram from %s: %w", c.name, peerError(err))
 	}
 	if err := proto.Unmarshal(b, m); err != nil {
-		return fmt.Errorf("datagram from %s: %w", c.name, err)
+		return &BadDatagramError{Peer: c.name, err: err}
 	}
 	return nil
 }
+
+// BadDatagramError is a datagram from the peer that did not decode.
+type BadDatagramError struct {
+	Peer string
+	err  error
+}
+
+func (e *BadDatagramError) Error() string { return fmt.Sprintf("datagram from %s: %v", e.Peer, e.err) }
+func (e *BadDatagramError) Unwrap() error { return e.err }
 
 // Err returns why the connection closed, or nil while it is open.
 func (c *Conn) Err() error {

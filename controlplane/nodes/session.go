@@ -323,11 +323,11 @@ func (ns *session) readDatagrams(log interface{ Warn(string, ...any) }) {
 	for {
 		var m api.AgentMessage
 		if err := ns.conn.ReceiveDatagram(ctx, &m); err != nil {
-			if ctx.Err() != nil {
-				return
+			if bad := (*transport.BadDatagramError)(nil); errors.As(err, &bad) {
+				log.Warn("node datagram", "err", err)
+				continue
 			}
-			log.Warn("node datagram", "err", err)
-			continue
+			return // the connection closed
 		}
 		hb := m.GetHeartbeat()
 		if hb == nil {
