@@ -102,6 +102,8 @@ type Registry struct {
 
 	// queue is the telemetry waiting to be applied (offer).
 	queue ingestQueue
+	// late is how late heartbeats are heard now.
+	late lateness
 }
 
 // entry is one node. rec is its current status; it is replaced, never
@@ -465,16 +467,18 @@ func (r *Registry) downLocked(name string, e *entry, reason string) {
 const MaxLagCredit = 15 * time.Second
 
 // CheckHeartbeats declares down every node silent for more than twice its
-// heartbeat interval, past what the server's receive path is behind, and
-// returns their names.
+// heartbeat interval, past how far behind the server is (its receive lag,
+// or how late it hears the other nodes' heartbeats), and returns their
+// names.
 func (r *Registry) CheckHeartbeats() []string {
-	var lag time.Duration
+	now := r.now()
+	lag := r.late.median(now)
 	if r.cfg.ReceiveLag != nil {
-		lag = min(r.cfg.ReceiveLag(), MaxLagCredit)
+		lag = max(lag, r.cfg.ReceiveLag())
 	}
+	lag = min(lag, MaxLagCredit)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := r.now()
 	var down []string
 	for name, e := range r.nodes {
 		if e.down() || e.lastBeat.IsZero() {
@@ -483,7 +487,7 @@ func (r *Registry) CheckHeartbeats() []string {
 		if silent := now.Sub(e.lastContact()); silent-lag > 2*e.heartbeat {
 			reason := fmt.Sprintf("no heartbeat for %s", silent.Round(time.Millisecond))
 			if lag > 0 {
-				reason += fmt.Sprintf(" (the server's receive path %s behind)", lag.Round(time.Millisecond))
+				reason += fmt.Sprintf(" (the server %s behind)", lag.Round(time.Millisecond))
 			}
 			r.downLocked(name, e, reason)
 			down = append(down, name)

@@ -43,6 +43,11 @@ type session struct {
 	// heartbeat comes by datagram and again on the control stream, and
 	// is answered once, by the first to arrive.
 	renewed atomic.Uint64
+	// sampled is the highest heartbeat seq whose lateness was noted, and
+	// leastGap one more than the least gap from a heartbeat's send time to
+	// its arrival (0: none yet).
+	sampled  atomic.Uint64
+	leastGap atomic.Int64
 }
 
 // hear notes that the node was heard from at t.
@@ -67,6 +72,7 @@ func (ns *session) heardAt() time.Time {
 // heartbeat notes hb and returns the lease renewal that answers it, or
 // nil: no lease, not the live session, or its seq already answered.
 func (ns *session) heartbeat(hb *api.Heartbeat) *api.ServerMessage {
+	ns.heardLate(hb.GetSeq(), hb.GetTimeUnixNano(), ns.r.now())
 	if !ns.r.beat(ns) || ns.r.cfg.Lease <= 0 {
 		return nil
 	}

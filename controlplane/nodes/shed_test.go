@@ -3,6 +3,7 @@ package nodes
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -202,7 +203,46 @@ func TestReceiveLagCredit(t *testing.T) {
 	if down := r.CheckHeartbeats(); len(down) != 1 {
 		t.Fatalf("silent past the most lag credited: %v down", down)
 	}
-	if n := statusOf(t, r, "a"); !strings.Contains(n.GetDownReason(), "(the server's receive path 15s behind)") {
+	if n := statusOf(t, r, "a"); !strings.Contains(n.GetDownReason(), "(the server 15s behind)") {
 		t.Errorf("down reason %q", n.GetDownReason())
+	}
+}
+
+// When most nodes' heartbeats reach the server late, the server is
+// behind: a node silent that long is not declared down. One silent node
+// among punctual ones is.
+func TestLateHeartbeatsCredit(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		late     time.Duration // of the others' heartbeats at 3 s
+		wantDown []string
+	}{
+		{"punctual", 0, []string{"quiet"}},
+		{"late", 3 * time.Second, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t0 := time.Unix(1000, 0)
+			c := &clock{t: t0}
+			r := newRegistry(t, newStore(t), c, nil)
+			var sess []*session
+			for i := range 10 {
+				sess = append(sess, registerIdle(t, r, reg(fmt.Sprint("n", i), 1, 1000)))
+			}
+			sess = append(sess, registerIdle(t, r, reg("quiet", 1, 1000)))
+			// Each node's first heartbeat takes 2 ms: the floor of its gap.
+			for _, s := range sess {
+				s.heartbeat(&api.Heartbeat{Seq: 1, TimeUnixNano: t0.Add(-2 * time.Millisecond).UnixNano()})
+			}
+			c.set(t0.Add(3 * time.Second))
+			for _, s := range sess[:10] {
+				s.heartbeat(&api.Heartbeat{Seq: 2, TimeUnixNano: c.now().Add(-2*time.Millisecond - tc.late).UnixNano()})
+			}
+			if down := r.CheckHeartbeats(); !slices.Equal(down, tc.wantDown) {
+				t.Fatalf("3 s silent, the others' heartbeats %s late: %v down, want %v", tc.late, down, tc.wantDown)
+			}
+			if got := r.late.median(c.now()); got != tc.late {
+				t.Errorf("median lateness %s, want %s", got, tc.late)
+			}
+		})
 	}
 }
