@@ -46,6 +46,29 @@ func NewFrameReader(r io.Reader) *FrameReader {
 	return &FrameReader{r: bufio.NewReader(r)}
 }
 
+// Skip reads past the next frame without decoding it, for a reader that
+// sheds what it cannot keep up with; like Read it returns io.EOF at a
+// clean end of stream.
+func (fr *FrameReader) Skip() error {
+	n, err := binary.ReadUvarint(fr.r)
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return io.EOF
+		}
+		return fmt.Errorf("read frame length: %w", err)
+	}
+	if n > MaxFrameSize {
+		return fmt.Errorf("read frame of %d bytes: %w", n, ErrFrameTooLarge)
+	}
+	if _, err := fr.r.Discard(int(n)); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return fmt.Errorf("skip frame body (%d bytes): %w", n, err)
+	}
+	return nil
+}
+
 // Read decodes the next frame into m. It returns io.EOF at a clean end of
 // stream and io.ErrUnexpectedEOF when the stream ends inside a frame.
 func (fr *FrameReader) Read(m proto.Message) error {

@@ -247,6 +247,15 @@ func (s *Stream) Recv(m proto.Message) error {
 	return fmt.Errorf("receive on %s stream: %w", s.kind, peerError(err))
 }
 
+// Skip reads past the next message without decoding it.
+func (s *Stream) Skip() error {
+	err := s.fr.Skip()
+	if err == nil || err == io.EOF {
+		return err
+	}
+	return fmt.Errorf("receive on %s stream: %w", s.kind, peerError(err))
+}
+
 // CloseWrite ends the sending side; the peer's Recv returns io.EOF after
 // the messages already sent.
 func (s *Stream) CloseWrite() error { return s.s.Close() }

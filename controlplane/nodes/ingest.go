@@ -14,8 +14,8 @@ import (
 const DefaultIngestQueue = 512
 
 // Shed counts the telemetry the server dropped because its ingest fell
-// behind: whole batches, and the GPU samples and NCCL call records they
-// (or batches that kept their calls) carried.
+// behind: whole batches, and the GPU samples and NCCL call records of
+// those it decoded (a batch that finds the queue full is dropped unread).
 type Shed struct {
 	Batches, GPUSamples, Collectives uint64
 }
@@ -87,6 +87,22 @@ func (r *Registry) drain() {
 		q.mu.Unlock()
 		r.apply(b.name, b.sess, b.t, b.sampled)
 	}
+}
+
+// ingestFull reports whether the ingest queue is at its bound: the next
+// batch would be shed whole.
+func (r *Registry) ingestFull() bool {
+	r.queue.mu.Lock()
+	defer r.queue.mu.Unlock()
+	return len(r.queue.waiting) >= r.cfg.IngestQueue
+}
+
+// shedUnread counts a batch shed without being decoded: its samples and
+// calls are not counted.
+func (r *Registry) shedUnread() {
+	r.queue.mu.Lock()
+	r.queue.shed.Batches++
+	r.queue.mu.Unlock()
 }
 
 // Shed returns the telemetry shed since the server started.

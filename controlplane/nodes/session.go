@@ -353,6 +353,16 @@ func (ns *session) readDatagrams(log interface{ Warn(string, ...any) }) {
 // ends a session whose batch cannot be written for 5 s).
 func (ns *session) readTelemetry(st *transport.Stream) {
 	for {
+		if ns.r.ingestFull() {
+			// Shed unread: decoding what is dropped anyway would only
+			// put the server further behind.
+			if err := st.Skip(); err != nil {
+				return
+			}
+			ns.r.beat(ns)
+			ns.r.shedUnread()
+			continue
+		}
 		var m api.AgentMessage
 		if err := st.Recv(&m); err != nil {
 			return
