@@ -356,8 +356,11 @@ func (a *Agent) session(ctx context.Context, d *transport.Dialer, addr string, i
 			}
 		}()
 	}
-	run("heartbeat", func() error { return a.heartbeats(sctx, sendControl) })
+	run("heartbeat", func() error { return a.heartbeats(sctx, conn, sendControl) })
 	run("commands", func() error { return a.commands(sctx, control, sendControl, heard) })
+	if conn.Datagrams() {
+		run("datagrams", func() error { return a.datagrams(sctx, conn, heard) })
+	}
 	if lease > 0 && len(a.servers.Addrs()) > 1 {
 		// Only a server that grants a lease answers every heartbeat, so
 		// only then is its silence a sign that it is gone. With one server
@@ -431,16 +434,27 @@ func welcomeError(w *api.Welcome) error {
 	return &transport.NotLeaderError{Reason: msg}
 }
 
-func (a *Agent) heartbeats(ctx context.Context, send func(*api.AgentMessage) error) error {
+// heartbeats sends a heartbeat every interval: by datagram first, where
+// the server takes them, which no lost telemetry packet holds up, then on
+// the control stream, which is reliable but in order behind anything
+// lost before it. The server answers whichever comes first.
+func (a *Agent) heartbeats(ctx context.Context, conn *transport.Conn, send func(*api.AgentMessage) error) error {
 	t := time.NewTicker(a.cfg.Heartbeat)
 	defer t.Stop()
+	datagrams := conn.Datagrams()
 	var seq uint64
 	for {
 		seq++
 		now := time.Now()
 		a.beats.sentAt(seq, now)
-		if err := send(&api.AgentMessage{Body: &api.AgentMessage_Heartbeat{Heartbeat: &api.Heartbeat{
-			TimeUnixNano: now.UnixNano(), Seq: seq}}}); err != nil {
+		m := &api.AgentMessage{Body: &api.AgentMessage_Heartbeat{Heartbeat: &api.Heartbeat{
+			TimeUnixNano: now.UnixNano(), Seq: seq}}}
+		if datagrams {
+			if err := conn.SendDatagram(m); err != nil && ctx.Err() == nil {
+				a.log.Debug("heartbeat datagram", "err", err)
+			}
+		}
+		if err := send(m); err != nil {
 			return err
 		}
 		select {
@@ -464,9 +478,7 @@ func (a *Agent) commands(ctx context.Context, control *transport.Stream, send fu
 		}
 		heard.heard(time.Now())
 		if l := m.GetLease(); l != nil {
-			if d, ok := a.beats.deadline(l.GetHeartbeatSeq(), time.Duration(l.GetLeaseMs())*time.Millisecond); ok {
-				a.exec.RenewLeases(d)
-			}
+			a.renew(l)
 			continue
 		}
 		c := m.GetCommand()
@@ -488,6 +500,32 @@ func (a *Agent) commands(ctx context.Context, control *transport.Stream, send fu
 		if err := send(&api.AgentMessage{Body: &api.AgentMessage_CommandAck{CommandAck: ack}}); err != nil {
 			return err
 		}
+	}
+}
+
+// datagrams hears the lease renewals the server sends by datagram, in
+// answer to heartbeats that came by datagram.
+func (a *Agent) datagrams(ctx context.Context, conn *transport.Conn, heard *hearing) error {
+	for {
+		var m api.ServerMessage
+		if err := conn.ReceiveDatagram(ctx, &m); err != nil {
+			if bad := (*transport.BadDatagramError)(nil); errors.As(err, &bad) {
+				a.log.Warn("server datagram", "err", err)
+				continue
+			}
+			return nil // the session is ending: the control stream says why
+		}
+		heard.heard(time.Now())
+		if l := m.GetLease(); l != nil {
+			a.renew(l)
+		}
+	}
+}
+
+// renew turns a lease renewal into the ranks' new deadline.
+func (a *Agent) renew(l *api.LeaseRenewal) {
+	if d, ok := a.beats.deadline(l.GetHeartbeatSeq(), time.Duration(l.GetLeaseMs())*time.Millisecond); ok {
+		a.exec.RenewLeases(d)
 	}
 }
 

@@ -46,20 +46,46 @@ func NewFrameReader(r io.Reader) *FrameReader {
 	return &FrameReader{r: bufio.NewReader(r)}
 }
 
-// Read decodes the next frame into m. It returns io.EOF at a clean end of
-// stream and io.ErrUnexpectedEOF when the stream ends inside a frame.
-func (fr *FrameReader) Read(m proto.Message) error {
+// Skip reads past the next frame without decoding it, for a reader that
+// sheds what it cannot keep up with; like Read it returns io.EOF at a
+// clean end of stream.
+func (fr *FrameReader) Skip() error {
+	n, err := fr.length()
+	if err != nil {
+		return err
+	}
+	if _, err := fr.r.Discard(n); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return fmt.Errorf("skip frame body (%d bytes): %w", n, err)
+	}
+	return nil
+}
+
+// length reads the next frame's length prefix.
+func (fr *FrameReader) length() (int, error) {
 	n, err := binary.ReadUvarint(fr.r)
 	if err != nil {
 		if errors.Is(err, io.EOF) {
-			return io.EOF
+			return 0, io.EOF
 		}
-		return fmt.Errorf("read frame length: %w", err)
+		return 0, fmt.Errorf("read frame length: %w", err)
 	}
 	if n > MaxFrameSize {
-		return fmt.Errorf("read frame of %d bytes: %w", n, ErrFrameTooLarge)
+		return 0, fmt.Errorf("read frame of %d bytes: %w", n, ErrFrameTooLarge)
 	}
-	if cap(fr.buf) < int(n) {
+	return int(n), nil
+}
+
+// Read decodes the next frame into m. It returns io.EOF at a clean end of
+// stream and io.ErrUnexpectedEOF when the stream ends inside a frame.
+func (fr *FrameReader) Read(m proto.Message) error {
+	n, err := fr.length()
+	if err != nil {
+		return err
+	}
+	if cap(fr.buf) < n {
 		fr.buf = make([]byte, n)
 	}
 	fr.buf = fr.buf[:n]

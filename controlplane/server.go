@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
@@ -115,7 +116,9 @@ type Server struct {
 	// slurm reads Slurm's view in (--executor slurm); nil otherwise.
 	slurm *slurm.Poller
 	ln    *transport.Listener
-	wg    sync.WaitGroup
+	// listening is ln for the node detector, which runs before Listen.
+	listening atomic.Pointer[transport.Listener]
+	wg        sync.WaitGroup
 
 	// clients are the client connections open now, so that a revoked
 	// identity can be cut off.
@@ -219,7 +222,7 @@ func newServer(cfg Config, auth *transport.Authority, st store.Store, policy sch
 	// job owner's view of nodes; the sink only queues, so the registry can
 	// be built first with the owner's queue standing in.
 	sink := &deferredSink{}
-	reg, err := nodes.New(nodes.Config{Store: st, Publish: s.hub, Observe: s.obs, Sink: sink, ServerName: host,
+	reg, err := nodes.New(nodes.Config{Store: st, Publish: s.hub, Observe: s.obs, Sink: sink, ServerName: host, ReceiveLag: s.receiveLag,
 		History: cfg.History, Now: cfg.Now, Log: cfg.Log.With("part", "nodes"), Lease: cfg.Lease, Superseded: sink.superseded})
 	if err != nil {
 		return nil, err
@@ -312,7 +315,17 @@ func (s *Server) Listen(ctx context.Context) error {
 		return fmt.Errorf("serve: %w", err)
 	}
 	s.ln = ln
+	s.listening.Store(ln)
 	return s.writeAdminConfig()
+}
+
+// receiveLag is how far behind the listener's receive path is (0 before
+// it listens).
+func (s *Server) receiveLag() time.Duration {
+	if ln := s.listening.Load(); ln != nil {
+		return ln.ReceiveLag()
+	}
+	return 0
 }
 
 func (s *Server) writeAdminConfig() error {

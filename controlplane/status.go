@@ -10,7 +10,16 @@ import (
 // status answers gpuctl status: which server leads, since when, and how
 // the store is.
 func (s *Server) status(ctx context.Context, c *call) error {
-	return c.send(&api.ClientResponse{Body: &api.ClientResponse_Status{Status: statusOf(ctx, s.cfg)}})
+	st := statusOf(ctx, s.cfg)
+	st.TelemetryShed = s.TelemetryShed()
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_Status{Status: st}})
+}
+
+// TelemetryShed is the telemetry the server dropped, unapplied, because
+// its ingest fell behind.
+func (s *Server) TelemetryShed() *api.TelemetryShed {
+	sh := s.nodes.Shed()
+	return &api.TelemetryShed{Batches: sh.Batches, GpuSamples: sh.GPUSamples, Collectives: sh.Collectives}
 }
 
 // statusOf is cfg.Status's answer, or, for a server on its own bbolt

@@ -105,6 +105,52 @@ func (c *Conn) CloseWithError(code quic.ApplicationErrorCode, msg string) error 
 // Close closes the connection with CodeNoError.
 func (c *Conn) Close() error { return c.qc.CloseWithError(CodeNoError, "closed") }
 
+// Datagrams reports whether both sides take QUIC datagrams (RFC 9221);
+// a peer of an older release does not, and hears only its streams.
+func (c *Conn) Datagrams() bool {
+	st := c.qc.ConnectionState().SupportsDatagrams
+	return st.Local && st.Remote
+}
+
+// SendDatagram sends m in one QUIC datagram: unreliable and unordered,
+// but never held behind a stream's lost packets, which is what liveness
+// needs from a connection that also carries bulk telemetry. m must fit
+// in one packet (a heartbeat or a lease renewal does).
+func (c *Conn) SendDatagram(m proto.Message) error {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("datagram to %s: %w", c.name, err)
+	}
+	if err := c.qc.SendDatagram(b); err != nil {
+		return fmt.Errorf("datagram to %s: %w", c.name, peerError(err))
+	}
+	return nil
+}
+
+// ReceiveDatagram waits for the peer's next datagram and decodes it into
+// m. It fails once ctx ends or the connection closes; a datagram that
+// does not decode is a *BadDatagramError, after which the connection
+// still carries the next (the caller decides).
+func (c *Conn) ReceiveDatagram(ctx context.Context, m proto.Message) error {
+	b, err := c.qc.ReceiveDatagram(ctx)
+	if err != nil {
+		return fmt.Errorf("datagram from %s: %w", c.name, peerError(err))
+	}
+	if err := proto.Unmarshal(b, m); err != nil {
+		return &BadDatagramError{Peer: c.name, err: err}
+	}
+	return nil
+}
+
+// BadDatagramError is a datagram from the peer that did not decode.
+type BadDatagramError struct {
+	Peer string
+	err  error
+}
+
+func (e *BadDatagramError) Error() string { return fmt.Sprintf("datagram from %s: %v", e.Peer, e.err) }
+func (e *BadDatagramError) Unwrap() error { return e.err }
+
 // Err returns why the connection closed, or nil while it is open.
 func (c *Conn) Err() error {
 	if c.qc.Context().Err() == nil {
@@ -195,6 +241,15 @@ func (s *Stream) Send(m proto.Message) error {
 // closed its side cleanly between messages.
 func (s *Stream) Recv(m proto.Message) error {
 	err := s.fr.Read(m)
+	if err == nil || err == io.EOF {
+		return err
+	}
+	return fmt.Errorf("receive on %s stream: %w", s.kind, peerError(err))
+}
+
+// Skip reads past the next message without decoding it.
+func (s *Stream) Skip() error {
+	err := s.fr.Skip()
 	if err == nil || err == io.EOF {
 		return err
 	}

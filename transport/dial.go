@@ -42,6 +42,7 @@ func newDialerOn(logger *slog.Logger, laddr *net.UDPAddr) (*Dialer, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	sizeReceiveBuffer(udp, logger)
 	return &Dialer{udp: udp, tr: &quic.Transport{Conn: udp}, log: logger, now: time.Now}, nil
 }
 

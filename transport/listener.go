@@ -109,7 +109,15 @@ type Listener struct {
 	joining int
 	loopErr error
 	closed  bool
+
+	probe *lagProbe
 }
+
+// ReceiveLag is how far behind the listener's receive path is now: a
+// packet read now may have waited this long in the socket's buffer and
+// the QUIC read loop. A busy server credits its nodes this much before
+// it takes their silence for a failure.
+func (l *Listener) ReceiveLag() time.Duration { return l.probe.lag(time.Now()) }
 
 // Listen serves the node, client and join protocols on the UDP address
 // addr (e.g. ":7443" or "127.0.0.1:0") until ctx is done or Close is
@@ -137,6 +145,7 @@ func Listen(ctx context.Context, addr string, auth *Authority, cfg ListenConfig)
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
+	sizeReceiveBuffer(udp, l.log)
 	l.tr = &quic.Transport{Conn: udp, StatelessResetKey: auth.statelessResetKey()}
 	l.ql, err = l.tr.Listen(serverTLS(auth), quicConfig)
 	if err != nil {
@@ -144,9 +153,15 @@ func Listen(ctx context.Context, addr string, auth *Authority, cfg ListenConfig)
 		udp.Close()
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
+	pctx, stopProbe := context.WithCancel(context.Background())
+	l.probe = startLagProbe(pctx, l.tr, udp, l.log.Warn)
 	l.wg.Add(1)
 	go l.acceptLoop()
 	stop := context.AfterFunc(ctx, func() { l.Close() })
+	go func() {
+		<-l.done
+		stopProbe()
+	}()
 	go func() {
 		<-l.done
 		stop()

@@ -54,6 +54,9 @@ var quicConfig = &quic.Config{
 	KeepAlivePeriod:       keepAlive,
 	MaxIncomingStreams:    1024,
 	MaxIncomingUniStreams: -1,
+	// Heartbeats travel as datagrams too: a datagram is never held
+	// behind a stream's lost packets (Conn.SendDatagram).
+	EnableDatagrams: true,
 }
 
 // clientQUICConfig is quicConfig with the client's shorter idle timeout.

@@ -16,6 +16,16 @@ type StatusJSON struct {
 	Store   StoreJSON    `json:"store"`
 	// Leadership lists the leadership changes, newest first.
 	Leadership []LeadershipJSON `json:"leadership"`
+	// TelemetryShed is what the answering leader's ingest dropped to keep
+	// up; null from a standby or an older server.
+	TelemetryShed *TelemetryShedJSON `json:"telemetry_shed"`
+}
+
+// TelemetryShedJSON counts telemetry a server shed since it started.
+type TelemetryShedJSON struct {
+	Batches     uint64 `json:"batches"`
+	GPUSamples  uint64 `json:"gpu_samples"`
+	Collectives uint64 `json:"collectives"`
 }
 
 // ServerJSON is one gpuctl serve.
@@ -68,6 +78,9 @@ func StatusFromAPI(r *api.StatusResponse) StatusJSON {
 		out.Leadership = append(out.Leadership, LeadershipJSON{Time: optTime(e.GetTimeUnixNano()),
 			Server: optString(e.GetAttrs()["server"]), Message: e.GetMessage()})
 	}
+	if s := r.GetTelemetryShed(); s != nil {
+		out.TelemetryShed = &TelemetryShedJSON{Batches: s.GetBatches(), GPUSamples: s.GetGpuSamples(), Collectives: s.GetCollectives()}
+	}
 	return out
 }
 
@@ -108,6 +121,13 @@ func Status(w io.Writer, o Options, r *api.StatusResponse) error {
 			line += " UNREACHABLE: " + deref(m.Error)
 		}
 		if _, err := fmt.Fprintln(w, api.EscapeText(line)); err != nil {
+			return err
+		}
+	}
+	if s := st.TelemetryShed; s != nil && (s.Batches > 0 || s.GPUSamples > 0) {
+		// The server kept its nodes up by dropping their figures.
+		if _, err := fmt.Fprintf(w, "telemetry shed: %d GPU samples, %d batches (%d NCCL calls)\n",
+			s.GPUSamples, s.Batches, s.Collectives); err != nil {
 			return err
 		}
 	}

@@ -144,7 +144,8 @@ func sampleStatus() *api.StatusResponse {
 			{Name: "etcd-3", Endpoint: "https://10.0.0.3:2379", Error: "context deadline exceeded"}},
 		Leadership: []*api.Event{
 			{TimeUnixNano: at(90 * time.Second), Message: "server head-2 leads the control plane at 10.0.0.2:7443", Attrs: map[string]string{"server": "head-2"}},
-			{TimeUnixNano: at(48 * time.Hour), Message: "server head-1 leads the control plane at 10.0.0.1:7443", Attrs: map[string]string{"server": "head-1"}}}}
+			{TimeUnixNano: at(48 * time.Hour), Message: "server head-1 leads the control plane at 10.0.0.1:7443", Attrs: map[string]string{"server": "head-1"}}},
+		TelemetryShed: &api.TelemetryShed{Batches: 120, GpuSamples: 4960, Collectives: 960}}
 }
 
 func TestGolden(t *testing.T) {

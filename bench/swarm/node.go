@@ -113,6 +113,9 @@ func (n *node) sendControl(m *api.AgentMessage) error {
 func (n *node) run(ctx context.Context, interval, batchEvery time.Duration) error {
 	errs := make(chan error, 3)
 	go func() { errs <- n.answer() }()
+	if n.conn.Datagrams() {
+		go n.drainDatagrams()
+	}
 	phase := time.Duration(n.rng.Int64N(int64(min(interval, batchEvery))))
 	select {
 	case <-ctx.Done():
@@ -126,9 +129,15 @@ func (n *node) run(ctx context.Context, interval, batchEvery time.Duration) erro
 	go func() { errs <- n.stream(rctx, batchEvery) }()
 	beats := time.NewTicker(interval)
 	defer beats.Stop()
+	datagrams := n.conn.Datagrams()
 	for beat := uint64(1); ; beat++ {
-		if err := n.sendControl(&api.AgentMessage{Body: &api.AgentMessage_Heartbeat{Heartbeat: &api.Heartbeat{
-			TimeUnixNano: time.Now().UnixNano(), Seq: beat}}}); err != nil {
+		// As nodemon: by datagram, then on the control stream.
+		m := &api.AgentMessage{Body: &api.AgentMessage_Heartbeat{Heartbeat: &api.Heartbeat{
+			TimeUnixNano: time.Now().UnixNano(), Seq: beat}}}
+		if datagrams {
+			n.conn.SendDatagram(m) // lost or not, the stream's copy follows
+		}
+		if err := n.sendControl(m); err != nil {
 			return fmt.Errorf("heartbeat: %w", err)
 		}
 		select {
@@ -173,6 +182,17 @@ func (n *node) answer() error {
 				return fmt.Errorf("ack command %d: %w", c.GetId(), err)
 			}
 		}
+	}
+}
+
+// drainDatagrams reads the server's lease renewals by datagram, which
+// the swarm's nodes (running no ranks) have no use for, until the
+// connection ends.
+func (n *node) drainDatagrams() {
+	ctx := n.conn.Context()
+	for ctx.Err() == nil {
+		var m api.ServerMessage
+		n.conn.ReceiveDatagram(ctx, &m)
 	}
 }
 

@@ -40,6 +40,16 @@ func (r *Report) WriteTable(out io.Writer) error {
 		{"watch resyncs", fmt.Sprint(r.WatchResyncs)},
 		{"UDP receive drops", drops(r.UDPReceiveDrops)},
 	}
+	if s := r.Shed; s != nil {
+		rows = append(rows, [2]string{"telemetry shed", fmt.Sprintf("%d GPU samples, %d batches (%d NCCL calls)", s.GPUSamples, s.Batches, s.Collectives)})
+	}
+	if r.Store != "" {
+		rows = append(rows, [2]string{"store", r.Store})
+	}
+	if f := r.Failover; f != nil {
+		rows = append(rows, [2]string{"failover", fmt.Sprintf("new server in %.1f s; %d of %d nodes registered %.1f s after they redialled; %d down in the 5 s after",
+			f.RestartSeconds, f.Registered, r.Nodes, f.ReconnectSeconds, f.NodesDownAfter)})
+	}
 	if r.FirstNodeError != nil {
 		rows = append(rows, [2]string{"first node error", *r.FirstNodeError})
 	}

@@ -48,6 +48,13 @@ type Options struct {
 	ServerPID int
 	// Dir holds the server's state and the nodes' identities; required.
 	Dir string
+	// Store is what a started server keeps its state in: StoreBolt
+	// (default) or StoreEtcd (an etcd member run by the swarm).
+	Store string
+	// Failover, after the measurement, kills the server (SIGKILL) and
+	// starts another on the same state and address, and every node
+	// reconnects at once; it needs a server the swarm started.
+	Failover bool
 	// Seed makes the nodes' phases and figures repeatable.
 	Seed uint64
 	Log  *slog.Logger
@@ -65,6 +72,12 @@ func (o *Options) defaults() error {
 	}
 	if o.Config == "" && o.Gpuctl == "" {
 		return errors.New("swarm: no gpuctl binary to start the server with")
+	}
+	if o.Store == "" {
+		o.Store = StoreBolt
+	}
+	if o.Config != "" && (o.Store != StoreBolt || o.Failover) {
+		return errors.New("swarm: --store and --failover start the server: drop --config and --server-pid")
 	}
 	if o.GPUs <= 0 {
 		o.GPUs = 8
@@ -130,9 +143,35 @@ type Report struct {
 	// receive buffer during the window (the server's socket and the
 	// swarm's); null where /proc/net/snmp cannot be read.
 	UDPReceiveDrops *uint64 `json:"udp_receive_drops"`
-	FirstNodeError  *string `json:"first_node_error"`
-	ServerStarted   bool    `json:"server_started"`
-	ServerPID       int     `json:"server_pid"`
+	// Shed is the telemetry the server shed to keep up, since it
+	// started (null from a server too old to say).
+	Shed *Shed `json:"telemetry_shed"`
+	// Store is what the started server kept its state in.
+	Store string `json:"store"`
+	// Failover is the server's replacement, when asked for.
+	Failover       *Failover `json:"failover"`
+	FirstNodeError *string   `json:"first_node_error"`
+	ServerStarted  bool      `json:"server_started"`
+	ServerPID      int       `json:"server_pid"`
+}
+
+// Shed counts what a server's ingest dropped: whole batches, and GPU
+// samples and NCCL call records.
+type Shed struct {
+	Batches     uint64 `json:"batches"`
+	GPUSamples  uint64 `json:"gpu_samples"`
+	Collectives uint64 `json:"collectives"`
+}
+
+// Failover is a server killed and replaced on the same state while its
+// nodes ran: how long until every node was registered with the new one
+// (they all redial at once, as after a failover), and how many of them
+// went down in the 5 s after.
+type Failover struct {
+	RestartSeconds   float64 `json:"restart_seconds"`
+	ReconnectSeconds float64 `json:"reconnect_seconds"`
+	Registered       int     `json:"registered"`
+	NodesDownAfter   int     `json:"nodes_down_after"`
 }
 
 // Document is the -o json document of runs: {"runs": [...]}.
@@ -170,13 +209,18 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep := &Report{Nodes: o.Nodes, GPUsPerNode: o.GPUs}
 	srv := &server{pid: o.ServerPID, config: o.Config}
 	defer func() { rep.ServerPID = srv.pid }()
+	var back *backend
 	if o.Config == "" {
 		var err error
-		if srv, err = startServer(ctx, o.Gpuctl, o.Dir); err != nil {
+		if back, err = newBackend(ctx, o.Store, o.Dir); err != nil {
 			return nil, err
 		}
-		defer srv.stop()
-		rep.ServerStarted = true
+		defer back.close()
+		if srv, err = startServer(ctx, o.Gpuctl, back); err != nil {
+			return nil, err
+		}
+		defer func() { srv.stop() }() // the one running at the end
+		rep.ServerStarted, rep.Store = true, o.Store
 		if u, err := readUsage(srv.pid); err == nil {
 			rep.ServerRSSIdleBytes = u.rssBytes
 		}
@@ -232,20 +276,22 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	var errMu sync.Mutex
 	nodeErrs := 0
 	firstErr := ""
-	defer func() {
+	halt := func() {
 		stopNodes()
 		for _, n := range nodes {
 			n.close()
 		}
 		nodeWG.Wait()
-	}()
+	}
+	defer func() { halt() }()
 	// Each node beats from the moment it registers, or the server's
 	// detector would take the first ones down while the last connect.
-	err = connectAll(nctx, d, addr, o.Interval, nodes, func(n *node) {
+	launch := func(n *node) {
+		ctx := nctx
 		nodeWG.Add(1)
 		go func() {
 			defer nodeWG.Done()
-			if err := n.run(nctx, o.Interval, o.BatchInterval); err != nil && nctx.Err() == nil {
+			if err := n.run(ctx, o.Interval, o.BatchInterval); err != nil && ctx.Err() == nil {
 				errMu.Lock()
 				nodeErrs++
 				if firstErr == "" {
@@ -254,7 +300,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 				errMu.Unlock()
 			}
 		}()
-	})
+	}
+	err = connectAll(nctx, d, addr, o.Interval, nodes, 16, launch)
 	if err != nil {
 		return nil, err
 	}
@@ -314,6 +361,47 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep.Visibility = summarize(lat)
 	rep.SamplesVisiblePerSec = float64(visible*o.GPUs) / window
 	rep.NodesDown, rep.WatchResyncs = down, resyncs
+	if st, err := cl.Status(ctx); err == nil && st.GetTelemetryShed() != nil {
+		sh := st.GetTelemetryShed()
+		rep.Shed = &Shed{Batches: sh.GetBatches(), GPUSamples: sh.GetGpuSamples(), Collectives: sh.GetCollectives()}
+	}
+
+	if o.Failover {
+		// Nodes stop as a killed server's do not: at once. Each redials
+		// and registers as soon as the new server listens.
+		halt()
+		srv.kill()
+		start := time.Now()
+		if srv, err = startServer(ctx, o.Gpuctl, back); err != nil {
+			return nil, err
+		}
+		f := &Failover{RestartSeconds: time.Since(start).Seconds()}
+		rep.Failover = f
+		if err := w.waitNone(ctx, 60*time.Second); err != nil {
+			return nil, fmt.Errorf("swarm: after the failover: %w", err)
+		}
+		var stop context.CancelFunc
+		nctx, stop = context.WithCancel(ctx)
+		defer stop()
+		stopNodes = stop
+		start = time.Now()
+		if err := connectAll(nctx, d, addr, o.Interval, nodes, len(nodes), launch); err != nil {
+			return nil, err
+		}
+		err := w.waitReady(ctx, o.Nodes, 120*time.Second)
+		f.ReconnectSeconds, f.Registered = time.Since(start).Seconds(), w.ready()
+		if err != nil {
+			return nil, fmt.Errorf("swarm: after the failover: %w", err)
+		}
+		_, _, down0, _ := w.results()
+		w.measure(true)
+		if err := sleep(ctx, 5*time.Second); err != nil {
+			return nil, err
+		}
+		w.measure(false)
+		_, _, down1, _ := w.results()
+		f.NodesDownAfter = down1 - down0
+	}
 	errMu.Lock()
 	rep.NodeErrors = nodeErrs
 	if firstErr != "" {
@@ -356,12 +444,24 @@ func joinAll(ctx context.Context, d *transport.Dialer, addr, token, dir string, 
 	})
 }
 
-// connectAll dials and registers every node, and starts each once it is
-// registered.
-func connectAll(ctx context.Context, d *transport.Dialer, addr string, interval time.Duration, nodes []*node, start func(*node)) error {
-	return forEach(ctx, nodes, 16, func(n *node) error {
-		if err := n.connect(ctx, d, addr, interval); err != nil {
-			return fmt.Errorf("swarm: node %s: %w", n.name, err)
+// connectAll dials and registers every node, parallel at a time, and
+// starts each once it is registered. A node that fails tries again, as
+// nodemon does (a storm of handshakes can outlast one dial's timeout),
+// five times at most.
+func connectAll(ctx context.Context, d *transport.Dialer, addr string, interval time.Duration, nodes []*node, parallel int, start func(*node)) error {
+	return forEach(ctx, nodes, parallel, func(n *node) error {
+		backoff := transport.Backoff{Base: 200 * time.Millisecond, Max: 2 * time.Second}
+		for tries := 0; ; {
+			err := n.connect(ctx, d, addr, interval)
+			if err == nil {
+				break
+			}
+			if tries++; tries == 5 {
+				return fmt.Errorf("swarm: node %s: %w", n.name, err)
+			}
+			if err := backoff.Wait(ctx); err != nil {
+				return err
+			}
 		}
 		start(n)
 		return nil

@@ -72,6 +72,27 @@ func TestSwarmReportIsSane(t *testing.T) {
 	}
 }
 
+// TestSwarmFailoverOnEtcd runs a small swarm against a server on an etcd
+// member the swarm runs, kills it, and checks that its replacement leads
+// and every node registered with it and stayed up.
+func TestSwarmFailoverOnEtcd(t *testing.T) {
+	const nodes = 10
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Options{Nodes: nodes, Quiet: time.Second, Warmup: time.Second, Duration: 2 * time.Second,
+		Gpuctl: testbin.Gpuctl(t), Dir: t.TempDir(), Store: StoreEtcd, Failover: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := rep.Failover
+	if rep.Store != StoreEtcd || f == nil || f.Registered != nodes || f.NodesDownAfter != 0 || f.RestartSeconds <= 0 || f.ReconnectSeconds <= 0 {
+		t.Errorf("failover on etcd: store %q, %+v", rep.Store, f)
+	}
+	if rep.NodeErrors != 0 || rep.Shed == nil {
+		t.Errorf("%d node errors (first: %v), shed %v", rep.NodeErrors, rep.FirstNodeError, rep.Shed)
+	}
+}
+
 func TestSummarize(t *testing.T) {
 	ms := func(v ...int) []time.Duration {
 		out := make([]time.Duration, len(v))

@@ -109,6 +109,22 @@ func (w *watcher) waitReady(ctx context.Context, want int, limit time.Duration) 
 	}
 }
 
+// waitNone waits until the watch shows no node ready: a restarted server
+// loads every node down until it reconnects.
+func (w *watcher) waitNone(ctx context.Context, limit time.Duration) error {
+	deadline := time.After(limit)
+	for w.ready() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline:
+			return fmt.Errorf("%d nodes still ready after %s", w.ready(), limit)
+		case <-w.changed:
+		}
+	}
+	return nil
+}
+
 func (w *watcher) results() (lat []time.Duration, visible, down, resyncs int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

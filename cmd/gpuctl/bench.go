@@ -103,6 +103,8 @@ streams but shares the one socket.`,
 	f.IntVar(&o.ServerPID, "server-pid", 0, "pid of the running server whose CPU and memory are measured")
 	f.StringVar(&o.Dir, "dir", "", "work dir for the server's state and node identities (default: a temporary dir)")
 	f.BoolVar(&keep, "keep", false, "keep the temporary work dir (serve.log, swarm.log)")
+	f.StringVar(&o.Store, "store", swarm.StoreBolt, "the started server's store: bbolt, or etcd (a one-member etcd run by the swarm)")
+	f.BoolVar(&o.Failover, "failover", false, "after the measurement, kill the server, start another on its state, and time every node's reconnect")
 	f.Uint64Var(&o.Seed, "seed", 1, "seed of the nodes' phases and figures")
 	f.StringVarP(&output, "output", "o", "table", "output format: table or json")
 	return cmd

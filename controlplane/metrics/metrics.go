@@ -31,6 +31,8 @@ type Source interface {
 	Nodes() []*api.NodeStatus
 	Jobs() []*api.Job
 	Stalls(job string) ([]*api.Stall, error)
+	// TelemetryShed is what the server's ingest dropped to keep up.
+	TelemetryShed() *api.TelemetryShed
 }
 
 // Metrics is the server's exporter: a Prometheus collector over a Source,
@@ -152,6 +154,7 @@ var (
 	gpusDesc          = prometheus.NewDesc("gpuctl_gpus", "GPUs by health: healthy, unhealthy (an XID, ECC or other fault) or lost (off the bus).", []string{"health"}, nil)
 	jobsDesc          = prometheus.NewDesc("gpuctl_jobs", "Jobs by state.", []string{"state"}, nil)
 	stallsDesc        = prometheus.NewDesc("gpuctl_stalls", "NCCL stalls declared now (one per stalled communicator).", nil, nil)
+	shedDesc          = prometheus.NewDesc("gpuctl_telemetry_shed_total", "Telemetry the server dropped unapplied because its ingest fell behind: GPU samples first, then whole batches (with their NCCL call records); its nodes stay up.", []string{"kind"}, nil)
 
 	jobInfoDesc      = prometheus.NewDesc("gpuctl_job_info", "1 for every job not finished, with its name, tenant and state.", []string{"hpc_job", "job_name", "tenant", "state"}, nil)
 	jobGPUsDesc      = prometheus.NewDesc("gpuctl_job_gpus", "GPUs of the job's plan (tp·pp·dp).", jobLabels, nil)
@@ -172,7 +175,7 @@ var (
 	jobStalledDesc   = prometheus.NewDesc("gpuctl_job_stalled_communicators", "The job's communicators with an NCCL stall declared now.", jobLabels, nil)
 
 	stateDescs = []*prometheus.Desc{nodesDesc, nodesCordonedDesc, nodesDrainingDesc, nodeReadyDesc, nodeCordonedDesc, gpusDesc, jobsDesc,
-		stallsDesc, jobInfoDesc, jobGPUsDesc, jobStepDesc, jobRateDesc, jobMeasuredDesc, jobPredictedDesc, jobGoodputDesc,
+		stallsDesc, shedDesc, jobInfoDesc, jobGPUsDesc, jobStepDesc, jobRateDesc, jobMeasuredDesc, jobPredictedDesc, jobGoodputDesc,
 		jobRestartsDesc, jobPreemptDesc, jobLostDesc, jobDowntimeDesc, jobEnergyDesc, jobCkptsDesc, jobCkptAgeDesc, jobCkptTimeDesc,
 		jobAdvisedDesc, jobStalledDesc}
 )
@@ -256,6 +259,11 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	for _, h := range sortedKeys(health) {
 		gauge(gpusDesc, float64(health[h]), h)
 	}
+
+	shed := m.src.TelemetryShed()
+	counter(shedDesc, float64(shed.GetBatches()), "batches")
+	counter(shedDesc, float64(shed.GetGpuSamples()), "gpu_samples")
+	counter(shedDesc, float64(shed.GetCollectives()), "collectives")
 
 	stalls, err := m.src.Stalls("")
 	if err != nil {
@@ -420,3 +428,4 @@ type emptySource struct{}
 func (emptySource) Nodes() []*api.NodeStatus            { return nil }
 func (emptySource) Jobs() []*api.Job                    { return nil }
 func (emptySource) Stalls(string) ([]*api.Stall, error) { return nil, nil }
+func (emptySource) TelemetryShed() *api.TelemetryShed   { return nil }

@@ -22,7 +22,10 @@ type fakeSource struct {
 	jobs     []*api.Job
 	stalls   []*api.Stall
 	stallErr error
+	shed     *api.TelemetryShed
 }
+
+func (f *fakeSource) TelemetryShed() *api.TelemetryShed { return f.shed }
 
 func (f *fakeSource) Nodes() []*api.NodeStatus { return f.nodes }
 func (f *fakeSource) Jobs() []*api.Job         { return f.jobs }

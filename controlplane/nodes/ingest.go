@@ -3,14 +3,130 @@ package nodes
 import (
 	"fmt"
 	"sort"
+	"sync"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuctl/gpuctl/api"
 )
 
-// ingest applies one telemetry batch from the node's session.
+// DefaultIngestQueue bounds the telemetry batches waiting to be applied.
+const DefaultIngestQueue = 512
+
+// Shed counts the telemetry the server dropped because its ingest fell
+// behind: whole batches, and the GPU samples and NCCL call records of
+// those it decoded (a batch that finds the queue full is dropped unread).
+type Shed struct {
+	Batches, GPUSamples, Collectives uint64
+}
+
+// queued is a batch waiting to be applied; sampled says it carried the
+// node's full current sets (ranks, calls in flight), even with its GPU
+// samples shed.
+type queued struct {
+	name    string
+	sess    *session
+	t       *api.Telemetry
+	sampled bool
+}
+
+// ingestQueue is the telemetry waiting to be applied, in arrival order,
+// by one drainer at a time (so a node's batches apply in order). When it
+// falls behind, the batches that arrive meanwhile lose their GPU samples
+// (the console's figures go stale) and keep the NCCL call records the
+// stall detector reads; past its bound whole batches are dropped. Either
+// way the node was heard: shedding never costs a node its liveness.
+type ingestQueue struct {
+	mu       sync.Mutex
+	waiting  []queued
+	draining bool
+	shed     Shed
+}
+
+// offer queues a batch for ingest, or sheds it (counted) when the queue
+// is past half its bound (GPU samples and flows) or full (the batch).
+func (r *Registry) offer(name string, sess *session, t *api.Telemetry) {
+	q := &r.queue
+	limit := r.cfg.IngestQueue
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch n := len(q.waiting); {
+	case n >= limit:
+		q.shed.Batches++
+		q.shed.GPUSamples += uint64(len(t.GetGpus()))
+		q.shed.Collectives += uint64(len(t.GetCollectives()))
+		return
+	case n >= limit/2 && len(t.GetGpus()) > 0:
+		q.shed.GPUSamples += uint64(len(t.GetGpus()))
+		sampled := sampled(t)
+		t.Gpus, t.Flows = nil, nil
+		q.waiting = append(q.waiting, queued{name, sess, t, sampled})
+	default:
+		q.waiting = append(q.waiting, queued{name, sess, t, sampled(t)})
+	}
+	if !q.draining {
+		q.draining = true
+		go r.drain()
+	}
+}
+
+// drain applies queued batches until none is left.
+func (r *Registry) drain() {
+	q := &r.queue
+	for {
+		q.mu.Lock()
+		if len(q.waiting) == 0 {
+			q.draining = false
+			q.waiting = nil
+			q.mu.Unlock()
+			return
+		}
+		b := q.waiting[0]
+		q.waiting[0] = queued{}
+		q.waiting = q.waiting[1:]
+		q.mu.Unlock()
+		r.apply(b.name, b.sess, b.t, b.sampled)
+	}
+}
+
+// ingestFull reports whether the ingest queue is at its bound: the next
+// batch would be shed whole.
+func (r *Registry) ingestFull() bool {
+	r.queue.mu.Lock()
+	defer r.queue.mu.Unlock()
+	return len(r.queue.waiting) >= r.cfg.IngestQueue
+}
+
+// shedUnread counts a batch shed without being decoded: its samples and
+// calls are not counted.
+func (r *Registry) shedUnread() {
+	r.queue.mu.Lock()
+	r.queue.shed.Batches++
+	r.queue.mu.Unlock()
+}
+
+// Shed returns the telemetry shed since the server started.
+func (r *Registry) Shed() Shed {
+	r.queue.mu.Lock()
+	defer r.queue.mu.Unlock()
+	return r.queue.shed
+}
+
+// sampled reports whether a batch sampled the host: such batches carry
+// the full current sets, even when empty; flush-only batches (traced
+// calls alone) do not.
+func sampled(t *api.Telemetry) bool {
+	return t.InFlight != nil || t.Ranks != nil || len(t.GetGpus()) > 0
+}
+
+// ingest applies one telemetry batch from the node's session at once.
 func (r *Registry) ingest(name string, sess *session, t *api.Telemetry) {
+	r.beat(sess)
+	r.apply(name, sess, t, sampled(t))
+}
+
+// apply applies one telemetry batch from the node's session.
+func (r *Registry) apply(name string, sess *session, t *api.Telemetry, sampled bool) {
 	var items []*api.ObserveItem
 	r.mu.Lock()
 	e, ok := r.nodes[name]
@@ -20,7 +136,6 @@ func (r *Registry) ingest(name string, sess *session, t *api.Telemetry) {
 		return
 	}
 	now := r.now()
-	e.lastBeat = now
 	next := copyStatus(e.rec)
 	next.LastSeenUnixNano = now.UnixNano()
 	// Node counters are cumulative; keep the cluster total by difference
@@ -47,9 +162,7 @@ func (r *Registry) ingest(name string, sess *session, t *api.Telemetry) {
 		}
 		h.push(smp)
 	}
-	if t.InFlight != nil || t.Ranks != nil || len(t.GetGpus()) > 0 {
-		// Batches that sample the host carry the full current sets, even
-		// when empty; flush-only batches (traced calls alone) do not.
+	if sampled {
 		e.inFlight, e.ranks = t.GetInFlight(), t.GetRanks()
 	}
 	for _, c := range t.GetCollectives() {

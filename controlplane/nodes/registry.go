@@ -72,6 +72,15 @@ type Config struct {
 	// of attempts that are no longer current; they are fenced (killed and
 	// confirmed gone) before the node is ready. Nil fences nothing.
 	Superseded func(node string, running []*api.RankStatus) []*api.RankStatus
+	// ReceiveLag, when set, is how far behind the server's receive path
+	// is (transport.Listener.ReceiveLag): a node's silence counts only
+	// past it, up to MaxLagCredit, so a busy server does not take its own
+	// backlog for its nodes' failure.
+	ReceiveLag func() time.Duration
+	// IngestQueue bounds the telemetry batches waiting to be applied
+	// (default DefaultIngestQueue): past half of it GPU samples are shed,
+	// past all of it whole batches.
+	IngestQueue int
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -90,6 +99,11 @@ type Registry struct {
 	lostAtNodes uint64
 	// lastCheck is when the detector last looked (Detect).
 	lastCheck time.Time
+
+	// queue is the telemetry waiting to be applied (offer).
+	queue ingestQueue
+	// late is how late heartbeats are heard now.
+	late lateness
 }
 
 // entry is one node. rec is its current status; it is replaced, never
@@ -106,6 +120,9 @@ type entry struct {
 	ranks    []*api.RankStatus
 	// session is the node's live connection; nil while it is down.
 	session *session
+	// written counts the writes of the node's record; a registration
+	// that wrote it outside the lock checks that none came between.
+	written uint64
 }
 
 func (e *entry) down() bool { return e.rec.GetState() != api.NodeState_NODE_STATE_READY }
@@ -127,6 +144,9 @@ func New(cfg Config) (*Registry, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	cfg.History.defaults()
+	if cfg.IngestQueue <= 0 {
+		cfg.IngestQueue = DefaultIngestQueue
+	}
 	r := &Registry{cfg: cfg, log: cfg.Log, nodes: map[string]*entry{}, collectives: map[collKey]*api.CollectiveStat{}}
 	known, err := cfg.Store.Nodes()
 	if err != nil {
@@ -165,6 +185,7 @@ func (r *Registry) now() time.Time { return r.cfg.Now() }
 func (r *Registry) setLocked(e *entry, next *api.NodeStatus, persist bool) {
 	e.rec = next
 	if persist {
+		e.written++
 		if err := r.cfg.Store.PutNode(next); err != nil {
 			r.log.Error("persist node", "node", next.GetRegistration().GetName(), "err", err)
 		}
@@ -187,54 +208,147 @@ func (r *Registry) raiseLocked(e *api.Event) {
 
 // register records a node that connected through sess. A known node
 // keeps its cordon and GPU health; its inventory is what it reports now.
+//
+// A known node's record and its up event are written outside the lock, in
+// one store transaction: on etcd a write takes about a millisecond, and
+// thousands of nodes reconnecting at once after a failover would
+// otherwise queue on the lock, holding up heartbeats, telemetry and the
+// detector. Should the record be written meanwhile by another (a second
+// registration, the old session's end, a cordon), the registration is
+// decided again, and written, under the lock.
 func (r *Registry) register(reg *api.NodeRegistration, remote string, sess *session) error {
+	name := reg.GetName()
+	r.mu.Lock()
+	e, known := r.nodes[name]
+	if !known {
+		// A node joining for the first time: rare, and written under the
+		// lock, as it is not listed until registered.
+		defer r.mu.Unlock()
+		return r.registerLocked(reg, remote, sess, nil)
+	}
+	now := r.now()
+	if err := r.admitLocked(e, name, sess, now); err != nil {
+		r.mu.Unlock()
+		return err
+	}
+	written := e.written
+	next := registered(e.rec, reg, remote, now)
+	ev := upEvent(name, remote, reg, true, now)
+	r.mu.Unlock()
+	err := r.cfg.Store.Update(func(tx store.Tx) error {
+		if err := tx.PutNode(next); err != nil {
+			return err
+		}
+		return tx.AppendEvent(ev)
+	})
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("persist node %s: %w", name, err)
+	}
+	if r.nodes[name] != e || e.written != written {
+		// Which write landed last is unknown: the record is written again
+		// as it stands, then as this registration decides.
+		if r.nodes[name] == e {
+			if err := r.cfg.Store.PutNode(e.rec); err != nil {
+				return fmt.Errorf("persist node %s: %w", name, err)
+			}
+		}
+		return r.registerLocked(reg, remote, sess, ev)
+	}
+	e.written++
+	r.upLocked(e, reg, sess, next, now)
+	if r.cfg.Publish != nil {
+		r.cfg.Publish.PublishEvent(ev)
+	}
+	if r.cfg.Sink != nil {
+		r.cfg.Sink.NodeUp(name, reg, false)
+	}
+	return nil
+}
+
+// registerLocked is register with every write under the lock. stored is
+// the up event already written, if any.
+func (r *Registry) registerLocked(reg *api.NodeRegistration, remote string, sess *session, stored *api.Event) error {
 	now := r.now()
 	name := reg.GetName()
 	e, known := r.nodes[name]
 	if !known {
 		e = &entry{rec: &api.NodeStatus{}, history: map[uint32]*history{}}
 	}
+	if err := r.admitLocked(e, name, sess, now); err != nil {
+		return err
+	}
+	next := registered(e.rec, reg, remote, now)
+	if err := r.cfg.Store.PutNode(next); err != nil {
+		return fmt.Errorf("persist node %s: %w", name, err)
+	}
+	e.written++
+	r.nodes[name] = e
+	r.upLocked(e, reg, sess, next, now)
+	if stored == nil {
+		r.raiseLocked(upEvent(name, remote, reg, known, now))
+	} else if r.cfg.Publish != nil {
+		r.cfg.Publish.PublishEvent(stored)
+	}
+	if r.cfg.Sink != nil {
+		r.cfg.Sink.NodeUp(name, reg, !known)
+	}
+	return nil
+}
+
+// admitLocked refuses sess while the node's established session is heard
+// from, and closes a silent one.
+func (r *Registry) admitLocked(e *entry, name string, sess *session, now time.Time) error {
 	if old := e.session; old != nil && old != sess {
 		// The established session wins while it is alive: two hosts must
 		// not share one identity, and a node's GPUs must not flip between
 		// two inventories. A silent one is replaced.
-		if silent := now.Sub(e.lastBeat); silent <= 2*e.heartbeat {
+		if silent := now.Sub(e.lastContact()); silent <= 2*e.heartbeat {
 			return &SessionHeldError{Msg: fmt.Sprintf("node %q is already connected from %s (heard %s ago): two hosts cannot share one node identity; stop the other nodemon, or run `gpuctl node remove %s` if this host replaced it",
 				name, e.rec.GetRemoteAddr(), silent.Round(time.Millisecond), name)}
 		}
-		old.close("replaced by a new connection after " + now.Sub(e.lastBeat).Round(time.Millisecond).String() + " of silence")
+		old.live.Store(false)
+		old.close("replaced by a new connection after " + now.Sub(e.lastContact()).Round(time.Millisecond).String() + " of silence")
 	}
-	next := copyStatus(e.rec)
+	return nil
+}
+
+// registered is the status of a node that registered reg from remote at
+// now, keeping what cur says of its cordon and GPU health.
+func registered(cur *api.NodeStatus, reg *api.NodeRegistration, remote string, now time.Time) *api.NodeStatus {
+	next := copyStatus(cur)
 	next.Registration = reg
 	next.RemoteAddr = remote
 	next.Connected = true
 	next.LastSeenUnixNano = now.UnixNano()
 	next.State, next.DownReason, next.Stale = api.NodeState_NODE_STATE_READY, "", false
 	next.StateSinceUnixNano = now.UnixNano()
-	next.Gpus = mergeGPUs(e.rec.GetGpus(), reg.GetGpus())
-	if err := r.cfg.Store.PutNode(next); err != nil {
-		return fmt.Errorf("persist node %s: %w", name, err)
+	next.Gpus = mergeGPUs(cur.GetGpus(), reg.GetGpus())
+	return next
+}
+
+// upEvent is the event of a node's registration: up again, or joined.
+func upEvent(name, remote string, reg *api.NodeRegistration, known bool, now time.Time) *api.Event {
+	kind, msg := api.EventKind_EVENT_KIND_NODE_UP, "node connected from "+remote
+	if !known {
+		kind, msg = api.EventKind_EVENT_KIND_NODE_JOINED, fmt.Sprintf("node joined from %s with %d GPUs", remote, len(reg.GetGpus()))
 	}
+	return &api.Event{Node: name, TimeUnixNano: now.UnixNano(), Kind: kind, Severity: api.Severity_SEVERITY_INFO, Message: msg}
+}
+
+// upLocked makes sess the node's live session with its stored status next.
+func (r *Registry) upLocked(e *entry, reg *api.NodeRegistration, sess *session, next *api.NodeStatus, now time.Time) {
 	e.session = sess
 	e.lastBeat = now
+	sess.hear(now)
+	sess.live.Store(true)
 	e.heartbeat = time.Duration(reg.GetHeartbeatIntervalMs()) * time.Millisecond
 	if e.heartbeat <= 0 {
 		e.heartbeat = DefaultHeartbeat
 	}
 	e.ranks, e.inFlight = reg.GetRunning(), nil
-	r.nodes[name] = e
 	r.setLocked(e, next, false)
-	kind, msg := api.EventKind_EVENT_KIND_NODE_UP, "node connected from "+remote
-	if !known {
-		kind, msg = api.EventKind_EVENT_KIND_NODE_JOINED, fmt.Sprintf("node joined from %s with %d GPUs", remote, len(reg.GetGpus()))
-	}
-	r.raiseLocked(&api.Event{Node: name, TimeUnixNano: now.UnixNano(), Kind: kind, Severity: api.Severity_SEVERITY_INFO, Message: msg})
-	if r.cfg.Sink != nil {
-		r.cfg.Sink.NodeUp(name, reg, !known)
-	}
-	return nil
 }
 
 // SessionHeldError refuses a registration while the node's established
@@ -262,16 +376,25 @@ func mergeGPUs(old []*api.GPUStatus, infos []*api.GPUInfo) []*api.GPUStatus {
 	return out
 }
 
-// beat notes that name is alive; it reports whether the beat came from
-// the node's live session, which is what a lease renewal answers.
-func (r *Registry) beat(name string, sess *session) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if e, ok := r.nodes[name]; ok && e.session == sess && !e.down() {
-		e.lastBeat = r.now()
-		return true
+// beat notes that the node was heard through sess; it reports whether
+// sess is the node's live session, whose heartbeats a lease renewal
+// answers. It takes no registry lock: under load, liveness must not
+// queue behind telemetry.
+func (r *Registry) beat(sess *session) bool {
+	sess.hear(r.now())
+	return sess.live.Load()
+}
+
+// lastContact is when the node was last heard from: a heartbeat by
+// datagram or stream, or a telemetry batch, applied or shed.
+func (e *entry) lastContact() time.Time {
+	last := e.lastBeat
+	if e.session != nil {
+		if h := e.session.heardAt(); h.After(last) {
+			last = h
+		}
 	}
-	return false
+	return last
 }
 
 // creditPause forgives nodes the time the server itself stood still (its
@@ -286,7 +409,7 @@ func (r *Registry) creditPause(d time.Duration) {
 		if e.lastBeat.IsZero() || e.down() {
 			continue
 		}
-		e.lastBeat = e.lastBeat.Add(d)
+		e.lastBeat = e.lastContact().Add(d)
 		if e.lastBeat.After(now) {
 			e.lastBeat = now
 		}
@@ -309,7 +432,9 @@ func (r *Registry) disconnected(name string, sess *session, reason string) {
 // is only slow reconnects and registers again), its figures go stale, and
 // the sink hears of it.
 func (r *Registry) downLocked(name string, e *entry, reason string) {
+	last := e.lastContact()
 	if e.session != nil {
+		e.session.live.Store(false)
 		e.session.close("declared down: " + reason)
 		e.session = nil
 	}
@@ -319,10 +444,10 @@ func (r *Registry) downLocked(name string, e *entry, reason string) {
 	now := r.now()
 	next := copyStatus(e.rec)
 	next.State, next.DownReason, next.Connected, next.Stale = api.NodeState_NODE_STATE_DOWN, reason, false, true
-	if e.lastBeat.UnixNano() > next.GetLastSeenUnixNano() {
+	if last.UnixNano() > next.GetLastSeenUnixNano() {
 		// The last contact, heartbeats included: the server reckons the
 		// node's lease from it.
-		next.LastSeenUnixNano = e.lastBeat.UnixNano()
+		next.LastSeenUnixNano = last.UnixNano()
 	}
 	next.StateSinceUnixNano = now.UnixNano()
 	e.inFlight = nil
@@ -335,19 +460,36 @@ func (r *Registry) downLocked(name string, e *entry, reason string) {
 	}
 }
 
+// MaxLagCredit bounds the receive lag a node's silence is excused: a
+// receive path that far behind has lost the nodes' packets anyway (and
+// QUIC's idle timeout ends their connections), and a lag probe gone wrong
+// must not stop the detector for good.
+const MaxLagCredit = 15 * time.Second
+
 // CheckHeartbeats declares down every node silent for more than twice its
-// heartbeat interval and returns their names.
+// heartbeat interval, past how far behind the server is (its receive lag,
+// or how late it hears the other nodes' heartbeats), and returns their
+// names.
 func (r *Registry) CheckHeartbeats() []string {
+	now := r.now()
+	lag := r.late.median(now)
+	if r.cfg.ReceiveLag != nil {
+		lag = max(lag, r.cfg.ReceiveLag())
+	}
+	lag = min(lag, MaxLagCredit)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := r.now()
 	var down []string
 	for name, e := range r.nodes {
 		if e.down() || e.lastBeat.IsZero() {
 			continue
 		}
-		if silent := now.Sub(e.lastBeat); silent > 2*e.heartbeat {
-			r.downLocked(name, e, fmt.Sprintf("no heartbeat for %s", silent.Round(time.Millisecond)))
+		if silent := now.Sub(e.lastContact()); silent-lag > 2*e.heartbeat {
+			reason := fmt.Sprintf("no heartbeat for %s", silent.Round(time.Millisecond))
+			if lag > 0 {
+				reason += fmt.Sprintf(" (the server %s behind)", lag.Round(time.Millisecond))
+			}
+			r.downLocked(name, e, reason)
 			down = append(down, name)
 		}
 	}
@@ -408,6 +550,7 @@ func (r *Registry) SetCordon(node, action, reason string) (*api.NodeStatus, erro
 	if err := r.cfg.Store.PutNode(next); err != nil {
 		return nil, fmt.Errorf("persist node %s: %w", node, err)
 	}
+	e.written++
 	r.setLocked(e, next, false)
 	r.log.Info("node cordon", "node", node, "action", action, "reason", reason)
 	r.raiseLocked(&api.Event{Node: node, TimeUnixNano: r.now().UnixNano(), Kind: api.EventKind_EVENT_KIND_CORDON,

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -34,6 +35,66 @@ type session struct {
 	mu      sync.Mutex
 	pending map[uint64]chan *api.CommandAck // command id → the node's answer
 	closed  bool
+
+	// heard is when the node was last heard from on this session (unix
+	// nanoseconds of the registry's clock): the detector reads it without
+	// the registry lock, so a heartbeat never waits for telemetry.
+	heard atomic.Int64
+	// live is whether this is the node's registered session and the node
+	// is up; only its heartbeats renew the lease.
+	live atomic.Bool
+	// renewed is the highest heartbeat seq answered with a lease: a
+	// heartbeat comes by datagram and again on the control stream, and
+	// is answered once, by the first to arrive.
+	renewed atomic.Uint64
+	// sampled is the highest heartbeat seq whose lateness was noted, and
+	// leastGap one more than the least gap from a heartbeat's send time to
+	// its arrival (0: none yet).
+	sampled  atomic.Uint64
+	leastGap atomic.Int64
+}
+
+// hear notes that the node was heard from at t.
+func (ns *session) hear(t time.Time) {
+	n := t.UnixNano()
+	for {
+		prev := ns.heard.Load()
+		if prev >= n || ns.heard.CompareAndSwap(prev, n) {
+			return
+		}
+	}
+}
+
+// heardAt is when the node was last heard from; zero if never.
+func (ns *session) heardAt() time.Time {
+	if n := ns.heard.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// heartbeat notes hb and returns the lease renewal that answers it, or
+// nil: no lease, not the live session, or its seq already answered.
+func (ns *session) heartbeat(hb *api.Heartbeat) *api.ServerMessage {
+	ns.heardLate(hb.GetSeq(), hb.GetTimeUnixNano(), ns.r.now())
+	if !ns.r.beat(ns) || ns.r.cfg.Lease <= 0 || !ns.uses(api.FeatureLease) {
+		return nil
+	}
+	if seq := hb.GetSeq(); seq != 0 {
+		for {
+			prev := ns.renewed.Load()
+			if seq <= prev {
+				return nil
+			}
+			if ns.renewed.CompareAndSwap(prev, seq) {
+				break
+			}
+		}
+	}
+	// The node's ranks may run on: the lease counts from when it sent
+	// this heartbeat, no later than the server heard it.
+	return &api.ServerMessage{Body: &api.ServerMessage_Lease{Lease: &api.LeaseRenewal{
+		HeartbeatSeq: hb.GetSeq(), LeaseMs: uint32(ns.r.cfg.Lease / time.Millisecond)}}}
 }
 
 // close ends the session with a reason the node will log.
@@ -63,6 +124,13 @@ func (r *Registry) Serve(ctx context.Context, conn *transport.Conn) {
 		defer wg.Done()
 		ns.acceptStreams(ctx, log)
 	}()
+	if conn.Datagrams() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ns.readDatagrams(log)
+		}()
+	}
 	err := ns.readControl()
 	reason := "connection closed"
 	if err != nil && !errors.Is(err, io.EOF) {
@@ -267,11 +335,8 @@ func (ns *session) readControl() error {
 		}
 		switch b := m.Body.(type) {
 		case *api.AgentMessage_Heartbeat:
-			if ns.r.beat(ns.name, ns) && ns.uses(api.FeatureLease) {
-				// The node's ranks may run on: the lease counts from when
-				// it sent this heartbeat, no later than the server heard it.
-				if err := ns.send(&api.ServerMessage{Body: &api.ServerMessage_Lease{Lease: &api.LeaseRenewal{
-					HeartbeatSeq: b.Heartbeat.GetSeq(), LeaseMs: uint32(ns.r.cfg.Lease / time.Millisecond)}}}); err != nil {
+			if renewal := ns.heartbeat(b.Heartbeat); renewal != nil {
+				if err := ns.send(renewal); err != nil {
 					return fmt.Errorf("renew lease: %w", err)
 				}
 			}
@@ -307,14 +372,56 @@ func (ns *session) acceptStreams(ctx context.Context, log interface{ Warn(string
 	}
 }
 
+// readDatagrams answers the heartbeats a node sends as QUIC datagrams,
+// with a lease renewal by datagram: neither waits behind a stream's lost
+// packets. The same heartbeats come on the control stream too, later if
+// packets were lost; each is answered once.
+func (ns *session) readDatagrams(log interface{ Warn(string, ...any) }) {
+	ctx := ns.conn.Context()
+	for {
+		var m api.AgentMessage
+		if err := ns.conn.ReceiveDatagram(ctx, &m); err != nil {
+			if bad := (*transport.BadDatagramError)(nil); errors.As(err, &bad) {
+				log.Warn("node datagram", "err", err)
+				continue
+			}
+			return // the connection closed
+		}
+		hb := m.GetHeartbeat()
+		if hb == nil {
+			continue
+		}
+		if renewal := ns.heartbeat(hb); renewal != nil {
+			if err := ns.conn.SendDatagram(renewal); err != nil && ctx.Err() == nil {
+				log.Warn("renew lease by datagram", "err", err)
+			}
+		}
+	}
+}
+
+// readTelemetry hands each batch to the registry's ingest queue, which
+// sheds what it cannot keep up with; the stream is read at the pace the
+// node sends, so a busy server never holds up a node's telemetry (nodemon
+// ends a session whose batch cannot be written for 5 s).
 func (ns *session) readTelemetry(st *transport.Stream) {
 	for {
+		if ns.r.ingestFull() {
+			// Shed unread: decoding what is dropped anyway would only
+			// put the server further behind.
+			if err := st.Skip(); err != nil {
+				return
+			}
+			ns.r.beat(ns)
+			ns.r.shedUnread()
+			continue
+		}
 		var m api.AgentMessage
 		if err := st.Recv(&m); err != nil {
 			return
 		}
 		if t := m.GetTelemetry(); t != nil {
-			ns.r.ingest(ns.name, ns, t)
+			ns.r.beat(ns)
+			ns.r.offer(ns.name, ns, t)
 		}
 	}
 }

@@ -264,7 +264,7 @@ func (l *loopback) heartbeat(nc *nodeConn, name string, c *clock) {
 	waitFor(l.t, "heartbeat of "+name+" applied", func() bool {
 		l.r.mu.RLock()
 		defer l.r.mu.RUnlock()
-		return l.r.nodes[name].lastBeat.Equal(want)
+		return l.r.nodes[name].lastContact().Equal(want)
 	})
 }
 
@@ -494,7 +494,7 @@ func TestDownClosesSession(t *testing.T) {
 	}
 	// The old session's late reports are dropped.
 	r.ingest("a", old, &api.Telemetry{Ranks: []*api.RankStatus{{Job: "j", Pid: 1}}})
-	r.beat("a", old)
+	r.beat(old)
 	if n := statusOf(t, r, "a"); n.GetState() != api.NodeState_NODE_STATE_DOWN || n.GetLastSeenUnixNano() == c.now().UnixNano() {
 		t.Errorf("a late batch of the closed session revived the node: %s", n.GetState().Short())
 	}
