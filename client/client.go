@@ -58,7 +58,8 @@ func ConfigPath(flag string) (string, error) {
 }
 
 // Dial connects with the config at path: to the first of its servers
-// that answers.
+// that answers, starting with the one that last answered a command run
+// with the same servers (remembered in CacheDir).
 func Dial(ctx context.Context, path string) (*Client, error) {
 	cfg, id, err := transport.LoadClientConfig(path)
 	if err != nil {
@@ -67,7 +68,7 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 		}
 		return nil, fmt.Errorf("load client config %s: %w", path, err)
 	}
-	return DialServers(ctx, cfg.Servers, id)
+	return dialRemembering(ctx, cfg.Servers, id, openLastServer(cfg.Servers))
 }
 
 // DialIdentity connects to the server at addr (host:port, or every
@@ -86,6 +87,12 @@ func DialIdentity(ctx context.Context, addr string, id *transport.Identity) (*Cl
 // transport.ParseServers) that answers; later requests follow the leader
 // and move on when a server is lost (see quicTransport).
 func DialServers(ctx context.Context, addrs []string, id *transport.Identity) (*Client, error) {
+	return dialRemembering(ctx, addrs, id, nil)
+}
+
+// dialRemembering is DialServers starting with the server last remembers,
+// and remembering the one that answers (last nil: none kept).
+func dialRemembering(ctx context.Context, addrs []string, id *transport.Identity, last *lastServer) (*Client, error) {
 	q := newQUICTransport(addrs, func(ctx context.Context, addr string) (*transport.Conn, error) {
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
@@ -95,6 +102,7 @@ func DialServers(ctx context.Context, addrs []string, id *transport.Identity) (*
 		}
 		return conn, nil
 	})
+	q.remember(last)
 	l, err := q.acquire(ctx)
 	if err != nil {
 		return nil, err

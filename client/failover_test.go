@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -53,6 +54,17 @@ func admin(t *testing.T, dir string) *transport.Identity {
 		t.Fatal(err)
 	}
 	return id
+}
+
+// twoServers starts two servers of one CA, the first behind a link that
+// can be cut, and returns the link, the second server and the
+// administrator's identity.
+func twoServers(t *testing.T) (*hatest.Link, *controlplane.Server, *transport.Identity) {
+	t.Helper()
+	dir := t.TempDir()
+	first := startServer(t, filepath.Join(dir, "first"), "")
+	second := startServer(t, filepath.Join(dir, "second"), filepath.Join(dir, "first", "pki"))
+	return hatest.StartLink(t, first.Addr().String()), second, admin(t, filepath.Join(dir, "first"))
 }
 
 func dialServers(t *testing.T, id *transport.Identity, addrs ...string) *Client {
@@ -178,11 +190,8 @@ func TestRedirectsAreBounded(t *testing.T) {
 // transport.ClientIdleTimeout and the watch resumes on the next server,
 // which resyncs it with a snapshot of its own epoch.
 func TestWatchMovesToTheNextServer(t *testing.T) {
-	dir := t.TempDir()
-	first := startServer(t, filepath.Join(dir, "first"), "")
-	second := startServer(t, filepath.Join(dir, "second"), filepath.Join(dir, "first", "pki"))
-	link := hatest.StartLink(t, first.Addr().String())
-	c := dialServers(t, admin(t, filepath.Join(dir, "first")), link.Addr(), second.Addr().String())
+	link, second, id := twoServers(t)
+	c := dialServers(t, id, link.Addr(), second.Addr().String())
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -232,11 +241,8 @@ func TestWatchMovesToTheNextServer(t *testing.T) {
 // the next request goes to the next server.
 func TestRequestAfterServerLost(t *testing.T) {
 	ctx := testCtx(t)
-	dir := t.TempDir()
-	first := startServer(t, filepath.Join(dir, "first"), "")
-	second := startServer(t, filepath.Join(dir, "second"), filepath.Join(dir, "first", "pki"))
-	link := hatest.StartLink(t, first.Addr().String())
-	c := dialServers(t, admin(t, filepath.Join(dir, "first")), link.Addr(), second.Addr().String())
+	link, second, id := twoServers(t)
+	c := dialServers(t, id, link.Addr(), second.Addr().String())
 	if _, err := c.Nodes(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -256,5 +262,79 @@ func TestRequestAfterServerLost(t *testing.T) {
 	}
 	if got := c.server(); got != second.Addr().String() {
 		t.Fatalf("the next request went to %s, want %s", got, second.Addr())
+	}
+}
+
+// TestSilentFirstServer: the first server listed answers nothing (killed
+// or stopped: no close, no ICMP over the relay); a new client is
+// answered by the second within a second, not after the first one's dial
+// timeout.
+func TestSilentFirstServer(t *testing.T) {
+	ctx := testCtx(t)
+	link, second, id := twoServers(t)
+	link.Cut()
+	start := time.Now()
+	c := dialServers(t, id, link.Addr(), second.Addr().String())
+	if _, err := c.Nodes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("connected and answered by the second server %s after the start", took.Round(time.Millisecond))
+	if took > time.Second {
+		t.Fatalf("a silent first server held the client %s, want within 1s", took)
+	}
+	if got := c.server(); got != second.Addr().String() {
+		t.Fatalf("the client talks to %s, want the second server %s", got, second.Addr())
+	}
+}
+
+// TestServerRememberedAcrossRuns: a client config lists [standby, leader];
+// the first run is sent on by the standby, and the next run (a new
+// process, here a new Dial of the same config) starts with the leader,
+// remembered in the cache dir. An address the list does not hold is not
+// dialled from the cache.
+func TestServerRememberedAcrossRuns(t *testing.T) {
+	ctx := testCtx(t)
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	dir := t.TempDir()
+	leader := startServer(t, dir, "")
+	standby := hatest.StartStandby(t, filepath.Join(dir, "pki"), leader.Addr().String())
+	servers := standby.Addr() + "," + leader.Addr().String()
+	cfg, err := transport.ClientConfigYAML(servers, admin(t, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := func() string {
+		t.Helper()
+		c, err := Dial(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		first := c.server()
+		if _, _, err := c.CreateJoinToken(ctx, TokenOptions{TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		return first
+	}
+	if got := run(); got != standby.Addr() {
+		t.Fatalf("the first run connected to %s, want the first listed, the standby %s", got, standby.Addr())
+	}
+	if got := run(); got != leader.Addr().String() {
+		t.Fatalf("the second run connected to %s, want the leader %s remembered from the first", got, leader.Addr())
+	}
+	if n := len(standby.Requests()); n != 1 {
+		t.Fatalf("the standby was asked %d times, want once (by the first run only)", n)
+	}
+
+	// A cache naming a server the config does not list is ignored.
+	last := openLastServer([]string{standby.Addr(), leader.Addr().String()})
+	last.save("203.0.113.1:7443")
+	if got := run(); got != standby.Addr() {
+		t.Fatalf("with a foreign address cached the run connected to %s, want the first listed %s", got, standby.Addr())
 	}
 }

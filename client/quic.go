@@ -21,9 +21,10 @@ const maxRedirects = 2
 // server the client talks to, through its transport.Servers:
 //
 //   - a connection that closed is dialled again by the next request, the
-//     servers tried in turn from the one that last answered, so a
-//     long-lived client (a watch, the console) outlives a server restart
-//     and a failover;
+//     servers raced from the one that last answered (transport.DialRound:
+//     a dead or stopped server holds the dial a moment, not its timeout),
+//     so a long-lived client (a watch, the console) outlives a server
+//     restart and a failover;
 //   - a standby's answer naming the leader (nothing was done) moves the
 //     client to the leader and the request is sent again there, at most
 //     maxRedirects times;
@@ -38,6 +39,10 @@ type quicTransport struct {
 	mu     sync.Mutex
 	cur    *link
 	closed bool
+	// last keeps the server that last answered a request across runs
+	// (nil: not kept); remembered is what it holds.
+	last       *lastServer
+	remembered string
 }
 
 // link is one connection and its server. Calls hold it while in flight,
@@ -52,6 +57,32 @@ type link struct {
 
 func newQUICTransport(addrs []string, dial func(context.Context, string) (*transport.Conn, error)) *quicTransport {
 	return &quicTransport{servers: transport.NewServers(addrs), dial: dial}
+}
+
+// remember starts with the server last holds, and keeps there each server
+// that answers a request from now on.
+func (q *quicTransport) remember(last *lastServer) {
+	if last == nil {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.last, q.remembered = last, last.load()
+	if q.remembered != "" {
+		q.servers.Prefer(q.remembered)
+	}
+}
+
+// answered records that addr answered a request (not a standby's
+// redirect).
+func (q *quicTransport) answered(addr string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.last == nil || q.remembered == addr {
+		return
+	}
+	q.remembered = addr
+	q.last.save(addr)
 }
 
 // acquire returns the live connection, held for one call, dialling the
@@ -69,26 +100,12 @@ func (q *quicTransport) acquire(ctx context.Context) (*link, error) {
 		}
 		q.retireLocked(l, true)
 	}
-	var errs []error
-	for _, addr := range q.servers.Round() {
-		conn, err := q.dial(ctx, addr)
-		if err == nil {
-			q.servers.Succeeded(addr)
-			q.cur = &link{conn: conn, addr: addr, calls: 1}
-			return q.cur, nil
-		}
-		q.servers.Failed(addr)
-		errs = append(errs, err)
-		var refused *transport.RefusedError
-		if errors.As(err, &refused) || ctx.Err() != nil {
-			// A revoked certificate is revoked at every server.
-			return nil, err
-		}
+	conn, addr, err := transport.DialRound(ctx, q.servers, q.dial)
+	if err != nil {
+		return nil, err
 	}
-	if len(errs) == 1 {
-		return nil, errs[0]
-	}
-	return nil, fmt.Errorf("no server of %s answered: %w", q.servers, errors.Join(errs...))
+	q.cur = &link{conn: conn, addr: addr, calls: 1}
+	return q.cur, nil
 }
 
 // release ends a call's hold on l.
@@ -156,7 +173,14 @@ func (q *quicTransport) Call(ctx context.Context, req *api.ClientRequest, fn fun
 		if err != nil {
 			return err
 		}
-		sent, err := call(ctx, l.conn, req, fn)
+		answered := false
+		sent, err := call(ctx, l.conn, req, func(r *api.ClientResponse) error {
+			answered = true
+			return fn(r)
+		})
+		if answered {
+			q.answered(l.addr)
+		}
 		var nl *transport.NotLeaderError
 		switch {
 		case errors.As(err, &nl):

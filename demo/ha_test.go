@@ -47,6 +47,9 @@ func newHACluster(t *testing.T, nodes int) *haCluster {
 		t.Skip("starts etcd, real servers, nodemons and ringtrain")
 	}
 	nodemon, ringtrain := binaries(t)
+	// The clients remember the server that answered in the cache dir:
+	// the test's own, not the user's.
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
 	c := &haCluster{procCluster: &procCluster{t: t, dir: t.TempDir(), gpuctl: testbin.Gpuctl(t), nodemon: nodemon,
 		ringtain: ringtrain, nodes: map[string]*proc{}, nodeStarts: map[string]int{}}}
 	c.etcd = etcdtest.Start(t, 3)

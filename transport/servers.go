@@ -1,11 +1,14 @@
 package transport
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 )
 
 // ParseServers reads the addresses of a control plane's servers: each
@@ -92,6 +95,15 @@ type Servers struct {
 // one).
 func NewServers(addrs []string) *Servers {
 	return &Servers{addrs: slices.Clone(addrs), next: addrs[0], pos: 1 % len(addrs)}
+}
+
+// Prefer makes addr, when it is one of the listed addresses, the one
+// tried first (a server remembered from an earlier run), as if it had
+// just answered; an address off the list is ignored.
+func (s *Servers) Prefer(addr string) {
+	if slices.Contains(s.addrs, addr) {
+		s.Succeeded(addr)
+	}
 }
 
 // Addrs returns the configured addresses, in order.
@@ -183,4 +195,99 @@ func (s *Servers) advancePast(addr string) {
 	if i := slices.Index(s.addrs, addr); i >= 0 {
 		s.pos = (i + 1) % len(s.addrs)
 	}
+}
+
+// DialStagger is how long a dial to one server of a round goes unanswered
+// before the next server is dialled beside it (happy eyeballs, RFC 8305's
+// connection attempt delay). A killed or stopped server answers nothing,
+// so waiting out its dial timeout would hold every new connection that
+// long; a live one answers a QUIC handshake well within it.
+const DialStagger = 250 * time.Millisecond
+
+// DialRound dials one round of servers (Round), happy-eyeballs style: the
+// first at once, each next one DialStagger after the one before or as soon
+// as the one before failed, and returns the first connection made and its
+// address. The dials still in flight are cancelled and what they connect
+// is closed. dial must end when its context does: ctx's end fails the
+// dials in flight and starts no more. The winner is recorded as Succeeded; when every dial fails,
+// each is recorded as Failed and the error names them all. A refusal
+// (*RefusedError) ends the round at once: a revoked certificate is revoked
+// at every server.
+func DialRound[C io.Closer](ctx context.Context, s *Servers, dial func(ctx context.Context, addr string) (C, error)) (C, string, error) {
+	return dialRound(ctx, s, DialStagger, dial)
+}
+
+func dialRound[C io.Closer](ctx context.Context, s *Servers, stagger time.Duration, dial func(context.Context, string) (C, error)) (C, string, error) {
+	round := s.Round()
+	dctx, cancel := context.WithCancel(ctx)
+	type result struct {
+		i    int
+		conn C
+		err  error
+	}
+	results := make(chan result, len(round))
+	started, pending := 0, 0
+	start := func() {
+		i := started
+		started++
+		pending++
+		go func() {
+			c, err := dial(dctx, round[i])
+			results <- result{i, c, err}
+		}()
+	}
+	// lose closes what the dials still in flight connect, without making
+	// the winner wait for them.
+	lose := func(n int) {
+		cancel()
+		go func() {
+			for range n {
+				if r := <-results; r.err == nil {
+					r.conn.Close()
+				}
+			}
+		}()
+	}
+	start()
+	next := time.NewTimer(stagger)
+	defer next.Stop()
+	errs := make([]error, len(round))
+	var zero C
+	for pending > 0 {
+		select {
+		case <-next.C:
+			if started < len(round) && ctx.Err() == nil {
+				start()
+				next.Reset(stagger)
+			}
+		case r := <-results:
+			pending--
+			if r.err == nil {
+				lose(pending)
+				s.Succeeded(round[r.i])
+				return r.conn, round[r.i], nil
+			}
+			errs[r.i] = r.err
+			var refused *RefusedError
+			if errors.As(r.err, &refused) {
+				lose(pending)
+				s.Failed(round[r.i])
+				return zero, round[r.i], r.err
+			}
+			if started < len(round) && ctx.Err() == nil {
+				start()
+				next.Reset(stagger)
+			}
+		}
+	}
+	// Every dial started failed; ctx's end fails those in flight and
+	// starts no more.
+	cancel()
+	for _, addr := range round[:started] {
+		s.Failed(addr)
+	}
+	if started == 1 {
+		return zero, round[0], errs[0]
+	}
+	return zero, "", fmt.Errorf("no server of %s answered: %w", s, errors.Join(errs[:started]...))
 }

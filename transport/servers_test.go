@@ -1,9 +1,13 @@
 package transport
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseServers(t *testing.T) {
@@ -149,4 +153,123 @@ func TestServersRound(t *testing.T) {
 	if got, want := s.Round(), []string{"x:1", "c:1", "a:1", "b:1"}; !slices.Equal(got, want) {
 		t.Fatalf("round after a redirect off the list %q, want %q", got, want)
 	}
+}
+
+// fakeConn is what a fake dial connects: it says when it is closed.
+type fakeConn struct {
+	addr   string
+	closed chan struct{}
+}
+
+func (c *fakeConn) Close() error { close(c.closed); return nil }
+
+// TestDialRound: a server that never answers holds the round one stagger,
+// not its dial timeout; one that fails at once hands over at once; what a
+// losing dial connects late is closed; a whole round failed is recorded
+// as one and names every server; a refusal ends the round.
+func TestDialRound(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	connect := func(addr string) (*fakeConn, error) { return &fakeConn{addr: addr, closed: make(chan struct{})}, nil }
+	// silent never answers: its dial ends only when the round cancels it.
+	cancelled := make(chan string, 8)
+	silent := func(ctx context.Context, addr string) (*fakeConn, error) {
+		<-ctx.Done()
+		cancelled <- addr
+		return nil, fmt.Errorf("dial %s: %w", addr, ctx.Err())
+	}
+
+	t.Run("silent first server", func(t *testing.T) {
+		s := NewServers([]string{"dead:1", "live:2"})
+		start := time.Now()
+		c, addr, err := dialRound(ctx, s, 20*time.Millisecond, func(ctx context.Context, addr string) (*fakeConn, error) {
+			if addr == "dead:1" {
+				return silent(ctx, addr)
+			}
+			return connect(addr)
+		})
+		if err != nil || addr != "live:2" || c.addr != "live:2" {
+			t.Fatalf("got %v %q %v, want the live server", c, addr, err)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Fatalf("took %s", took)
+		}
+		if got := <-cancelled; got != "dead:1" {
+			t.Fatalf("cancelled %q, want the dead server's dial", got)
+		}
+		if s.Next() != "live:2" {
+			t.Fatalf("next %q, want the server that answered", s.Next())
+		}
+	})
+
+	t.Run("a failure hands over at once", func(t *testing.T) {
+		s := NewServers([]string{"refusing:1", "live:2"})
+		// A stagger longer than the test: only the failure can start the
+		// second dial.
+		c, addr, err := dialRound(ctx, s, time.Hour, func(ctx context.Context, addr string) (*fakeConn, error) {
+			if addr == "refusing:1" {
+				return nil, errors.New("connection refused")
+			}
+			return connect(addr)
+		})
+		if err != nil || addr != "live:2" || c == nil {
+			t.Fatalf("got %q %v, want the live server", addr, err)
+		}
+	})
+
+	t.Run("a late connection of a loser is closed", func(t *testing.T) {
+		s := NewServers([]string{"slow:1", "fast:2"})
+		release := make(chan struct{})
+		late := make(chan *fakeConn, 1)
+		_, addr, err := dialRound(ctx, s, 10*time.Millisecond, func(ctx context.Context, addr string) (*fakeConn, error) {
+			if addr == "slow:1" {
+				<-release
+				c, _ := connect(addr)
+				late <- c
+				return c, nil
+			}
+			return connect(addr)
+		})
+		if err != nil || addr != "fast:2" {
+			t.Fatalf("got %q %v, want the fast server", addr, err)
+		}
+		close(release)
+		select {
+		case <-(<-late).closed:
+		case <-ctx.Done():
+			t.Fatal("the slow server's connection, made after the round was won, is left open")
+		}
+	})
+
+	t.Run("a whole round failed", func(t *testing.T) {
+		s := NewServers([]string{"a:1", "b:2", "c:3"})
+		_, _, err := dialRound(ctx, s, time.Hour, func(ctx context.Context, addr string) (*fakeConn, error) {
+			return nil, fmt.Errorf("dial %s: no answer", addr)
+		})
+		if err == nil || !strings.Contains(err.Error(), "no server of a:1,b:2,c:3 answered") {
+			t.Fatalf("err %v, want every server named", err)
+		}
+		for _, a := range []string{"a:1", "b:2", "c:3"} {
+			if !strings.Contains(err.Error(), "dial "+a) {
+				t.Errorf("err %v does not say why %s failed", err, a)
+			}
+		}
+		// Each failure recorded: the next round starts over at the first.
+		if got := s.Next(); got != "a:1" {
+			t.Errorf("after the failed round next is %q, want a:1", got)
+		}
+	})
+
+	t.Run("a refusal ends the round", func(t *testing.T) {
+		s := NewServers([]string{"a:1", "b:2"})
+		var asked []string
+		_, _, err := dialRound(ctx, s, time.Hour, func(ctx context.Context, addr string) (*fakeConn, error) {
+			asked = append(asked, addr)
+			return nil, &RefusedError{Reason: "certificate revoked"}
+		})
+		var refused *RefusedError
+		if !errors.As(err, &refused) || len(asked) != 1 {
+			t.Fatalf("err %v after asking %q, want the refusal after one server", err, asked)
+		}
+	})
 }

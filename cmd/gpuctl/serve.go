@@ -56,6 +56,10 @@ certificate and admin.yaml (a client config with an admin certificate) in
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			if w := controlplane.AdvertiseWarning(ctx, cfg.Listen, cfg.AdvertiseAddr); w != "" {
+				log.Warn("no advertised address names the listen address", "listen", cfg.Listen, "advertise", cfg.AdvertiseAddr)
+				fmt.Fprintln(cmd.ErrOrStderr(), "gpuctl serve: warning: "+w)
+			}
 			// What a serving (or, with etcd, leading) server adds beside
 			// its QUIC port: metrics and the SSH console.
 			extras := func(ctx context.Context, srv *controlplane.Server) error {

@@ -137,7 +137,13 @@ func serveHA(ctx context.Context, out io.Writer, cfg controlplane.Config, h haFl
 // advertised is the address other servers send nodes and clients to:
 // --advertise's first address, else --listen when it names a host.
 func advertised(cfg controlplane.Config) (string, error) {
-	if a := strings.TrimSpace(strings.Split(cfg.AdvertiseAddr, ",")[0]); a != "" {
+	list := strings.Split(cfg.AdvertiseAddr, ",")
+	if a := strings.TrimSpace(list[0]); a != "" {
+		for i, other := range list[1:] {
+			if strings.TrimSpace(other) == cfg.Listen && a != cfg.Listen {
+				return "", fmt.Errorf("serve: --advertise %s names this server's --listen %s as address %d of %d: with --store etcd this server's own address comes first (the others send nodes and clients to the first when it leads)", cfg.AdvertiseAddr, cfg.Listen, i+2, len(list))
+			}
+		}
 		return a, nil
 	}
 	host, _, err := net.SplitHostPort(cfg.Listen)

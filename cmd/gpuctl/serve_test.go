@@ -38,12 +38,19 @@ func (s *syncBuffer) String() string {
 // waits until it listens.
 func serve(t *testing.T, args ...string) (stop func() error) {
 	t.Helper()
+	stop, _ = serveOutput(t, args...)
+	return stop
+}
+
+// serveOutput is serve that also hands back what the server prints.
+func serveOutput(t *testing.T, args ...string) (stop func() error, out *syncBuffer) {
+	t.Helper()
+	out = &syncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
-	var out syncBuffer
 	root := newRoot()
 	root.SetArgs(append([]string{"serve", "--log-level", "error"}, args...))
-	root.SetOut(&out)
-	root.SetErr(&out)
+	root.SetOut(out)
+	root.SetErr(out)
 	done := make(chan error, 1)
 	go func() { done <- root.ExecuteContext(ctx) }()
 	deadline := time.Now().Add(20 * time.Second)
@@ -70,7 +77,7 @@ func serve(t *testing.T, args ...string) (stop func() error) {
 		return err
 	}
 	t.Cleanup(func() { stop() })
-	return stop
+	return stop, out
 }
 
 func jobNames(t *testing.T, config string) []string {
@@ -139,5 +146,39 @@ func TestServeRestoreBringsBackJobs(t *testing.T) {
 	aside, _ := filepath.Glob(state + ".before-restore-*")
 	if len(aside) != 1 {
 		t.Fatalf("the replaced state file was not kept: %v", aside)
+	}
+}
+
+// TestServeWarnsOfAnAdvertiseMissingTheListenAddress: gpuctl serve bound
+// to one address, advertising only another, says so at start and still
+// serves (NAT may make it right); advertising its own address, it says
+// nothing.
+func TestServeWarnsOfAnAdvertiseMissingTheListenAddress(t *testing.T) {
+	for _, tc := range []struct {
+		advertise string
+		warn      bool
+	}{
+		{"127.0.0.2:7443", true},
+		{"127.0.0.1:7443", false},
+	} {
+		_, out := serveOutput(t, "--data-dir", t.TempDir(), "--listen", "127.0.0.1:0", "--advertise", tc.advertise)
+		warned := strings.Contains(out.String(), "warning: --listen 127.0.0.1:0 binds one address, but --advertise "+tc.advertise+" does not name it")
+		if warned != tc.warn {
+			t.Errorf("--advertise %s: warned %v, want %v; gpuctl serve printed:\n%s", tc.advertise, warned, tc.warn, out.String())
+		}
+	}
+}
+
+// TestAdvertisedOwnAddressFirst: with etcd the first advertised address
+// is where the other servers send nodes and clients when this one leads;
+// this server's --listen address listed later is refused, saying so.
+func TestAdvertisedOwnAddressFirst(t *testing.T) {
+	got, err := advertised(controlplane.Config{Listen: "10.0.0.1:7443", AdvertiseAddr: "10.0.0.1:7443,10.0.0.2:7443"})
+	if err != nil || got != "10.0.0.1:7443" {
+		t.Fatalf("own address first: %q, %v", got, err)
+	}
+	_, err = advertised(controlplane.Config{Listen: "10.0.0.1:7443", AdvertiseAddr: "10.0.0.2:7443, 10.0.0.1:7443"})
+	if err == nil || !strings.Contains(err.Error(), "as address 2 of 2") || !strings.Contains(err.Error(), "comes first") {
+		t.Fatalf("own address second: %v, want it refused with the reason", err)
 	}
 }

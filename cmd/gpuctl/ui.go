@@ -74,13 +74,13 @@ func runConsole(ctx context.Context, f consoleFlags, configPath string) error {
 	}
 	logFile := f.logFile
 	if logFile == "" {
-		dir, err := os.UserCacheDir()
+		dir, err := client.CacheDir()
 		if err != nil {
-			dir = os.TempDir()
-		}
-		dir = filepath.Join(dir, "gpuctl")
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return fmt.Errorf("console log dir: %w", err)
+			// No home: the log still goes somewhere private.
+			dir = filepath.Join(os.TempDir(), "gpuctl")
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				return fmt.Errorf("console log dir: %w", err)
+			}
 		}
 		logFile = filepath.Join(dir, "console.log")
 	}

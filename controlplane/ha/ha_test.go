@@ -7,8 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/internal/etcdtest"
@@ -170,5 +173,76 @@ func TestSharedAuthority(t *testing.T) {
 	_, err := OpenSharedAuthority(st, other, transport.AuthorityOptions{})
 	if err == nil || !strings.Contains(err.Error(), "another cluster") {
 		t.Fatalf("a data dir with another cluster's CA: %v, want it refused", err)
+	}
+}
+
+// TestLeaderSinceIsWhenItBeganToLead: a standby that waited an hour
+// before its leader resigned shows, once it leads, since when it leads:
+// in its own status, in the server list, and at the other servers.
+func TestLeaderSinceIsWhenItBeganToLead(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	ctx := context.Background()
+	_, cfgA := openStore(t, c)
+	stB, cfgB := openStore(t, c)
+	_, cfgC := openStore(t, c)
+	// b's clock, moved by the test.
+	var clock atomic.Int64
+	clock.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	cfgB.Now = func() time.Time { return time.Unix(0, clock.Load()) }
+	a, b, other := join(t, cfgA, "a"), join(t, cfgB, "b"), join(t, cfgC, "c")
+	if _, err := a.Campaign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	won := make(chan error, 1)
+	go func() {
+		_, err := b.Campaign(ctx)
+		won <- err
+	}()
+	// b is in the election, waiting behind a.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := cfgB.Client.Get(ctx, b.cfg.key("leader/"), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Count == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d candidates in the election, want a and b", resp.Count)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	leading := time.Unix(0, clock.Add(int64(time.Hour))).UTC()
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-won:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("b did not lead after a resigned")
+	}
+	since := func(s *api.ServerStatus) time.Time { return time.Unix(0, s.GetSinceUnixNano()).UTC() }
+	st := Status(ctx, b, stB)
+	if got := since(st.GetSelf()); !got.Equal(leading) {
+		t.Errorf("b's own status: since %s, want %s (when it began to lead)", got, leading)
+	}
+	if got := since(st.GetLeader()); !got.Equal(leading) {
+		t.Errorf("b's status names the leader since %s, want %s", got, leading)
+	}
+	for _, s := range st.GetServers() {
+		if s.GetName() == "b" && !since(s).Equal(leading) {
+			t.Errorf("the server list has b %s since %s, want %s", s.GetRole(), since(s), leading)
+		}
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for l := other.Leader(); l.GetName() != "b" || !since(l).Equal(leading); l = other.Leader() {
+		if time.Now().After(deadline) {
+			t.Fatalf("another server sees leader %q since %s, want b since %s", l.GetName(), since(l), leading)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -107,8 +107,13 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ha: open etcd session: %w (check --etcd-endpoints and that etcd has quorum)", err)
 	}
-	m := &Member{cfg: cfg, session: session, election: concurrency.NewElection(session, cfg.key("leader")),
-		self: &api.ServerStatus{Name: cfg.Name, Addr: cfg.Addr, Role: RoleStandby, SinceUnixNano: cfg.Now().UnixNano()}}
+	m := &Member{cfg: cfg, session: session, election: concurrency.NewElection(session, cfg.key("leader"))}
+	standby, err := m.entry(RoleStandby)
+	if err != nil {
+		session.Close()
+		return nil, err
+	}
+	m.self = standby.status
 	if err := m.list(ctx); err != nil {
 		session.Close()
 		return nil, err
@@ -156,25 +161,48 @@ func (m *Member) observe(ctx context.Context) {
 }
 
 // Campaign blocks until this server leads (or ctx ends), then lists it as
-// the leader.
+// the leader, since the moment it won: the entry it campaigned with was
+// written when it began to wait, so it is proclaimed again.
 func (m *Member) Campaign(ctx context.Context) (Leadership, error) {
-	since := m.cfg.Now().UnixNano()
-	leading := &api.ServerStatus{Name: m.cfg.Name, Addr: m.cfg.Addr, Role: RoleLeader, SinceUnixNano: since}
-	b, err := proto.Marshal(leading)
+	waiting, err := m.entry(RoleLeader)
 	if err != nil {
-		return Leadership{}, fmt.Errorf("ha: encode leader entry: %w", err)
+		return Leadership{}, err
 	}
-	if err := m.election.Campaign(ctx, string(b)); err != nil {
+	if err := m.election.Campaign(ctx, waiting.value); err != nil {
 		return Leadership{}, fmt.Errorf("ha: campaign: %w", err)
 	}
+	leading, err := m.entry(RoleLeader)
+	if err != nil {
+		return Leadership{}, err
+	}
+	if err := m.election.Proclaim(ctx, leading.value); err != nil {
+		// It leads all the same; status shows when it began to wait.
+		m.cfg.Log.Warn("record when this server began to lead", "err", err)
+		leading = waiting
+	}
 	m.mu.Lock()
-	m.self = leading
-	m.leader = leading
+	m.self = leading.status
+	m.leader = leading.status
 	m.mu.Unlock()
 	if err := m.list(ctx); err != nil {
 		m.cfg.Log.Warn("list server as leader", "err", err)
 	}
 	return Leadership{Key: m.election.Key(), Rev: m.election.Rev()}, nil
+}
+
+// serverEntry is this server's entry in a role from now, and its encoding.
+type serverEntry struct {
+	status *api.ServerStatus
+	value  string
+}
+
+func (m *Member) entry(role string) (serverEntry, error) {
+	st := &api.ServerStatus{Name: m.cfg.Name, Addr: m.cfg.Addr, Role: role, SinceUnixNano: m.cfg.Now().UnixNano()}
+	b, err := proto.Marshal(st)
+	if err != nil {
+		return serverEntry{}, fmt.Errorf("ha: encode %s entry: %w", role, err)
+	}
+	return serverEntry{status: st, value: string(b)}, nil
 }
 
 // Lost is closed when this server's session ends: its lease expired (cut
