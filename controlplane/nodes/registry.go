@@ -196,15 +196,26 @@ func (r *Registry) register(reg *api.NodeRegistration, remote string, sess *sess
 	if !known {
 		e = &entry{rec: &api.NodeStatus{}, history: map[uint32]*history{}}
 	}
+	restarted := false
 	if old := e.session; old != nil && old != sess {
-		// The established session wins while it is alive: two hosts must
-		// not share one identity, and a node's GPUs must not flip between
-		// two inventories. A silent one is replaced.
-		if silent := now.Sub(e.lastBeat); silent <= 2*e.heartbeat {
-			return &SessionHeldError{Msg: fmt.Sprintf("node %q is already connected from %s (heard %s ago): two hosts cannot share one node identity; stop the other nodemon, or run `gpuctl node remove %s` if this host replaced it",
-				name, e.rec.GetRemoteAddr(), silent.Round(time.Millisecond), name)}
+		switch silent := now.Sub(e.lastBeat); {
+		case sameInstance(e.rec.GetRegistration(), reg):
+			// The same nodemon instance (its data dir's id) cannot be on
+			// both connections: it restarted, and the old session is a
+			// dead process's. Waiting for it to go silent would declare
+			// the node down while its ranks live on.
+			restarted = true
+			old.close("superseded: nodemon restarted (same instance id)")
+		case silent <= 2*e.heartbeat:
+			// The established session wins while it is alive: two hosts
+			// must not share one identity, and a node's GPUs must not flip
+			// between two inventories.
+			return &SessionHeldError{Msg: fmt.Sprintf("node %q is already connected from %s (heard %s ago)%s: two hosts cannot share one node identity; stop the other nodemon, or run `gpuctl node remove %s` if this host replaced it",
+				name, e.rec.GetRemoteAddr(), silent.Round(time.Millisecond), instanceNote(e.rec.GetRegistration(), reg), name)}
+		default:
+			// A silent one is replaced.
+			old.close("replaced by a new connection after " + silent.Round(time.Millisecond).String() + " of silence")
 		}
-		old.close("replaced by a new connection after " + now.Sub(e.lastBeat).Round(time.Millisecond).String() + " of silence")
 	}
 	next := copyStatus(e.rec)
 	next.Registration = reg
@@ -227,6 +238,10 @@ func (r *Registry) register(reg *api.NodeRegistration, remote string, sess *sess
 	r.nodes[name] = e
 	r.setLocked(e, next, false)
 	kind, msg := api.EventKind_EVENT_KIND_NODE_UP, "node connected from "+remote
+	if restarted {
+		msg = "nodemon restarted: its new session from " + remote + " supersedes the old one"
+		r.log.Info("node session superseded by a restart", "node", name, "remote", remote)
+	}
 	if !known {
 		kind, msg = api.EventKind_EVENT_KIND_NODE_JOINED, fmt.Sprintf("node joined from %s with %d GPUs", remote, len(reg.GetGpus()))
 	}
@@ -235,6 +250,21 @@ func (r *Registry) register(reg *api.NodeRegistration, remote string, sess *sess
 		r.cfg.Sink.NodeUp(name, reg, !known)
 	}
 	return nil
+}
+
+// sameInstance reports whether a registration comes from the nodemon
+// instance (data dir) that made the established one. Nodemons that keep no
+// instance id never match.
+func sameInstance(held, next *api.NodeRegistration) bool {
+	return next.GetInstanceId() != "" && next.GetInstanceId() == held.GetInstanceId()
+}
+
+// instanceNote says, for a refusal, how the two instances differ.
+func instanceNote(held, next *api.NodeRegistration) string {
+	if held.GetInstanceId() == "" || next.GetInstanceId() == "" {
+		return ""
+	}
+	return fmt.Sprintf(" by nodemon instance %s, not this one's %s", held.GetInstanceId(), next.GetInstanceId())
 }
 
 // SessionHeldError refuses a registration while the node's established
