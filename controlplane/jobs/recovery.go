@@ -15,11 +15,12 @@ import (
 
 // Recovery carries out scheduler.Recover's decisions. A failed job goes
 // RECOVERING: its surviving ranks are stopped (SIGTERM, SIGKILL after the
-// recovery grace), its failed nodes cordoned, and only once every old rank
-// is seen to exit or its node is down does the scheduler choose where the
-// next attempt runs. Nodes new to the job are first checked with a short
+// recovery grace), its failed nodes cordoned (a lost node is suspect
+// instead: nodes.SuspectPolicy), and only once every old rank is seen to
+// exit or its node is down does the scheduler choose where the next
+// attempt runs. Nodes new to the job are first checked with a short
 // all-reduce (the validation gang); a node that fails it is cordoned and
-// another chosen. The next attempt then resumes from the latest complete
+// another chosen, and a suspect node that passes it is back in service. The next attempt then resumes from the latest complete
 // checkpoint. Each step is an EVENT_KIND_RECOVERY event.
 
 // lostRank marks a rank given up with its node: not seen to exit, so its
@@ -36,8 +37,9 @@ type recovery struct {
 	stepAt int64
 	// resume is the operator's --from-checkpoint step, -1 for the latest.
 	resume int64
-	// cordon lists failed nodes still to cordon, with why.
-	cordon map[string]string
+	// cordon lists failed nodes still to cordon, with why; suspect, lost
+	// nodes still to mark suspect.
+	cordon, suspect map[string]string
 	// stoppedAt is when the last old rank was seen gone.
 	stoppedAt time.Time
 	decision  *scheduler.Recovery
@@ -157,7 +159,7 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 		m.giveUp(en, reason, now)
 		return
 	}
-	snap := m.snapshot(now)
+	snap := m.recoverySnapshot(now)
 	req := m.recoverRequest(en, f)
 	d := scheduler.Recover(&snap, &req)
 	if d.Action == scheduler.GiveUp {
@@ -201,16 +203,26 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 	m.kick()
 }
 
-// noteCordons queues the failed nodes a failure makes unfit: down nodes
-// (so that nothing lands there when they return unvouched for) and nodes
-// with a GPU fault.
+// noteCordons queues the failed nodes a failure makes unfit: nodes with a
+// GPU fault are cordoned; down nodes become suspect (so that no queued work
+// lands there when they return unvouched for, while a nodemon that merely
+// restarted is back in service once vouched for or after a while).
 func (m *Manager) noteCordons(rec *recovery, f scheduler.Failure, reason string) {
+	var marks map[string]string
 	switch f.Kind {
-	case scheduler.FailNodeDown, scheduler.FailGPUFault:
-		for _, n := range f.Nodes {
-			if _, ok := rec.cordon[n]; !ok {
-				rec.cordon[n] = reason
-			}
+	case scheduler.FailNodeDown:
+		if rec.suspect == nil {
+			rec.suspect = map[string]string{}
+		}
+		marks = rec.suspect
+	case scheduler.FailGPUFault:
+		marks = rec.cordon
+	default:
+		return
+	}
+	for _, n := range f.Nodes {
+		if _, ok := marks[n]; !ok {
+			marks[n] = reason
 		}
 	}
 }
@@ -305,22 +317,28 @@ func ranksByJob(nrs []nodes.NodeRanks) map[string][]*api.RankStatus {
 	return out
 }
 
-// cordons queues the cordons of the failed nodes not yet cordoned; each
-// comes back as msgCordoned for its recovery event.
+// cordons queues the cordons of the failed nodes not yet cordoned, and
+// the suspicions of the lost ones; each comes back as msgCordoned for its
+// recovery event.
 func (m *Manager) cordons(j *api.Job, rec *recovery) {
-	if len(rec.cordon) == 0 {
+	if len(rec.cordon) == 0 && len(rec.suspect) == 0 {
 		return
 	}
-	todo := rec.cordon
-	rec.cordon = map[string]string{}
+	cordon, suspect := rec.cordon, rec.suspect
+	rec.cordon, rec.suspect = map[string]string{}, nil
 	id := j.GetId()
 	setCordon, post := m.cfg.Nodes.SetCordon, m.in.post
 	m.act(func(d *dispatcher) {
 		d.async(func() {
-			for _, node := range slices.Sorted(mapKeys(todo)) {
-				start := time.Now()
-				_, err := setCordon(node, nodes.ActionCordon, fmt.Sprintf("recovering job %s: %s", id, todo[node]))
-				post(msgCordoned{job: id, node: node, reason: todo[node], took: time.Since(start), err: err})
+			for _, mark := range []struct {
+				action string
+				todo   map[string]string
+			}{{nodes.ActionCordon, cordon}, {nodes.ActionSuspect, suspect}} {
+				for _, node := range slices.Sorted(mapKeys(mark.todo)) {
+					start := time.Now()
+					n, err := setCordon(node, mark.action, fmt.Sprintf("recovering job %s: %s", id, mark.todo[node]))
+					post(msgCordoned{job: id, node: node, reason: mark.todo[node], action: mark.action, status: n, took: time.Since(start), err: err})
+				}
 			}
 		})
 	})
@@ -332,17 +350,56 @@ func (m *Manager) cordoned(msg msgCordoned) {
 		return
 	}
 	if msg.err != nil {
-		m.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, msg.took, "could not cordon %s: %v", msg.node, msg.err)
+		m.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, msg.took, "could not %s %s: %v", msg.action, msg.node, msg.err)
 		return
 	}
-	m.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, msg.took, "cordoned %s: %s", msg.node, msg.reason)
+	n := msg.status
+	switch {
+	case msg.action == nodes.ActionSuspect && !n.GetCordoned():
+		m.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, msg.took, "%s suspect until %s: %s", msg.node,
+			time.Unix(0, n.GetSuspectUntilUnixNano()).UTC().Format("15:04:05"), n.GetSuspectReason())
+	case msg.action == nodes.ActionSuspect:
+		m.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, msg.took, "cordoned %s: %s", msg.node, n.GetCordonReason())
+	default:
+		m.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, msg.took, "cordoned %s: %s", msg.node, msg.reason)
+	}
+}
+
+// vouch lifts the suspicion of the suspect nodes among names: a validation
+// gang passed there.
+func (m *Manager) vouch(names []string, gang string, now time.Time) {
+	suspect := map[string]bool{}
+	for _, n := range m.cfg.Nodes.Nodes() {
+		if nodes.Suspected(n.GetSuspectUntilUnixNano(), now) {
+			suspect[n.GetRegistration().GetName()] = true
+		}
+	}
+	var todo []string
+	for _, n := range names {
+		if suspect[n] {
+			todo = append(todo, n)
+		}
+	}
+	if len(todo) == 0 {
+		return
+	}
+	setCordon, log := m.cfg.Nodes.SetCordon, m.log
+	m.act(func(d *dispatcher) {
+		d.async(func() {
+			for _, node := range todo {
+				if _, err := setCordon(node, nodes.ActionVouch, "passed validation "+gang); err != nil {
+					log.Warn("lift suspicion", "node", node, "err", err)
+				}
+			}
+		})
+	})
 }
 
 // decide asks the scheduler where the next attempt runs, then validates
 // new nodes or relaunches at once.
 func (m *Manager) decide(en *entry, rec *recovery, now time.Time) {
 	j := en.job
-	snap := m.snapshot(now)
+	snap := m.recoverySnapshot(now)
 	req := m.recoverRequest(en, rec.failure)
 	d := scheduler.Recover(&snap, &req)
 	if d.Action == scheduler.GiveUp {
@@ -450,6 +507,7 @@ func (m *Manager) checkValidation(en *entry, rec *recovery, now time.Time) {
 		rec.validation = ""
 		m.observeRecovery("validated", now.Sub(rec.since))
 		m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(v.started), "validation %s passed on %s", v.id, strings.Join(v.nodes, ","))
+		m.vouch(v.nodes, v.id, now)
 		m.relaunch(en, rec, now)
 		return
 	}

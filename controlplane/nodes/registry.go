@@ -72,6 +72,9 @@ type Config struct {
 	// of attempts that are no longer current; they are fenced (killed and
 	// confirmed gone) before the node is ready. Nil fences nothing.
 	Superseded func(node string, running []*api.RankStatus) []*api.RankStatus
+	// Suspect is what a recovery's loss of a node does to it (zero
+	// fields: DefaultSuspectPolicy).
+	Suspect SuspectPolicy
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -106,6 +109,9 @@ type entry struct {
 	ranks    []*api.RankStatus
 	// session is the node's live connection; nil while it is down.
 	session *session
+	// downAt is when the node last went down: a recovery's loss of it is
+	// that moment, so two jobs losing it at once count one loss.
+	downAt time.Time
 }
 
 func (e *entry) down() bool { return e.rec.GetState() != api.NodeState_NODE_STATE_READY }
@@ -127,6 +133,7 @@ func New(cfg Config) (*Registry, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	cfg.History.defaults()
+	cfg.Suspect.defaults()
 	r := &Registry{cfg: cfg, log: cfg.Log, nodes: map[string]*entry{}, collectives: map[collKey]*api.CollectiveStat{}}
 	known, err := cfg.Store.Nodes()
 	if err != nil {
@@ -140,7 +147,7 @@ func New(cfg Config) (*Registry, error) {
 		if n.State != api.NodeState_NODE_STATE_DOWN {
 			n.State, n.DownReason, n.StateSinceUnixNano = api.NodeState_NODE_STATE_DOWN, "not reconnected since the server started", now.UnixNano()
 		}
-		r.nodes[n.GetRegistration().GetName()] = &entry{rec: n, history: map[uint32]*history{}}
+		r.nodes[n.GetRegistration().GetName()] = &entry{rec: n, history: map[uint32]*history{}, downAt: time.Unix(0, n.GetStateSinceUnixNano())}
 	}
 	return r, nil
 }
@@ -356,6 +363,7 @@ func (r *Registry) downLocked(name string, e *entry, reason string) {
 	}
 	next.StateSinceUnixNano = now.UnixNano()
 	e.inFlight = nil
+	e.downAt = now
 	r.setLocked(e, next, true)
 	r.log.Info("node down", "node", name, "reason", reason)
 	r.raiseLocked(&api.Event{Node: name, TimeUnixNano: now.UnixNano(), Kind: api.EventKind_EVENT_KIND_NODE_DOWN,
@@ -390,7 +398,49 @@ const (
 	ActionCordon   = "cordon"
 	ActionUncordon = "uncordon"
 	ActionDrain    = "drain"
+	// ActionSuspect records a recovery's loss of the node under the
+	// registry's SuspectPolicy: suspect for a while, or cordoned for good
+	// when it is lost once too often.
+	ActionSuspect = "suspect"
+	// ActionVouch lifts a suspicion: the node passed a validation gang.
+	// Its losses stay on record.
+	ActionVouch = "vouch"
 )
+
+// suspectLocked applies a recovery's loss of e (why) to next under the
+// suspect policy and returns the event's message; false when the loss is
+// on record already and changes nothing.
+func (r *Registry) suspectLocked(e *entry, next *api.NodeStatus, why string) (string, bool) {
+	now := r.now()
+	lost := e.downAt
+	if lost.IsZero() {
+		lost = now
+	}
+	record := make([]time.Time, len(next.GetLostUnixNano()))
+	for i, ns := range next.GetLostUnixNano() {
+		record[i] = time.Unix(0, ns)
+	}
+	v := Suspect(record, lost, now, r.cfg.Suspect)
+	if !v.New && (next.GetCordoned() || Suspected(next.GetSuspectUntilUnixNano(), now)) {
+		return "", false
+	}
+	next.LostUnixNano = make([]int64, len(v.Lost))
+	for i, t := range v.Lost {
+		next.LostUnixNano[i] = t.UnixNano()
+	}
+	if v.Cordon {
+		next.SuspectUntilUnixNano, next.SuspectReason = 0, ""
+		if next.GetCordoned() {
+			// An operator's cordon (or drain) stands, with its reason.
+			return fmt.Sprintf("lost again (%s): %s", why, v.Reason), true
+		}
+		next.Cordoned, next.CordonReason = true, why+"; "+v.Reason
+		return "cordoned: takes no new work (" + next.CordonReason + ")", true
+	}
+	next.SuspectUntilUnixNano, next.SuspectReason = v.Until.UnixNano(), why+"; "+v.Reason
+	return fmt.Sprintf("suspect until %s: takes no queued work until then, or until a recovery's validation passes there (%s)",
+		clockOf(v.Until), next.SuspectReason), true
+}
 
 // SetCordon applies a cordon action (cordon, uncordon or drain) to node,
 // persists it, raises an event and returns the node's new status. A cordon
@@ -408,14 +458,28 @@ func (r *Registry) SetCordon(node, action, reason string) (*api.NodeStatus, erro
 	var msg string
 	switch action {
 	case ActionUncordon:
-		if !cur.GetCordoned() {
+		if !cur.GetCordoned() && !Suspected(cur.GetSuspectUntilUnixNano(), r.now()) {
 			return cur, nil
 		}
+		// The operator vouches for the node: its suspicion and the
+		// losses that would cordon it again go too.
 		next.Cordoned, next.Draining, next.CordonReason = false, false, ""
+		next.SuspectUntilUnixNano, next.SuspectReason, next.LostUnixNano = 0, "", nil
 		msg = "uncordoned: takes new work"
 		if e.down() {
 			msg += " once it reconnects"
 		}
+	case ActionSuspect:
+		var ok bool
+		if msg, ok = r.suspectLocked(e, next, reason); !ok {
+			return cur, nil
+		}
+	case ActionVouch:
+		if !Suspected(cur.GetSuspectUntilUnixNano(), r.now()) {
+			return cur, nil
+		}
+		next.SuspectUntilUnixNano, next.SuspectReason = 0, ""
+		msg = "no longer suspect: " + reason
 	case ActionCordon, ActionDrain:
 		if reason == "" {
 			reason = cur.GetCordonReason()
@@ -538,21 +602,24 @@ func (r *Registry) Admit(name string) error {
 // copied, the GPUs themselves shared (they are replaced, not modified).
 func copyStatus(n *api.NodeStatus) *api.NodeStatus {
 	return &api.NodeStatus{
-		Registration:       n.GetRegistration(),
-		State:              n.GetState(),
-		LastSeenUnixNano:   n.GetLastSeenUnixNano(),
-		Gpus:               append([]*api.GPUStatus(nil), n.GetGpus()...),
-		CordonReason:       n.GetCordonReason(),
-		RemoteAddr:         n.GetRemoteAddr(),
-		Connected:          n.GetConnected(),
-		LostCollectives:    n.GetLostCollectives(),
-		LostNetEvents:      n.GetLostNetEvents(),
-		DroppedBatches:     n.GetDroppedBatches(),
-		Cordoned:           n.GetCordoned(),
-		Draining:           n.GetDraining(),
-		DownReason:         n.GetDownReason(),
-		Stale:              n.GetStale(),
-		StateSinceUnixNano: n.GetStateSinceUnixNano(),
+		Registration:         n.GetRegistration(),
+		State:                n.GetState(),
+		LastSeenUnixNano:     n.GetLastSeenUnixNano(),
+		Gpus:                 append([]*api.GPUStatus(nil), n.GetGpus()...),
+		CordonReason:         n.GetCordonReason(),
+		RemoteAddr:           n.GetRemoteAddr(),
+		Connected:            n.GetConnected(),
+		LostCollectives:      n.GetLostCollectives(),
+		LostNetEvents:        n.GetLostNetEvents(),
+		DroppedBatches:       n.GetDroppedBatches(),
+		Cordoned:             n.GetCordoned(),
+		Draining:             n.GetDraining(),
+		DownReason:           n.GetDownReason(),
+		Stale:                n.GetStale(),
+		StateSinceUnixNano:   n.GetStateSinceUnixNano(),
+		SuspectUntilUnixNano: n.GetSuspectUntilUnixNano(),
+		SuspectReason:        n.GetSuspectReason(),
+		LostUnixNano:         n.GetLostUnixNano(),
 	}
 }
 

@@ -1,0 +1,73 @@
+package jobs
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/controlplane/nodes"
+)
+
+// TestLostNodeIsSuspectNotCordoned: a node lost by a recovery is marked
+// suspect, not cordoned; queued work does not land on a suspect node, but
+// a recovery takes one, validates it first, and the passed validation lifts
+// its suspicion.
+func TestLostNodeIsSuspectNotCordoned(t *testing.T) {
+	h := newHarness(t, "fifo", readyNode("n0", 4, "r0", "s0"), readyNode("n1", 4, "r0", "s0"), readyNode("n2", 4, "r0", "s0"))
+	withRecovery(h)
+	h.nodes.mu.Lock()
+	h.nodes.suspects, h.nodes.now = true, h.clock.now
+	h.nodes.mu.Unlock()
+	// n2 was lost earlier and came back: suspect for another minute.
+	h.nodes.update("n2", func(n *api.NodeStatus) {
+		n.SuspectUntilUnixNano, n.SuspectReason = h.clock.now().Add(time.Minute).UnixNano(), "recovering job j-old: node n2 went down"
+	})
+	id := h.submit(ringSpec("ring", 2, 4, "restart_policy: replace-node\n"), false)
+	other := h.submit(ringSpec("other", 1, 4, ""), false)
+	h.reconcile()
+	h.started(id)
+	if got := nodesOf(h.job(id)); !slices.Equal(got, []string{"n0", "n1"}) {
+		t.Fatalf("placed on %v", got)
+	}
+	if j := h.job(other); j.GetState() != api.JobState_JOB_STATE_PENDING {
+		t.Fatalf("queued job %s on %v: a suspect node took queued work", stateName(j.GetState()), nodesOf(j))
+	}
+	h.nodes.take()
+
+	h.nodes.update("n1", func(n *api.NodeStatus) {
+		n.State, n.Connected, n.Stale = api.NodeState_NODE_STATE_DOWN, false, true
+	})
+	h.nodeDown("n1", "no heartbeat for 2.1s")
+	h.reconcile()
+	for _, r := range findNode(h.job(id), "n0").GetRanks() {
+		h.exit(id, "n0", r.GetRank(), -1, "SIGTERM")
+	}
+	h.reconcile()
+	gang := validationGang(h.nodes.take())
+	if len(gang) != 2 || gang["n0"] == nil || gang["n2"] == nil {
+		t.Fatalf("validation gang %v, want n0 and the suspect n2", gang)
+	}
+	h.clock.add(time.Second)
+	h.finishGang(gang, nil)
+	h.reconcile()
+	if cmds := launches(h.nodes.take()); len(cmds) != 2 || cmds[0].node != "n0" || cmds[1].node != "n2" {
+		t.Fatalf("relaunch on %v, want n0,n2", cmds)
+	}
+	h.nodes.mu.Lock()
+	actions := slices.Clone(h.nodes.actions)
+	h.nodes.mu.Unlock()
+	if want := []string{nodes.ActionSuspect + " n1", nodes.ActionVouch + " n2"}; !slices.Equal(actions, want) {
+		t.Errorf("node actions %q, want %q: the lost node suspect (not cordoned), the validated one vouched for", actions, want)
+	}
+	for _, n := range h.nodes.Nodes() {
+		if n.GetCordoned() {
+			t.Errorf("%s cordoned (%s)", n.GetRegistration().GetName(), n.GetCordonReason())
+		}
+	}
+	evs := strings.Join(h.recoveryEvents(id), "\n")
+	if !strings.Contains(evs, "n1 suspect until") {
+		t.Errorf("no recovery event says n1 is suspect in:\n%s", evs)
+	}
+}
