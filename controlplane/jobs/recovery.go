@@ -45,6 +45,8 @@ type recovery struct {
 	decision  *scheduler.Recovery
 	// fenceNoted: the wait for a lost node's fence has been announced.
 	fenceNoted bool
+	// awaitNoted: the wait for restarting nodes has been announced.
+	awaitNoted bool
 	// validation is the gang checking the decision's new nodes.
 	validation string
 	rounds     int
@@ -159,10 +161,8 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 		m.giveUp(en, reason, now)
 		return
 	}
-	snap := m.recoverySnapshot(now)
-	req := m.recoverRequest(en, f)
-	d := scheduler.Recover(&snap, &req)
-	if d.Action == scheduler.GiveUp {
+	d, await := m.recoverOrAwait(en, f, now)
+	if d.Action == scheduler.GiveUp && len(await) == 0 {
 		m.recoveryEvent(j, api.Severity_SEVERITY_CRITICAL, 0, "%s; not restarted: %s", reason, d.Reason)
 		m.giveUp(en, fmt.Sprintf("%s (not restarted: %s)", reason, d.Reason), now)
 		return
@@ -395,13 +395,71 @@ func (m *Manager) vouch(names []string, gang string, now time.Time) {
 	})
 }
 
+// recoverOrAwait decides as scheduler.Recover does, offering suspect nodes
+// (recoverySnapshot). A decision to give up that would not be one if the
+// nodes down only a moment ago were back (awaited) is a wait for them: a
+// nodemon or server that merely restarted is not missing capacity. It
+// returns them; nil when the decision stands.
+func (m *Manager) recoverOrAwait(en *entry, f scheduler.Failure, now time.Time) (scheduler.Recovery, []string) {
+	snap := m.recoverySnapshot(now)
+	req := m.recoverRequest(en, f)
+	d := scheduler.Recover(&snap, &req)
+	if d.Action != scheduler.GiveUp {
+		return d, nil
+	}
+	await := m.awaited(now)
+	if len(await) == 0 {
+		return d, nil
+	}
+	back := snap
+	back.Nodes = slices.Clone(snap.Nodes)
+	for i := range back.Nodes {
+		if back.Nodes[i].State == scheduler.NodeDown && slices.Contains(await, back.Nodes[i].Name) {
+			back.Nodes[i].State = scheduler.NodeReady
+		}
+	}
+	if scheduler.Recover(&back, &req).Action == scheduler.GiveUp {
+		return d, nil
+	}
+	return d, await
+}
+
+// awaited names the nodes down now that may only be restarting: neither
+// cordoned nor draining, and down for less than their reconnect bound
+// (ReconnectBound), counted from the server's start when that is later.
+// Every live nodemon is back within it.
+func (m *Manager) awaited(now time.Time) []string {
+	var out []string
+	for _, n := range m.cfg.Nodes.Nodes() {
+		if nodeIsUp(n) || n.GetCordoned() || n.GetDraining() {
+			continue
+		}
+		since := time.Unix(0, n.GetStateSinceUnixNano())
+		if since.Before(m.startedAt) {
+			since = m.startedAt
+		}
+		bound := ReconnectBound(time.Duration(n.GetRegistration().GetHeartbeatIntervalMs())*time.Millisecond, m.cfg.ReconnectGrace)
+		if now.Sub(since) < bound {
+			out = append(out, n.GetRegistration().GetName())
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // decide asks the scheduler where the next attempt runs, then validates
 // new nodes or relaunches at once.
 func (m *Manager) decide(en *entry, rec *recovery, now time.Time) {
 	j := en.job
-	snap := m.recoverySnapshot(now)
-	req := m.recoverRequest(en, rec.failure)
-	d := scheduler.Recover(&snap, &req)
+	d, await := m.recoverOrAwait(en, rec.failure, now)
+	if d.Action == scheduler.GiveUp && len(await) > 0 {
+		if !rec.awaitNoted {
+			rec.awaitNoted = true
+			m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "waiting for %s to reconnect (down a moment ago, maybe restarting): %s",
+				strings.Join(await, ","), d.Reason)
+		}
+		return
+	}
 	if d.Action == scheduler.GiveUp {
 		m.recoveryEvent(j, api.Severity_SEVERITY_CRITICAL, now.Sub(rec.since), "giving up: %s", d.Reason)
 		m.giveUp(en, fmt.Sprintf("%s (not recovered: %s)", rec.reason, d.Reason), now)

@@ -71,3 +71,56 @@ func TestLostNodeIsSuspectNotCordoned(t *testing.T) {
 		t.Errorf("no recovery event says n1 is suspect in:\n%s", evs)
 	}
 }
+
+// TestRecoveryWaitsForRestartingNode: a recovery that finds no free node
+// while a node went down only a moment ago (its nodemon, or the server,
+// restarting) waits for it rather than failing the job; it runs there once
+// the node is back, and gives up only once the node stayed away past its
+// reconnect bound.
+func TestRecoveryWaitsForRestartingNode(t *testing.T) {
+	for _, back := range []bool{true, false} {
+		t.Run(map[bool]string{true: "node returns", false: "node stays away"}[back], func(t *testing.T) {
+			h := newHarness(t, "fifo", readyNode("n0", 4, "r0", "s0"), readyNode("n1", 4, "r0", "s0"), readyNode("n2", 4, "r0", "s0"))
+			id := h.submit(ringSpec("ring", 2, 4, "restart_policy: replace-node\n"), false)
+			h.reconcile()
+			h.started(id)
+			if got := nodesOf(h.job(id)); !slices.Equal(got, []string{"n0", "n1"}) {
+				t.Fatalf("placed on %v", got)
+			}
+			down := func(n *api.NodeStatus) {
+				n.State, n.Connected, n.Stale, n.StateSinceUnixNano = api.NodeState_NODE_STATE_DOWN, false, true, h.clock.now().UnixNano()
+			}
+			h.nodes.update("n2", down)
+			h.clock.add(time.Second)
+			h.nodes.update("n1", down)
+			h.nodeDown("n1", "no heartbeat for 2.1s")
+			h.reconcile()
+			for _, r := range findNode(h.job(id), "n0").GetRanks() {
+				h.exit(id, "n0", r.GetRank(), -1, "SIGTERM")
+			}
+			h.reconcile()
+			if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RECOVERING {
+				t.Fatalf("with n2 restarting: %s (%s), want recovering", stateName(j.GetState()), j.GetReason())
+			}
+			if evs := strings.Join(h.recoveryEvents(id), "\n"); !strings.Contains(evs, "waiting for n2 to reconnect") {
+				t.Errorf("no recovery event says it waits for n2:\n%s", evs)
+			}
+			if back {
+				h.clock.add(3 * time.Second)
+				h.nodes.update("n2", func(n *api.NodeStatus) {
+					n.State, n.Connected, n.Stale, n.StateSinceUnixNano = api.NodeState_NODE_STATE_READY, true, false, h.clock.now().UnixNano()
+				})
+				h.reconcile()
+				if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RUNNING || j.GetAttempt() != 2 || !slices.Equal(nodesOf(j), []string{"n0", "n2"}) {
+					t.Fatalf("once n2 is back: %s attempt %d on %v (%s)", stateName(j.GetState()), j.GetAttempt(), nodesOf(j), j.GetReason())
+				}
+				return
+			}
+			h.clock.add(ReconnectBound(0, DefaultReconnectGrace))
+			h.reconcile()
+			if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_FAILED || !strings.Contains(j.GetReason(), "no free node can replace it") {
+				t.Fatalf("n2 away past its bound: %s (%s), want failed for want of nodes", stateName(j.GetState()), j.GetReason())
+			}
+		})
+	}
+}
