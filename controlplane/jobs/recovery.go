@@ -149,7 +149,7 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 			if !slices.Contains(rec.failure.Nodes, n) {
 				rec.failure.Nodes = append(rec.failure.Nodes, n)
 			}
-			if f.Kind != scheduler.FailRankExit && !slices.Contains(j.Exclude, n) {
+			if m.excludes(f.Kind) && !slices.Contains(j.Exclude, n) {
 				j.Exclude = append(j.Exclude, n)
 			}
 		}
@@ -161,7 +161,7 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 		m.giveUp(en, reason, now)
 		return
 	}
-	d, await := m.recoverOrAwait(en, f, now)
+	d, await := m.recoverOrAwait(en, f, now, now)
 	if d.Action == scheduler.GiveUp && len(await) == 0 {
 		m.recoveryEvent(j, api.Severity_SEVERITY_CRITICAL, 0, "%s; not restarted: %s", reason, d.Reason)
 		m.giveUp(en, fmt.Sprintf("%s (not restarted: %s)", reason, d.Reason), now)
@@ -180,7 +180,7 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 	// made again once they are gone.
 	j.MoveTarget = jobNodes(&d.Placement)
 	for _, n := range f.Nodes {
-		if f.Kind != scheduler.FailRankExit && !slices.Contains(j.Exclude, n) {
+		if m.excludes(f.Kind) && !slices.Contains(j.Exclude, n) {
 			j.Exclude = append(j.Exclude, n)
 		}
 	}
@@ -201,6 +201,23 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 	m.check(from, ev, j)
 	m.recoveryEvent(j, api.Severity_SEVERITY_WARNING, 0, "failure detected (last reported step %d): %s; stopping %d live ranks", j.GetStep(), reason, liveRanks(j))
 	m.kick()
+}
+
+// excludes says whether a failure's nodes stay excluded from the job's
+// later attempts (this recovery avoids them anyway: Failure.Nodes). A rank
+// crash blames no node. A lost node is left to its suspicion
+// (nodes.SuspectPolicy), which a passed validation or time lifts, so a
+// node whose nodemon merely restarted is not lost to the job for good;
+// an executor runs no validation gang and is told the exclusions, so
+// under one a lost node stays excluded.
+func (m *Manager) excludes(k scheduler.FailureKind) bool {
+	switch k {
+	case scheduler.FailRankExit:
+		return false
+	case scheduler.FailNodeDown:
+		return m.cfg.Executor != nil
+	}
+	return true
 }
 
 // noteCordons queues the failed nodes a failure makes unfit: nodes with a
@@ -400,9 +417,9 @@ func (m *Manager) vouch(names []string, gang string, now time.Time) {
 // nodes down only a moment ago were back (awaited) is a wait for them: a
 // nodemon or server that merely restarted is not missing capacity. It
 // returns them; nil when the decision stands.
-func (m *Manager) recoverOrAwait(en *entry, f scheduler.Failure, now time.Time) (scheduler.Recovery, []string) {
+func (m *Manager) recoverOrAwait(en *entry, f scheduler.Failure, since, now time.Time) (scheduler.Recovery, []string) {
 	snap := m.recoverySnapshot(now)
-	req := m.recoverRequest(en, f)
+	req := m.recoverRequest(en, m.returned(f, since))
 	d := scheduler.Recover(&snap, &req)
 	if d.Action != scheduler.GiveUp {
 		return d, nil
@@ -418,10 +435,55 @@ func (m *Manager) recoverOrAwait(en *entry, f scheduler.Failure, now time.Time) 
 			back.Nodes[i].State = scheduler.NodeReady
 		}
 	}
-	if scheduler.Recover(&back, &req).Action == scheduler.GiveUp {
+	// A lost node of this job that returns in time may run it again
+	// (returned), so it counts back too.
+	backF := f
+	if f.Kind == scheduler.FailNodeDown && m.cfg.Executor == nil {
+		backF.Nodes = slices.DeleteFunc(slices.Clone(f.Nodes), func(n string) bool { return slices.Contains(await, n) })
+	}
+	backReq := m.recoverRequest(en, m.returned(backF, since))
+	if scheduler.Recover(&back, &backReq).Action == scheduler.GiveUp {
 		return d, nil
 	}
 	return d, await
+}
+
+// returned drops from a node-down failure the lost nodes back in service
+// since the recovery began (up again after it, neither cordoned nor
+// draining): a nodemon that merely restarted may run the job again; a
+// node that refused a launch never went away and stays failed. They are suspect, so validated first
+// where validation gangs run (unvouched). Under an executor a lost node
+// stays failed for the recovery, as it stays excluded.
+func (m *Manager) returned(f scheduler.Failure, since time.Time) scheduler.Failure {
+	if f.Kind != scheduler.FailNodeDown || m.cfg.Executor != nil {
+		return f
+	}
+	up := map[string]bool{}
+	for _, n := range m.cfg.Nodes.Nodes() {
+		if nodeIsUp(n) && !n.GetCordoned() && !n.GetDraining() && n.GetStateSinceUnixNano() >= since.UnixNano() {
+			up[n.GetRegistration().GetName()] = true
+		}
+	}
+	f.Nodes = slices.DeleteFunc(slices.Clone(f.Nodes), func(n string) bool { return up[n] })
+	return f
+}
+
+// unvouched are the nodes of a decision to validate before the relaunch:
+// those new to the job, and the suspect ones it keeps or takes back.
+func (m *Manager) unvouched(d *scheduler.Recovery, now time.Time) []string {
+	out := slices.Clone(d.Added)
+	suspect := map[string]bool{}
+	for _, n := range m.cfg.Nodes.Nodes() {
+		if nodes.Suspected(n.GetSuspectUntilUnixNano(), now) {
+			suspect[n.GetRegistration().GetName()] = true
+		}
+	}
+	for _, n := range d.Placement.Nodes() {
+		if suspect[n] && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // awaited names the nodes down now that may only be restarting: neither
@@ -451,7 +513,7 @@ func (m *Manager) awaited(now time.Time) []string {
 // new nodes or relaunches at once.
 func (m *Manager) decide(en *entry, rec *recovery, now time.Time) {
 	j := en.job
-	d, await := m.recoverOrAwait(en, rec.failure, now)
+	d, await := m.recoverOrAwait(en, rec.failure, rec.since, now)
 	if d.Action == scheduler.GiveUp && len(await) > 0 {
 		if !rec.awaitNoted {
 			rec.awaitNoted = true
@@ -473,7 +535,7 @@ func (m *Manager) decide(en *entry, rec *recovery, now time.Time) {
 	// A validation gang is launched by nodemon itself: under an executor
 	// (Slurm) it would run outside its allocations, so the executor's own
 	// node checks vouch for new nodes instead.
-	if len(d.Added) > 0 && len(m.cfg.ValidateCommand) > 0 && m.cfg.Executor == nil {
+	if len(m.unvouched(&d, now)) > 0 && len(m.cfg.ValidateCommand) > 0 && m.cfg.Executor == nil {
 		m.validate(en, rec, now)
 		return
 	}
@@ -574,7 +636,7 @@ func (m *Manager) checkValidation(en *entry, rec *recovery, now time.Time) {
 	}
 	// Blame the new nodes whose rank did not pass; if theirs all passed,
 	// the new set as a whole did not work together.
-	added := rec.decision.Added
+	added := m.unvouched(rec.decision, now)
 	var blame, why []string
 	for _, node := range v.nodes {
 		r := v.ranks[node]

@@ -66,6 +66,9 @@ func TestLostNodeIsSuspectNotCordoned(t *testing.T) {
 			t.Errorf("%s cordoned (%s)", n.GetRegistration().GetName(), n.GetCordonReason())
 		}
 	}
+	if ex := h.job(id).GetExclude(); len(ex) != 0 {
+		t.Errorf("job excludes %v for good: a lost node is left to its suspicion", ex)
+	}
 	evs := strings.Join(h.recoveryEvents(id), "\n")
 	if !strings.Contains(evs, "n1 suspect until") {
 		t.Errorf("no recovery event says n1 is suspect in:\n%s", evs)
@@ -122,5 +125,41 @@ func TestRecoveryWaitsForRestartingNode(t *testing.T) {
 				t.Fatalf("n2 away past its bound: %s (%s), want failed for want of nodes", stateName(j.GetState()), j.GetReason())
 			}
 		})
+	}
+}
+
+// TestRecoveryTakesBackARestartedNode: in a cluster of exactly the job's
+// nodes, a node lost and back a moment later (its nodemon restarted) runs
+// the job's next attempt, where it used to be failed and excluded for
+// good, failing the job for want of nodes.
+func TestRecoveryTakesBackARestartedNode(t *testing.T) {
+	h := newHarness(t, "fifo", readyNode("n0", 4, "r0", "s0"), readyNode("n1", 4, "r0", "s0"))
+	h.nodes.mu.Lock()
+	h.nodes.suspects, h.nodes.now = true, h.clock.now
+	h.nodes.mu.Unlock()
+	id := h.submit(ringSpec("ring", 2, 4, "restart_policy: replace-node\n"), false)
+	h.reconcile()
+	h.started(id)
+	h.clock.add(time.Second)
+	h.nodes.update("n1", func(n *api.NodeStatus) {
+		n.State, n.Connected, n.Stale, n.StateSinceUnixNano = api.NodeState_NODE_STATE_DOWN, false, true, h.clock.now().UnixNano()
+	})
+	h.nodeDown("n1", "no heartbeat for 2.1s")
+	h.reconcile()
+	for _, r := range findNode(h.job(id), "n0").GetRanks() {
+		h.exit(id, "n0", r.GetRank(), -1, "SIGTERM")
+	}
+	h.reconcile()
+	if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RECOVERING {
+		t.Fatalf("with n1 just lost: %s (%s), want recovering", stateName(j.GetState()), j.GetReason())
+	}
+	h.clock.add(2 * time.Second)
+	h.nodes.update("n1", func(n *api.NodeStatus) {
+		n.State, n.Connected, n.Stale, n.StateSinceUnixNano = api.NodeState_NODE_STATE_READY, true, false, h.clock.now().UnixNano()
+	})
+	h.reconcile()
+	j := h.job(id)
+	if j.GetState() != api.JobState_JOB_STATE_RUNNING || j.GetAttempt() != 2 || !slices.Equal(nodesOf(j), []string{"n0", "n1"}) || len(j.GetExclude()) != 0 {
+		t.Fatalf("once n1 is back: %s attempt %d on %v exclude %v (%s)", stateName(j.GetState()), j.GetAttempt(), nodesOf(j), j.GetExclude(), j.GetReason())
 	}
 }
