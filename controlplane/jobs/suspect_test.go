@@ -90,18 +90,9 @@ func TestRecoveryWaitsForRestartingNode(t *testing.T) {
 			if got := nodesOf(h.job(id)); !slices.Equal(got, []string{"n0", "n1"}) {
 				t.Fatalf("placed on %v", got)
 			}
-			down := func(n *api.NodeStatus) {
-				n.State, n.Connected, n.Stale, n.StateSinceUnixNano = api.NodeState_NODE_STATE_DOWN, false, true, h.clock.now().UnixNano()
-			}
-			h.nodes.update("n2", down)
+			h.setLive("n2", false)
 			h.clock.add(time.Second)
-			h.nodes.update("n1", down)
-			h.nodeDown("n1", "no heartbeat for 2.1s")
-			h.reconcile()
-			for _, r := range findNode(h.job(id), "n0").GetRanks() {
-				h.exit(id, "n0", r.GetRank(), -1, "SIGTERM")
-			}
-			h.reconcile()
+			h.loseNode(id, "n1")
 			if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RECOVERING {
 				t.Fatalf("with n2 restarting: %s (%s), want recovering", stateName(j.GetState()), j.GetReason())
 			}
@@ -110,9 +101,7 @@ func TestRecoveryWaitsForRestartingNode(t *testing.T) {
 			}
 			if back {
 				h.clock.add(3 * time.Second)
-				h.nodes.update("n2", func(n *api.NodeStatus) {
-					n.State, n.Connected, n.Stale, n.StateSinceUnixNano = api.NodeState_NODE_STATE_READY, true, false, h.clock.now().UnixNano()
-				})
+				h.setLive("n2", true)
 				h.reconcile()
 				if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RUNNING || j.GetAttempt() != 2 || !slices.Equal(nodesOf(j), []string{"n0", "n2"}) {
 					t.Fatalf("once n2 is back: %s attempt %d on %v (%s)", stateName(j.GetState()), j.GetAttempt(), nodesOf(j), j.GetReason())
@@ -141,25 +130,40 @@ func TestRecoveryTakesBackARestartedNode(t *testing.T) {
 	h.reconcile()
 	h.started(id)
 	h.clock.add(time.Second)
-	h.nodes.update("n1", func(n *api.NodeStatus) {
-		n.State, n.Connected, n.Stale, n.StateSinceUnixNano = api.NodeState_NODE_STATE_DOWN, false, true, h.clock.now().UnixNano()
-	})
-	h.nodeDown("n1", "no heartbeat for 2.1s")
-	h.reconcile()
-	for _, r := range findNode(h.job(id), "n0").GetRanks() {
-		h.exit(id, "n0", r.GetRank(), -1, "SIGTERM")
-	}
-	h.reconcile()
+	h.loseNode(id, "n1")
 	if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RECOVERING {
 		t.Fatalf("with n1 just lost: %s (%s), want recovering", stateName(j.GetState()), j.GetReason())
 	}
 	h.clock.add(2 * time.Second)
-	h.nodes.update("n1", func(n *api.NodeStatus) {
-		n.State, n.Connected, n.Stale, n.StateSinceUnixNano = api.NodeState_NODE_STATE_READY, true, false, h.clock.now().UnixNano()
-	})
+	h.setLive("n1", true)
 	h.reconcile()
 	j := h.job(id)
 	if j.GetState() != api.JobState_JOB_STATE_RUNNING || j.GetAttempt() != 2 || !slices.Equal(nodesOf(j), []string{"n0", "n1"}) || len(j.GetExclude()) != 0 {
 		t.Fatalf("once n1 is back: %s attempt %d on %v exclude %v (%s)", stateName(j.GetState()), j.GetAttempt(), nodesOf(j), j.GetExclude(), j.GetReason())
 	}
+}
+
+// setLive marks node ready (up) or down as of now, as the registry would.
+func (h *harness) setLive(node string, up bool) {
+	h.t.Helper()
+	h.nodes.update(node, func(n *api.NodeStatus) {
+		n.State, n.Connected, n.Stale = api.NodeState_NODE_STATE_DOWN, false, true
+		if up {
+			n.State, n.Connected, n.Stale = api.NodeState_NODE_STATE_READY, true, false
+		}
+		n.StateSinceUnixNano = h.clock.now().UnixNano()
+	})
+}
+
+// loseNode takes node down under the job running on it and on n0, and
+// has the survivors on n0 exit: the recovery then decides.
+func (h *harness) loseNode(id, node string) {
+	h.t.Helper()
+	h.setLive(node, false)
+	h.nodeDown(node, "no heartbeat for 2.1s")
+	h.reconcile()
+	for _, r := range findNode(h.job(id), "n0").GetRanks() {
+		h.exit(id, "n0", r.GetRank(), -1, "SIGTERM")
+	}
+	h.reconcile()
 }
