@@ -431,8 +431,18 @@ func (m *Manager) recoverOrAwait(en *entry, f scheduler.Failure, since, now time
 	back := snap
 	back.Nodes = slices.Clone(snap.Nodes)
 	for i := range back.Nodes {
-		if back.Nodes[i].State == scheduler.NodeDown && slices.Contains(await, back.Nodes[i].Name) {
-			back.Nodes[i].State = scheduler.NodeReady
+		n := &back.Nodes[i]
+		if n.State != scheduler.NodeDown || !slices.Contains(await, n.Name) {
+			continue
+		}
+		n.State = scheduler.NodeReady
+		// Its last samples, from before it went, still list the ranks
+		// given up with it; they are fenced when it returns.
+		n.GPUs = slices.Clone(n.GPUs)
+		for g := range n.GPUs {
+			if n.GPUs[g].Job == unmanaged {
+				n.GPUs[g].Job = ""
+			}
 		}
 	}
 	// A lost node of this job that returns in time may run it again

@@ -130,12 +130,27 @@ func TestRecoveryTakesBackARestartedNode(t *testing.T) {
 	h.reconcile()
 	h.started(id)
 	h.clock.add(time.Second)
+	// n1's last samples list its ranks, alive while its nodemon was gone.
+	samples := func(live bool) {
+		h.nodes.update("n1", func(n *api.NodeStatus) {
+			for _, r := range findNode(h.job(id), "n1").GetRanks() {
+				var procs []*api.GPUProcess
+				if live {
+					procs = []*api.GPUProcess{{Pid: r.GetPid()}}
+				}
+				n.Gpus[r.GetGpu()].Last = &api.GPUSample{Processes: procs}
+			}
+		})
+	}
+	samples(true)
 	h.loseNode(id, "n1")
 	if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RECOVERING {
 		t.Fatalf("with n1 just lost: %s (%s), want recovering", stateName(j.GetState()), j.GetReason())
 	}
 	h.clock.add(2 * time.Second)
+	// Back, it fences the old ranks: its samples show them gone.
 	h.setLive("n1", true)
+	samples(false)
 	h.reconcile()
 	j := h.job(id)
 	if j.GetState() != api.JobState_JOB_STATE_RUNNING || j.GetAttempt() != 2 || !slices.Equal(nodesOf(j), []string{"n0", "n1"}) || len(j.GetExclude()) != 0 {
