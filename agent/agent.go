@@ -301,10 +301,14 @@ func (a *Agent) registration() (*api.NodeRegistration, error) {
 		return nil, fmt.Errorf("GPU inventory: %w", err)
 	}
 	host, _ := os.Hostname()
+	instance, err := instanceID(a.cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("nodemon: %w", err)
+	}
 	return &api.NodeRegistration{
 		Name: a.cfg.Name, Hostname: host, Gpus: gpus, Nics: listNICs(), Labels: a.cfg.Labels,
 		SimProfile: a.probes.simProfile(), HeartbeatIntervalMs: uint32(a.cfg.Heartbeat / time.Millisecond),
-		AgentVersion: Version, DriverVersion: driver, CudaVersion: cuda,
+		AgentVersion: Version, DriverVersion: driver, CudaVersion: cuda, InstanceId: instance,
 	}, nil
 }
 

@@ -1265,7 +1265,11 @@ type NodeRegistration struct {
 	CudaVersion         string `protobuf:"bytes,10,opt,name=cuda_version,json=cudaVersion,proto3" json:"cuda_version,omitempty"`
 	// Ranks already running when nodemon (re)connects, so a restarted
 	// server or nodemon picks them up instead of starting them again.
-	Running       []*RankStatus `protobuf:"bytes,11,rep,name=running,proto3" json:"running,omitempty"`
+	Running []*RankStatus `protobuf:"bytes,11,rep,name=running,proto3" json:"running,omitempty"`
+	// Generated once by nodemon and kept in its data dir: a restart of the
+	// same host presents the same id, another host under this name does
+	// not. Empty from a nodemon that keeps none.
+	InstanceId    string `protobuf:"bytes,12,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1375,6 +1379,13 @@ func (x *NodeRegistration) GetRunning() []*RankStatus {
 		return x.Running
 	}
 	return nil
+}
+
+func (x *NodeRegistration) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
 }
 
 type ECCCounts struct {
@@ -3719,8 +3730,16 @@ type NodeStatus struct {
 	Stale bool `protobuf:"varint,14,opt,name=stale,proto3" json:"stale,omitempty"`
 	// When the node last changed between ready and down.
 	StateSinceUnixNano int64 `protobuf:"varint,15,opt,name=state_since_unix_nano,json=stateSinceUnixNano,proto3" json:"state_since_unix_nano,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Suspect (lost by a recovery): takes no queued work until then, unless
+	// a recovery's validation gang vouches for it first; 0 when not.
+	SuspectUntilUnixNano int64 `protobuf:"varint,16,opt,name=suspect_until_unix_nano,json=suspectUntilUnixNano,proto3" json:"suspect_until_unix_nano,omitempty"`
+	// Why the node is suspect, while it is.
+	SuspectReason string `protobuf:"bytes,17,opt,name=suspect_reason,json=suspectReason,proto3" json:"suspect_reason,omitempty"`
+	// When recoveries lost the node, within the repeat window; enough of
+	// them cordon it for good.
+	LostUnixNano  []int64 `protobuf:"varint,18,rep,packed,name=lost_unix_nano,json=lostUnixNano,proto3" json:"lost_unix_nano,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -3856,6 +3875,27 @@ func (x *NodeStatus) GetStateSinceUnixNano() int64 {
 		return x.StateSinceUnixNano
 	}
 	return 0
+}
+
+func (x *NodeStatus) GetSuspectUntilUnixNano() int64 {
+	if x != nil {
+		return x.SuspectUntilUnixNano
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetSuspectReason() string {
+	if x != nil {
+		return x.SuspectReason
+	}
+	return ""
+}
+
+func (x *NodeStatus) GetLostUnixNano() []int64 {
+	if x != nil {
+		return x.LostUnixNano
+	}
+	return nil
 }
 
 // CollectiveStat aggregates one rank's calls of one op on one communicator.
@@ -10112,7 +10152,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1d\n" +
 	"\n" +
 	"speed_mbps\x18\x03 \x01(\x04R\tspeedMbps\x12\x14\n" +
-	"\x05addrs\x18\x04 \x03(\tR\x05addrs\"\xff\x03\n" +
+	"\x05addrs\x18\x04 \x03(\tR\x05addrs\"\xa0\x04\n" +
 	"\x10NodeRegistration\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\bhostname\x18\x02 \x01(\tR\bhostname\x12&\n" +
@@ -10126,7 +10166,9 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x0edriver_version\x18\t \x01(\tR\rdriverVersion\x12!\n" +
 	"\fcuda_version\x18\n" +
 	" \x01(\tR\vcudaVersion\x12/\n" +
-	"\arunning\x18\v \x03(\v2\x15.gpuctl.v1.RankStatusR\arunning\x1a9\n" +
+	"\arunning\x18\v \x03(\v2\x15.gpuctl.v1.RankStatusR\arunning\x12\x1f\n" +
+	"\vinstance_id\x18\f \x01(\tR\n" +
+	"instanceId\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd3\x01\n" +
@@ -10353,7 +10395,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04info\x18\x01 \x01(\v2\x12.gpuctl.v1.GPUInfoR\x04info\x12(\n" +
 	"\x04last\x18\x02 \x01(\v2\x14.gpuctl.v1.GPUSampleR\x04last\x12\x18\n" +
 	"\ahealthy\x18\x03 \x01(\bR\ahealthy\x12)\n" +
-	"\x10unhealthy_reason\x18\x04 \x01(\tR\x0funhealthyReason\"\xd4\x04\n" +
+	"\x10unhealthy_reason\x18\x04 \x01(\tR\x0funhealthyReason\"\xd8\x05\n" +
 	"\n" +
 	"NodeStatus\x12?\n" +
 	"\fregistration\x18\x01 \x01(\v2\x1b.gpuctl.v1.NodeRegistrationR\fregistration\x12*\n" +
@@ -10373,7 +10415,10 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\vdown_reason\x18\r \x01(\tR\n" +
 	"downReason\x12\x14\n" +
 	"\x05stale\x18\x0e \x01(\bR\x05stale\x121\n" +
-	"\x15state_since_unix_nano\x18\x0f \x01(\x03R\x12stateSinceUnixNano\"\x9f\x02\n" +
+	"\x15state_since_unix_nano\x18\x0f \x01(\x03R\x12stateSinceUnixNano\x125\n" +
+	"\x17suspect_until_unix_nano\x18\x10 \x01(\x03R\x14suspectUntilUnixNano\x12%\n" +
+	"\x0esuspect_reason\x18\x11 \x01(\tR\rsuspectReason\x12$\n" +
+	"\x0elost_unix_nano\x18\x12 \x03(\x03R\flostUnixNano\"\x9f\x02\n" +
 	"\x0eCollectiveStat\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x10\n" +

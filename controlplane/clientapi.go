@@ -478,6 +478,12 @@ func (s *Server) cordon(ctx context.Context, c *call) error {
 	if r.GetNode() == "" {
 		return c.fail("%s: no node named: `gpuctl nodes` lists them", r.GetAction())
 	}
+	switch r.GetAction() {
+	case nodes.ActionCordon, nodes.ActionUncordon, nodes.ActionDrain:
+	default:
+		// Suspicion is recovery's to mark and validation's to lift.
+		return c.fail("unknown node action %q: use cordon, uncordon or drain", r.GetAction())
+	}
 	// A reason is data: bounded, and stripped of what a terminal would obey.
 	n, err := s.nodes.SetCordon(r.GetNode(), r.GetAction(), api.CleanText(r.GetReason(), 0))
 	if err != nil {

@@ -55,6 +55,9 @@ type Config struct {
 	// are confirmed gone or the lease has passed. Default DefaultLease;
 	// negative: no lease (ranks never fence themselves).
 	Lease time.Duration
+	// Suspect is what a recovery's loss of a node does to it (zero
+	// fields: nodes.DefaultSuspectPolicy).
+	Suspect nodes.SuspectPolicy
 	// StallEvery is the NCCL stall detector's period, default 250 ms.
 	StallEvery time.Duration
 	// WatchEvery is the least time between two batches to one watcher,
@@ -223,7 +226,8 @@ func newServer(cfg Config, auth *transport.Authority, st store.Store, policy sch
 	// be built first with the owner's queue standing in.
 	sink := &deferredSink{}
 	reg, err := nodes.New(nodes.Config{Store: st, Publish: s.hub, Observe: s.obs, Sink: sink, ServerName: host, ReceiveLag: s.receiveLag,
-		History: cfg.History, Now: cfg.Now, Log: cfg.Log.With("part", "nodes"), Lease: cfg.Lease, Superseded: sink.superseded})
+		History: cfg.History, Now: cfg.Now, Log: cfg.Log.With("part", "nodes"), Lease: cfg.Lease, Superseded: sink.superseded,
+		Suspect: cfg.Suspect})
 	if err != nil {
 		return nil, err
 	}

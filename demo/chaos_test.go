@@ -26,8 +26,10 @@ import (
 // unacknowledged one sent again creates no second); every acknowledged
 // cancel ended its job cancelled; every node's cordon is what the last
 // acknowledged request made it (or recovery's); and no rank process of a
-// superseded attempt, or of an ended job, is alive. While it runs, no job
-// ever has ranks of two attempts alive at once.
+// superseded attempt, or of an ended job, is alive; no job failed for want
+// of nodes that were only down (nodemons and servers restart, they come
+// back). While it runs, no job ever has ranks of two attempts alive at
+// once.
 func TestChaos(t *testing.T) {
 	seed := uint64(1)
 	if s := os.Getenv("CHAOS_SEED"); s != "" {
@@ -434,11 +436,35 @@ func (ch *chaos) check() {
 	states := map[string]int{}
 	for _, j := range js {
 		states[j.GetState().Short()]++
-		// Why jobs failed is the chaos run's finding, not its verdict.
-		if j.GetState() == api.JobState_JOB_STATE_FAILED {
-			t.Logf("job %s failed after %d attempts: %s", j.GetId(), j.GetAttempt(), j.GetReason())
+		if j.GetState() != api.JobState_JOB_STATE_FAILED {
+			continue
+		}
+		t.Logf("job %s failed after %d attempts: %s", j.GetId(), j.GetAttempt(), j.GetReason())
+		// Five nodes whose nodemons are killed, stopped and restarted are
+		// never gone for good: a recovery that gave up on nodes down
+		// counted restarted nodes as lost. One that also names a node the
+		// chaos cordoned lacked the capacity the chaos took away.
+		r := j.GetReason()
+		if strings.Contains(r, "no free node can replace it") && strings.Contains(r, "(node down)") && !strings.Contains(r, "(node cordoned)") {
+			t.Errorf("job %s failed for want of nodes, with every node back: %s (nodes: %s)", j.GetId(), j.GetReason(), nodeMarks(nodes))
 		}
 	}
 	t.Logf("%d submits (%d acknowledged during the chaos or after), %d acknowledged cancels, jobs by state %v, cluster restarted %d times",
 		len(ch.submits), acked, len(ch.cancels), states, ch.c.serverStarts-1)
+}
+
+// nodeMarks says, per node, what keeps it from new work.
+func nodeMarks(nodes []*api.NodeStatus) string {
+	var parts []string
+	for _, n := range nodes {
+		mark := "in service"
+		switch {
+		case n.GetCordoned():
+			mark = "cordoned: " + n.GetCordonReason()
+		case n.GetSuspectUntilUnixNano() > time.Now().UnixNano():
+			mark = "suspect: " + n.GetSuspectReason()
+		}
+		parts = append(parts, fmt.Sprintf("%s %s, lost %d×", n.GetRegistration().GetName(), mark, len(n.GetLostUnixNano())))
+	}
+	return strings.Join(parts, "; ")
 }

@@ -96,10 +96,22 @@ func DescribeNode(w io.Writer, o Options, n *api.NodeStatus, jobs []*api.Job, ev
 		schedulable = "no: draining (its jobs move elsewhere)"
 	case v.Cordoned:
 		schedulable = "no: cordoned"
+	case v.Suspect(d.now) != "":
+		schedulable = "not from the queue: " + v.Suspect(d.now) + "; a recovery may take it once its validation passes there"
 	}
 	d.fact("Takes new work", schedulable)
 	if v.Cordoned {
 		d.fact("Cordon reason", deref(v.CordonReason))
+	}
+	if v.Suspect(d.now) != "" {
+		d.fact("Suspect because", deref(v.SuspectReason))
+	}
+	if len(v.LostTimes) > 0 {
+		at := make([]string, len(v.LostTimes))
+		for i, t := range v.LostTimes {
+			at[i] = t.Format(time.RFC3339)
+		}
+		d.fact("Lost by recoveries", fmt.Sprintf("%d× within the window: %s", len(v.LostTimes), strings.Join(at, ", ")))
 	}
 	if v.Stale {
 		d.fact("Figures", "stale: the last ones the node sent before it went down")

@@ -21,6 +21,9 @@ type NodeJSON struct {
 	Draining        bool              `json:"draining"`
 	CordonReason    *string           `json:"cordon_reason"`
 	DownReason      *string           `json:"down_reason"`
+	SuspectUntil    *time.Time        `json:"suspect_until_time"`
+	SuspectReason   *string           `json:"suspect_reason"`
+	LostTimes       []time.Time       `json:"lost_times"`
 	Stale           bool              `json:"stale"`
 	StateSince      *time.Time        `json:"state_since_time"`
 	Connected       bool              `json:"connected"`
@@ -129,7 +132,11 @@ func NodeFromAPI(n *api.NodeStatus) NodeJSON {
 		SimProfile: optString(reg.GetSimProfile()), AgentVersion: optString(reg.GetAgentVersion()),
 		DriverVersion: optString(reg.GetDriverVersion()), CUDAVersion: optString(reg.GetCudaVersion()),
 		LostCollectives: n.GetLostCollectives(), LostNetEvents: n.GetLostNetEvents(), DroppedBatches: n.GetDroppedBatches(),
-		GPUs: []GPUJSON{},
+		GPUs: []GPUJSON{}, SuspectUntil: optTime(n.GetSuspectUntilUnixNano()), SuspectReason: optString(n.GetSuspectReason()),
+		LostTimes: []time.Time{},
+	}
+	for _, ns := range n.GetLostUnixNano() {
+		out.LostTimes = append(out.LostTimes, time.Unix(0, ns).UTC())
 	}
 	if ms := reg.GetHeartbeatIntervalMs(); ms > 0 {
 		out.HeartbeatSecs = ptr(float64(ms) / 1000)
@@ -188,9 +195,18 @@ func staleText(stale bool, s string) string {
 	return s
 }
 
-// nodeReason is the REASON column: why a node is down and why it is
-// cordoned.
-func nodeReason(v NodeJSON) string {
+// Suspect says, at now, until when a node is suspect and how often it
+// was lost ("" when it is not).
+func (v NodeJSON) Suspect(now time.Time) string {
+	if v.SuspectUntil == nil || !v.SuspectUntil.After(now) {
+		return ""
+	}
+	return fmt.Sprintf("suspect until %s (lost %d× within the window)", v.SuspectUntil.UTC().Format("15:04:05"), len(v.LostTimes))
+}
+
+// nodeReason is the REASON column: why a node is down, why it is
+// cordoned, and until when it is suspect.
+func nodeReason(v NodeJSON, now time.Time) string {
 	var parts []string
 	if v.State == "down" {
 		if v.DownReason != nil {
@@ -203,6 +219,9 @@ func nodeReason(v NodeJSON) string {
 		parts = append(parts, *v.CordonReason)
 	} else if v.Cordoned {
 		parts = append(parts, "cordoned")
+	}
+	if s := v.Suspect(now); s != "" {
+		parts = append(parts, s)
 	}
 	if len(parts) == 0 {
 		return "-"
@@ -279,7 +298,7 @@ func Nodes(w io.Writer, o Options, nodes []*api.NodeStatus) error {
 				txt(dash(deref(v.Address))), txt(labels(v.Labels)),
 				txt(fmt.Sprintf("%d/%d/%d", v.LostCollectives, v.LostNetEvents, v.DroppedBatches)))
 		}
-		t.add(append(row, txt(nodeReason(v)))...)
+		t.add(append(row, txt(nodeReason(v, now)))...)
 	}
 	return o.writeTable(w, t)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpuctl/gpuctl/controlplane"
 	"github.com/gpuctl/gpuctl/controlplane/metrics"
+	"github.com/gpuctl/gpuctl/controlplane/nodes"
 	"github.com/gpuctl/gpuctl/logging"
 	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/store"
@@ -120,6 +121,9 @@ certificate and admin.yaml (a client config with an admin certificate) in
 	f.BoolVar(&cfg.RunAs.NodemonUser, "run-as-nodemon-user", false, "let operators submit jobs that name no user, run as nodemon's own user (one trust domain only)")
 	f.StringVar(&cfg.Jobs.CheckpointRoot, "checkpoint-root", "", "where jobs that name no checkpoint dir checkpoint, <root>/<job> (default <data-dir>/checkpoints; give jobs that run as a user a root they can write)")
 	f.DurationVar(&cfg.Lease, "lease", controlplane.DefaultLease, "how long nodes' ranks run on without word from the server: a node cut off longer stops them,\nand a lost node's job is relaunched once they are confirmed gone or the lease has passed (negative: no lease)")
+	f.DurationVar(&cfg.Suspect.For, "suspect-for", nodes.DefaultSuspectPolicy.For, "how long a node a recovery lost takes no queued work (a recovery may still take it once its validation passes there)")
+	f.DurationVar(&cfg.Suspect.Window, "suspect-window", nodes.DefaultSuspectPolicy.Window, "losses of one node within this window count toward --suspect-cordon-at")
+	f.IntVar(&cfg.Suspect.CordonAt, "suspect-cordon-at", nodes.DefaultSuspectPolicy.CordonAt, "the loss within --suspect-window that cordons a node until an operator uncordons it")
 	f.DurationVar(&cfg.BackupEvery, "backup-every", store.DefaultBackupEvery, "how often the store is backed up into <data-dir>/backups (and once more at a clean shutdown)")
 	f.IntVar(&cfg.BackupKeep, "backup-keep", store.DefaultBackupKeep, "backups kept, newest first")
 	f.StringVar(&restore, "restore", "", "put this backup in place of <data-dir>/state.db before starting (the replaced file is kept aside)")

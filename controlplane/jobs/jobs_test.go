@@ -37,6 +37,12 @@ type fakeNodes struct {
 	// its own policy (root ranks without --allow-root-ranks).
 	nodePolicy map[string]string
 	storeAt    func(job string) *api.Job
+	// suspects: a suspicion (nodes.ActionSuspect) marks the node suspect
+	// for a minute instead of cordoning it, and ActionVouch lifts it;
+	// actions lists every cordon action as "action node".
+	suspects bool
+	now      func() time.Time
+	actions  []string
 }
 
 type sentCmd struct {
@@ -101,9 +107,17 @@ func (f *fakeNodes) Command(_ context.Context, node string, c *api.Command) (*ap
 // on a new status, liveness untouched.
 func (f *fakeNodes) SetCordon(node, action, reason string) (*api.NodeStatus, error) {
 	var out *api.NodeStatus
+	f.mu.Lock()
+	suspects := f.suspects
+	f.actions = append(f.actions, action+" "+node)
+	f.mu.Unlock()
 	found := f.update(node, func(n *api.NodeStatus) {
-		switch action {
-		case nodes.ActionUncordon:
+		switch {
+		case suspects && action == nodes.ActionSuspect:
+			n.SuspectUntilUnixNano, n.SuspectReason = f.now().Add(time.Minute).UnixNano(), reason
+		case suspects && action == nodes.ActionVouch:
+			n.SuspectUntilUnixNano, n.SuspectReason = 0, ""
+		case action == nodes.ActionUncordon:
 			n.Cordoned, n.Draining, n.CordonReason = false, false, ""
 		default:
 			n.Cordoned, n.Draining, n.CordonReason = true, action == nodes.ActionDrain, reason

@@ -382,8 +382,12 @@ type (
 	}
 	msgCordoned struct {
 		job, node, reason string
-		took              time.Duration
-		err               error
+		// action is nodes.ActionCordon, or ActionSuspect for a lost node;
+		// node is its status after.
+		action string
+		status *api.NodeStatus
+		took   time.Duration
+		err    error
 	}
 	msgStalls struct {
 		declared []*api.Stall

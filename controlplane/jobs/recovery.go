@@ -16,11 +16,12 @@ import (
 
 // Recovery carries out scheduler.Recover's decisions. A failed job goes
 // RECOVERING: its surviving ranks are stopped (SIGTERM, SIGKILL after the
-// recovery grace), its failed nodes cordoned, and only once every old rank
-// is seen to exit or its node is down does the scheduler choose where the
-// next attempt runs. Nodes new to the job are first checked with a short
+// recovery grace), its failed nodes cordoned (a lost node is suspect
+// instead: nodes.SuspectPolicy), and only once every old rank is seen to
+// exit or its node is down does the scheduler choose where the next
+// attempt runs. Nodes new to the job are first checked with a short
 // all-reduce (the validation gang); a node that fails it is cordoned and
-// another chosen. The next attempt then resumes from the latest complete
+// another chosen, and a suspect node that passes it is back in service. The next attempt then resumes from the latest complete
 // checkpoint. Each step is an EVENT_KIND_RECOVERY event.
 
 // lostRank marks a rank given up with its node: not seen to exit, so its
@@ -37,13 +38,16 @@ type recovery struct {
 	stepAt int64
 	// resume is the operator's --from-checkpoint step, -1 for the latest.
 	resume int64
-	// cordon lists failed nodes still to cordon, with why.
-	cordon map[string]string
+	// cordon lists failed nodes still to cordon, with why; suspect, lost
+	// nodes still to mark suspect.
+	cordon, suspect map[string]string
 	// stoppedAt is when the last old rank was seen gone.
 	stoppedAt time.Time
 	decision  *scheduler.Recovery
 	// fenceNoted: the wait for a lost node's fence has been announced.
 	fenceNoted bool
+	// awaitNoted: the wait for restarting nodes has been announced.
+	awaitNoted bool
 	// validation is the gang checking the decision's new nodes.
 	validation string
 	rounds     int
@@ -111,13 +115,14 @@ func (m *Manager) recoveryRequest(en *entry) scheduler.JobRequest {
 	return m.request(en)
 }
 
-// recoverySnapshot is the snapshot a recovering job decides on. Every
+// recoverySnapshot is the snapshot a recovering job decides on: the
+// recovery's view (recoveryBase, suspect nodes offered). Every
 // job's GPUs are held as usual, a recovering job's reservation included
 // (its surviving GPUs stay its own), except the GPUs a recovery ordered
 // after this one reserved off its own nodes before deciding: those were a
 // guess, and the job ordered first may take them.
 func (m *Manager) recoverySnapshot(en *entry, now time.Time) scheduler.Snapshot {
-	snap := m.snapshot(now)
+	snap := m.recoveryBase(now)
 	me := m.recoveryRequest(en)
 	guessed := map[string]map[int]string{}
 	for id, rec := range m.recs {
@@ -202,7 +207,7 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 			if !slices.Contains(rec.failure.Nodes, n) {
 				rec.failure.Nodes = append(rec.failure.Nodes, n)
 			}
-			if f.Kind != scheduler.FailRankExit && !slices.Contains(j.Exclude, n) {
+			if m.excludes(f.Kind) && !slices.Contains(j.Exclude, n) {
 				j.Exclude = append(j.Exclude, n)
 			}
 		}
@@ -214,10 +219,8 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 		m.giveUp(en, reason, now)
 		return
 	}
-	snap := m.recoverySnapshot(en, now)
-	req := m.recoverRequest(en, f)
-	d := scheduler.Recover(&snap, &req)
-	if d.Action == scheduler.GiveUp {
+	d, await := m.recoverOrAwait(en, f, now, now)
+	if d.Action == scheduler.GiveUp && len(await) == 0 {
 		m.recoveryEvent(j, api.Severity_SEVERITY_CRITICAL, 0, "%s; not restarted: %s", reason, d.Reason)
 		m.giveUp(en, fmt.Sprintf("%s (not restarted: %s)", reason, d.Reason), now)
 		return
@@ -235,7 +238,7 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 	// made again once they are gone.
 	j.MoveTarget = jobNodes(&d.Placement)
 	for _, n := range f.Nodes {
-		if f.Kind != scheduler.FailRankExit && !slices.Contains(j.Exclude, n) {
+		if m.excludes(f.Kind) && !slices.Contains(j.Exclude, n) {
 			j.Exclude = append(j.Exclude, n)
 		}
 	}
@@ -258,16 +261,43 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 	m.kick()
 }
 
-// noteCordons queues the failed nodes a failure makes unfit: down nodes
-// (so that nothing lands there when they return unvouched for) and nodes
-// with a GPU fault.
+// excludes says whether a failure's nodes stay excluded from the job's
+// later attempts (this recovery avoids them anyway: Failure.Nodes). A rank
+// crash blames no node. A lost node is left to its suspicion
+// (nodes.SuspectPolicy), which a passed validation or time lifts, so a
+// node whose nodemon merely restarted is not lost to the job for good;
+// an executor runs no validation gang and is told the exclusions, so
+// under one a lost node stays excluded.
+func (m *Manager) excludes(k scheduler.FailureKind) bool {
+	switch k {
+	case scheduler.FailRankExit:
+		return false
+	case scheduler.FailNodeDown:
+		return m.cfg.Executor != nil
+	}
+	return true
+}
+
+// noteCordons queues the failed nodes a failure makes unfit: nodes with a
+// GPU fault are cordoned; down nodes become suspect (so that no queued work
+// lands there when they return unvouched for, while a nodemon that merely
+// restarted is back in service once vouched for or after a while).
 func (m *Manager) noteCordons(rec *recovery, f scheduler.Failure, reason string) {
+	var marks map[string]string
 	switch f.Kind {
-	case scheduler.FailNodeDown, scheduler.FailGPUFault:
-		for _, n := range f.Nodes {
-			if _, ok := rec.cordon[n]; !ok {
-				rec.cordon[n] = reason
-			}
+	case scheduler.FailNodeDown:
+		if rec.suspect == nil {
+			rec.suspect = map[string]string{}
+		}
+		marks = rec.suspect
+	case scheduler.FailGPUFault:
+		marks = rec.cordon
+	default:
+		return
+	}
+	for _, n := range f.Nodes {
+		if _, ok := marks[n]; !ok {
+			marks[n] = reason
 		}
 	}
 }
@@ -374,22 +404,28 @@ func ranksByJob(nrs []nodes.NodeRanks) map[string][]*api.RankStatus {
 	return out
 }
 
-// cordons queues the cordons of the failed nodes not yet cordoned; each
-// comes back as msgCordoned for its recovery event.
+// cordons queues the cordons of the failed nodes not yet cordoned, and
+// the suspicions of the lost ones; each comes back as msgCordoned for its
+// recovery event.
 func (m *Manager) cordons(j *api.Job, rec *recovery) {
-	if len(rec.cordon) == 0 {
+	if len(rec.cordon) == 0 && len(rec.suspect) == 0 {
 		return
 	}
-	todo := rec.cordon
-	rec.cordon = map[string]string{}
+	cordon, suspect := rec.cordon, rec.suspect
+	rec.cordon, rec.suspect = map[string]string{}, nil
 	id := j.GetId()
 	setCordon, post := m.cfg.Nodes.SetCordon, m.in.post
 	m.act(func(d *dispatcher) {
 		d.async(func() {
-			for _, node := range slices.Sorted(mapKeys(todo)) {
-				start := time.Now()
-				_, err := setCordon(node, nodes.ActionCordon, fmt.Sprintf("recovering job %s: %s", id, todo[node]))
-				post(msgCordoned{job: id, node: node, reason: todo[node], took: time.Since(start), err: err})
+			for _, mark := range []struct {
+				action string
+				todo   map[string]string
+			}{{nodes.ActionCordon, cordon}, {nodes.ActionSuspect, suspect}} {
+				for _, node := range slices.Sorted(mapKeys(mark.todo)) {
+					start := time.Now()
+					n, err := setCordon(node, mark.action, fmt.Sprintf("recovering job %s: %s", id, mark.todo[node]))
+					post(msgCordoned{job: id, node: node, reason: mark.todo[node], action: mark.action, status: n, took: time.Since(start), err: err})
+				}
 			}
 		})
 	})
@@ -401,19 +437,171 @@ func (m *Manager) cordoned(msg msgCordoned) {
 		return
 	}
 	if msg.err != nil {
-		m.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, msg.took, "could not cordon %s: %v", msg.node, msg.err)
+		m.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, msg.took, "could not %s %s: %v", msg.action, msg.node, msg.err)
 		return
 	}
-	m.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, msg.took, "cordoned %s: %s", msg.node, msg.reason)
+	n := msg.status
+	switch {
+	case msg.action == nodes.ActionSuspect && !n.GetCordoned():
+		m.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, msg.took, "%s suspect until %s: %s", msg.node,
+			time.Unix(0, n.GetSuspectUntilUnixNano()).UTC().Format("15:04:05"), n.GetSuspectReason())
+	case msg.action == nodes.ActionSuspect:
+		m.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, msg.took, "cordoned %s: %s", msg.node, n.GetCordonReason())
+	default:
+		m.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, msg.took, "cordoned %s: %s", msg.node, msg.reason)
+	}
+}
+
+// vouch lifts the suspicion of the suspect nodes among names: a validation
+// gang passed there.
+func (m *Manager) vouch(names []string, gang string, now time.Time) {
+	suspect := map[string]bool{}
+	for _, n := range m.cfg.Nodes.Nodes() {
+		if nodes.Suspected(n.GetSuspectUntilUnixNano(), now) {
+			suspect[n.GetRegistration().GetName()] = true
+		}
+	}
+	var todo []string
+	for _, n := range names {
+		if suspect[n] {
+			todo = append(todo, n)
+		}
+	}
+	if len(todo) == 0 {
+		return
+	}
+	setCordon, log := m.cfg.Nodes.SetCordon, m.log
+	m.act(func(d *dispatcher) {
+		d.async(func() {
+			for _, node := range todo {
+				if _, err := setCordon(node, nodes.ActionVouch, "passed validation "+gang); err != nil {
+					log.Warn("lift suspicion", "node", node, "err", err)
+				}
+			}
+		})
+	})
+}
+
+// recoverOrAwait decides as scheduler.Recover does, offering suspect nodes
+// (recoverySnapshot). A decision to give up that would not be one if the
+// nodes down only a moment ago were back (awaited) is a wait for them: a
+// nodemon or server that merely restarted is not missing capacity. It
+// returns them; nil when the decision stands.
+func (m *Manager) recoverOrAwait(en *entry, f scheduler.Failure, since, now time.Time) (scheduler.Recovery, []string) {
+	snap := m.recoverySnapshot(en, now)
+	req := m.recoverRequest(en, m.returned(f, since))
+	d := scheduler.Recover(&snap, &req)
+	if d.Action != scheduler.GiveUp {
+		return d, nil
+	}
+	await := m.awaited(now)
+	if len(await) == 0 {
+		return d, nil
+	}
+	back := snap
+	back.Nodes = slices.Clone(snap.Nodes)
+	for i := range back.Nodes {
+		n := &back.Nodes[i]
+		if n.State != scheduler.NodeDown || !slices.Contains(await, n.Name) {
+			continue
+		}
+		n.State = scheduler.NodeReady
+		// Its last samples, from before it went, still list the ranks
+		// given up with it; they are fenced when it returns.
+		n.GPUs = slices.Clone(n.GPUs)
+		for g := range n.GPUs {
+			if n.GPUs[g].Job == unmanaged {
+				n.GPUs[g].Job = ""
+			}
+		}
+	}
+	// A lost node of this job that returns in time may run it again
+	// (returned), so it counts back too.
+	backF := f
+	if f.Kind == scheduler.FailNodeDown && m.cfg.Executor == nil {
+		backF.Nodes = slices.DeleteFunc(slices.Clone(f.Nodes), func(n string) bool { return slices.Contains(await, n) })
+	}
+	backReq := m.recoverRequest(en, m.returned(backF, since))
+	if scheduler.Recover(&back, &backReq).Action == scheduler.GiveUp {
+		return d, nil
+	}
+	return d, await
+}
+
+// returned drops from a node-down failure the lost nodes back in service
+// since the recovery began (up again after it, neither cordoned nor
+// draining): a nodemon that merely restarted may run the job again; a
+// node that refused a launch never went away and stays failed. They are suspect, so validated first
+// where validation gangs run (unvouched). Under an executor a lost node
+// stays failed for the recovery, as it stays excluded.
+func (m *Manager) returned(f scheduler.Failure, since time.Time) scheduler.Failure {
+	if f.Kind != scheduler.FailNodeDown || m.cfg.Executor != nil {
+		return f
+	}
+	up := map[string]bool{}
+	for _, n := range m.cfg.Nodes.Nodes() {
+		if nodeIsUp(n) && !n.GetCordoned() && !n.GetDraining() && n.GetStateSinceUnixNano() >= since.UnixNano() {
+			up[n.GetRegistration().GetName()] = true
+		}
+	}
+	f.Nodes = slices.DeleteFunc(slices.Clone(f.Nodes), func(n string) bool { return up[n] })
+	return f
+}
+
+// unvouched are the nodes of a decision to validate before the relaunch:
+// those new to the job, and the suspect ones it keeps or takes back.
+func (m *Manager) unvouched(d *scheduler.Recovery, now time.Time) []string {
+	out := slices.Clone(d.Added)
+	suspect := map[string]bool{}
+	for _, n := range m.cfg.Nodes.Nodes() {
+		if nodes.Suspected(n.GetSuspectUntilUnixNano(), now) {
+			suspect[n.GetRegistration().GetName()] = true
+		}
+	}
+	for _, n := range d.Placement.Nodes() {
+		if suspect[n] && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// awaited names the nodes down now that may only be restarting: neither
+// cordoned nor draining, and down for less than their reconnect bound
+// (ReconnectBound), counted from the server's start when that is later.
+// Every live nodemon is back within it.
+func (m *Manager) awaited(now time.Time) []string {
+	var out []string
+	for _, n := range m.cfg.Nodes.Nodes() {
+		if nodeIsUp(n) || n.GetCordoned() || n.GetDraining() {
+			continue
+		}
+		since := time.Unix(0, n.GetStateSinceUnixNano())
+		if since.Before(m.startedAt) {
+			since = m.startedAt
+		}
+		bound := ReconnectBound(time.Duration(n.GetRegistration().GetHeartbeatIntervalMs())*time.Millisecond, m.cfg.ReconnectGrace)
+		if now.Sub(since) < bound {
+			out = append(out, n.GetRegistration().GetName())
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // decide asks the scheduler where the next attempt runs, then validates
 // new nodes or relaunches at once.
 func (m *Manager) decide(en *entry, rec *recovery, now time.Time) {
 	j := en.job
-	snap := m.recoverySnapshot(en, now)
-	req := m.recoverRequest(en, rec.failure)
-	d := scheduler.Recover(&snap, &req)
+	d, await := m.recoverOrAwait(en, rec.failure, rec.since, now)
+	if d.Action == scheduler.GiveUp && len(await) > 0 {
+		if !rec.awaitNoted {
+			rec.awaitNoted = true
+			m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "waiting for %s to reconnect (down a moment ago, maybe restarting): %s",
+				strings.Join(await, ","), d.Reason)
+		}
+		return
+	}
 	if d.Action == scheduler.GiveUp {
 		m.recoveryEvent(j, api.Severity_SEVERITY_CRITICAL, now.Sub(rec.since), "giving up: %s", d.Reason)
 		m.giveUp(en, fmt.Sprintf("%s (not recovered: %s)", rec.reason, d.Reason), now)
@@ -427,7 +615,7 @@ func (m *Manager) decide(en *entry, rec *recovery, now time.Time) {
 	// A validation gang is launched by nodemon itself: under an executor
 	// (Slurm) it would run outside its allocations, so the executor's own
 	// node checks vouch for new nodes instead.
-	if len(d.Added) > 0 && len(m.cfg.ValidateCommand) > 0 && m.cfg.Executor == nil {
+	if len(m.unvouched(&d, now)) > 0 && len(m.cfg.ValidateCommand) > 0 && m.cfg.Executor == nil {
 		m.validate(en, rec, now)
 		return
 	}
@@ -521,6 +709,7 @@ func (m *Manager) checkValidation(en *entry, rec *recovery, now time.Time) {
 		rec.validation = ""
 		m.observeRecovery("validated", now.Sub(rec.since))
 		m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(v.started), "validation %s passed on %s", v.id, strings.Join(v.nodes, ","))
+		m.vouch(v.nodes, v.id, now)
 		m.relaunch(en, rec, now)
 		return
 	}
@@ -529,7 +718,7 @@ func (m *Manager) checkValidation(en *entry, rec *recovery, now time.Time) {
 	}
 	// Blame the new nodes whose rank did not pass; if theirs all passed,
 	// the new set as a whole did not work together.
-	added := rec.decision.Added
+	added := m.unvouched(rec.decision, now)
 	var blame, why []string
 	for _, node := range v.nodes {
 		r := v.ranks[node]

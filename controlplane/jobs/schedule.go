@@ -33,18 +33,46 @@ func (m *Manager) reconcile() {
 // gpuctl did not launch.
 const unmanaged = "(unmanaged)"
 
-// schedNodeState maps a node's status to the scheduler's view: only a
-// ready node takes work, and a cordon outranks liveness for the reason.
-func schedNodeState(n *api.NodeStatus) scheduler.NodeState {
+// schedNodeState maps a node's status at now to the scheduler's view: only
+// a ready node takes work, a cordon outranks liveness for the reason, and a
+// suspect node is held back as a cordoned one is (recoveryBase offers
+// it to recoveries).
+func schedNodeState(n *api.NodeStatus, now time.Time) scheduler.NodeState {
 	switch {
 	case n.GetDraining():
 		return scheduler.NodeDraining
-	case n.GetCordoned():
+	case n.GetCordoned(), nodes.Suspected(n.GetSuspectUntilUnixNano(), now) && nodeIsUp(n):
 		return scheduler.NodeCordoned
-	case n.GetState() == api.NodeState_NODE_STATE_READY && n.GetConnected():
+	case nodeIsUp(n):
 		return scheduler.NodeReady
 	}
 	return scheduler.NodeDown
+}
+
+func nodeIsUp(n *api.NodeStatus) bool {
+	return n.GetState() == api.NodeState_NODE_STATE_READY && n.GetConnected()
+}
+
+// recoveryBase is the scheduler's view for a recovery: suspect nodes
+// (lost by a recovery, back since) are offered as ready. A recovery that
+// takes one validates it first where validation gangs run, and one that
+// passes is back in service (vouch); a node lost too often is cordoned,
+// never suspect.
+func (m *Manager) recoveryBase(now time.Time) scheduler.Snapshot {
+	all := m.cfg.Nodes.Nodes()
+	suspect := map[string]bool{}
+	for _, n := range all {
+		if !n.GetCordoned() && nodes.Suspected(n.GetSuspectUntilUnixNano(), now) && nodeIsUp(n) {
+			suspect[n.GetRegistration().GetName()] = true
+		}
+	}
+	snap := m.snapshotOf(all, now)
+	for i := range snap.Nodes {
+		if suspect[snap.Nodes[i].Name] {
+			snap.Nodes[i].State = scheduler.NodeReady
+		}
+	}
+	return snap
 }
 
 // gpuProfile maps an NVML model name ("NVIDIA H100 80GB HBM3") to the cost
@@ -143,7 +171,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 	snap := scheduler.Snapshot{Now: now.Unix()}
 	for _, n := range nodes {
 		name := n.GetRegistration().GetName()
-		node := scheduler.Node{Name: name, State: schedNodeState(n), Labels: n.GetRegistration().GetLabels()}
+		node := scheduler.Node{Name: name, State: schedNodeState(n, now), Labels: n.GetRegistration().GetLabels()}
 		for _, g := range n.GetGpus() {
 			if node.GPUModel == "" {
 				node.GPUModel = gpuProfile(g.GetInfo().GetModel())

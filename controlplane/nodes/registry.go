@@ -81,6 +81,9 @@ type Config struct {
 	// (default DefaultIngestQueue): past half of it GPU samples are shed,
 	// past all of it whole batches.
 	IngestQueue int
+	// Suspect is what a recovery's loss of a node does to it (zero
+	// fields: DefaultSuspectPolicy).
+	Suspect SuspectPolicy
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -123,6 +126,9 @@ type entry struct {
 	// written counts the writes of the node's record; a registration
 	// that wrote it outside the lock checks that none came between.
 	written uint64
+	// downAt is when the node last went down: a recovery's loss of it is
+	// that moment, so two jobs losing it at once count one loss.
+	downAt time.Time
 }
 
 func (e *entry) down() bool { return e.rec.GetState() != api.NodeState_NODE_STATE_READY }
@@ -147,6 +153,7 @@ func New(cfg Config) (*Registry, error) {
 	if cfg.IngestQueue <= 0 {
 		cfg.IngestQueue = DefaultIngestQueue
 	}
+	cfg.Suspect.defaults()
 	r := &Registry{cfg: cfg, log: cfg.Log, nodes: map[string]*entry{}, collectives: map[collKey]*api.CollectiveStat{}}
 	known, err := cfg.Store.Nodes()
 	if err != nil {
@@ -160,7 +167,7 @@ func New(cfg Config) (*Registry, error) {
 		if n.State != api.NodeState_NODE_STATE_DOWN {
 			n.State, n.DownReason, n.StateSinceUnixNano = api.NodeState_NODE_STATE_DOWN, "not reconnected since the server started", now.UnixNano()
 		}
-		r.nodes[n.GetRegistration().GetName()] = &entry{rec: n, history: map[uint32]*history{}}
+		r.nodes[n.GetRegistration().GetName()] = &entry{rec: n, history: map[uint32]*history{}, downAt: time.Unix(0, n.GetStateSinceUnixNano())}
 	}
 	return r, nil
 }
@@ -227,15 +234,16 @@ func (r *Registry) register(reg *api.NodeRegistration, remote string, sess *sess
 		return r.registerLocked(reg, remote, sess, nil)
 	}
 	now := r.now()
-	if err := r.admitLocked(e, name, sess, now); err != nil {
+	restarted, err := r.admitLocked(e, name, reg, sess, now)
+	if err != nil {
 		r.mu.Unlock()
 		return err
 	}
 	written := e.written
 	next := registered(e.rec, reg, remote, now)
-	ev := upEvent(name, remote, reg, true, now)
+	ev := upEvent(name, remote, reg, true, restarted, now)
 	r.mu.Unlock()
-	err := r.cfg.Store.Update(func(tx store.Tx) error {
+	err = r.cfg.Store.Update(func(tx store.Tx) error {
 		if err := tx.PutNode(next); err != nil {
 			return err
 		}
@@ -276,7 +284,8 @@ func (r *Registry) registerLocked(reg *api.NodeRegistration, remote string, sess
 	if !known {
 		e = &entry{rec: &api.NodeStatus{}, history: map[uint32]*history{}}
 	}
-	if err := r.admitLocked(e, name, sess, now); err != nil {
+	restarted, err := r.admitLocked(e, name, reg, sess, now)
+	if err != nil {
 		return err
 	}
 	next := registered(e.rec, reg, remote, now)
@@ -287,7 +296,7 @@ func (r *Registry) registerLocked(reg *api.NodeRegistration, remote string, sess
 	r.nodes[name] = e
 	r.upLocked(e, reg, sess, next, now)
 	if stored == nil {
-		r.raiseLocked(upEvent(name, remote, reg, known, now))
+		r.raiseLocked(upEvent(name, remote, reg, known, restarted, now))
 	} else if r.cfg.Publish != nil {
 		r.cfg.Publish.PublishEvent(stored)
 	}
@@ -298,20 +307,41 @@ func (r *Registry) registerLocked(reg *api.NodeRegistration, remote string, sess
 }
 
 // admitLocked refuses sess while the node's established session is heard
-// from, and closes a silent one.
-func (r *Registry) admitLocked(e *entry, name string, sess *session, now time.Time) error {
-	if old := e.session; old != nil && old != sess {
-		// The established session wins while it is alive: two hosts must
-		// not share one identity, and a node's GPUs must not flip between
-		// two inventories. A silent one is replaced.
-		if silent := now.Sub(e.lastContact()); silent <= 2*e.heartbeat {
-			return &SessionHeldError{Msg: fmt.Sprintf("node %q is already connected from %s (heard %s ago): two hosts cannot share one node identity; stop the other nodemon, or run `gpuctl node remove %s` if this host replaced it",
-				name, e.rec.GetRemoteAddr(), silent.Round(time.Millisecond), name)}
-		}
-		old.live.Store(false)
-		old.close("replaced by a new connection after " + now.Sub(e.lastContact()).Round(time.Millisecond).String() + " of silence")
+// from by another nodemon instance, and closes a silent one or one its own
+// restarted nodemon left (restarted). A closed session is detached at
+// once, so its end, noticed while the registration writes outside the
+// lock, does not declare the node down.
+func (r *Registry) admitLocked(e *entry, name string, reg *api.NodeRegistration, sess *session, now time.Time) (restarted bool, err error) {
+	old := e.session
+	if old == nil || old == sess {
+		return false, nil
 	}
-	return nil
+	why := ""
+	switch silent := now.Sub(e.lastContact()); {
+	case sameInstance(e.rec.GetRegistration(), reg):
+		// The same nodemon instance (its data dir's id) cannot be on
+		// both connections: it restarted, and the old session is a
+		// dead process's. Waiting for it to go silent would declare
+		// the node down while its ranks live on.
+		restarted, why = true, "superseded: nodemon restarted (same instance id)"
+	case silent <= 2*e.heartbeat:
+		// The established session wins while it is alive: two hosts
+		// must not share one identity, and a node's GPUs must not flip
+		// between two inventories.
+		return false, &SessionHeldError{Msg: fmt.Sprintf("node %q is already connected from %s (heard %s ago)%s: two hosts cannot share one node identity; stop the other nodemon, or run `gpuctl node remove %s` if this host replaced it",
+			name, e.rec.GetRemoteAddr(), silent.Round(time.Millisecond), instanceNote(e.rec.GetRegistration(), reg), name)}
+	default:
+		why = "replaced by a new connection after " + silent.Round(time.Millisecond).String() + " of silence"
+	}
+	old.live.Store(false)
+	// The registration is contact from the node: the detector must not
+	// judge it by the detached session's silence meanwhile.
+	e.session, e.lastBeat = nil, now
+	old.close(why)
+	if restarted {
+		r.log.Info("node session superseded by a restart", "node", name)
+	}
+	return restarted, nil
 }
 
 // registered is the status of a node that registered reg from remote at
@@ -328,9 +358,13 @@ func registered(cur *api.NodeStatus, reg *api.NodeRegistration, remote string, n
 	return next
 }
 
-// upEvent is the event of a node's registration: up again, or joined.
-func upEvent(name, remote string, reg *api.NodeRegistration, known bool, now time.Time) *api.Event {
+// upEvent is the event of a node's registration: up again (its nodemon
+// restarted, superseding its old session), or joined.
+func upEvent(name, remote string, reg *api.NodeRegistration, known, restarted bool, now time.Time) *api.Event {
 	kind, msg := api.EventKind_EVENT_KIND_NODE_UP, "node connected from "+remote
+	if restarted {
+		msg = "nodemon restarted: its new session from " + remote + " supersedes the old one"
+	}
 	if !known {
 		kind, msg = api.EventKind_EVENT_KIND_NODE_JOINED, fmt.Sprintf("node joined from %s with %d GPUs", remote, len(reg.GetGpus()))
 	}
@@ -349,6 +383,21 @@ func (r *Registry) upLocked(e *entry, reg *api.NodeRegistration, sess *session, 
 	}
 	e.ranks, e.inFlight = reg.GetRunning(), nil
 	r.setLocked(e, next, false)
+}
+
+// sameInstance reports whether a registration comes from the nodemon
+// instance (data dir) that made the established one. Nodemons that keep no
+// instance id never match.
+func sameInstance(held, next *api.NodeRegistration) bool {
+	return next.GetInstanceId() != "" && next.GetInstanceId() == held.GetInstanceId()
+}
+
+// instanceNote says, for a refusal, how the two instances differ.
+func instanceNote(held, next *api.NodeRegistration) string {
+	if held.GetInstanceId() == "" || next.GetInstanceId() == "" {
+		return ""
+	}
+	return fmt.Sprintf(" by nodemon instance %s, not this one's %s", held.GetInstanceId(), next.GetInstanceId())
 }
 
 // SessionHeldError refuses a registration while the node's established
@@ -451,6 +500,7 @@ func (r *Registry) downLocked(name string, e *entry, reason string) {
 	}
 	next.StateSinceUnixNano = now.UnixNano()
 	e.inFlight = nil
+	e.downAt = now
 	r.setLocked(e, next, true)
 	r.log.Info("node down", "node", name, "reason", reason)
 	r.raiseLocked(&api.Event{Node: name, TimeUnixNano: now.UnixNano(), Kind: api.EventKind_EVENT_KIND_NODE_DOWN,
@@ -502,7 +552,49 @@ const (
 	ActionCordon   = "cordon"
 	ActionUncordon = "uncordon"
 	ActionDrain    = "drain"
+	// ActionSuspect records a recovery's loss of the node under the
+	// registry's SuspectPolicy: suspect for a while, or cordoned for good
+	// when it is lost once too often.
+	ActionSuspect = "suspect"
+	// ActionVouch lifts a suspicion: the node passed a validation gang.
+	// Its losses stay on record.
+	ActionVouch = "vouch"
 )
+
+// suspectLocked applies a recovery's loss of e (why) to next under the
+// suspect policy and returns the event's message; false when the loss is
+// on record already and changes nothing.
+func (r *Registry) suspectLocked(e *entry, next *api.NodeStatus, why string) (string, bool) {
+	now := r.now()
+	lost := e.downAt
+	if lost.IsZero() {
+		lost = now
+	}
+	record := make([]time.Time, len(next.GetLostUnixNano()))
+	for i, ns := range next.GetLostUnixNano() {
+		record[i] = time.Unix(0, ns)
+	}
+	v := Suspect(record, lost, now, r.cfg.Suspect)
+	if !v.New && (next.GetCordoned() || Suspected(next.GetSuspectUntilUnixNano(), now)) {
+		return "", false
+	}
+	next.LostUnixNano = make([]int64, len(v.Lost))
+	for i, t := range v.Lost {
+		next.LostUnixNano[i] = t.UnixNano()
+	}
+	if v.Cordon {
+		next.SuspectUntilUnixNano, next.SuspectReason = 0, ""
+		if next.GetCordoned() {
+			// An operator's cordon (or drain) stands, with its reason.
+			return fmt.Sprintf("lost again (%s): %s", why, v.Reason), true
+		}
+		next.Cordoned, next.CordonReason = true, why+"; "+v.Reason
+		return "cordoned: takes no new work (" + next.CordonReason + ")", true
+	}
+	next.SuspectUntilUnixNano, next.SuspectReason = v.Until.UnixNano(), why+"; "+v.Reason
+	return fmt.Sprintf("suspect until %s: takes no queued work until then, or until a recovery's validation passes there (%s)",
+		clockOf(v.Until), next.SuspectReason), true
+}
 
 // SetCordon applies a cordon action (cordon, uncordon or drain) to node,
 // persists it, raises an event and returns the node's new status. A cordon
@@ -520,14 +612,28 @@ func (r *Registry) SetCordon(node, action, reason string) (*api.NodeStatus, erro
 	var msg string
 	switch action {
 	case ActionUncordon:
-		if !cur.GetCordoned() {
+		if !cur.GetCordoned() && !Suspected(cur.GetSuspectUntilUnixNano(), r.now()) {
 			return cur, nil
 		}
+		// The operator vouches for the node: its suspicion and the
+		// losses that would cordon it again go too.
 		next.Cordoned, next.Draining, next.CordonReason = false, false, ""
+		next.SuspectUntilUnixNano, next.SuspectReason, next.LostUnixNano = 0, "", nil
 		msg = "uncordoned: takes new work"
 		if e.down() {
 			msg += " once it reconnects"
 		}
+	case ActionSuspect:
+		var ok bool
+		if msg, ok = r.suspectLocked(e, next, reason); !ok {
+			return cur, nil
+		}
+	case ActionVouch:
+		if !Suspected(cur.GetSuspectUntilUnixNano(), r.now()) {
+			return cur, nil
+		}
+		next.SuspectUntilUnixNano, next.SuspectReason = 0, ""
+		msg = "no longer suspect: " + reason
 	case ActionCordon, ActionDrain:
 		if reason == "" {
 			reason = cur.GetCordonReason()
@@ -651,21 +757,24 @@ func (r *Registry) Admit(name string) error {
 // copied, the GPUs themselves shared (they are replaced, not modified).
 func copyStatus(n *api.NodeStatus) *api.NodeStatus {
 	return &api.NodeStatus{
-		Registration:       n.GetRegistration(),
-		State:              n.GetState(),
-		LastSeenUnixNano:   n.GetLastSeenUnixNano(),
-		Gpus:               append([]*api.GPUStatus(nil), n.GetGpus()...),
-		CordonReason:       n.GetCordonReason(),
-		RemoteAddr:         n.GetRemoteAddr(),
-		Connected:          n.GetConnected(),
-		LostCollectives:    n.GetLostCollectives(),
-		LostNetEvents:      n.GetLostNetEvents(),
-		DroppedBatches:     n.GetDroppedBatches(),
-		Cordoned:           n.GetCordoned(),
-		Draining:           n.GetDraining(),
-		DownReason:         n.GetDownReason(),
-		Stale:              n.GetStale(),
-		StateSinceUnixNano: n.GetStateSinceUnixNano(),
+		Registration:         n.GetRegistration(),
+		State:                n.GetState(),
+		LastSeenUnixNano:     n.GetLastSeenUnixNano(),
+		Gpus:                 append([]*api.GPUStatus(nil), n.GetGpus()...),
+		CordonReason:         n.GetCordonReason(),
+		RemoteAddr:           n.GetRemoteAddr(),
+		Connected:            n.GetConnected(),
+		LostCollectives:      n.GetLostCollectives(),
+		LostNetEvents:        n.GetLostNetEvents(),
+		DroppedBatches:       n.GetDroppedBatches(),
+		Cordoned:             n.GetCordoned(),
+		Draining:             n.GetDraining(),
+		DownReason:           n.GetDownReason(),
+		Stale:                n.GetStale(),
+		StateSinceUnixNano:   n.GetStateSinceUnixNano(),
+		SuspectUntilUnixNano: n.GetSuspectUntilUnixNano(),
+		SuspectReason:        n.GetSuspectReason(),
+		LostUnixNano:         n.GetLostUnixNano(),
 	}
 }
 
