@@ -18,8 +18,9 @@ import (
 const instanceFile = "instance-id"
 
 // instanceID returns the id kept in dir, generating and persisting it the
-// first time. It is written to a temporary file and renamed, so a crash
-// never leaves half an id that a restart would present differently.
+// first time. It is written as the shim writes its status
+// (writeFileAtomic: synced, then renamed), so a crash never leaves half an
+// id that a restart would present differently.
 func instanceID(dir string) (string, error) {
 	path := filepath.Join(dir, instanceFile)
 	b, err := os.ReadFile(path)
@@ -41,12 +42,8 @@ func instanceID(dir string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("instance id: %w", err)
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(id+"\n"), 0o644); err != nil {
-		return "", fmt.Errorf("write instance id: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return "", fmt.Errorf("write instance id: %w", err)
+	if err := writeFileAtomic(path, []byte(id+"\n")); err != nil {
+		return "", fmt.Errorf("instance id: %w", err)
 	}
 	return id, nil
 }
