@@ -41,7 +41,7 @@ func schedNodeState(n *api.NodeStatus, now time.Time) scheduler.NodeState {
 	switch {
 	case n.GetDraining():
 		return scheduler.NodeDraining
-	case n.GetCordoned(), nodes.Suspected(n.GetSuspectUntilUnixNano(), now) && nodeIsUp(n):
+	case n.GetCordoned(), heldAsSuspect(n, now):
 		return scheduler.NodeCordoned
 	case nodeIsUp(n):
 		return scheduler.NodeReady
@@ -53,6 +53,12 @@ func nodeIsUp(n *api.NodeStatus) bool {
 	return n.GetState() == api.NodeState_NODE_STATE_READY && n.GetConnected()
 }
 
+// heldAsSuspect reports whether n is up and kept from queued work only by
+// a suspicion: the nodes a recovery may take all the same.
+func heldAsSuspect(n *api.NodeStatus, now time.Time) bool {
+	return !n.GetDraining() && !n.GetCordoned() && nodes.Suspected(n.GetSuspectUntilUnixNano(), now) && nodeIsUp(n)
+}
+
 // recoveryBase is the scheduler's view for a recovery: suspect nodes
 // (lost by a recovery, back since) are offered as ready. A recovery that
 // takes one validates it first where validation gangs run, and one that
@@ -62,7 +68,7 @@ func (m *Manager) recoveryBase(now time.Time) scheduler.Snapshot {
 	all := m.cfg.Nodes.Nodes()
 	suspect := map[string]bool{}
 	for _, n := range all {
-		if !n.GetCordoned() && nodes.Suspected(n.GetSuspectUntilUnixNano(), now) && nodeIsUp(n) {
+		if heldAsSuspect(n, now) {
 			suspect[n.GetRegistration().GetName()] = true
 		}
 	}
