@@ -294,15 +294,17 @@ func ParseScontrolJobs(out string) ([]JobInfo, error) {
 		if err != nil {
 			return nil, fmt.Errorf("scontrol show job line %d %q: %w", i+1, line, err)
 		}
-		if _, ok := kv["JobId"]; ok {
+		// A detail line of -d: indented further, starting with Nodes=. It
+		// belongs to the job above it and never starts one, whatever it holds.
+		detail := strings.HasPrefix(strings.TrimSpace(line), "Nodes=") && strings.HasPrefix(raw, "     ")
+		if _, ok := kv["JobId"]; ok && !detail {
 			jobs = append(jobs, JobInfo{Fields: map[string]string{}})
 			cur = &jobs[len(jobs)-1]
 		}
 		if cur == nil {
 			return nil, fmt.Errorf("scontrol show job line %d %q: fields before a JobId=", i+1, line)
 		}
-		// A detail line of -d: indented further, starting with Nodes=.
-		if strings.HasPrefix(strings.TrimSpace(line), "Nodes=") && strings.HasPrefix(raw, "     ") {
+		if detail {
 			cur.Details = append(cur.Details, kv)
 			continue
 		}
