@@ -55,7 +55,15 @@ type Config struct {
 	// SlurmNode, when set, is this node's name in Slurm: its Slurm tasks
 	// are reported as this node's ranks (nodemon --slurm-node).
 	SlurmNode string
-	Log       *slog.Logger
+	// PeerListen is where other nodes ask this one to vouch for their
+	// ranks (peer lease), default 0.0.0.0 on the port it used last time
+	// (kept in <data-dir>/peer-port) or a free one; "off": none, and this
+	// node is no witness.
+	PeerListen string
+	// PeerAdvertise is the address other nodes dial for it; default the
+	// listener's host, or this host's address toward the server.
+	PeerAdvertise string
+	Log           *slog.Logger
 }
 
 // Agent is a running nodemon.
@@ -75,6 +83,8 @@ type Agent struct {
 	// silenceLimit is how long a session with a lease may go without a
 	// word from the server before nodemon takes the server for dead.
 	silenceLimit time.Duration
+	// book is what this node, as a witness, knows of superseded attempts.
+	book *witnessBook
 }
 
 // New builds an agent around already-opened probes.
@@ -132,6 +142,9 @@ func New(cfg Config, p *Probes) (*Agent, error) {
 		return nil, err
 	}
 	a.exec = x
+	if a.book, err = openWitnessBook(cfg.DataDir, a.log); err != nil {
+		return nil, err
+	}
 	a.exec.BeforeLaunch = p.prepareLaunch
 	a.exec.OnAdopt = p.attachPid
 	return a, nil
@@ -156,7 +169,35 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	peers, err := a.listenPeers(id)
+	if err != nil {
+		return err
+	}
 	var wg sync.WaitGroup
+	if peers != nil {
+		defer peers.Close()
+		reg.PeerAddr = a.cfg.PeerAdvertise
+		if reg.PeerAddr == "" {
+			reg.PeerAddr = peerAdvertise(peers.Addr(), a.servers.Next())
+		}
+		pd, err := transport.NewDialer(a.log)
+		if err != nil {
+			return err
+		}
+		defer pd.Close()
+		v := &voucher{id: id, d: pd, exec: a.exec, book: a.book, log: a.log, every: a.cfg.Heartbeat,
+			conns: map[string]*witnessConn{}, told: map[attemptKey]bool{}}
+		a.log.Info("vouching for other nodes", "listen", peers.Addr().String(), "advertise", reg.PeerAddr)
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			a.book.serve(ctx, peers)
+		}()
+		go func() {
+			defer wg.Done()
+			v.run(ctx)
+		}()
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -544,6 +585,12 @@ func (a *Agent) execute(c *api.Command, ack *api.CommandAck) error {
 		return a.exec.Launch(b.Launch)
 	case *api.Command_Signal:
 		if b.Signal.GetFence() {
+			if b.Signal.GetAttempt() > 0 && len(b.Signal.GetRanks()) == 0 {
+				// This node vouches for the attempt nowhere from now on.
+				if _, err := a.book.supersede(b.Signal.GetJob(), b.Signal.GetAttempt()); err != nil {
+					return err
+				}
+			}
 			killed, err := a.exec.Fence(b.Signal)
 			ack.Killed = killed
 			return err
@@ -551,6 +598,10 @@ func (a *Agent) execute(c *api.Command, ack *api.CommandAck) error {
 		return a.exec.Signal(b.Signal)
 	case *api.Command_InjectFault:
 		return a.probes.Inject(b.InjectFault)
+	case *api.Command_Supersede:
+		ago, err := a.book.supersede(b.Supersede.GetJob(), b.Supersede.GetAttempt())
+		ack.VouchedAgoMs = ago.Milliseconds()
+		return err
 	}
 	return fmt.Errorf("unknown command %T: upgrade nodemon to the server's release", c.Body)
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -59,6 +61,17 @@ type rankRecord struct {
 	// SlurmJob is the Slurm job of a rank Slurm started (found, not
 	// launched): Slurm stops it, so it holds no lease.
 	SlurmJob string `json:"slurm_job,omitempty"`
+	// Witnesses vouch for the rank's attempt while the server is away, for
+	// leases of LeaseMs (the server's lease when it was launched), so a
+	// nodemon restarted with no server to talk to can still renew it.
+	Witnesses []witnessRecord `json:"witnesses,omitempty"`
+	LeaseMs   int64           `json:"lease_ms,omitempty"`
+}
+
+// witnessRecord is a witness of a rank's attempt (api.Witness).
+type witnessRecord struct {
+	Name string `json:"name"`
+	Addr string `json:"addr"`
 }
 
 // ranksFile is the layout of <data-dir>/ranks.json.
@@ -173,6 +186,24 @@ type leaseState struct {
 	// one a rank launched in this session starts with (the session's start
 	// plus the lease: the server heard the node then).
 	deadline, floor time.Time
+	// peer is, per attempt, the latest end of lease a quorum of its
+	// witnesses confirmed (peer lease: the ranks outlive a silent server).
+	peer map[attemptKey]time.Time
+}
+
+// attemptKey names one attempt of a job.
+type attemptKey struct {
+	job     string
+	attempt uint32
+}
+
+// of is the deadline of an attempt's lease file: the later of the
+// server's and its witnesses'.
+func (l leaseState) of(k attemptKey) time.Time {
+	if p := l.peer[k]; p.After(l.deadline) {
+		return p
+	}
+	return l.deadline
 }
 
 // start returns the deadline a rank launched now starts with.
@@ -455,12 +486,19 @@ func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string, cred *
 		cgDir = ""
 	}
 	shimStat, _ := procfs.ReadStat(x.opts.ProcRoot, cmd.Process.Pid)
+	var witnesses []witnessRecord
+	if leasePath != "" {
+		for _, w := range l.GetWitnesses() {
+			witnesses = append(witnesses, witnessRecord{Name: w.GetName(), Addr: w.GetAddr()})
+		}
+	}
 	p := &rankProc{
 		rec: rankRecord{
 			Job: job, Attempt: l.GetAttempt(), Rank: rank, LocalRank: r.GetLocalRank(), GPUs: r.GetGpus(),
 			PID: h.PID, StartTicks: h.StartTicks, ShimPID: cmd.Process.Pid, ShimStartTicks: shimStat.StartTicks,
 			LogPath: logPath, StatusPath: statusPath, CheckpointDir: l.GetCheckpointDir(), Cgroup: cgDir,
 			LastCheckpointStep: -1, CheckpointReported: -1, LaunchedUnixNano: time.Now().UnixNano(),
+			LeaseMs: x.lease.dur.Milliseconds(), Witnesses: witnesses,
 		},
 		done: make(chan struct{}), tail: tail, parser: newLogParser(),
 	}
@@ -841,6 +879,7 @@ func (x *Executor) dropLeaseLocked(job string, attempt uint32) {
 			return
 		}
 	}
+	delete(x.lease.peer, attemptKey{job, attempt})
 	if err := os.Remove(x.leasePath(job, attempt)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		x.log.Warn("remove lease file", "job", job, "attempt", attempt, "err", err)
 	}
@@ -887,18 +926,86 @@ func (x *Executor) RenewLeases(deadline time.Time) {
 		return
 	}
 	x.lease.deadline = deadline
-	paths := map[string]bool{}
+	paths := map[string]time.Time{}
 	for _, p := range x.liveLocked() {
 		if !p.fenced && p.rec.SlurmJob == "" {
-			paths[x.leasePath(p.rec.Job, p.rec.Attempt)] = true
+			k := attemptKey{p.rec.Job, p.rec.Attempt}
+			paths[x.leasePath(k.job, k.attempt)] = x.lease.of(k)
 		}
 	}
 	x.mu.Unlock()
-	for path := range paths {
+	x.writeLeases(paths)
+}
+
+func (x *Executor) writeLeases(paths map[string]time.Time) {
+	for path, deadline := range paths {
 		if err := writeLease(path, deadline); err != nil {
 			x.log.Error("renew rank lease; its ranks stop when it runs out", "err", err)
 		}
 	}
+}
+
+// PeerAttempt is an attempt with live ranks here whose lease its
+// witnesses may renew.
+type PeerAttempt struct {
+	Job       string
+	Attempt   uint32
+	Lease     time.Duration
+	Witnesses []*api.Witness
+}
+
+// PeerAttempts lists the attempts whose ranks run here, not fenced, with
+// witnesses and a lease.
+func (x *Executor) PeerAttempts() []PeerAttempt {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	seen := map[attemptKey]bool{}
+	var out []PeerAttempt
+	for _, p := range x.liveLocked() {
+		k := attemptKey{p.rec.Job, p.rec.Attempt}
+		if p.fenced || p.rec.SlurmJob != "" || len(p.rec.Witnesses) == 0 || p.rec.LeaseMs <= 0 || seen[k] {
+			continue
+		}
+		seen[k] = true
+		pa := PeerAttempt{Job: k.job, Attempt: k.attempt, Lease: time.Duration(p.rec.LeaseMs) * time.Millisecond}
+		for _, w := range p.rec.Witnesses {
+			pa.Witnesses = append(pa.Witnesses, &api.Witness{Name: w.Name, Addr: w.Addr})
+		}
+		out = append(out, pa)
+	}
+	slices.SortFunc(out, func(a, b PeerAttempt) int {
+		return cmp.Or(cmp.Compare(a.Job, b.Job), cmp.Compare(a.Attempt, b.Attempt))
+	})
+	return out
+}
+
+// RenewPeerLease extends one attempt's lease to deadline, which a quorum
+// of its witnesses confirmed; a fenced attempt is never renewed.
+func (x *Executor) RenewPeerLease(job string, attempt uint32, deadline time.Time) {
+	k := attemptKey{job, attempt}
+	x.mu.Lock()
+	if !deadline.After(x.lease.peer[k]) {
+		x.mu.Unlock()
+		return
+	}
+	live := false
+	for _, p := range x.ranks[job] {
+		if p.rec.Attempt == attempt && !p.exited() && !p.fenced {
+			live = true
+		}
+	}
+	if !live {
+		delete(x.lease.peer, k)
+		x.mu.Unlock()
+		return
+	}
+	if x.lease.peer == nil {
+		x.lease.peer = map[attemptKey]time.Time{}
+	}
+	x.lease.peer[k] = deadline
+	paths := map[string]time.Time{x.leasePath(job, attempt): x.lease.of(k)}
+	x.mu.Unlock()
+	x.writeLeases(paths)
 }
 
 func signalProcs(procs []*rankProc, sig syscall.Signal) []error {

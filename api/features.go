@@ -23,19 +23,26 @@ const (
 	// FeatureNodeRank: LaunchRanks.node_rank and num_nodes (NODE_RANK in
 	// the rank's environment).
 	FeatureNodeRank = "node-rank"
+	// FeaturePeerLease: the node also renews its ranks' lease from a
+	// majority of the witnesses named in LaunchRanks.witnesses, answers
+	// other nodes' vouch requests on NodeRegistration.peer_addr, and
+	// honours Supersede. A node without it is no witness, and its ranks
+	// live on the server's lease alone.
+	FeaturePeerLease = "peer-lease"
 )
 
 // featureWhy says what goes wrong with a node that lacks a feature.
 var featureWhy = map[string]string{
-	FeatureLease:    "its ranks would run on when it is cut off from the server",
-	FeatureFence:    "fencing an old attempt would stop every rank of the job on the node",
-	FeatureRunAs:    "its ranks would run as root, not as the job's user",
-	FeatureNodeRank: "its ranks would not be given NODE_RANK",
+	FeatureLease:     "its ranks would run on when it is cut off from the server",
+	FeatureFence:     "fencing an old attempt would stop every rank of the job on the node",
+	FeatureRunAs:     "its ranks would run as root, not as the job's user",
+	FeatureNodeRank:  "its ranks would not be given NODE_RANK",
+	FeaturePeerLease: "its ranks would stop whenever no server answers for a lease",
 }
 
 // NodeFeatures are the features this build's nodemon has.
 func NodeFeatures() []string {
-	return []string{FeatureLease, FeatureFence, FeatureRunAs, FeatureNodeRank}
+	return []string{FeatureLease, FeatureFence, FeatureRunAs, FeatureNodeRank, FeaturePeerLease}
 }
 
 // v12Features are the features every nodemon of protocol v1.2 has: they
@@ -98,6 +105,11 @@ func CommandNeeds(c *Command) []string {
 		if b.Launch.GetNumNodes() > 0 {
 			out = append(out, FeatureNodeRank)
 		}
+		if len(b.Launch.GetWitnesses()) > 0 {
+			out = append(out, FeaturePeerLease)
+		}
+	case *Command_Supersede:
+		out = append(out, FeaturePeerLease)
 	}
 	return out
 }

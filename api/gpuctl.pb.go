@@ -1269,7 +1269,11 @@ type NodeRegistration struct {
 	// Generated once by nodemon and kept in its data dir: a restart of the
 	// same host presents the same id, another host under this name does
 	// not. Empty from a nodemon that keeps none.
-	InstanceId    string `protobuf:"bytes,12,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	InstanceId string `protobuf:"bytes,12,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// Where the node's peer listener answers other nodes' vouch requests
+	// (host:port); empty from a nodemon without one. Such a node can be a
+	// witness of other nodes' ranks (LaunchRanks.witnesses).
+	PeerAddr      string `protobuf:"bytes,13,opt,name=peer_addr,json=peerAddr,proto3" json:"peer_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1384,6 +1388,13 @@ func (x *NodeRegistration) GetRunning() []*RankStatus {
 func (x *NodeRegistration) GetInstanceId() string {
 	if x != nil {
 		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *NodeRegistration) GetPeerAddr() string {
+	if x != nil {
+		return x.PeerAddr
 	}
 	return ""
 }
@@ -2754,7 +2765,12 @@ type LaunchRanks struct {
 	// user. nodemon refuses root unless started with --allow-root-ranks.
 	RunAsUser string `protobuf:"bytes,11,opt,name=run_as_user,json=runAsUser,proto3" json:"run_as_user,omitempty"`
 	// The group (name or numeric gid); empty: the user's primary group.
-	RunAsGroup    string `protobuf:"bytes,12,opt,name=run_as_group,json=runAsGroup,proto3" json:"run_as_group,omitempty"`
+	RunAsGroup string `protobuf:"bytes,12,opt,name=run_as_group,json=runAsGroup,proto3" json:"run_as_group,omitempty"`
+	// The other nodes that vouch for this attempt's ranks here while the
+	// server is away (the attempt's nodes and a few others): the node
+	// renews its ranks' lease from a majority of them as from the server.
+	// Empty: the ranks run on the server's lease alone.
+	Witnesses     []*Witness `protobuf:"bytes,17,rep,name=witnesses,proto3" json:"witnesses,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2887,6 +2903,335 @@ func (x *LaunchRanks) GetRunAsGroup() string {
 	return ""
 }
 
+func (x *LaunchRanks) GetWitnesses() []*Witness {
+	if x != nil {
+		return x.Witnesses
+	}
+	return nil
+}
+
+// Witness is a node that vouches for another's ranks, at its peer address.
+type Witness struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Witness) Reset() {
+	*x = Witness{}
+	mi := &file_gpuctl_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Witness) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Witness) ProtoMessage() {}
+
+func (x *Witness) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Witness.ProtoReflect.Descriptor instead.
+func (*Witness) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *Witness) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Witness) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+// Supersede tells a witness that the job's attempts up to attempt are
+// superseded: it vouches for none of them from then on, on any node, and
+// answers with CommandAck.vouched_ago_ms. It stops nothing itself.
+type Supersede struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Attempt       uint32                 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Supersede) Reset() {
+	*x = Supersede{}
+	mi := &file_gpuctl_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Supersede) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Supersede) ProtoMessage() {}
+
+func (x *Supersede) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Supersede.ProtoReflect.Descriptor instead.
+func (*Supersede) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *Supersede) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *Supersede) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+// VouchRequest asks a witness, on a peer connection, whether the sender
+// may keep running its ranks of these attempts.
+type VouchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Attempts      []*JobAttemptRef       `protobuf:"bytes,1,rep,name=attempts,proto3" json:"attempts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VouchRequest) Reset() {
+	*x = VouchRequest{}
+	mi := &file_gpuctl_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VouchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VouchRequest) ProtoMessage() {}
+
+func (x *VouchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VouchRequest.ProtoReflect.Descriptor instead.
+func (*VouchRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *VouchRequest) GetAttempts() []*JobAttemptRef {
+	if x != nil {
+		return x.Attempts
+	}
+	return nil
+}
+
+type JobAttemptRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Attempt       uint32                 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobAttemptRef) Reset() {
+	*x = JobAttemptRef{}
+	mi := &file_gpuctl_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobAttemptRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobAttemptRef) ProtoMessage() {}
+
+func (x *JobAttemptRef) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobAttemptRef.ProtoReflect.Descriptor instead.
+func (*JobAttemptRef) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *JobAttemptRef) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *JobAttemptRef) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+// VouchResponse answers a VouchRequest attempt by attempt, in its order.
+type VouchResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Vouches       []*Vouch               `protobuf:"bytes,1,rep,name=vouches,proto3" json:"vouches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VouchResponse) Reset() {
+	*x = VouchResponse{}
+	mi := &file_gpuctl_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VouchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VouchResponse) ProtoMessage() {}
+
+func (x *VouchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VouchResponse.ProtoReflect.Descriptor instead.
+func (*VouchResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *VouchResponse) GetVouches() []*Vouch {
+	if x != nil {
+		return x.Vouches
+	}
+	return nil
+}
+
+type Vouch struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Job     string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Attempt uint32                 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// The witness vouches: it was not told the attempt is superseded.
+	Vouched bool `protobuf:"varint,3,opt,name=vouched,proto3" json:"vouched,omitempty"`
+	// Set when not: the attempt is superseded, and the asker must stop its
+	// ranks of it at once.
+	Superseded    bool `protobuf:"varint,4,opt,name=superseded,proto3" json:"superseded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Vouch) Reset() {
+	*x = Vouch{}
+	mi := &file_gpuctl_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Vouch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Vouch) ProtoMessage() {}
+
+func (x *Vouch) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Vouch.ProtoReflect.Descriptor instead.
+func (*Vouch) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *Vouch) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *Vouch) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *Vouch) GetVouched() bool {
+	if x != nil {
+		return x.Vouched
+	}
+	return false
+}
+
+func (x *Vouch) GetSuperseded() bool {
+	if x != nil {
+		return x.Superseded
+	}
+	return false
+}
+
 type SignalRanks struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
@@ -2908,7 +3253,7 @@ type SignalRanks struct {
 
 func (x *SignalRanks) Reset() {
 	*x = SignalRanks{}
-	mi := &file_gpuctl_proto_msgTypes[23]
+	mi := &file_gpuctl_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2920,7 +3265,7 @@ func (x *SignalRanks) String() string {
 func (*SignalRanks) ProtoMessage() {}
 
 func (x *SignalRanks) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[23]
+	mi := &file_gpuctl_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2933,7 +3278,7 @@ func (x *SignalRanks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRanks.ProtoReflect.Descriptor instead.
 func (*SignalRanks) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{23}
+	return file_gpuctl_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SignalRanks) GetJob() string {
@@ -2985,7 +3330,7 @@ type ReadLogs struct {
 
 func (x *ReadLogs) Reset() {
 	*x = ReadLogs{}
-	mi := &file_gpuctl_proto_msgTypes[24]
+	mi := &file_gpuctl_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2997,7 +3342,7 @@ func (x *ReadLogs) String() string {
 func (*ReadLogs) ProtoMessage() {}
 
 func (x *ReadLogs) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[24]
+	mi := &file_gpuctl_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3010,7 +3355,7 @@ func (x *ReadLogs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadLogs.ProtoReflect.Descriptor instead.
 func (*ReadLogs) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{24}
+	return file_gpuctl_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReadLogs) GetJob() string {
@@ -3050,6 +3395,7 @@ type Command struct {
 	//	*Command_Signal
 	//	*Command_InjectFault
 	//	*Command_ReadLogs
+	//	*Command_Supersede
 	Body          isCommand_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3057,7 +3403,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_gpuctl_proto_msgTypes[25]
+	mi := &file_gpuctl_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3069,7 +3415,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[25]
+	mi := &file_gpuctl_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3082,7 +3428,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{25}
+	return file_gpuctl_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Command) GetId() uint64 {
@@ -3135,6 +3481,15 @@ func (x *Command) GetReadLogs() *ReadLogs {
 	return nil
 }
 
+func (x *Command) GetSupersede() *Supersede {
+	if x != nil {
+		if x, ok := x.Body.(*Command_Supersede); ok {
+			return x.Supersede
+		}
+	}
+	return nil
+}
+
 type isCommand_Body interface {
 	isCommand_Body()
 }
@@ -3155,6 +3510,10 @@ type Command_ReadLogs struct {
 	ReadLogs *ReadLogs `protobuf:"bytes,5,opt,name=read_logs,json=readLogs,proto3,oneof"`
 }
 
+type Command_Supersede struct {
+	Supersede *Supersede `protobuf:"bytes,6,opt,name=supersede,proto3,oneof"`
+}
+
 func (*Command_Launch) isCommand_Body() {}
 
 func (*Command_Signal) isCommand_Body() {}
@@ -3162,6 +3521,8 @@ func (*Command_Signal) isCommand_Body() {}
 func (*Command_InjectFault) isCommand_Body() {}
 
 func (*Command_ReadLogs) isCommand_Body() {}
+
+func (*Command_Supersede) isCommand_Body() {}
 
 type CommandAck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3180,14 +3541,18 @@ type CommandAck struct {
 	Data       []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
 	NextOffset int64  `protobuf:"varint,4,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
 	// A fencing SignalRanks: the ranks it killed.
-	Killed        []*RankStatus `protobuf:"bytes,6,rep,name=killed,proto3" json:"killed,omitempty"`
+	Killed []*RankStatus `protobuf:"bytes,6,rep,name=killed,proto3" json:"killed,omitempty"`
+	// Supersede: how long before this answer the witness last vouched for
+	// the job on any node (or started, if later): no vouch it gave lets a
+	// node run the superseded attempt past that moment plus the lease.
+	VouchedAgoMs  int64 `protobuf:"varint,8,opt,name=vouched_ago_ms,json=vouchedAgoMs,proto3" json:"vouched_ago_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CommandAck) Reset() {
 	*x = CommandAck{}
-	mi := &file_gpuctl_proto_msgTypes[26]
+	mi := &file_gpuctl_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3199,7 +3564,7 @@ func (x *CommandAck) String() string {
 func (*CommandAck) ProtoMessage() {}
 
 func (x *CommandAck) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[26]
+	mi := &file_gpuctl_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3212,7 +3577,7 @@ func (x *CommandAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandAck.ProtoReflect.Descriptor instead.
 func (*CommandAck) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{26}
+	return file_gpuctl_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CommandAck) GetId() uint64 {
@@ -3264,6 +3629,13 @@ func (x *CommandAck) GetKilled() []*RankStatus {
 	return nil
 }
 
+func (x *CommandAck) GetVouchedAgoMs() int64 {
+	if x != nil {
+		return x.VouchedAgoMs
+	}
+	return 0
+}
+
 // RankStatus is what a node knows of one live rank it launched.
 type RankStatus struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -3285,7 +3657,7 @@ type RankStatus struct {
 
 func (x *RankStatus) Reset() {
 	*x = RankStatus{}
-	mi := &file_gpuctl_proto_msgTypes[27]
+	mi := &file_gpuctl_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3297,7 +3669,7 @@ func (x *RankStatus) String() string {
 func (*RankStatus) ProtoMessage() {}
 
 func (x *RankStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[27]
+	mi := &file_gpuctl_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3310,7 +3682,7 @@ func (x *RankStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankStatus.ProtoReflect.Descriptor instead.
 func (*RankStatus) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{27}
+	return file_gpuctl_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RankStatus) GetJob() string {
@@ -3394,7 +3766,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_gpuctl_proto_msgTypes[28]
+	mi := &file_gpuctl_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3406,7 +3778,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[28]
+	mi := &file_gpuctl_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3419,7 +3791,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{28}
+	return file_gpuctl_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *AgentMessage) GetBody() isAgentMessage_Body {
@@ -3539,7 +3911,7 @@ type ServerMessage struct {
 
 func (x *ServerMessage) Reset() {
 	*x = ServerMessage{}
-	mi := &file_gpuctl_proto_msgTypes[29]
+	mi := &file_gpuctl_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3551,7 +3923,7 @@ func (x *ServerMessage) String() string {
 func (*ServerMessage) ProtoMessage() {}
 
 func (x *ServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[29]
+	mi := &file_gpuctl_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3564,7 +3936,7 @@ func (x *ServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerMessage.ProtoReflect.Descriptor instead.
 func (*ServerMessage) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{29}
+	return file_gpuctl_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ServerMessage) GetBody() isServerMessage_Body {
@@ -3650,7 +4022,7 @@ type GPUStatus struct {
 
 func (x *GPUStatus) Reset() {
 	*x = GPUStatus{}
-	mi := &file_gpuctl_proto_msgTypes[30]
+	mi := &file_gpuctl_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3662,7 +4034,7 @@ func (x *GPUStatus) String() string {
 func (*GPUStatus) ProtoMessage() {}
 
 func (x *GPUStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[30]
+	mi := &file_gpuctl_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3675,7 +4047,7 @@ func (x *GPUStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUStatus.ProtoReflect.Descriptor instead.
 func (*GPUStatus) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{30}
+	return file_gpuctl_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GPUStatus) GetInfo() *GPUInfo {
@@ -3744,7 +4116,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_gpuctl_proto_msgTypes[31]
+	mi := &file_gpuctl_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3756,7 +4128,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[31]
+	mi := &file_gpuctl_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3769,7 +4141,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{31}
+	return file_gpuctl_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *NodeStatus) GetRegistration() *NodeRegistration {
@@ -3918,7 +4290,7 @@ type CollectiveStat struct {
 
 func (x *CollectiveStat) Reset() {
 	*x = CollectiveStat{}
-	mi := &file_gpuctl_proto_msgTypes[32]
+	mi := &file_gpuctl_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3930,7 +4302,7 @@ func (x *CollectiveStat) String() string {
 func (*CollectiveStat) ProtoMessage() {}
 
 func (x *CollectiveStat) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[32]
+	mi := &file_gpuctl_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3943,7 +4315,7 @@ func (x *CollectiveStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectiveStat.ProtoReflect.Descriptor instead.
 func (*CollectiveStat) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{32}
+	return file_gpuctl_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CollectiveStat) GetNode() string {
@@ -4031,7 +4403,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[33]
+	mi := &file_gpuctl_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4043,7 +4415,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[33]
+	mi := &file_gpuctl_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4056,7 +4428,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{33}
+	return file_gpuctl_proto_rawDescGZIP(), []int{39}
 }
 
 type ListNodesResponse struct {
@@ -4068,7 +4440,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[34]
+	mi := &file_gpuctl_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4080,7 +4452,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[34]
+	mi := &file_gpuctl_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4093,7 +4465,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{34}
+	return file_gpuctl_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeStatus {
@@ -4114,7 +4486,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[35]
+	mi := &file_gpuctl_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4126,7 +4498,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[35]
+	mi := &file_gpuctl_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4139,7 +4511,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{35}
+	return file_gpuctl_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListEventsRequest) GetNode() string {
@@ -4172,7 +4544,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[36]
+	mi := &file_gpuctl_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4184,7 +4556,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[36]
+	mi := &file_gpuctl_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4197,7 +4569,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{36}
+	return file_gpuctl_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -4217,7 +4589,7 @@ type ListCollectivesRequest struct {
 
 func (x *ListCollectivesRequest) Reset() {
 	*x = ListCollectivesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[37]
+	mi := &file_gpuctl_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4229,7 +4601,7 @@ func (x *ListCollectivesRequest) String() string {
 func (*ListCollectivesRequest) ProtoMessage() {}
 
 func (x *ListCollectivesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[37]
+	mi := &file_gpuctl_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4242,7 +4614,7 @@ func (x *ListCollectivesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCollectivesRequest.ProtoReflect.Descriptor instead.
 func (*ListCollectivesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{37}
+	return file_gpuctl_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListCollectivesRequest) GetJob() string {
@@ -4268,7 +4640,7 @@ type ListCollectivesResponse struct {
 
 func (x *ListCollectivesResponse) Reset() {
 	*x = ListCollectivesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[38]
+	mi := &file_gpuctl_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4280,7 +4652,7 @@ func (x *ListCollectivesResponse) String() string {
 func (*ListCollectivesResponse) ProtoMessage() {}
 
 func (x *ListCollectivesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[38]
+	mi := &file_gpuctl_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4293,7 +4665,7 @@ func (x *ListCollectivesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCollectivesResponse.ProtoReflect.Descriptor instead.
 func (*ListCollectivesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{38}
+	return file_gpuctl_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListCollectivesResponse) GetCollectives() []*CollectiveStat {
@@ -4313,7 +4685,7 @@ type GPUHistoryRequest struct {
 
 func (x *GPUHistoryRequest) Reset() {
 	*x = GPUHistoryRequest{}
-	mi := &file_gpuctl_proto_msgTypes[39]
+	mi := &file_gpuctl_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4325,7 +4697,7 @@ func (x *GPUHistoryRequest) String() string {
 func (*GPUHistoryRequest) ProtoMessage() {}
 
 func (x *GPUHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[39]
+	mi := &file_gpuctl_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4338,7 +4710,7 @@ func (x *GPUHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHistoryRequest.ProtoReflect.Descriptor instead.
 func (*GPUHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{39}
+	return file_gpuctl_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GPUHistoryRequest) GetNode() string {
@@ -4364,7 +4736,7 @@ type GPUHistoryResponse struct {
 
 func (x *GPUHistoryResponse) Reset() {
 	*x = GPUHistoryResponse{}
-	mi := &file_gpuctl_proto_msgTypes[40]
+	mi := &file_gpuctl_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4376,7 +4748,7 @@ func (x *GPUHistoryResponse) String() string {
 func (*GPUHistoryResponse) ProtoMessage() {}
 
 func (x *GPUHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[40]
+	mi := &file_gpuctl_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4389,7 +4761,7 @@ func (x *GPUHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHistoryResponse.ProtoReflect.Descriptor instead.
 func (*GPUHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{40}
+	return file_gpuctl_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GPUHistoryResponse) GetSamples() []*GPUSample {
@@ -4417,7 +4789,7 @@ type ObserveFilter struct {
 
 func (x *ObserveFilter) Reset() {
 	*x = ObserveFilter{}
-	mi := &file_gpuctl_proto_msgTypes[41]
+	mi := &file_gpuctl_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4429,7 +4801,7 @@ func (x *ObserveFilter) String() string {
 func (*ObserveFilter) ProtoMessage() {}
 
 func (x *ObserveFilter) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[41]
+	mi := &file_gpuctl_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4442,7 +4814,7 @@ func (x *ObserveFilter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveFilter.ProtoReflect.Descriptor instead.
 func (*ObserveFilter) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{41}
+	return file_gpuctl_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ObserveFilter) GetNode() string {
@@ -4528,7 +4900,7 @@ type ObserveRequest struct {
 
 func (x *ObserveRequest) Reset() {
 	*x = ObserveRequest{}
-	mi := &file_gpuctl_proto_msgTypes[42]
+	mi := &file_gpuctl_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4540,7 +4912,7 @@ func (x *ObserveRequest) String() string {
 func (*ObserveRequest) ProtoMessage() {}
 
 func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[42]
+	mi := &file_gpuctl_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4553,7 +4925,7 @@ func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveRequest.ProtoReflect.Descriptor instead.
 func (*ObserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{42}
+	return file_gpuctl_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ObserveRequest) GetFilter() *ObserveFilter {
@@ -4598,7 +4970,7 @@ type ObserveItem struct {
 
 func (x *ObserveItem) Reset() {
 	*x = ObserveItem{}
-	mi := &file_gpuctl_proto_msgTypes[43]
+	mi := &file_gpuctl_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4610,7 +4982,7 @@ func (x *ObserveItem) String() string {
 func (*ObserveItem) ProtoMessage() {}
 
 func (x *ObserveItem) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[43]
+	mi := &file_gpuctl_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4623,7 +4995,7 @@ func (x *ObserveItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveItem.ProtoReflect.Descriptor instead.
 func (*ObserveItem) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{43}
+	return file_gpuctl_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ObserveItem) GetNode() string {
@@ -4689,7 +5061,7 @@ type ObserveBatch struct {
 
 func (x *ObserveBatch) Reset() {
 	*x = ObserveBatch{}
-	mi := &file_gpuctl_proto_msgTypes[44]
+	mi := &file_gpuctl_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4701,7 +5073,7 @@ func (x *ObserveBatch) String() string {
 func (*ObserveBatch) ProtoMessage() {}
 
 func (x *ObserveBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[44]
+	mi := &file_gpuctl_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4714,7 +5086,7 @@ func (x *ObserveBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveBatch.ProtoReflect.Descriptor instead.
 func (*ObserveBatch) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{44}
+	return file_gpuctl_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ObserveBatch) GetItems() []*ObserveItem {
@@ -4755,7 +5127,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_gpuctl_proto_msgTypes[45]
+	mi := &file_gpuctl_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4767,7 +5139,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[45]
+	mi := &file_gpuctl_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4780,7 +5152,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{45}
+	return file_gpuctl_proto_rawDescGZIP(), []int{51}
 }
 
 type VersionResponse struct {
@@ -4795,7 +5167,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_gpuctl_proto_msgTypes[46]
+	mi := &file_gpuctl_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4807,7 +5179,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[46]
+	mi := &file_gpuctl_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4820,7 +5192,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{46}
+	return file_gpuctl_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *VersionResponse) GetSoftware() string {
@@ -4854,7 +5226,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_gpuctl_proto_msgTypes[47]
+	mi := &file_gpuctl_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4866,7 +5238,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[47]
+	mi := &file_gpuctl_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4879,7 +5251,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{47}
+	return file_gpuctl_proto_rawDescGZIP(), []int{53}
 }
 
 // ServerStatus is one gpuctl serve of a control plane.
@@ -4899,7 +5271,7 @@ type ServerStatus struct {
 
 func (x *ServerStatus) Reset() {
 	*x = ServerStatus{}
-	mi := &file_gpuctl_proto_msgTypes[48]
+	mi := &file_gpuctl_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4911,7 +5283,7 @@ func (x *ServerStatus) String() string {
 func (*ServerStatus) ProtoMessage() {}
 
 func (x *ServerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[48]
+	mi := &file_gpuctl_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4924,7 +5296,7 @@ func (x *ServerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerStatus.ProtoReflect.Descriptor instead.
 func (*ServerStatus) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{48}
+	return file_gpuctl_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ServerStatus) GetName() string {
@@ -4970,7 +5342,7 @@ type StoreMember struct {
 
 func (x *StoreMember) Reset() {
 	*x = StoreMember{}
-	mi := &file_gpuctl_proto_msgTypes[49]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4982,7 +5354,7 @@ func (x *StoreMember) String() string {
 func (*StoreMember) ProtoMessage() {}
 
 func (x *StoreMember) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[49]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4995,7 +5367,7 @@ func (x *StoreMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreMember.ProtoReflect.Descriptor instead.
 func (*StoreMember) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{49}
+	return file_gpuctl_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *StoreMember) GetName() string {
@@ -5057,7 +5429,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_gpuctl_proto_msgTypes[50]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5069,7 +5441,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[50]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5082,7 +5454,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{50}
+	return file_gpuctl_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *StatusResponse) GetSelf() *ServerStatus {
@@ -5162,7 +5534,7 @@ type TelemetryShed struct {
 
 func (x *TelemetryShed) Reset() {
 	*x = TelemetryShed{}
-	mi := &file_gpuctl_proto_msgTypes[51]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5174,7 +5546,7 @@ func (x *TelemetryShed) String() string {
 func (*TelemetryShed) ProtoMessage() {}
 
 func (x *TelemetryShed) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[51]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5187,7 +5559,7 @@ func (x *TelemetryShed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TelemetryShed.ProtoReflect.Descriptor instead.
 func (*TelemetryShed) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{51}
+	return file_gpuctl_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *TelemetryShed) GetBatches() uint64 {
@@ -5221,7 +5593,7 @@ type InjectFaultRequest struct {
 
 func (x *InjectFaultRequest) Reset() {
 	*x = InjectFaultRequest{}
-	mi := &file_gpuctl_proto_msgTypes[52]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5233,7 +5605,7 @@ func (x *InjectFaultRequest) String() string {
 func (*InjectFaultRequest) ProtoMessage() {}
 
 func (x *InjectFaultRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[52]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5246,7 +5618,7 @@ func (x *InjectFaultRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFaultRequest.ProtoReflect.Descriptor instead.
 func (*InjectFaultRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{52}
+	return file_gpuctl_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *InjectFaultRequest) GetNode() string {
@@ -5271,7 +5643,7 @@ type InjectFaultResponse struct {
 
 func (x *InjectFaultResponse) Reset() {
 	*x = InjectFaultResponse{}
-	mi := &file_gpuctl_proto_msgTypes[53]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5283,7 +5655,7 @@ func (x *InjectFaultResponse) String() string {
 func (*InjectFaultResponse) ProtoMessage() {}
 
 func (x *InjectFaultResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[53]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5296,7 +5668,7 @@ func (x *InjectFaultResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFaultResponse.ProtoReflect.Descriptor instead.
 func (*InjectFaultResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{53}
+	return file_gpuctl_proto_rawDescGZIP(), []int{59}
 }
 
 type ClientRequest struct {
@@ -5337,7 +5709,7 @@ type ClientRequest struct {
 
 func (x *ClientRequest) Reset() {
 	*x = ClientRequest{}
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5349,7 +5721,7 @@ func (x *ClientRequest) String() string {
 func (*ClientRequest) ProtoMessage() {}
 
 func (x *ClientRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5362,7 +5734,7 @@ func (x *ClientRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientRequest.ProtoReflect.Descriptor instead.
 func (*ClientRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{54}
+	return file_gpuctl_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ClientRequest) GetBody() isClientRequest_Body {
@@ -5828,7 +6200,7 @@ type ClientResponse struct {
 
 func (x *ClientResponse) Reset() {
 	*x = ClientResponse{}
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5840,7 +6212,7 @@ func (x *ClientResponse) String() string {
 func (*ClientResponse) ProtoMessage() {}
 
 func (x *ClientResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5853,7 +6225,7 @@ func (x *ClientResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientResponse.ProtoReflect.Descriptor instead.
 func (*ClientResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{55}
+	return file_gpuctl_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ClientResponse) GetError() string {
@@ -6321,7 +6693,7 @@ type JobPlan struct {
 
 func (x *JobPlan) Reset() {
 	*x = JobPlan{}
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6333,7 +6705,7 @@ func (x *JobPlan) String() string {
 func (*JobPlan) ProtoMessage() {}
 
 func (x *JobPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6346,7 +6718,7 @@ func (x *JobPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobPlan.ProtoReflect.Descriptor instead.
 func (*JobPlan) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{56}
+	return file_gpuctl_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *JobPlan) GetTp() int32 {
@@ -6471,7 +6843,7 @@ type JobRank struct {
 
 func (x *JobRank) Reset() {
 	*x = JobRank{}
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6483,7 +6855,7 @@ func (x *JobRank) String() string {
 func (*JobRank) ProtoMessage() {}
 
 func (x *JobRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6496,7 +6868,7 @@ func (x *JobRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobRank.ProtoReflect.Descriptor instead.
 func (*JobRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{57}
+	return file_gpuctl_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *JobRank) GetRank() int32 {
@@ -6560,7 +6932,7 @@ type JobNode struct {
 
 func (x *JobNode) Reset() {
 	*x = JobNode{}
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6572,7 +6944,7 @@ func (x *JobNode) String() string {
 func (*JobNode) ProtoMessage() {}
 
 func (x *JobNode) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6585,7 +6957,7 @@ func (x *JobNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobNode.ProtoReflect.Descriptor instead.
 func (*JobNode) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{58}
+	return file_gpuctl_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *JobNode) GetNode() string {
@@ -6686,14 +7058,18 @@ type Job struct {
 	// Lost nodes that may still run an old attempt of the job: no attempt
 	// starts until each is fenced (came back without it, killed it, or its
 	// lease passed). Kept so that a restarted server waits for them too.
-	FencedNodes   []string `protobuf:"bytes,46,rep,name=fenced_nodes,json=fencedNodes,proto3" json:"fenced_nodes,omitempty"`
+	FencedNodes []string `protobuf:"bytes,46,rep,name=fenced_nodes,json=fencedNodes,proto3" json:"fenced_nodes,omitempty"`
+	// The current attempt's witnesses (LaunchRanks.witnesses): its nodes and
+	// the others that vouch for them. A lost node of the job is fenced only
+	// once enough of the others have acknowledged a Supersede.
+	Witnesses     []string `protobuf:"bytes,47,rep,name=witnesses,proto3" json:"witnesses,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6705,7 +7081,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6718,7 +7094,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{59}
+	return file_gpuctl_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *Job) GetId() string {
@@ -7043,6 +7419,13 @@ func (x *Job) GetFencedNodes() []string {
 	return nil
 }
 
+func (x *Job) GetWitnesses() []string {
+	if x != nil {
+		return x.Witnesses
+	}
+	return nil
+}
+
 // JobAttempt is one launch of a job.
 type JobAttempt struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -7069,7 +7452,7 @@ type JobAttempt struct {
 
 func (x *JobAttempt) Reset() {
 	*x = JobAttempt{}
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7081,7 +7464,7 @@ func (x *JobAttempt) String() string {
 func (*JobAttempt) ProtoMessage() {}
 
 func (x *JobAttempt) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7094,7 +7477,7 @@ func (x *JobAttempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobAttempt.ProtoReflect.Descriptor instead.
 func (*JobAttempt) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{60}
+	return file_gpuctl_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *JobAttempt) GetAttempt() uint32 {
@@ -7198,7 +7581,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7210,7 +7593,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7223,7 +7606,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{61}
+	return file_gpuctl_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *SubmitJobRequest) GetSpecYaml() string {
@@ -7274,7 +7657,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7286,7 +7669,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7299,7 +7682,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{62}
+	return file_gpuctl_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *SubmitJobResponse) GetJob() *Job {
@@ -7326,7 +7709,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7338,7 +7721,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7351,7 +7734,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{63}
+	return file_gpuctl_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ListJobsRequest) GetJob() string {
@@ -7370,7 +7753,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[64]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7382,7 +7765,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[64]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7395,7 +7778,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{64}
+	return file_gpuctl_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -7414,7 +7797,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[65]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7426,7 +7809,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[65]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7439,7 +7822,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{65}
+	return file_gpuctl_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *CancelJobRequest) GetJob() string {
@@ -7459,7 +7842,7 @@ type ReleaseJobRequest struct {
 
 func (x *ReleaseJobRequest) Reset() {
 	*x = ReleaseJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[66]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7471,7 +7854,7 @@ func (x *ReleaseJobRequest) String() string {
 func (*ReleaseJobRequest) ProtoMessage() {}
 
 func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[66]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7484,7 +7867,7 @@ func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseJobRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{66}
+	return file_gpuctl_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ReleaseJobRequest) GetJob() string {
@@ -7503,7 +7886,7 @@ type ReleaseJobResponse struct {
 
 func (x *ReleaseJobResponse) Reset() {
 	*x = ReleaseJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[67]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7515,7 +7898,7 @@ func (x *ReleaseJobResponse) String() string {
 func (*ReleaseJobResponse) ProtoMessage() {}
 
 func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[67]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7528,7 +7911,7 @@ func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseJobResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{67}
+	return file_gpuctl_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ReleaseJobResponse) GetJob() *Job {
@@ -7547,7 +7930,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7559,7 +7942,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7572,7 +7955,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{68}
+	return file_gpuctl_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -7592,7 +7975,7 @@ type AssignJobRequest struct {
 
 func (x *AssignJobRequest) Reset() {
 	*x = AssignJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7604,7 +7987,7 @@ func (x *AssignJobRequest) String() string {
 func (*AssignJobRequest) ProtoMessage() {}
 
 func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7617,7 +8000,7 @@ func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobRequest.ProtoReflect.Descriptor instead.
 func (*AssignJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{69}
+	return file_gpuctl_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *AssignJobRequest) GetJob() string {
@@ -7643,7 +8026,7 @@ type AssignJobResponse struct {
 
 func (x *AssignJobResponse) Reset() {
 	*x = AssignJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7655,7 +8038,7 @@ func (x *AssignJobResponse) String() string {
 func (*AssignJobResponse) ProtoMessage() {}
 
 func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7668,7 +8051,7 @@ func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobResponse.ProtoReflect.Descriptor instead.
 func (*AssignJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{70}
+	return file_gpuctl_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *AssignJobResponse) GetJob() *Job {
@@ -7690,7 +8073,7 @@ type Packing struct {
 
 func (x *Packing) Reset() {
 	*x = Packing{}
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7702,7 +8085,7 @@ func (x *Packing) String() string {
 func (*Packing) ProtoMessage() {}
 
 func (x *Packing) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7715,7 +8098,7 @@ func (x *Packing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Packing.ProtoReflect.Descriptor instead.
 func (*Packing) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{71}
+	return file_gpuctl_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *Packing) GetFragmentedNodes() int32 {
@@ -7759,7 +8142,7 @@ type RebalanceMove struct {
 
 func (x *RebalanceMove) Reset() {
 	*x = RebalanceMove{}
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7771,7 +8154,7 @@ func (x *RebalanceMove) String() string {
 func (*RebalanceMove) ProtoMessage() {}
 
 func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7784,7 +8167,7 @@ func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceMove.ProtoReflect.Descriptor instead.
 func (*RebalanceMove) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{72}
+	return file_gpuctl_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *RebalanceMove) GetJob() string {
@@ -7833,7 +8216,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7845,7 +8228,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7858,7 +8241,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{73}
+	return file_gpuctl_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *RebalanceRequest) GetApply() bool {
@@ -7888,7 +8271,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7900,7 +8283,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7913,7 +8296,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{74}
+	return file_gpuctl_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *RebalanceResponse) GetMoves() []*RebalanceMove {
@@ -7960,7 +8343,7 @@ type StalledRank struct {
 
 func (x *StalledRank) Reset() {
 	*x = StalledRank{}
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7972,7 +8355,7 @@ func (x *StalledRank) String() string {
 func (*StalledRank) ProtoMessage() {}
 
 func (x *StalledRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7985,7 +8368,7 @@ func (x *StalledRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StalledRank.ProtoReflect.Descriptor instead.
 func (*StalledRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{75}
+	return file_gpuctl_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *StalledRank) GetRank() int32 {
@@ -8055,7 +8438,7 @@ type Stall struct {
 
 func (x *Stall) Reset() {
 	*x = Stall{}
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8067,7 +8450,7 @@ func (x *Stall) String() string {
 func (*Stall) ProtoMessage() {}
 
 func (x *Stall) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8080,7 +8463,7 @@ func (x *Stall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stall.ProtoReflect.Descriptor instead.
 func (*Stall) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{76}
+	return file_gpuctl_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *Stall) GetJob() string {
@@ -8141,7 +8524,7 @@ type ListStallsRequest struct {
 
 func (x *ListStallsRequest) Reset() {
 	*x = ListStallsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8153,7 +8536,7 @@ func (x *ListStallsRequest) String() string {
 func (*ListStallsRequest) ProtoMessage() {}
 
 func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8166,7 +8549,7 @@ func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsRequest.ProtoReflect.Descriptor instead.
 func (*ListStallsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{77}
+	return file_gpuctl_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListStallsRequest) GetJob() string {
@@ -8185,7 +8568,7 @@ type ListStallsResponse struct {
 
 func (x *ListStallsResponse) Reset() {
 	*x = ListStallsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8197,7 +8580,7 @@ func (x *ListStallsResponse) String() string {
 func (*ListStallsResponse) ProtoMessage() {}
 
 func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8210,7 +8593,7 @@ func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsResponse.ProtoReflect.Descriptor instead.
 func (*ListStallsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{78}
+	return file_gpuctl_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ListStallsResponse) GetStalls() []*Stall {
@@ -8232,7 +8615,7 @@ type CordonRequest struct {
 
 func (x *CordonRequest) Reset() {
 	*x = CordonRequest{}
-	mi := &file_gpuctl_proto_msgTypes[79]
+	mi := &file_gpuctl_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8244,7 +8627,7 @@ func (x *CordonRequest) String() string {
 func (*CordonRequest) ProtoMessage() {}
 
 func (x *CordonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[79]
+	mi := &file_gpuctl_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8257,7 +8640,7 @@ func (x *CordonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonRequest.ProtoReflect.Descriptor instead.
 func (*CordonRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{79}
+	return file_gpuctl_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *CordonRequest) GetNode() string {
@@ -8292,7 +8675,7 @@ type CordonResponse struct {
 
 func (x *CordonResponse) Reset() {
 	*x = CordonResponse{}
-	mi := &file_gpuctl_proto_msgTypes[80]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8304,7 +8687,7 @@ func (x *CordonResponse) String() string {
 func (*CordonResponse) ProtoMessage() {}
 
 func (x *CordonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[80]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8317,7 +8700,7 @@ func (x *CordonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonResponse.ProtoReflect.Descriptor instead.
 func (*CordonResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{80}
+	return file_gpuctl_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *CordonResponse) GetNode() *NodeStatus {
@@ -8349,7 +8732,7 @@ type DrainedJob struct {
 
 func (x *DrainedJob) Reset() {
 	*x = DrainedJob{}
-	mi := &file_gpuctl_proto_msgTypes[81]
+	mi := &file_gpuctl_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8361,7 +8744,7 @@ func (x *DrainedJob) String() string {
 func (*DrainedJob) ProtoMessage() {}
 
 func (x *DrainedJob) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[81]
+	mi := &file_gpuctl_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8374,7 +8757,7 @@ func (x *DrainedJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainedJob.ProtoReflect.Descriptor instead.
 func (*DrainedJob) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{81}
+	return file_gpuctl_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *DrainedJob) GetJob() string {
@@ -8414,7 +8797,7 @@ type CheckpointJobRequest struct {
 
 func (x *CheckpointJobRequest) Reset() {
 	*x = CheckpointJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[82]
+	mi := &file_gpuctl_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8426,7 +8809,7 @@ func (x *CheckpointJobRequest) String() string {
 func (*CheckpointJobRequest) ProtoMessage() {}
 
 func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[82]
+	mi := &file_gpuctl_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8439,7 +8822,7 @@ func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{82}
+	return file_gpuctl_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *CheckpointJobRequest) GetJob() string {
@@ -8458,7 +8841,7 @@ type CheckpointJobResponse struct {
 
 func (x *CheckpointJobResponse) Reset() {
 	*x = CheckpointJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[83]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8470,7 +8853,7 @@ func (x *CheckpointJobResponse) String() string {
 func (*CheckpointJobResponse) ProtoMessage() {}
 
 func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[83]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8483,7 +8866,7 @@ func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{83}
+	return file_gpuctl_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *CheckpointJobResponse) GetJob() *Job {
@@ -8505,7 +8888,7 @@ type RestartJobRequest struct {
 
 func (x *RestartJobRequest) Reset() {
 	*x = RestartJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[84]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8517,7 +8900,7 @@ func (x *RestartJobRequest) String() string {
 func (*RestartJobRequest) ProtoMessage() {}
 
 func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[84]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8530,7 +8913,7 @@ func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobRequest.ProtoReflect.Descriptor instead.
 func (*RestartJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{84}
+	return file_gpuctl_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RestartJobRequest) GetJob() string {
@@ -8563,7 +8946,7 @@ type RestartJobResponse struct {
 
 func (x *RestartJobResponse) Reset() {
 	*x = RestartJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[85]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8575,7 +8958,7 @@ func (x *RestartJobResponse) String() string {
 func (*RestartJobResponse) ProtoMessage() {}
 
 func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[85]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8588,7 +8971,7 @@ func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobResponse.ProtoReflect.Descriptor instead.
 func (*RestartJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{85}
+	return file_gpuctl_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RestartJobResponse) GetJob() *Job {
@@ -8611,7 +8994,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8623,7 +9006,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8636,7 +9019,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{86}
+	return file_gpuctl_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *LogsRequest) GetJob() string {
@@ -8677,7 +9060,7 @@ type LogsChunk struct {
 
 func (x *LogsChunk) Reset() {
 	*x = LogsChunk{}
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8689,7 +9072,7 @@ func (x *LogsChunk) String() string {
 func (*LogsChunk) ProtoMessage() {}
 
 func (x *LogsChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8702,7 +9085,7 @@ func (x *LogsChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsChunk.ProtoReflect.Descriptor instead.
 func (*LogsChunk) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{87}
+	return file_gpuctl_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *LogsChunk) GetData() []byte {
@@ -8741,7 +9124,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8753,7 +9136,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8766,7 +9149,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{88}
+	return file_gpuctl_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *WatchRequest) GetKinds() []WatchKind {
@@ -8818,7 +9201,7 @@ type WatchChange struct {
 
 func (x *WatchChange) Reset() {
 	*x = WatchChange{}
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8830,7 +9213,7 @@ func (x *WatchChange) String() string {
 func (*WatchChange) ProtoMessage() {}
 
 func (x *WatchChange) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8843,7 +9226,7 @@ func (x *WatchChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchChange.ProtoReflect.Descriptor instead.
 func (*WatchChange) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{89}
+	return file_gpuctl_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *WatchChange) GetRevision() uint64 {
@@ -8926,7 +9309,7 @@ type WatchBatch struct {
 
 func (x *WatchBatch) Reset() {
 	*x = WatchBatch{}
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8938,7 +9321,7 @@ func (x *WatchBatch) String() string {
 func (*WatchBatch) ProtoMessage() {}
 
 func (x *WatchBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8951,7 +9334,7 @@ func (x *WatchBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBatch.ProtoReflect.Descriptor instead.
 func (*WatchBatch) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{90}
+	return file_gpuctl_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *WatchBatch) GetEpoch() string {
@@ -9031,7 +9414,7 @@ type Identity struct {
 
 func (x *Identity) Reset() {
 	*x = Identity{}
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9043,7 +9426,7 @@ func (x *Identity) String() string {
 func (*Identity) ProtoMessage() {}
 
 func (x *Identity) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9056,7 +9439,7 @@ func (x *Identity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Identity.ProtoReflect.Descriptor instead.
 func (*Identity) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{91}
+	return file_gpuctl_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *Identity) GetKind() IdentityKind {
@@ -9159,7 +9542,7 @@ type Revocation struct {
 
 func (x *Revocation) Reset() {
 	*x = Revocation{}
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9171,7 +9554,7 @@ func (x *Revocation) String() string {
 func (*Revocation) ProtoMessage() {}
 
 func (x *Revocation) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9184,7 +9567,7 @@ func (x *Revocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revocation.ProtoReflect.Descriptor instead.
 func (*Revocation) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{92}
+	return file_gpuctl_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *Revocation) GetSerial() string {
@@ -9240,7 +9623,7 @@ type JoinTokenUse struct {
 
 func (x *JoinTokenUse) Reset() {
 	*x = JoinTokenUse{}
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9252,7 +9635,7 @@ func (x *JoinTokenUse) String() string {
 func (*JoinTokenUse) ProtoMessage() {}
 
 func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9265,7 +9648,7 @@ func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinTokenUse.ProtoReflect.Descriptor instead.
 func (*JoinTokenUse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{93}
+	return file_gpuctl_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *JoinTokenUse) GetNode() string {
@@ -9302,7 +9685,7 @@ type JoinToken struct {
 
 func (x *JoinToken) Reset() {
 	*x = JoinToken{}
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9314,7 +9697,7 @@ func (x *JoinToken) String() string {
 func (*JoinToken) ProtoMessage() {}
 
 func (x *JoinToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9327,7 +9710,7 @@ func (x *JoinToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
 func (*JoinToken) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{94}
+	return file_gpuctl_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *JoinToken) GetId() string {
@@ -9406,7 +9789,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9418,7 +9801,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9431,7 +9814,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{95}
+	return file_gpuctl_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *CreateJoinTokenRequest) GetTtlSeconds() int64 {
@@ -9465,7 +9848,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9477,7 +9860,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9490,7 +9873,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{96}
+	return file_gpuctl_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *CreateJoinTokenResponse) GetToken() string {
@@ -9515,7 +9898,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9527,7 +9910,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9540,7 +9923,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{97}
+	return file_gpuctl_proto_rawDescGZIP(), []int{103}
 }
 
 type ListTokensResponse struct {
@@ -9552,7 +9935,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9564,7 +9947,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9577,7 +9960,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{98}
+	return file_gpuctl_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *ListTokensResponse) GetTokens() []*JoinToken {
@@ -9597,7 +9980,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9609,7 +9992,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9622,7 +10005,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{99}
+	return file_gpuctl_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -9641,7 +10024,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9653,7 +10036,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9666,7 +10049,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{100}
+	return file_gpuctl_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *RevokeTokenResponse) GetToken() *JoinToken {
@@ -9691,7 +10074,7 @@ type AddUserRequest struct {
 
 func (x *AddUserRequest) Reset() {
 	*x = AddUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9703,7 +10086,7 @@ func (x *AddUserRequest) String() string {
 func (*AddUserRequest) ProtoMessage() {}
 
 func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9716,7 +10099,7 @@ func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserRequest.ProtoReflect.Descriptor instead.
 func (*AddUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{101}
+	return file_gpuctl_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *AddUserRequest) GetName() string {
@@ -9751,7 +10134,7 @@ type AddUserResponse struct {
 
 func (x *AddUserResponse) Reset() {
 	*x = AddUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9763,7 +10146,7 @@ func (x *AddUserResponse) String() string {
 func (*AddUserResponse) ProtoMessage() {}
 
 func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9776,7 +10159,7 @@ func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserResponse.ProtoReflect.Descriptor instead.
 func (*AddUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{102}
+	return file_gpuctl_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *AddUserResponse) GetUser() *Identity {
@@ -9810,7 +10193,7 @@ type ListIdentitiesRequest struct {
 
 func (x *ListIdentitiesRequest) Reset() {
 	*x = ListIdentitiesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9822,7 +10205,7 @@ func (x *ListIdentitiesRequest) String() string {
 func (*ListIdentitiesRequest) ProtoMessage() {}
 
 func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9835,7 +10218,7 @@ func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesRequest.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{103}
+	return file_gpuctl_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *ListIdentitiesRequest) GetKind() IdentityKind {
@@ -9854,7 +10237,7 @@ type ListIdentitiesResponse struct {
 
 func (x *ListIdentitiesResponse) Reset() {
 	*x = ListIdentitiesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9866,7 +10249,7 @@ func (x *ListIdentitiesResponse) String() string {
 func (*ListIdentitiesResponse) ProtoMessage() {}
 
 func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9879,7 +10262,7 @@ func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesResponse.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{104}
+	return file_gpuctl_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *ListIdentitiesResponse) GetIdentities() []*Identity {
@@ -9899,7 +10282,7 @@ type RevokeUserRequest struct {
 
 func (x *RevokeUserRequest) Reset() {
 	*x = RevokeUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9911,7 +10294,7 @@ func (x *RevokeUserRequest) String() string {
 func (*RevokeUserRequest) ProtoMessage() {}
 
 func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9924,7 +10307,7 @@ func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserRequest.ProtoReflect.Descriptor instead.
 func (*RevokeUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{105}
+	return file_gpuctl_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *RevokeUserRequest) GetName() string {
@@ -9953,7 +10336,7 @@ type RevokeUserResponse struct {
 
 func (x *RevokeUserResponse) Reset() {
 	*x = RevokeUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[106]
+	mi := &file_gpuctl_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9965,7 +10348,7 @@ func (x *RevokeUserResponse) String() string {
 func (*RevokeUserResponse) ProtoMessage() {}
 
 func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[106]
+	mi := &file_gpuctl_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9978,7 +10361,7 @@ func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserResponse.ProtoReflect.Descriptor instead.
 func (*RevokeUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{106}
+	return file_gpuctl_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *RevokeUserResponse) GetRevoked() []*Identity {
@@ -10005,7 +10388,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_gpuctl_proto_msgTypes[107]
+	mi := &file_gpuctl_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10017,7 +10400,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[107]
+	mi := &file_gpuctl_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10030,7 +10413,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{107}
+	return file_gpuctl_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *RemoveNodeRequest) GetName() string {
@@ -10058,7 +10441,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_gpuctl_proto_msgTypes[108]
+	mi := &file_gpuctl_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10070,7 +10453,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[108]
+	mi := &file_gpuctl_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10083,7 +10466,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{108}
+	return file_gpuctl_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *RemoveNodeResponse) GetRevoked() []*Identity {
@@ -10152,7 +10535,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1d\n" +
 	"\n" +
 	"speed_mbps\x18\x03 \x01(\x04R\tspeedMbps\x12\x14\n" +
-	"\x05addrs\x18\x04 \x03(\tR\x05addrs\"\xa0\x04\n" +
+	"\x05addrs\x18\x04 \x03(\tR\x05addrs\"\xbd\x04\n" +
 	"\x10NodeRegistration\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\bhostname\x18\x02 \x01(\tR\bhostname\x12&\n" +
@@ -10168,7 +10551,8 @@ const file_gpuctl_proto_rawDesc = "" +
 	" \x01(\tR\vcudaVersion\x12/\n" +
 	"\arunning\x18\v \x03(\v2\x15.gpuctl.v1.RankStatusR\arunning\x12\x1f\n" +
 	"\vinstance_id\x18\f \x01(\tR\n" +
-	"instanceId\x1a9\n" +
+	"instanceId\x12\x1b\n" +
+	"\tpeer_addr\x18\r \x01(\tR\bpeerAddr\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd3\x01\n" +
@@ -10310,7 +10694,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x1d\n" +
 	"\n" +
 	"local_rank\x18\x02 \x01(\x05R\tlocalRank\x12\x12\n" +
-	"\x04gpus\x18\x03 \x03(\rR\x04gpus\"\x8e\x04\n" +
+	"\x04gpus\x18\x03 \x03(\rR\x04gpus\"\xc0\x04\n" +
 	"\vLaunchRanks\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x18\n" +
@@ -10331,10 +10715,31 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\tnum_nodes\x18\x10 \x01(\x05R\bnumNodes\x12\x1e\n" +
 	"\vrun_as_user\x18\v \x01(\tR\trunAsUser\x12 \n" +
 	"\frun_as_group\x18\f \x01(\tR\n" +
-	"runAsGroup\x1a6\n" +
+	"runAsGroup\x120\n" +
+	"\twitnesses\x18\x11 \x03(\v2\x12.gpuctl.v1.WitnessR\twitnesses\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"}\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"1\n" +
+	"\aWitness\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\"7\n" +
+	"\tSupersede\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\"D\n" +
+	"\fVouchRequest\x124\n" +
+	"\battempts\x18\x01 \x03(\v2\x18.gpuctl.v1.JobAttemptRefR\battempts\";\n" +
+	"\rJobAttemptRef\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\";\n" +
+	"\rVouchResponse\x12*\n" +
+	"\avouches\x18\x01 \x03(\v2\x10.gpuctl.v1.VouchR\avouches\"m\n" +
+	"\x05Vouch\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x18\n" +
+	"\avouched\x18\x03 \x01(\bR\avouched\x12\x1e\n" +
+	"\n" +
+	"superseded\x18\x04 \x01(\bR\n" +
+	"superseded\"}\n" +
 	"\vSignalRanks\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\tR\x06signal\x12\x14\n" +
@@ -10345,14 +10750,15 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x16\n" +
 	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x1b\n" +
-	"\tmax_bytes\x18\x04 \x01(\rR\bmaxBytes\"\xf6\x01\n" +
+	"\tmax_bytes\x18\x04 \x01(\rR\bmaxBytes\"\xac\x02\n" +
 	"\aCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x120\n" +
 	"\x06launch\x18\x02 \x01(\v2\x16.gpuctl.v1.LaunchRanksH\x00R\x06launch\x120\n" +
 	"\x06signal\x18\x03 \x01(\v2\x16.gpuctl.v1.SignalRanksH\x00R\x06signal\x12;\n" +
 	"\finject_fault\x18\x04 \x01(\v2\x16.gpuctl.v1.InjectFaultH\x00R\vinjectFault\x122\n" +
-	"\tread_logs\x18\x05 \x01(\v2\x13.gpuctl.v1.ReadLogsH\x00R\breadLogsB\x06\n" +
-	"\x04body\"\xd6\x01\n" +
+	"\tread_logs\x18\x05 \x01(\v2\x13.gpuctl.v1.ReadLogsH\x00R\breadLogs\x124\n" +
+	"\tsupersede\x18\x06 \x01(\v2\x14.gpuctl.v1.SupersedeH\x00R\tsupersedeB\x06\n" +
+	"\x04body\"\xfc\x01\n" +
 	"\n" +
 	"CommandAck\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
@@ -10362,7 +10768,8 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x12\x1f\n" +
 	"\vnext_offset\x18\x04 \x01(\x03R\n" +
 	"nextOffset\x12-\n" +
-	"\x06killed\x18\x06 \x03(\v2\x15.gpuctl.v1.RankStatusR\x06killed\"\x8a\x02\n" +
+	"\x06killed\x18\x06 \x03(\v2\x15.gpuctl.v1.RankStatusR\x06killed\x12$\n" +
+	"\x0evouched_ago_ms\x18\b \x01(\x03R\fvouchedAgoMs\"\x8a\x02\n" +
 	"\n" +
 	"RankStatus\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x18\n" +
@@ -10634,7 +11041,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\aJobNode\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12(\n" +
-	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xb8\r\n" +
+	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xd6\r\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -10688,7 +11095,8 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\tfull_gpus\x18+ \x01(\x05R\bfullGpus\x12)\n" +
 	"\x10checkpoint_steps\x18, \x03(\x03R\x0fcheckpointSteps\x12'\n" +
 	"\x0fidempotency_key\x18- \x01(\tR\x0eidempotencyKey\x12!\n" +
-	"\ffenced_nodes\x18. \x03(\tR\vfencedNodes\"\xee\x02\n" +
+	"\ffenced_nodes\x18. \x03(\tR\vfencedNodes\x12\x1c\n" +
+	"\twitnesses\x18/ \x03(\tR\twitnesses\"\xee\x02\n" +
 	"\n" +
 	"JobAttempt\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\rR\aattempt\x12&\n" +
@@ -11008,7 +11416,7 @@ func file_gpuctl_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 113)
+var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 119)
 var file_gpuctl_proto_goTypes = []any{
 	(NCCLOp)(0),                     // 0: gpuctl.v1.NCCLOp
 	(EventKind)(0),                  // 1: gpuctl.v1.EventKind
@@ -11043,96 +11451,102 @@ var file_gpuctl_proto_goTypes = []any{
 	(*InjectFault)(nil),             // 30: gpuctl.v1.InjectFault
 	(*RankSpec)(nil),                // 31: gpuctl.v1.RankSpec
 	(*LaunchRanks)(nil),             // 32: gpuctl.v1.LaunchRanks
-	(*SignalRanks)(nil),             // 33: gpuctl.v1.SignalRanks
-	(*ReadLogs)(nil),                // 34: gpuctl.v1.ReadLogs
-	(*Command)(nil),                 // 35: gpuctl.v1.Command
-	(*CommandAck)(nil),              // 36: gpuctl.v1.CommandAck
-	(*RankStatus)(nil),              // 37: gpuctl.v1.RankStatus
-	(*AgentMessage)(nil),            // 38: gpuctl.v1.AgentMessage
-	(*ServerMessage)(nil),           // 39: gpuctl.v1.ServerMessage
-	(*GPUStatus)(nil),               // 40: gpuctl.v1.GPUStatus
-	(*NodeStatus)(nil),              // 41: gpuctl.v1.NodeStatus
-	(*CollectiveStat)(nil),          // 42: gpuctl.v1.CollectiveStat
-	(*ListNodesRequest)(nil),        // 43: gpuctl.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),       // 44: gpuctl.v1.ListNodesResponse
-	(*ListEventsRequest)(nil),       // 45: gpuctl.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),      // 46: gpuctl.v1.ListEventsResponse
-	(*ListCollectivesRequest)(nil),  // 47: gpuctl.v1.ListCollectivesRequest
-	(*ListCollectivesResponse)(nil), // 48: gpuctl.v1.ListCollectivesResponse
-	(*GPUHistoryRequest)(nil),       // 49: gpuctl.v1.GPUHistoryRequest
-	(*GPUHistoryResponse)(nil),      // 50: gpuctl.v1.GPUHistoryResponse
-	(*ObserveFilter)(nil),           // 51: gpuctl.v1.ObserveFilter
-	(*ObserveRequest)(nil),          // 52: gpuctl.v1.ObserveRequest
-	(*ObserveItem)(nil),             // 53: gpuctl.v1.ObserveItem
-	(*ObserveBatch)(nil),            // 54: gpuctl.v1.ObserveBatch
-	(*VersionRequest)(nil),          // 55: gpuctl.v1.VersionRequest
-	(*VersionResponse)(nil),         // 56: gpuctl.v1.VersionResponse
-	(*StatusRequest)(nil),           // 57: gpuctl.v1.StatusRequest
-	(*ServerStatus)(nil),            // 58: gpuctl.v1.ServerStatus
-	(*StoreMember)(nil),             // 59: gpuctl.v1.StoreMember
-	(*StatusResponse)(nil),          // 60: gpuctl.v1.StatusResponse
-	(*TelemetryShed)(nil),           // 61: gpuctl.v1.TelemetryShed
-	(*InjectFaultRequest)(nil),      // 62: gpuctl.v1.InjectFaultRequest
-	(*InjectFaultResponse)(nil),     // 63: gpuctl.v1.InjectFaultResponse
-	(*ClientRequest)(nil),           // 64: gpuctl.v1.ClientRequest
-	(*ClientResponse)(nil),          // 65: gpuctl.v1.ClientResponse
-	(*JobPlan)(nil),                 // 66: gpuctl.v1.JobPlan
-	(*JobRank)(nil),                 // 67: gpuctl.v1.JobRank
-	(*JobNode)(nil),                 // 68: gpuctl.v1.JobNode
-	(*Job)(nil),                     // 69: gpuctl.v1.Job
-	(*JobAttempt)(nil),              // 70: gpuctl.v1.JobAttempt
-	(*SubmitJobRequest)(nil),        // 71: gpuctl.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),       // 72: gpuctl.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 73: gpuctl.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 74: gpuctl.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),        // 75: gpuctl.v1.CancelJobRequest
-	(*ReleaseJobRequest)(nil),       // 76: gpuctl.v1.ReleaseJobRequest
-	(*ReleaseJobResponse)(nil),      // 77: gpuctl.v1.ReleaseJobResponse
-	(*CancelJobResponse)(nil),       // 78: gpuctl.v1.CancelJobResponse
-	(*AssignJobRequest)(nil),        // 79: gpuctl.v1.AssignJobRequest
-	(*AssignJobResponse)(nil),       // 80: gpuctl.v1.AssignJobResponse
-	(*Packing)(nil),                 // 81: gpuctl.v1.Packing
-	(*RebalanceMove)(nil),           // 82: gpuctl.v1.RebalanceMove
-	(*RebalanceRequest)(nil),        // 83: gpuctl.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),       // 84: gpuctl.v1.RebalanceResponse
-	(*StalledRank)(nil),             // 85: gpuctl.v1.StalledRank
-	(*Stall)(nil),                   // 86: gpuctl.v1.Stall
-	(*ListStallsRequest)(nil),       // 87: gpuctl.v1.ListStallsRequest
-	(*ListStallsResponse)(nil),      // 88: gpuctl.v1.ListStallsResponse
-	(*CordonRequest)(nil),           // 89: gpuctl.v1.CordonRequest
-	(*CordonResponse)(nil),          // 90: gpuctl.v1.CordonResponse
-	(*DrainedJob)(nil),              // 91: gpuctl.v1.DrainedJob
-	(*CheckpointJobRequest)(nil),    // 92: gpuctl.v1.CheckpointJobRequest
-	(*CheckpointJobResponse)(nil),   // 93: gpuctl.v1.CheckpointJobResponse
-	(*RestartJobRequest)(nil),       // 94: gpuctl.v1.RestartJobRequest
-	(*RestartJobResponse)(nil),      // 95: gpuctl.v1.RestartJobResponse
-	(*LogsRequest)(nil),             // 96: gpuctl.v1.LogsRequest
-	(*LogsChunk)(nil),               // 97: gpuctl.v1.LogsChunk
-	(*WatchRequest)(nil),            // 98: gpuctl.v1.WatchRequest
-	(*WatchChange)(nil),             // 99: gpuctl.v1.WatchChange
-	(*WatchBatch)(nil),              // 100: gpuctl.v1.WatchBatch
-	(*Identity)(nil),                // 101: gpuctl.v1.Identity
-	(*Revocation)(nil),              // 102: gpuctl.v1.Revocation
-	(*JoinTokenUse)(nil),            // 103: gpuctl.v1.JoinTokenUse
-	(*JoinToken)(nil),               // 104: gpuctl.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),  // 105: gpuctl.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil), // 106: gpuctl.v1.CreateJoinTokenResponse
-	(*ListTokensRequest)(nil),       // 107: gpuctl.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),      // 108: gpuctl.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),      // 109: gpuctl.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),     // 110: gpuctl.v1.RevokeTokenResponse
-	(*AddUserRequest)(nil),          // 111: gpuctl.v1.AddUserRequest
-	(*AddUserResponse)(nil),         // 112: gpuctl.v1.AddUserResponse
-	(*ListIdentitiesRequest)(nil),   // 113: gpuctl.v1.ListIdentitiesRequest
-	(*ListIdentitiesResponse)(nil),  // 114: gpuctl.v1.ListIdentitiesResponse
-	(*RevokeUserRequest)(nil),       // 115: gpuctl.v1.RevokeUserRequest
-	(*RevokeUserResponse)(nil),      // 116: gpuctl.v1.RevokeUserResponse
-	(*RemoveNodeRequest)(nil),       // 117: gpuctl.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),      // 118: gpuctl.v1.RemoveNodeResponse
-	nil,                             // 119: gpuctl.v1.NodeRegistration.LabelsEntry
-	nil,                             // 120: gpuctl.v1.RDMAPortSample.CountersEntry
-	nil,                             // 121: gpuctl.v1.Event.AttrsEntry
-	nil,                             // 122: gpuctl.v1.LaunchRanks.EnvEntry
+	(*Witness)(nil),                 // 33: gpuctl.v1.Witness
+	(*Supersede)(nil),               // 34: gpuctl.v1.Supersede
+	(*VouchRequest)(nil),            // 35: gpuctl.v1.VouchRequest
+	(*JobAttemptRef)(nil),           // 36: gpuctl.v1.JobAttemptRef
+	(*VouchResponse)(nil),           // 37: gpuctl.v1.VouchResponse
+	(*Vouch)(nil),                   // 38: gpuctl.v1.Vouch
+	(*SignalRanks)(nil),             // 39: gpuctl.v1.SignalRanks
+	(*ReadLogs)(nil),                // 40: gpuctl.v1.ReadLogs
+	(*Command)(nil),                 // 41: gpuctl.v1.Command
+	(*CommandAck)(nil),              // 42: gpuctl.v1.CommandAck
+	(*RankStatus)(nil),              // 43: gpuctl.v1.RankStatus
+	(*AgentMessage)(nil),            // 44: gpuctl.v1.AgentMessage
+	(*ServerMessage)(nil),           // 45: gpuctl.v1.ServerMessage
+	(*GPUStatus)(nil),               // 46: gpuctl.v1.GPUStatus
+	(*NodeStatus)(nil),              // 47: gpuctl.v1.NodeStatus
+	(*CollectiveStat)(nil),          // 48: gpuctl.v1.CollectiveStat
+	(*ListNodesRequest)(nil),        // 49: gpuctl.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),       // 50: gpuctl.v1.ListNodesResponse
+	(*ListEventsRequest)(nil),       // 51: gpuctl.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),      // 52: gpuctl.v1.ListEventsResponse
+	(*ListCollectivesRequest)(nil),  // 53: gpuctl.v1.ListCollectivesRequest
+	(*ListCollectivesResponse)(nil), // 54: gpuctl.v1.ListCollectivesResponse
+	(*GPUHistoryRequest)(nil),       // 55: gpuctl.v1.GPUHistoryRequest
+	(*GPUHistoryResponse)(nil),      // 56: gpuctl.v1.GPUHistoryResponse
+	(*ObserveFilter)(nil),           // 57: gpuctl.v1.ObserveFilter
+	(*ObserveRequest)(nil),          // 58: gpuctl.v1.ObserveRequest
+	(*ObserveItem)(nil),             // 59: gpuctl.v1.ObserveItem
+	(*ObserveBatch)(nil),            // 60: gpuctl.v1.ObserveBatch
+	(*VersionRequest)(nil),          // 61: gpuctl.v1.VersionRequest
+	(*VersionResponse)(nil),         // 62: gpuctl.v1.VersionResponse
+	(*StatusRequest)(nil),           // 63: gpuctl.v1.StatusRequest
+	(*ServerStatus)(nil),            // 64: gpuctl.v1.ServerStatus
+	(*StoreMember)(nil),             // 65: gpuctl.v1.StoreMember
+	(*StatusResponse)(nil),          // 66: gpuctl.v1.StatusResponse
+	(*TelemetryShed)(nil),           // 67: gpuctl.v1.TelemetryShed
+	(*InjectFaultRequest)(nil),      // 68: gpuctl.v1.InjectFaultRequest
+	(*InjectFaultResponse)(nil),     // 69: gpuctl.v1.InjectFaultResponse
+	(*ClientRequest)(nil),           // 70: gpuctl.v1.ClientRequest
+	(*ClientResponse)(nil),          // 71: gpuctl.v1.ClientResponse
+	(*JobPlan)(nil),                 // 72: gpuctl.v1.JobPlan
+	(*JobRank)(nil),                 // 73: gpuctl.v1.JobRank
+	(*JobNode)(nil),                 // 74: gpuctl.v1.JobNode
+	(*Job)(nil),                     // 75: gpuctl.v1.Job
+	(*JobAttempt)(nil),              // 76: gpuctl.v1.JobAttempt
+	(*SubmitJobRequest)(nil),        // 77: gpuctl.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),       // 78: gpuctl.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 79: gpuctl.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 80: gpuctl.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),        // 81: gpuctl.v1.CancelJobRequest
+	(*ReleaseJobRequest)(nil),       // 82: gpuctl.v1.ReleaseJobRequest
+	(*ReleaseJobResponse)(nil),      // 83: gpuctl.v1.ReleaseJobResponse
+	(*CancelJobResponse)(nil),       // 84: gpuctl.v1.CancelJobResponse
+	(*AssignJobRequest)(nil),        // 85: gpuctl.v1.AssignJobRequest
+	(*AssignJobResponse)(nil),       // 86: gpuctl.v1.AssignJobResponse
+	(*Packing)(nil),                 // 87: gpuctl.v1.Packing
+	(*RebalanceMove)(nil),           // 88: gpuctl.v1.RebalanceMove
+	(*RebalanceRequest)(nil),        // 89: gpuctl.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),       // 90: gpuctl.v1.RebalanceResponse
+	(*StalledRank)(nil),             // 91: gpuctl.v1.StalledRank
+	(*Stall)(nil),                   // 92: gpuctl.v1.Stall
+	(*ListStallsRequest)(nil),       // 93: gpuctl.v1.ListStallsRequest
+	(*ListStallsResponse)(nil),      // 94: gpuctl.v1.ListStallsResponse
+	(*CordonRequest)(nil),           // 95: gpuctl.v1.CordonRequest
+	(*CordonResponse)(nil),          // 96: gpuctl.v1.CordonResponse
+	(*DrainedJob)(nil),              // 97: gpuctl.v1.DrainedJob
+	(*CheckpointJobRequest)(nil),    // 98: gpuctl.v1.CheckpointJobRequest
+	(*CheckpointJobResponse)(nil),   // 99: gpuctl.v1.CheckpointJobResponse
+	(*RestartJobRequest)(nil),       // 100: gpuctl.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),      // 101: gpuctl.v1.RestartJobResponse
+	(*LogsRequest)(nil),             // 102: gpuctl.v1.LogsRequest
+	(*LogsChunk)(nil),               // 103: gpuctl.v1.LogsChunk
+	(*WatchRequest)(nil),            // 104: gpuctl.v1.WatchRequest
+	(*WatchChange)(nil),             // 105: gpuctl.v1.WatchChange
+	(*WatchBatch)(nil),              // 106: gpuctl.v1.WatchBatch
+	(*Identity)(nil),                // 107: gpuctl.v1.Identity
+	(*Revocation)(nil),              // 108: gpuctl.v1.Revocation
+	(*JoinTokenUse)(nil),            // 109: gpuctl.v1.JoinTokenUse
+	(*JoinToken)(nil),               // 110: gpuctl.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),  // 111: gpuctl.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil), // 112: gpuctl.v1.CreateJoinTokenResponse
+	(*ListTokensRequest)(nil),       // 113: gpuctl.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),      // 114: gpuctl.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),      // 115: gpuctl.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),     // 116: gpuctl.v1.RevokeTokenResponse
+	(*AddUserRequest)(nil),          // 117: gpuctl.v1.AddUserRequest
+	(*AddUserResponse)(nil),         // 118: gpuctl.v1.AddUserResponse
+	(*ListIdentitiesRequest)(nil),   // 119: gpuctl.v1.ListIdentitiesRequest
+	(*ListIdentitiesResponse)(nil),  // 120: gpuctl.v1.ListIdentitiesResponse
+	(*RevokeUserRequest)(nil),       // 121: gpuctl.v1.RevokeUserRequest
+	(*RevokeUserResponse)(nil),      // 122: gpuctl.v1.RevokeUserResponse
+	(*RemoveNodeRequest)(nil),       // 123: gpuctl.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),      // 124: gpuctl.v1.RemoveNodeResponse
+	nil,                             // 125: gpuctl.v1.NodeRegistration.LabelsEntry
+	nil,                             // 126: gpuctl.v1.RDMAPortSample.CountersEntry
+	nil,                             // 127: gpuctl.v1.Event.AttrsEntry
+	nil,                             // 128: gpuctl.v1.LaunchRanks.EnvEntry
 }
 var file_gpuctl_proto_depIdxs = []int32{
 	10,  // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
@@ -11141,168 +11555,172 @@ var file_gpuctl_proto_depIdxs = []int32{
 	15,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
 	16,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
 	17,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
-	119, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
-	37,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
+	125, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
+	43,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
 	19,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
 	20,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
 	0,   // 10: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
-	120, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
+	126, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
 	21,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
 	22,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
 	23,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
 	24,  // 15: gpuctl.v1.Telemetry.rdma:type_name -> gpuctl.v1.RDMAPortSample
 	22,  // 16: gpuctl.v1.Telemetry.in_flight:type_name -> gpuctl.v1.CollectiveRecord
-	37,  // 17: gpuctl.v1.Telemetry.ranks:type_name -> gpuctl.v1.RankStatus
+	43,  // 17: gpuctl.v1.Telemetry.ranks:type_name -> gpuctl.v1.RankStatus
 	1,   // 18: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
 	2,   // 19: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
 	3,   // 20: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
-	121, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
+	127, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
 	4,   // 22: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
-	122, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
+	128, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
 	31,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
-	32,  // 25: gpuctl.v1.Command.launch:type_name -> gpuctl.v1.LaunchRanks
-	33,  // 26: gpuctl.v1.Command.signal:type_name -> gpuctl.v1.SignalRanks
-	30,  // 27: gpuctl.v1.Command.inject_fault:type_name -> gpuctl.v1.InjectFault
-	34,  // 28: gpuctl.v1.Command.read_logs:type_name -> gpuctl.v1.ReadLogs
-	37,  // 29: gpuctl.v1.CommandAck.killed:type_name -> gpuctl.v1.RankStatus
-	11,  // 30: gpuctl.v1.AgentMessage.hello:type_name -> gpuctl.v1.Hello
-	18,  // 31: gpuctl.v1.AgentMessage.register:type_name -> gpuctl.v1.NodeRegistration
-	28,  // 32: gpuctl.v1.AgentMessage.heartbeat:type_name -> gpuctl.v1.Heartbeat
-	36,  // 33: gpuctl.v1.AgentMessage.command_ack:type_name -> gpuctl.v1.CommandAck
-	26,  // 34: gpuctl.v1.AgentMessage.event:type_name -> gpuctl.v1.Event
-	25,  // 35: gpuctl.v1.AgentMessage.telemetry:type_name -> gpuctl.v1.Telemetry
-	12,  // 36: gpuctl.v1.ServerMessage.welcome:type_name -> gpuctl.v1.Welcome
-	35,  // 37: gpuctl.v1.ServerMessage.command:type_name -> gpuctl.v1.Command
-	27,  // 38: gpuctl.v1.ServerMessage.event_ack:type_name -> gpuctl.v1.EventAck
-	29,  // 39: gpuctl.v1.ServerMessage.lease:type_name -> gpuctl.v1.LeaseRenewal
-	16,  // 40: gpuctl.v1.GPUStatus.info:type_name -> gpuctl.v1.GPUInfo
-	21,  // 41: gpuctl.v1.GPUStatus.last:type_name -> gpuctl.v1.GPUSample
-	18,  // 42: gpuctl.v1.NodeStatus.registration:type_name -> gpuctl.v1.NodeRegistration
-	5,   // 43: gpuctl.v1.NodeStatus.state:type_name -> gpuctl.v1.NodeState
-	40,  // 44: gpuctl.v1.NodeStatus.gpus:type_name -> gpuctl.v1.GPUStatus
-	0,   // 45: gpuctl.v1.CollectiveStat.op:type_name -> gpuctl.v1.NCCLOp
-	41,  // 46: gpuctl.v1.ListNodesResponse.nodes:type_name -> gpuctl.v1.NodeStatus
-	26,  // 47: gpuctl.v1.ListEventsResponse.events:type_name -> gpuctl.v1.Event
-	42,  // 48: gpuctl.v1.ListCollectivesResponse.collectives:type_name -> gpuctl.v1.CollectiveStat
-	21,  // 49: gpuctl.v1.GPUHistoryResponse.samples:type_name -> gpuctl.v1.GPUSample
-	0,   // 50: gpuctl.v1.ObserveFilter.op:type_name -> gpuctl.v1.NCCLOp
-	51,  // 51: gpuctl.v1.ObserveRequest.filter:type_name -> gpuctl.v1.ObserveFilter
-	22,  // 52: gpuctl.v1.ObserveItem.collective:type_name -> gpuctl.v1.CollectiveRecord
-	23,  // 53: gpuctl.v1.ObserveItem.flow:type_name -> gpuctl.v1.NetFlowSample
-	53,  // 54: gpuctl.v1.ObserveBatch.items:type_name -> gpuctl.v1.ObserveItem
-	10,  // 55: gpuctl.v1.VersionResponse.protocol:type_name -> gpuctl.v1.Version
-	58,  // 56: gpuctl.v1.StatusResponse.self:type_name -> gpuctl.v1.ServerStatus
-	58,  // 57: gpuctl.v1.StatusResponse.leader:type_name -> gpuctl.v1.ServerStatus
-	58,  // 58: gpuctl.v1.StatusResponse.servers:type_name -> gpuctl.v1.ServerStatus
-	59,  // 59: gpuctl.v1.StatusResponse.store_members:type_name -> gpuctl.v1.StoreMember
-	26,  // 60: gpuctl.v1.StatusResponse.leadership:type_name -> gpuctl.v1.Event
-	61,  // 61: gpuctl.v1.StatusResponse.telemetry_shed:type_name -> gpuctl.v1.TelemetryShed
-	30,  // 62: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
-	43,  // 63: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
-	45,  // 64: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
-	47,  // 65: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
-	49,  // 66: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
-	52,  // 67: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
-	62,  // 68: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
-	71,  // 69: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
-	73,  // 70: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
-	75,  // 71: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
-	79,  // 72: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
-	83,  // 73: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
-	87,  // 74: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
-	89,  // 75: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
-	92,  // 76: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
-	94,  // 77: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
-	96,  // 78: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
-	98,  // 79: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
-	76,  // 80: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
-	105, // 81: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
-	107, // 82: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
-	109, // 83: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
-	111, // 84: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
-	113, // 85: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
-	115, // 86: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
-	117, // 87: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
-	55,  // 88: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
-	57,  // 89: gpuctl.v1.ClientRequest.status:type_name -> gpuctl.v1.StatusRequest
-	44,  // 90: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
-	46,  // 91: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
-	48,  // 92: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
-	50,  // 93: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
-	54,  // 94: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
-	63,  // 95: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
-	72,  // 96: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
-	74,  // 97: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
-	78,  // 98: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
-	80,  // 99: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
-	84,  // 100: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
-	88,  // 101: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
-	90,  // 102: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
-	93,  // 103: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
-	95,  // 104: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
-	97,  // 105: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
-	100, // 106: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
-	77,  // 107: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
-	56,  // 108: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
-	106, // 109: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
-	108, // 110: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
-	110, // 111: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
-	112, // 112: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
-	114, // 113: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
-	116, // 114: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
-	118, // 115: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
-	60,  // 116: gpuctl.v1.ClientResponse.status:type_name -> gpuctl.v1.StatusResponse
-	67,  // 117: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
-	66,  // 118: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
-	6,   // 119: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
-	68,  // 120: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
-	7,   // 121: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
-	68,  // 122: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
-	70,  // 123: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
-	69,  // 124: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
-	69,  // 125: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
-	69,  // 126: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
-	69,  // 127: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
-	69,  // 128: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
-	68,  // 129: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
-	68,  // 130: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
-	81,  // 131: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
-	81,  // 132: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
-	82,  // 133: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
-	81,  // 134: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
-	81,  // 135: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
-	0,   // 136: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
-	85,  // 137: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
-	85,  // 138: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
-	86,  // 139: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
-	41,  // 140: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
-	91,  // 141: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
-	69,  // 142: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
-	69,  // 143: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
-	8,   // 144: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
-	8,   // 145: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
-	41,  // 146: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
-	69,  // 147: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
-	26,  // 148: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
-	86,  // 149: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
-	8,   // 150: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
-	99,  // 151: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
-	9,   // 152: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
-	9,   // 153: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
-	103, // 154: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
-	104, // 155: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
-	104, // 156: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
-	104, // 157: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
-	101, // 158: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
-	9,   // 159: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
-	101, // 160: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
-	101, // 161: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
-	101, // 162: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
-	163, // [163:163] is the sub-list for method output_type
-	163, // [163:163] is the sub-list for method input_type
-	163, // [163:163] is the sub-list for extension type_name
-	163, // [163:163] is the sub-list for extension extendee
-	0,   // [0:163] is the sub-list for field type_name
+	33,  // 25: gpuctl.v1.LaunchRanks.witnesses:type_name -> gpuctl.v1.Witness
+	36,  // 26: gpuctl.v1.VouchRequest.attempts:type_name -> gpuctl.v1.JobAttemptRef
+	38,  // 27: gpuctl.v1.VouchResponse.vouches:type_name -> gpuctl.v1.Vouch
+	32,  // 28: gpuctl.v1.Command.launch:type_name -> gpuctl.v1.LaunchRanks
+	39,  // 29: gpuctl.v1.Command.signal:type_name -> gpuctl.v1.SignalRanks
+	30,  // 30: gpuctl.v1.Command.inject_fault:type_name -> gpuctl.v1.InjectFault
+	40,  // 31: gpuctl.v1.Command.read_logs:type_name -> gpuctl.v1.ReadLogs
+	34,  // 32: gpuctl.v1.Command.supersede:type_name -> gpuctl.v1.Supersede
+	43,  // 33: gpuctl.v1.CommandAck.killed:type_name -> gpuctl.v1.RankStatus
+	11,  // 34: gpuctl.v1.AgentMessage.hello:type_name -> gpuctl.v1.Hello
+	18,  // 35: gpuctl.v1.AgentMessage.register:type_name -> gpuctl.v1.NodeRegistration
+	28,  // 36: gpuctl.v1.AgentMessage.heartbeat:type_name -> gpuctl.v1.Heartbeat
+	42,  // 37: gpuctl.v1.AgentMessage.command_ack:type_name -> gpuctl.v1.CommandAck
+	26,  // 38: gpuctl.v1.AgentMessage.event:type_name -> gpuctl.v1.Event
+	25,  // 39: gpuctl.v1.AgentMessage.telemetry:type_name -> gpuctl.v1.Telemetry
+	12,  // 40: gpuctl.v1.ServerMessage.welcome:type_name -> gpuctl.v1.Welcome
+	41,  // 41: gpuctl.v1.ServerMessage.command:type_name -> gpuctl.v1.Command
+	27,  // 42: gpuctl.v1.ServerMessage.event_ack:type_name -> gpuctl.v1.EventAck
+	29,  // 43: gpuctl.v1.ServerMessage.lease:type_name -> gpuctl.v1.LeaseRenewal
+	16,  // 44: gpuctl.v1.GPUStatus.info:type_name -> gpuctl.v1.GPUInfo
+	21,  // 45: gpuctl.v1.GPUStatus.last:type_name -> gpuctl.v1.GPUSample
+	18,  // 46: gpuctl.v1.NodeStatus.registration:type_name -> gpuctl.v1.NodeRegistration
+	5,   // 47: gpuctl.v1.NodeStatus.state:type_name -> gpuctl.v1.NodeState
+	46,  // 48: gpuctl.v1.NodeStatus.gpus:type_name -> gpuctl.v1.GPUStatus
+	0,   // 49: gpuctl.v1.CollectiveStat.op:type_name -> gpuctl.v1.NCCLOp
+	47,  // 50: gpuctl.v1.ListNodesResponse.nodes:type_name -> gpuctl.v1.NodeStatus
+	26,  // 51: gpuctl.v1.ListEventsResponse.events:type_name -> gpuctl.v1.Event
+	48,  // 52: gpuctl.v1.ListCollectivesResponse.collectives:type_name -> gpuctl.v1.CollectiveStat
+	21,  // 53: gpuctl.v1.GPUHistoryResponse.samples:type_name -> gpuctl.v1.GPUSample
+	0,   // 54: gpuctl.v1.ObserveFilter.op:type_name -> gpuctl.v1.NCCLOp
+	57,  // 55: gpuctl.v1.ObserveRequest.filter:type_name -> gpuctl.v1.ObserveFilter
+	22,  // 56: gpuctl.v1.ObserveItem.collective:type_name -> gpuctl.v1.CollectiveRecord
+	23,  // 57: gpuctl.v1.ObserveItem.flow:type_name -> gpuctl.v1.NetFlowSample
+	59,  // 58: gpuctl.v1.ObserveBatch.items:type_name -> gpuctl.v1.ObserveItem
+	10,  // 59: gpuctl.v1.VersionResponse.protocol:type_name -> gpuctl.v1.Version
+	64,  // 60: gpuctl.v1.StatusResponse.self:type_name -> gpuctl.v1.ServerStatus
+	64,  // 61: gpuctl.v1.StatusResponse.leader:type_name -> gpuctl.v1.ServerStatus
+	64,  // 62: gpuctl.v1.StatusResponse.servers:type_name -> gpuctl.v1.ServerStatus
+	65,  // 63: gpuctl.v1.StatusResponse.store_members:type_name -> gpuctl.v1.StoreMember
+	26,  // 64: gpuctl.v1.StatusResponse.leadership:type_name -> gpuctl.v1.Event
+	67,  // 65: gpuctl.v1.StatusResponse.telemetry_shed:type_name -> gpuctl.v1.TelemetryShed
+	30,  // 66: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
+	49,  // 67: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
+	51,  // 68: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
+	53,  // 69: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
+	55,  // 70: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
+	58,  // 71: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
+	68,  // 72: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
+	77,  // 73: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
+	79,  // 74: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
+	81,  // 75: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
+	85,  // 76: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
+	89,  // 77: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
+	93,  // 78: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
+	95,  // 79: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
+	98,  // 80: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
+	100, // 81: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
+	102, // 82: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
+	104, // 83: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
+	82,  // 84: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
+	111, // 85: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
+	113, // 86: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
+	115, // 87: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
+	117, // 88: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
+	119, // 89: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
+	121, // 90: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
+	123, // 91: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
+	61,  // 92: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
+	63,  // 93: gpuctl.v1.ClientRequest.status:type_name -> gpuctl.v1.StatusRequest
+	50,  // 94: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
+	52,  // 95: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
+	54,  // 96: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
+	56,  // 97: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
+	60,  // 98: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
+	69,  // 99: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
+	78,  // 100: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
+	80,  // 101: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
+	84,  // 102: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
+	86,  // 103: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
+	90,  // 104: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
+	94,  // 105: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
+	96,  // 106: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
+	99,  // 107: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
+	101, // 108: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
+	103, // 109: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
+	106, // 110: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
+	83,  // 111: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
+	62,  // 112: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
+	112, // 113: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
+	114, // 114: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
+	116, // 115: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
+	118, // 116: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
+	120, // 117: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
+	122, // 118: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
+	124, // 119: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
+	66,  // 120: gpuctl.v1.ClientResponse.status:type_name -> gpuctl.v1.StatusResponse
+	73,  // 121: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
+	72,  // 122: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
+	6,   // 123: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
+	74,  // 124: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
+	7,   // 125: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
+	74,  // 126: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
+	76,  // 127: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
+	75,  // 128: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
+	75,  // 129: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
+	75,  // 130: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
+	75,  // 131: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
+	75,  // 132: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
+	74,  // 133: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
+	74,  // 134: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
+	87,  // 135: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
+	87,  // 136: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
+	88,  // 137: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
+	87,  // 138: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
+	87,  // 139: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
+	0,   // 140: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
+	91,  // 141: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
+	91,  // 142: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
+	92,  // 143: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
+	47,  // 144: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
+	97,  // 145: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
+	75,  // 146: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
+	75,  // 147: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
+	8,   // 148: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
+	8,   // 149: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
+	47,  // 150: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
+	75,  // 151: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
+	26,  // 152: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
+	92,  // 153: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
+	8,   // 154: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
+	105, // 155: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
+	9,   // 156: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
+	9,   // 157: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
+	109, // 158: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
+	110, // 159: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
+	110, // 160: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
+	110, // 161: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
+	107, // 162: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
+	9,   // 163: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
+	107, // 164: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
+	107, // 165: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
+	107, // 166: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
+	167, // [167:167] is the sub-list for method output_type
+	167, // [167:167] is the sub-list for method input_type
+	167, // [167:167] is the sub-list for extension type_name
+	167, // [167:167] is the sub-list for extension extendee
+	0,   // [0:167] is the sub-list for field type_name
 }
 
 func init() { file_gpuctl_proto_init() }
@@ -11310,13 +11728,14 @@ func file_gpuctl_proto_init() {
 	if File_gpuctl_proto != nil {
 		return
 	}
-	file_gpuctl_proto_msgTypes[25].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[31].OneofWrappers = []any{
 		(*Command_Launch)(nil),
 		(*Command_Signal)(nil),
 		(*Command_InjectFault)(nil),
 		(*Command_ReadLogs)(nil),
+		(*Command_Supersede)(nil),
 	}
-	file_gpuctl_proto_msgTypes[28].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[34].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Register)(nil),
 		(*AgentMessage_Heartbeat)(nil),
@@ -11324,17 +11743,17 @@ func file_gpuctl_proto_init() {
 		(*AgentMessage_Event)(nil),
 		(*AgentMessage_Telemetry)(nil),
 	}
-	file_gpuctl_proto_msgTypes[29].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[35].OneofWrappers = []any{
 		(*ServerMessage_Welcome)(nil),
 		(*ServerMessage_Command)(nil),
 		(*ServerMessage_EventAck)(nil),
 		(*ServerMessage_Lease)(nil),
 	}
-	file_gpuctl_proto_msgTypes[43].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[49].OneofWrappers = []any{
 		(*ObserveItem_Collective)(nil),
 		(*ObserveItem_Flow)(nil),
 	}
-	file_gpuctl_proto_msgTypes[54].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[60].OneofWrappers = []any{
 		(*ClientRequest_ListNodes)(nil),
 		(*ClientRequest_ListEvents)(nil),
 		(*ClientRequest_ListCollectives)(nil),
@@ -11363,7 +11782,7 @@ func file_gpuctl_proto_init() {
 		(*ClientRequest_Version)(nil),
 		(*ClientRequest_Status)(nil),
 	}
-	file_gpuctl_proto_msgTypes[55].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[61].OneofWrappers = []any{
 		(*ClientResponse_ListNodes)(nil),
 		(*ClientResponse_ListEvents)(nil),
 		(*ClientResponse_ListCollectives)(nil),
@@ -11398,7 +11817,7 @@ func file_gpuctl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuctl_proto_rawDesc), len(file_gpuctl_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   113,
+			NumMessages:   119,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

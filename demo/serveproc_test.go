@@ -39,9 +39,9 @@ type procCluster struct {
 	nodeStarts    map[string]int
 }
 
-// newProcCluster starts a server process and n nodemons (simulated H100s,
-// eBPF off) and waits until every node is ready.
-func newProcCluster(t *testing.T, n int) *procCluster {
+// newProcCluster starts a server process (with serveArgs added) and n
+// nodemons (simulated H100s, eBPF off) and waits until every node is ready.
+func newProcCluster(t *testing.T, n int, serveArgs ...string) *procCluster {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts real server, nodemon and ringtrain processes")
@@ -55,7 +55,7 @@ func newProcCluster(t *testing.T, n int) *procCluster {
 	}
 	c.addr = udp.LocalAddr().String()
 	udp.Close()
-	c.serveArgs = []string{"serve", "--data-dir", filepath.Join(c.dir, "server"), "--listen", c.addr}
+	c.serveArgs = append([]string{"serve", "--data-dir", filepath.Join(c.dir, "server"), "--listen", c.addr}, serveArgs...)
 	c.startServer()
 	cl := c.dial(20 * time.Second)
 	defer cl.Close()

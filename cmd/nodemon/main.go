@@ -79,6 +79,8 @@ func rootCmd(run func(o *options) error) *cobra.Command {
 	f.Int64Var(&cfg.LogMaxBytes, "rank-log-max-bytes", agent.DefaultLogMaxBytes, "rotate a rank's log past this size")
 	f.IntVar(&cfg.LogKeep, "rank-log-keep", agent.DefaultLogKeep, "rotated files kept of each rank's log")
 	f.StringVar(&cfg.CgroupRoot, "cgroup-root", agent.DefaultCgroupRoot, "cgroup v2 mount where each job's ranks get a cgroup (gpuctl/<job>/rank-<R>), or off")
+	f.StringVar(&cfg.PeerListen, "peer-listen", "", "UDP host:port where other nodes ask this one to vouch for their ranks while no server answers (default: all addresses, on the port used last time or a free one); off: none, and ranks here stop when no server answers for a lease")
+	f.StringVar(&cfg.PeerAdvertise, "peer-advertise", "", "the host:port other nodes dial for --peer-listen (default: its host, or this host's address toward the server)")
 	f.StringVar(&cfg.SlurmNode, "slurm-node", "", "this node's Slurm name (usually --name): report the Slurm tasks on it (SLURMD_NODENAME) as ranks, for gpuctl serve --executor slurm and plain sbatch jobs")
 	f.BoolVar(&cfg.AllowRootRanks, "allow-root-ranks", false, "let ranks run as root (a job that names no user while nodemon runs as root, or names root); refused without it")
 	cmd.AddCommand(newShimCmd(), newSlurmTaskCmd())

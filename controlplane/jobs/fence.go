@@ -2,21 +2,27 @@ package jobs
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/scheduler/fencing"
 )
 
 // Fencing: a rank never runs twice. Every attempt of a job is an epoch;
-// a node's ranks run on the server's lease (nodes.Config.Lease), which
-// their shims enforce. When a node is lost, its ranks of the job are given
-// up, but they may still run there: no new attempt of the job starts
-// until each such node is fenced, either confirmed free of the old
-// attempt (it came back and reported, or killed, its ranks) or silent for
-// longer than its lease plus fenceMargin, by when its shims have stopped
-// them. A node that comes back has its ranks of superseded attempts killed
+// a node's ranks run on a lease (nodes.Config.Lease), which their shims
+// enforce, renewed by the server or, while no server answers, by a quorum
+// of the attempt's witnesses (scheduler/fencing; Job.witnesses is the
+// pool, LaunchRanks.witnesses each node's share). When a node is lost, its
+// ranks of the job are given up, but they may still run there: no new
+// attempt of the job starts until each such node is fenced, either
+// confirmed free of the old attempt (it came back and reported, or killed,
+// its ranks) or past its lease: enough of its witnesses acknowledged a
+// Supersede that it can renew no more, and the lease from its last contact
+// and from their last vouch, plus fenceMargin, has passed, by when its
+// shims have stopped them. A node that comes back has its ranks of superseded attempts killed
 // before it is ready (nodes.Registry, from Superseded) and again here,
 // from the owner's own state, which the committed view may trail.
 
@@ -27,9 +33,23 @@ const fenceMargin = time.Second
 // fence is a lost node that may still run an attempt of a job.
 type fence struct {
 	attempt uint32
-	// until is when the node's lease has surely passed.
-	until time.Time
+	// lastContact is the node's last word to the server.
+	lastContact time.Time
+	// witnesses may renew the node's lease while it is cut off; acks are
+	// those that acknowledged the attempt superseded.
+	witnesses []string
+	acks      []fencing.Ack
 }
+
+// until is when the node's lease has surely passed; ok is false while too
+// few of its witnesses acknowledged to tell.
+func (f fence) until(lease time.Duration) (time.Time, bool) {
+	return fencing.Until(f.witnesses, f.acks, f.lastContact, lease, fenceMargin)
+}
+
+// supersedeRetry is how often a Supersede a witness has not acknowledged
+// (it was down, or the command failed) is sent again.
+const supersedeRetry = 2 * time.Second
 
 // current reports whether rk, reported by node, is a live rank of j's
 // current attempt as the server counts it. A rank the server gave up (lost
@@ -87,12 +107,69 @@ func (m *Manager) awaitFence(en *entry, node string, now time.Time) {
 	if en.fences == nil {
 		en.fences = map[string]fence{}
 	}
-	f := fence{attempt: en.job.GetAttempt(), until: last.Add(m.cfg.Lease + fenceMargin)}
-	if old, ok := en.fences[node]; ok && old.until.After(f.until) {
-		f.until = old.until
+	f := fence{attempt: en.job.GetAttempt(), lastContact: last, witnesses: fencing.Of(en.job.GetWitnesses(), node)}
+	if old, ok := en.fences[node]; ok && old.attempt == f.attempt {
+		if old.lastContact.After(f.lastContact) {
+			f.lastContact = old.lastContact
+		}
+		f.acks = old.acks
 	}
 	en.fences[node] = f
 	m.keepFences(en)
+	m.supersede(en, now)
+}
+
+// supersede tells the witnesses of en's fences that their attempt is
+// superseded, each once every supersedeRetry until it acknowledges.
+func (m *Manager) supersede(en *entry, now time.Time) {
+	todo := map[string]uint32{}
+	for _, f := range en.fences {
+		for _, w := range f.witnesses {
+			acked := slices.ContainsFunc(f.acks, func(a fencing.Ack) bool { return a.Witness == w })
+			if !acked && now.Sub(en.supersedeSent[w]) >= supersedeRetry {
+				todo[w] = max(todo[w], f.attempt)
+			}
+		}
+	}
+	if len(todo) == 0 {
+		return
+	}
+	if en.supersedeSent == nil {
+		en.supersedeSent = map[string]time.Time{}
+	}
+	id, timeout, post, clock := en.job.GetId(), m.cfg.CommandTimeout, m.in.post, m.cfg.Now
+	for _, w := range slices.Sorted(mapKeys(todo)) {
+		en.supersedeSent[w] = now
+		attempt := todo[w]
+		m.act(func(d *dispatcher) {
+			d.enqueue(w, &api.Command{Body: &api.Command_Supersede{Supersede: &api.Supersede{Job: id, Attempt: attempt}}}, timeout,
+				func(ack *api.CommandAck, err error) {
+					post(msgSuperseded{job: id, attempt: attempt, witness: w, received: clock(),
+						ago: time.Duration(ack.GetVouchedAgoMs()) * time.Millisecond, err: err})
+				})
+		})
+	}
+}
+
+// superseded applies a witness's acknowledgement to the fences it
+// witnesses.
+func (m *Manager) superseded(msg msgSuperseded) {
+	en := m.jobs[msg.job]
+	if en == nil {
+		return
+	}
+	if msg.err != nil {
+		m.log.Warn("witness did not take a superseded attempt; sent again shortly", "job", msg.job, "attempt", msg.attempt, "witness", msg.witness, "err", msg.err)
+		return
+	}
+	for node, f := range en.fences {
+		if f.attempt > msg.attempt || !slices.Contains(f.witnesses, msg.witness) {
+			continue
+		}
+		f.acks = append(f.acks, fencing.Ack{Witness: msg.witness, Received: msg.received, VouchedAgo: msg.ago})
+		en.fences[node] = f
+	}
+	m.kick()
 }
 
 // keepFences stores which nodes en waits for, so that a restarted server
@@ -127,9 +204,10 @@ func (m *Manager) fenceAfterLoad(en *entry, now time.Time) {
 		if en.fences == nil {
 			en.fences = map[string]fence{}
 		}
-		en.fences[node] = fence{attempt: en.job.GetAttempt(), until: now.Add(m.cfg.Lease + fenceMargin)}
+		en.fences[node] = fence{attempt: en.job.GetAttempt(), lastContact: now, witnesses: fencing.Of(en.job.GetWitnesses(), node)}
 	}
 	m.keepFences(en)
+	m.supersede(en, now)
 }
 
 // unfenced returns the nodes that may still run an old attempt of en at
@@ -138,15 +216,26 @@ func (m *Manager) unfenced(en *entry, now time.Time) []string {
 	var wait []string
 	for _, node := range slices.Sorted(mapKeys(en.fences)) {
 		f := en.fences[node]
-		if now.Before(f.until) {
+		if until, ok := f.until(m.cfg.Lease); !ok || now.Before(until) {
 			wait = append(wait, node)
 			continue
 		}
 		delete(en.fences, node)
-		m.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, 0,
-			"attempt %d fenced on %s: its lease has passed without word from the node, so its shims have stopped its ranks", f.attempt, node)
+		how := "its lease has passed without word from the node, so its shims have stopped its ranks"
+		if len(f.witnesses) > 0 {
+			var acked []string
+			for _, a := range f.acks {
+				acked = append(acked, a.Witness)
+			}
+			how = fmt.Sprintf("its lease has passed without word from the node, and %d of its witnesses (%s) vouch for it no more, so its shims have stopped its ranks",
+				len(acked), strings.Join(acked, ","))
+		}
+		m.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, 0, "attempt %d fenced on %s: %s", f.attempt, node, how)
 	}
 	m.keepFences(en)
+	if len(wait) > 0 {
+		m.supersede(en, now)
+	}
 	return wait
 }
 
@@ -250,4 +339,27 @@ func (m *Manager) sweepSuperseded(j *api.Job) {
 		}
 		m.fenceRanks(nr.Node, stale)
 	}
+}
+
+// witnessAddrs maps each node that can witness now (up, with a peer
+// listener) to its peer address.
+func (m *Manager) witnessAddrs() map[string]string {
+	out := map[string]string{}
+	for _, n := range m.cfg.Nodes.Nodes() {
+		if a := n.GetRegistration().GetPeerAddr(); a != "" && n.GetConnected() && n.GetState() == api.NodeState_NODE_STATE_READY {
+			out[n.GetRegistration().GetName()] = a
+		}
+	}
+	return out
+}
+
+// witnessPool is the witness pool of an attempt on nodes (fencing.Pool),
+// with every node's peer address; nil without a lease.
+func (m *Manager) witnessPool(nodes []string) ([]string, map[string]string) {
+	if m.cfg.Lease <= 0 {
+		return nil, nil
+	}
+	addrs := m.witnessAddrs()
+	pool := fencing.Pool(nodes, slices.Collect(maps.Keys(addrs)), func(n string) bool { return addrs[n] != "" })
+	return pool, addrs
 }

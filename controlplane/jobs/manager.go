@@ -189,6 +189,8 @@ type entry struct {
 	// fences are the lost nodes that may still run an old attempt of the
 	// job: no new attempt starts until each is fenced.
 	fences map[string]fence
+	// supersedeSent is when each witness of a fence was last told.
+	supersedeSent map[string]time.Time
 	// retryAt, when set, is when a job the executor could not start is
 	// tried again (retryWhy says why it waits); retries counts the
 	// failures in a row, for the backoff.
@@ -404,6 +406,14 @@ type (
 		attempt   uint32
 		killed    []*api.RankStatus
 	}
+	// msgSuperseded is a witness's answer to a Supersede.
+	msgSuperseded struct {
+		job, witness string
+		attempt      uint32
+		received     time.Time
+		ago          time.Duration
+		err          error
+	}
 )
 
 type reply struct {
@@ -457,6 +467,8 @@ func (m *Manager) handle(msg any) {
 		m.call(msg)
 	case msgFenced:
 		m.fenced(msg)
+	case msgSuperseded:
+		m.superseded(msg)
 	case msgExecutorFailed:
 		m.executorFailed(msg)
 	case msgExternal:

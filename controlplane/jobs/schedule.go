@@ -13,6 +13,7 @@ import (
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
 	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
+	"github.com/gpuctl/gpuctl/scheduler/fencing"
 )
 
 // reconcile is one scheduling pass: nodes lost for good, stops, recoveries,
@@ -683,6 +684,7 @@ func (m *Manager) start(en *entry, pl scheduler.Placement, now time.Time, why st
 		m.resize(en, pl.Shape.DP)
 	}
 	j.Placement = jobNodes(&pl)
+	j.Witnesses, _ = m.witnessPool(pl.Nodes())
 	j.MasterAddr = m.addrOf(pl.Ranks[0].Node)
 	j.MasterPort = m.port(j.GetId(), j.GetAttempt())
 	j.ResumeStep = 0
@@ -724,6 +726,7 @@ func (m *Manager) launch(en *entry) {
 	user, group := m.cfg.RunAs.RunAs(en.spec)
 	launches := map[string]*api.LaunchRanks{}
 	var nodes []string
+	addrs := m.witnessAddrs()
 	for i, jn := range j.GetPlacement() {
 		l := &api.LaunchRanks{Job: j.GetId(), Attempt: j.GetAttempt(), Command: en.spec.Command, Env: en.spec.Env,
 			WorldSize: int32(jobGPUs(j)), MasterAddr: j.GetMasterAddr(), MasterPort: j.GetMasterPort(),
@@ -731,6 +734,11 @@ func (m *Manager) launch(en *entry) {
 			NodeRank: int32(i), NumNodes: int32(len(j.GetPlacement())), RunAsUser: user, RunAsGroup: group}
 		for _, r := range jn.GetRanks() {
 			l.Ranks = append(l.Ranks, &api.RankSpec{Rank: r.GetRank(), LocalRank: r.GetLocalRank(), Gpus: []uint32{r.GetGpu()}})
+		}
+		// Every witness is named, even one with no address now: the node's
+		// quorum must be counted over the same set the server fences by.
+		for _, w := range fencing.Of(j.GetWitnesses(), jn.GetNode()) {
+			l.Witnesses = append(l.Witnesses, &api.Witness{Name: w, Addr: addrs[w]})
 		}
 		launches[jn.GetNode()] = l
 		nodes = append(nodes, jn.GetNode())

@@ -129,6 +129,9 @@ type entry struct {
 	// downAt is when the node last went down: a recovery's loss of it is
 	// that moment, so two jobs losing it at once count one loss.
 	downAt time.Time
+	// closed is why the node's last session ended while it was up; it is
+	// down only if it does not reconnect within the detector's bound.
+	closed string
 }
 
 func (e *entry) down() bool { return e.rec.GetState() != api.NodeState_NODE_STATE_READY }
@@ -373,7 +376,7 @@ func upEvent(name, remote string, reg *api.NodeRegistration, known, restarted bo
 
 // upLocked makes sess the node's live session with its stored status next.
 func (r *Registry) upLocked(e *entry, reg *api.NodeRegistration, sess *session, next *api.NodeStatus, now time.Time) {
-	e.session = sess
+	e.session, e.closed = sess, ""
 	e.lastBeat = now
 	sess.hear(now)
 	sess.live.Store(true)
@@ -466,7 +469,11 @@ func (r *Registry) creditPause(d time.Duration) {
 	r.log.Warn("the server paused; nodes are not blamed for it", "pause", d.Round(time.Millisecond))
 }
 
-// disconnected records that a node's session ended.
+// disconnected records that a node's session ended. The node is not down
+// yet: the detector declares it down if it stays away as long as a silent
+// node would (CheckHeartbeats). A connection can end with the node well: a
+// server that stood still past QUIC's idle timeout finds every connection
+// timed out when it resumes, while every nodemon is already dialling again.
 func (r *Registry) disconnected(name string, sess *session, reason string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -474,7 +481,12 @@ func (r *Registry) disconnected(name string, sess *session, reason string) {
 	if !ok || e.session != sess {
 		return
 	}
-	r.downLocked(name, e, "connection closed: "+reason)
+	e.lastBeat = e.lastContact()
+	sess.live.Store(false)
+	e.session, e.closed = nil, reason
+	next := copyStatus(e.rec)
+	next.Connected = false
+	r.setLocked(e, next, false)
 }
 
 // downLocked declares a node down: its session is closed (a nodemon that
@@ -536,6 +548,9 @@ func (r *Registry) CheckHeartbeats() []string {
 		}
 		if silent := now.Sub(e.lastContact()); silent-lag > 2*e.heartbeat {
 			reason := fmt.Sprintf("no heartbeat for %s", silent.Round(time.Millisecond))
+			if e.session == nil && e.closed != "" {
+				reason = fmt.Sprintf("connection closed (%s) and not back for %s", e.closed, silent.Round(time.Millisecond))
+			}
 			if lag > 0 {
 				reason += fmt.Sprintf(" (the server %s behind)", lag.Round(time.Millisecond))
 			}

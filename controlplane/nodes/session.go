@@ -210,6 +210,10 @@ func (ns *session) handshake(ctx context.Context) error {
 		ns.r.log.Warn("node's heartbeat is too slow for the lease: a lost heartbeat or two stops its ranks",
 			"node", ns.name, "heartbeat", hb, "lease", ns.r.cfg.Lease)
 	}
+	if r.GetPeerAddr() != "" && !ns.uses(api.FeaturePeerLease) {
+		// Its peer listener is of no use to this server: it is no witness.
+		r.PeerAddr = ""
+	}
 	if r, err = ns.fence(r); err != nil {
 		return err
 	}
@@ -303,7 +307,8 @@ func (r *Registry) usedFeatures() []string {
 	if r.cfg.Lease > 0 {
 		return api.NodeFeatures()
 	}
-	return slices.DeleteFunc(api.NodeFeatures(), func(f string) bool { return f == api.FeatureLease })
+	// Without a lease there is nothing for witnesses to renew either.
+	return slices.DeleteFunc(api.NodeFeatures(), func(f string) bool { return f == api.FeatureLease || f == api.FeaturePeerLease })
 }
 
 // uses reports whether this session uses feature f with the node.
