@@ -61,14 +61,29 @@ func openWitnessBook(dataDir string, log *slog.Logger) (*witnessBook, error) {
 	if err != nil {
 		return nil, fmt.Errorf("witness book: %w", err)
 	}
-	var f witnessFile
-	if err := json.Unmarshal(data, &f); err != nil || f.Version != 1 {
+	if b.superseded, err = parseWitnessFile(data); err != nil {
 		return nil, fmt.Errorf("witness book %s is damaged (%v): it lists the job attempts this node must never vouch for; restore it from a backup, or remove it only once every job that ran in the cluster before has ended", b.path, err)
 	}
-	for job, a := range f.Superseded {
-		b.superseded[job] = a
-	}
 	return b, nil
+}
+
+// parseWitnessFile reads superseded.json.
+func parseWitnessFile(data []byte) (map[string]uint32, error) {
+	var f witnessFile
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, err
+	}
+	if f.Version != 1 {
+		return nil, fmt.Errorf("version %d, want 1", f.Version)
+	}
+	out := map[string]uint32{}
+	for job, a := range f.Superseded {
+		if job == "" || a == 0 {
+			return nil, fmt.Errorf("entry %q: %d is not a job and attempt", job, a)
+		}
+		out[job] = a
+	}
+	return out, nil
 }
 
 // supersede records that job's attempts up to attempt are superseded and

@@ -1,0 +1,114 @@
+package agent
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+	"google.golang.org/protobuf/proto"
+)
+
+// TestWitnessBook: a witness vouches until told an attempt is superseded,
+// then never again, for that attempt and every earlier one, and a
+// restarted nodemon remembers; it reports its last vouch for the job (or
+// its start, after a restart) with each acknowledgement.
+func TestWitnessBook(t *testing.T) {
+	dir := t.TempDir()
+	b, err := openWitnessBook(dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask := func(b *witnessBook, job string, attempt uint32) *api.Vouch {
+		return b.answer(&api.VouchRequest{Attempts: []*api.JobAttemptRef{{Job: job, Attempt: attempt}}}).GetVouches()[0]
+	}
+	if v := ask(b, "j-1", 2); !v.GetVouched() || v.GetSuperseded() {
+		t.Fatalf("before any Supersede: %v", v)
+	}
+	vouchedAt := time.Now()
+	time.Sleep(20 * time.Millisecond)
+	ago, err := b.supersede("j-1", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ago < 20*time.Millisecond || ago > time.Since(vouchedAt) {
+		t.Errorf("vouched ago %s, want about %s", ago, time.Since(vouchedAt))
+	}
+	for _, attempt := range []uint32{1, 2} {
+		if v := ask(b, "j-1", attempt); v.GetVouched() || !v.GetSuperseded() {
+			t.Errorf("attempt %d after Supersede(2): %v", attempt, v)
+		}
+	}
+	if v := ask(b, "j-1", 3); !v.GetVouched() {
+		t.Errorf("attempt 3 is newer than the one superseded: %v", v)
+	}
+	if v := ask(b, "j-2", 1); !v.GetVouched() {
+		t.Errorf("another job: %v", v)
+	}
+	// An older Supersede changes nothing.
+	if _, err := b.supersede("j-1", 1); err != nil || !b.isSuperseded("j-1", 2) {
+		t.Errorf("older supersede: %v, superseded(2)=%v", err, b.isSuperseded("j-1", 2))
+	}
+
+	restarted, err := openWitnessBook(dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := ask(restarted, "j-1", 2); v.GetVouched() {
+		t.Errorf("a restarted witness forgot attempt 2 is superseded: %v", v)
+	}
+	if ago, _ := restarted.supersede("j-2", 1); ago > time.Since(restarted.started) {
+		t.Errorf("after a restart the last vouch is bounded by the start: %s", ago)
+	}
+
+	if err := os.WriteFile(filepath.Join(dir, "superseded.json"), []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := openWitnessBook(dir, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "must never vouch for") {
+		t.Errorf("damaged book: %v", err)
+	}
+}
+
+func FuzzWitnessFile(f *testing.F) {
+	f.Add([]byte(`{"version":1,"superseded":{"j-1":2}}`))
+	f.Add([]byte(`{"version":1,"superseded":{"":2}}`))
+	f.Add([]byte(`{"version":2}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := parseWitnessFile(data)
+		if err != nil {
+			return
+		}
+		for job, a := range m {
+			if job == "" || a == 0 {
+				t.Fatalf("accepted %q: %d", job, a)
+			}
+		}
+	})
+}
+
+func FuzzVouchRequest(f *testing.F) {
+	req, _ := proto.Marshal(&api.VouchRequest{Attempts: []*api.JobAttemptRef{{Job: "j-1", Attempt: 1}, {Job: "j-2", Attempt: 4}}})
+	f.Add(req)
+	b := &witnessBook{superseded: map[string]uint32{"j-2": 4}, vouched: map[string]time.Time{}}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var req api.VouchRequest
+		if proto.Unmarshal(data, &req) != nil {
+			return
+		}
+		resp := b.answer(&req)
+		if len(resp.GetVouches()) != len(req.GetAttempts()) {
+			t.Fatalf("%d answers to %d attempts", len(resp.GetVouches()), len(req.GetAttempts()))
+		}
+		for i, v := range resp.GetVouches() {
+			if v.GetVouched() == v.GetSuperseded() {
+				t.Fatalf("answer %d is both or neither: %v", i, v)
+			}
+			if a := req.GetAttempts()[i]; a.GetJob() == "j-2" && a.GetAttempt() <= 4 && v.GetVouched() {
+				t.Fatalf("vouched for superseded %v", a)
+			}
+		}
+	})
+}
