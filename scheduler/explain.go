@@ -59,6 +59,7 @@ var reasonPhrase = map[Reason]string{
 	ReasonDraining:      "draining",
 	ReasonGPUModel:      "with another GPU model",
 	ReasonHotSpare:      "held as hot spares",
+	ReasonExcluded:      "avoided by the job",
 	ReasonNodeTooSmall:  "with fewer GPUs than one group",
 	ReasonUnhealthyGPUs: "with too few healthy GPUs",
 	ReasonAllocated:     "busy",

@@ -26,6 +26,7 @@ const (
 	ReasonNotSelected   Reason = "node not in the requested set"
 	ReasonGPUModel      Reason = "GPU model differs"
 	ReasonHotSpare      Reason = "held back as hot spare"
+	ReasonExcluded      Reason = "the job avoids it (failed or refused there)"
 	ReasonNodeTooSmall  Reason = "node has fewer GPUs than one group"
 	ReasonUnhealthyGPUs Reason = "unhealthy GPUs leave too few"
 	ReasonAllocated     Reason = "too few free GPUs"
@@ -370,6 +371,9 @@ func (st *state) filter(ns *nodeState, req *JobRequest, unit int, o placeOpts) R
 	}
 	if ns.spare && !req.UseSpares {
 		return ReasonHotSpare
+	}
+	if slices.Contains(req.Exclude, n.Name) {
+		return ReasonExcluded
 	}
 	if len(ns.free) < unit {
 		if len(n.GPUs) < unit {

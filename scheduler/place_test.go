@@ -205,6 +205,29 @@ func TestPlaceInvalid(t *testing.T) {
 	}
 }
 
+// TestExcludedNodes: a job's exclusions (nodes it failed on, or that
+// refused it) are filtered like a cordon, for that job alone, and named in
+// the explanation.
+func TestExcludedNodes(t *testing.T) {
+	b := newCluster(t, 1, 1, 2, 8)
+	s := b.snap()
+	p, err := Place(s, &JobRequest{ID: "j", GPUs: 8, Exclude: []string{"s0r0n00"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(p.Nodes(), "s0r0n00") {
+		t.Fatalf("placed on the excluded node: %v", p.Nodes())
+	}
+	_, err = Place(s, &JobRequest{ID: "j", GPUs: 16, Exclude: []string{"s0r0n00"}})
+	var pe *PlacementError
+	if !errors.As(err, &pe) || pe.Counts[ReasonExcluded] != 1 || !strings.Contains(pe.Explain(&JobRequest{ID: "j", GPUs: 16}), "avoided by the job") {
+		t.Fatalf("err = %v, want one node excluded, explained", err)
+	}
+	if _, err := Place(s, &JobRequest{ID: "k", GPUs: 16}); err != nil {
+		t.Fatalf("another job may use the node: %v", err)
+	}
+}
+
 func TestHotSpares(t *testing.T) {
 	b := newCluster(t, 1, 1, 3, 8)
 	b.s.Spares = SparesPolicy{Count: 1}

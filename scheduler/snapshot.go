@@ -134,6 +134,9 @@ type JobRequest struct {
 	ElasticDP []int
 	// UseSpares lets recovery place onto hot spare nodes.
 	UseSpares bool
+	// Exclude are nodes the job must avoid: it failed there, or the node
+	// refused it by a policy of its own.
+	Exclude []string
 }
 
 // shape returns the request's effective shape.

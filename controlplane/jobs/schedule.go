@@ -235,6 +235,7 @@ func (m *Manager) request(en *entry) scheduler.JobRequest {
 		ID: j.GetId(), Tenant: s.Tenant, Priority: s.Priority, Submit: j.GetSubmitUnixNano() / 1e9,
 		Shape: shapeOf(j), AllowMixed: s.AllowMixed, Estimate: int64(s.EstimatedRuntime / time.Second),
 		Attained: j.GetAttainedGpuSeconds(), Preemptible: ckpt, Checkpoint: ckpt,
+		Exclude: slices.Clone(j.GetExclude()),
 	}
 	if s.GPUModel != "" {
 		if hw, err := costmodel.LookupHardware(s.GPUModel); err == nil {
