@@ -223,11 +223,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	// the pause comes only once every server has failed in turn.
 	backoff := transport.Backoff{Base: transport.NodeReconnectBase, Max: transport.NodeReconnectMax, Jitter: 0.2}
 	for ctx.Err() == nil {
-		addr := a.servers.Next()
-		err := a.session(ctx, d, addr, id, reg, func() {
-			a.servers.Succeeded(addr)
-			backoff.Reset()
+		// Every server of the round is dialled, staggered, not in turn: a
+		// dead first server costs DialStagger, not a dial timeout.
+		conn, addr, err := transport.DialRound(ctx, a.servers, func(ctx context.Context, addr string) (*transport.Conn, error) {
+			dctx, cancel := context.WithTimeout(ctx, transport.NodeDialTimeout)
+			defer cancel()
+			return d.DialNode(dctx, addr, id)
 		})
+		if err == nil {
+			err = a.session(ctx, conn, addr, reg, func() {
+				a.servers.Succeeded(addr)
+				backoff.Reset()
+			})
+		} else if addr == "" {
+			addr = a.servers.Next()
+		}
 		if ctx.Err() != nil {
 			break
 		}
@@ -241,7 +251,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.log.Info("server is a standby; dialing the leader", "server", addr, "leader", nl.Leader)
 			continue
 		}
-		if !a.servers.Failed(addr) {
+		if conn != nil && !a.servers.Failed(addr) {
 			a.log.Warn("lost server; trying the next", "server", addr, "err", err, "next", a.servers.Next())
 			continue
 		}
@@ -363,13 +373,7 @@ func (a *Agent) sessionRegistration(base *api.NodeRegistration) *api.NodeRegistr
 
 // session runs one connection to the server at addr until it fails;
 // welcomed is called once the server has answered the hello.
-func (a *Agent) session(ctx context.Context, d *transport.Dialer, addr string, id *transport.Identity, base *api.NodeRegistration, welcomed func()) error {
-	dctx, cancel := context.WithTimeout(ctx, transport.NodeDialTimeout)
-	conn, err := d.DialNode(dctx, addr, id)
-	cancel()
-	if err != nil {
-		return err
-	}
+func (a *Agent) session(ctx context.Context, conn *transport.Conn, addr string, base *api.NodeRegistration, welcomed func()) error {
 	defer conn.Close()
 	sctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
