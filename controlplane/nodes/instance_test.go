@@ -1,6 +1,8 @@
 package nodes
 
 import (
+	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -77,5 +79,65 @@ func TestImpostorIsRefused(t *testing.T) {
 	}
 	if got, want := sink.lines(), []string{"up a joined=true"}; !slices.Equal(got, want) {
 		t.Errorf("the job owner heard %q, want %q", got, want)
+	}
+}
+
+// TestLaunchInFlightOutlivesARestart: a launch is sent, and nodemon
+// restarts before answering; the new session supersedes the old one, and
+// the launch, safe to send again (a launch of a running attempt is a no-op
+// on the node), goes to the new session, whose answer is the command's.
+// A signal, which is not, fails with the session's end.
+func TestLaunchInFlightOutlivesARestart(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	r := newRegistry(t, newStore(t), c, &recSink{})
+	l := newLoopback(t, r)
+	const id = "0123456789abcdef0123456789abcdef"
+	old := l.connect(withInstance(reg("a", 1, 1000), id))
+	type result struct {
+		ack *api.CommandAck
+		err error
+	}
+	send := func(cmd *api.Command) chan result {
+		done := make(chan result, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			ack, err := r.Command(ctx, "a", cmd)
+			done <- result{ack, err}
+		}()
+		return done
+	}
+	// recv reads the next command nc is sent.
+	recv := func(nc *nodeConn) *api.Command {
+		t.Helper()
+		for {
+			var m api.ServerMessage
+			nc.control.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if err := nc.control.Recv(&m); err != nil {
+				t.Fatalf("read command: %v", err)
+			}
+			if cmd := m.GetCommand(); cmd != nil {
+				return cmd
+			}
+		}
+	}
+	launch := send(&api.Command{Body: &api.Command_Launch{Launch: &api.LaunchRanks{Job: "j-1", Attempt: 1}}})
+	recv(old) // it arrives, and nodemon dies before answering
+	signal := send(&api.Command{Body: &api.Command_Signal{Signal: &api.SignalRanks{Job: "j-1", Signal: "SIGUSR1"}}})
+	recv(old)
+	restarted := l.connect(withInstance(reg("a", 1, 1000), id))
+	got := recv(restarted)
+	if got.GetLaunch().GetJob() != "j-1" {
+		t.Fatalf("the new session was sent %v, want the launch again", got)
+	}
+	if err := restarted.control.Send(&api.AgentMessage{Body: &api.AgentMessage_CommandAck{CommandAck: &api.CommandAck{Id: got.GetId()}}}); err != nil {
+		t.Fatal(err)
+	}
+	if res := <-launch; res.err != nil {
+		t.Errorf("the launch failed across the restart: %v", res.err)
+	}
+	var ended *SessionEndedError
+	if res := <-signal; !errors.As(res.err, &ended) || !strings.Contains(res.err.Error(), "superseded") {
+		t.Errorf("the signal: %v, want the session's end", res.err)
 	}
 }

@@ -33,8 +33,9 @@ type session struct {
 	features []string
 
 	mu      sync.Mutex
-	pending map[uint64]chan *api.CommandAck // command id → the node's answer
+	pending map[uint64]chan *api.CommandAck // command id → the node's answer; nil: the session ended
 	closed  bool
+	ended   string // why the session ended
 
 	// heard is when the node was last heard from on this session (unix
 	// nanoseconds of the registry's clock): the detector reads it without
@@ -138,7 +139,7 @@ func (r *Registry) Serve(ctx context.Context, conn *transport.Conn) {
 	}
 	conn.CloseWithError(transport.CodeNoError, "session ended")
 	wg.Wait()
-	ns.failPending("node disconnected: " + reason)
+	ns.failPending(reason)
 	if ctx.Err() != nil {
 		// The server is stopping, not the node failing: a restarted server
 		// starts every node down until it reconnects anyway.
@@ -483,6 +484,9 @@ func (ns *session) commandAck(ctx context.Context, c *api.Command) (*api.Command
 	}
 	select {
 	case ack := <-ch:
+		if ack == nil {
+			return nil, &SessionEndedError{Node: ns.name, Reason: ns.endReason()}
+		}
 		if msg := ack.GetError(); msg != "" {
 			return nil, &CommandError{Node: ns.name, Msg: msg, JobFault: ack.GetJobError(), NodeRefused: ack.GetNodeRefused()}
 		}
@@ -495,14 +499,46 @@ func (ns *session) commandAck(ctx context.Context, c *api.Command) (*api.Command
 	}
 }
 
+// failPending ends the commands still waiting for an answer: their session
+// is over (SessionEndedError).
 func (ns *session) failPending(reason string) {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
-	ns.closed = true
+	ns.closed, ns.ended = true, reason
 	for id, ch := range ns.pending {
-		ch <- &api.CommandAck{Id: id, Error: reason}
+		ch <- nil
 		delete(ns.pending, id)
 	}
+}
+
+func (ns *session) endReason() string {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	return ns.ended
+}
+
+// SessionEndedError is a command whose node's session ended before the
+// node answered: it may or may not have been carried out.
+type SessionEndedError struct {
+	Node, Reason string
+}
+
+func (e *SessionEndedError) Error() string {
+	return fmt.Sprintf("node %s disconnected before answering: %s", e.Node, e.Reason)
+}
+
+// resendable reports whether c may be sent again to a node that may have
+// carried it out already: a launch of an attempt that runs is a no-op
+// there, a fence of an attempt that is gone kills nothing, a Supersede is
+// recorded once, a read changes nothing.
+func resendable(c *api.Command) bool {
+	switch b := c.GetBody().(type) {
+	case *api.Command_Launch, *api.Command_Supersede, *api.Command_ReadLogs:
+		return true
+	case *api.Command_Signal:
+		return b.Signal.GetFence()
+	}
+	return false
 }
 
 // Command sends a command to a connected node and returns its ack, which
@@ -525,7 +561,44 @@ func (r *Registry) Command(ctx context.Context, node string, c *api.Command) (*a
 		return nil, fmt.Errorf("node %q is not connected (%s)", node, why)
 	}
 	c.Id = r.cmdID.Add(1)
-	return sess.commandAck(ctx, c)
+	ack, err := sess.commandAck(ctx, c)
+	var ended *SessionEndedError
+	if !errors.As(err, &ended) || !resendable(c) {
+		return ack, err
+	}
+	// The session ended under the command, most often because nodemon
+	// restarted and its new session superseded the old one: the node is
+	// still there. Send it once more on the node's next session, if one
+	// comes while the command may still be answered.
+	next, werr := r.nextSession(ctx, node, sess)
+	if werr != nil {
+		return nil, fmt.Errorf("%w (%v)", err, werr)
+	}
+	r.log.Info("command sent again on the node's new session", "node", node, "reason", ended.Reason)
+	c.Id = r.cmdID.Add(1)
+	return next.commandAck(ctx, c)
+}
+
+// nextSession waits for node to have a live session other than old.
+func (r *Registry) nextSession(ctx context.Context, node string, old *session) (*session, error) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		r.mu.RLock()
+		var sess *session
+		if e, ok := r.nodes[node]; ok && e.session != nil && e.session != old && e.session.live.Load() {
+			sess = e.session
+		}
+		r.mu.RUnlock()
+		if sess != nil {
+			return sess, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("no new session from %s: %w", node, ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // Detect runs the heartbeat failure detector every period until ctx ends:
