@@ -291,8 +291,8 @@ func TestFilter(t *testing.T) {
 	}
 	for _, r := range rows {
 		n := hs.m.ctx.Snap.Node(r)
-		if app.NodeBadge(n) != "cordoned" {
-			t.Errorf("filter cordoned kept %s (%s)", r, app.NodeBadge(n))
+		if app.NodeBadge(n, time.Now()) != "cordoned" {
+			t.Errorf("filter cordoned kept %s (%s)", r, app.NodeBadge(n, time.Now()))
 		}
 	}
 	hs.keys("enter", "esc")

@@ -198,7 +198,7 @@ func Assign(ctx *app.Context, j *api.Job, nodes []string) tea.Cmd {
 			fmt.Fprintf(&b, "  %s: unknown node\n", n)
 			continue
 		}
-		fmt.Fprintf(&b, "  %s: %s, %d of %d GPUs free\n", n, app.NodeBadge(ns), freeGPUs(ctx, ns), len(ns.GetGpus()))
+		fmt.Fprintf(&b, "  %s: %s, %d of %d GPUs free\n", n, app.NodeBadge(ns, ctx.Now()), freeGPUs(ctx, ns), len(ns.GetGpus()))
 	}
 	cl, id := ctx.Client, j.GetId()
 	return open(ctx, "assign "+j.GetName()+"?", b.String(), false, nil, func([]dialog.Field) tea.Cmd {

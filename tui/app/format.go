@@ -10,10 +10,11 @@ import (
 	"github.com/gpuctl/gpuctl/views"
 )
 
-// NodeBadge is a node's state as the console shows it: down wins over
-// draining, which wins over cordoned; a ready node with a faulty GPU is
+// NodeBadge is a node's state as the console shows it at now: down wins
+// over draining, which wins over cordoned, then suspect (lost by a
+// recovery, no queued work until then); a ready node with a faulty GPU is
 // "faulty".
-func NodeBadge(n *api.NodeStatus) string {
+func NodeBadge(n *api.NodeStatus, now time.Time) string {
 	switch {
 	case n.GetState() == api.NodeState_NODE_STATE_DOWN:
 		return "down"
@@ -21,6 +22,8 @@ func NodeBadge(n *api.NodeStatus) string {
 		return "draining"
 	case Cordoned(n):
 		return "cordoned"
+	case Suspect(n, now):
+		return "suspect"
 	}
 	for _, g := range n.GetGpus() {
 		if GPUFaulty(g) {
@@ -35,6 +38,13 @@ func NodeBadge(n *api.NodeStatus) string {
 func Cordoned(n *api.NodeStatus) bool {
 	return n.GetCordoned() || n.GetDraining() || n.GetState() == api.NodeState_NODE_STATE_CORDONED ||
 		n.GetState() == api.NodeState_NODE_STATE_DRAINING
+}
+
+// Suspect reports whether a node is suspect at now: a recovery lost it,
+// and it takes no queued work until its suspicion ends or a validation
+// gang passes there.
+func Suspect(n *api.NodeStatus, now time.Time) bool {
+	return n.GetSuspectUntilUnixNano() > now.UnixNano()
 }
 
 // Draining reports whether a node's jobs are being moved elsewhere.

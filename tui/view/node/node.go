@@ -186,12 +186,12 @@ func (m *Model) Render() string {
 	now := m.ctx.Now()
 	reg := n.GetRegistration()
 	var b strings.Builder
-	badge := app.NodeBadge(n)
+	badge := app.NodeBadge(n, now)
 	bs := st.OK
 	switch badge {
 	case "down", "faulty":
 		bs = st.Crit
-	case "cordoned", "draining":
+	case "cordoned", "draining", "suspect":
 		bs = st.Warn
 	}
 	fmt.Fprintf(&b, "%s %s  %s · since %s · last seen %s ago · %s\n", st.Bold.Render(m.name), bs.Render("["+badge+"]"),
@@ -209,6 +209,10 @@ func (m *Model) Render() string {
 		note = st.Crit.Render("down: " + n.GetDownReason() + " — figures are the last the node sent")
 	case app.Cordoned(n):
 		note = st.Warn.Render("cordoned: " + dash(n.GetCordonReason()))
+	case app.Suspect(n, now):
+		note = st.Warn.Render(fmt.Sprintf("suspect until %s (%s ahead): %s; lost %d× within the window; no queued work until then, unless a validation gang passes here",
+			time.Unix(0, n.GetSuspectUntilUnixNano()).UTC().Format("15:04:05"), app.Duration(time.Unix(0, n.GetSuspectUntilUnixNano()).Sub(now)),
+			dash(n.GetSuspectReason()), len(n.GetLostUnixNano())))
 	}
 	b.WriteString(note + "\n")
 	gpus := n.GetGpus()

@@ -130,9 +130,10 @@ func (m *Model) rebuild() {
 		}
 	}
 	f := strings.ToLower(m.filter)
+	now := m.ctx.Now()
 	rows := m.rows[:0]
 	for _, n := range m.ctx.Snap.Nodes {
-		r := row{n: n, name: app.NodeName(n), badge: app.NodeBadge(n), labels: app.Labels(n.GetRegistration().GetLabels()),
+		r := row{n: n, name: app.NodeName(n), badge: app.NodeBadge(n, now), labels: app.Labels(n.GetRegistration().GetLabels()),
 			gpus: len(n.GetGpus()), ranks: ranks[app.NodeName(n)]}
 		if f != "" && !strings.Contains(strings.ToLower(r.name+" "+r.badge+" "+r.labels), f) {
 			continue
@@ -270,7 +271,7 @@ func (m *Model) Render() string {
 			switch r.badge {
 			case "down", "faulty":
 				s = &st.Crit
-			case "cordoned", "draining":
+			case "cordoned", "draining", "suspect":
 				s = &st.Warn
 			}
 			return table.Cell{Text: r.badge, Style: s}

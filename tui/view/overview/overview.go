@@ -107,7 +107,7 @@ func (m *Model) Selected() *api.NodeStatus {
 }
 
 func (m *Model) refresh() {
-	m.totals = computeTotals(&m.ctx.Snap)
+	m.totals = computeTotals(&m.ctx.Snap, m.ctx.Now())
 	if m.cursor >= len(m.ctx.Snap.Nodes) {
 		m.cursor = max(len(m.ctx.Snap.Nodes)-1, 0)
 	}
@@ -350,7 +350,7 @@ func (m *Model) info() string {
 		util, mem = util/k, mem/k
 	}
 	jobs := jobsOn(&m.ctx.Snap, app.NodeName(n))
-	s := fmt.Sprintf("▸ %s [%s] %s · %d GPUs util %.0f%% mem %.0f%% %.0f W max %.0f°C", app.NodeName(n), app.NodeBadge(n),
+	s := fmt.Sprintf("▸ %s [%s] %s · %d GPUs util %.0f%% mem %.0f%% %.0f W max %.0f°C", app.NodeName(n), app.NodeBadge(n, m.ctx.Now()),
 		app.Labels(n.GetRegistration().GetLabels()), len(gs), util, mem, pow, temp)
 	if len(jobs) > 0 {
 		s += " · jobs " + strings.Join(jobs, ",")

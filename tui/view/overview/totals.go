@@ -1,6 +1,8 @@
 package overview
 
 import (
+	"time"
+
 	"fmt"
 	"strings"
 
@@ -20,7 +22,7 @@ type totals struct {
 	notReady                              string
 }
 
-func computeTotals(s *client.Snapshot) totals {
+func computeTotals(s *client.Snapshot, now time.Time) totals {
 	t := totals{nodes: map[string]int{}, jobs: map[api.JobState]int{}}
 	held := map[string]map[uint32]bool{}
 	var gpW, gpN float64
@@ -47,7 +49,7 @@ func computeTotals(s *client.Snapshot) totals {
 	}
 	var notReady []string
 	for _, n := range s.Nodes {
-		badge := app.NodeBadge(n)
+		badge := app.NodeBadge(n, now)
 		t.nodes[badge]++
 		name := app.NodeName(n)
 		down := n.GetState() == api.NodeState_NODE_STATE_DOWN
@@ -114,7 +116,7 @@ func (t totals) gpuLine() string {
 // Badges are the node states in the order the overview counts them, with
 // the glyph each shows as.
 var Badges = []struct{ Name, Glyph string }{
-	{"ready", "●"}, {"cordoned", "◐"}, {"draining", "◑"}, {"down", "✕"}, {"faulty", "⚠"},
+	{"ready", "●"}, {"suspect", "◔"}, {"cordoned", "◐"}, {"draining", "◑"}, {"down", "✕"}, {"faulty", "⚠"},
 }
 
 func (t totals) nodeLine(st *styles.Styles, width int) string {
