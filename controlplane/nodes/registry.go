@@ -493,6 +493,12 @@ func (r *Registry) disconnected(name string, sess *session, reason string) {
 // is only slow reconnects and registers again), its figures go stale, and
 // the sink hears of it.
 func (r *Registry) downLocked(name string, e *entry, reason string) {
+	r.markDownLocked(name, e, reason, true)
+}
+
+// markDownLocked is downLocked; persist false leaves the stored record
+// alone (a node being removed, whose record is gone).
+func (r *Registry) markDownLocked(name string, e *entry, reason string, persist bool) {
 	last := e.lastContact()
 	if e.session != nil {
 		e.session.live.Store(false)
@@ -513,7 +519,7 @@ func (r *Registry) downLocked(name string, e *entry, reason string) {
 	next.StateSinceUnixNano = now.UnixNano()
 	e.inFlight = nil
 	e.downAt = now
-	r.setLocked(e, next, true)
+	r.setLocked(e, next, persist)
 	r.log.Info("node down", "node", name, "reason", reason)
 	r.raiseLocked(&api.Event{Node: name, TimeUnixNano: now.UnixNano(), Kind: api.EventKind_EVENT_KIND_NODE_DOWN,
 		Severity: api.Severity_SEVERITY_CRITICAL, Message: reason})
@@ -746,7 +752,7 @@ func (r *Registry) Forget(name string) {
 	if !ok {
 		return
 	}
-	r.downLocked(name, e, "removed from the cluster")
+	r.markDownLocked(name, e, "removed from the cluster", false)
 	delete(r.nodes, name)
 	for k := range r.collectives {
 		if k.node == name {
