@@ -49,6 +49,13 @@ CHAOS_SEED ?= 1
 chaos: build
 	GPUCTL_BIN=$(CURDIR)/bin CHAOS_FOR=$(CHAOS_FOR) CHAOS_SEED=$(CHAOS_SEED) $(GO) test -count=1 -timeout 20m -run '^TestChaos$$' -v ./demo/
 
+# The control plane away for long: the only server stopped, then killed
+# and restarted, SOAK_AWAY each time (default 10 minutes), with no rank
+# stopped.
+SOAK_AWAY ?= 10m
+soak: build
+	GPUCTL_BIN=$(CURDIR)/bin GPUCTL_AWAY_FOR=$(SOAK_AWAY) $(GO) test -count=1 -timeout 40m -run '^TestControlPlaneAwayStopsNoRank$$' -v ./demo/
+
 # Benchmarks whose figures go into notes; -benchtime keeps them short on a
 # shared 2-core machine. Compare runs with benchstat.
 bench: build

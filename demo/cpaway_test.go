@@ -14,16 +14,25 @@ import (
 	"github.com/gpuctl/gpuctl/controlplane/jobs"
 )
 
-// TestControlPlaneAwayStopsNoRank stops the only server (bbolt) for 30 s,
-// six times its 5 s lease, first with SIGSTOP and then with SIGKILL and a
+// TestControlPlaneAwayStopsNoRank stops the only server (bbolt) for 30 s
+// (GPUCTL_AWAY_FOR; `make soak` runs 10 minutes), six times its 5 s lease, first with SIGSTOP and then with SIGKILL and a
 // restart 30 s later, while ringtrain runs on two of three real nodemons.
 // Nothing could start a newer attempt meanwhile, so no rank may stop: the
 // nodes renew their ranks' leases from their witnesses (the job's other
 // node and the third), and afterwards the job is attempt 1 with the same
 // rank pids, no rank log saying its lease stopped it.
 func TestControlPlaneAwayStopsNoRank(t *testing.T) {
-	const lease, away = 5 * time.Second, 30 * time.Second
+	const lease = 5 * time.Second
+	away := 30 * time.Second
+	if s := os.Getenv("GPUCTL_AWAY_FOR"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatalf("GPUCTL_AWAY_FOR=%q: %v", s, err)
+		}
+		away = d
+	}
 	c := newProcCluster(t, 3, "--lease", lease.String())
+	t.Logf("the server goes away for %s twice (GPUCTL_AWAY_FOR)", away)
 	cl := c.dial(10 * time.Second)
 	ctx := context.Background()
 	r, err := cl.SubmitJob(ctx, &api.SubmitJobRequest{SpecYaml: c.ringSpec("away", 2), Source: "control plane away test"})
