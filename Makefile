@@ -7,7 +7,7 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 GOTEST    ?= $(GO) test -count=1 -p 1 -timeout 30m
 PKGS      := ./...
 
-.PHONY: all build workload test gpu-check gpu-check-bundle chaos bench bench-tui bench-store bench-swarm fuzz generate check-generated demo lint clean
+.PHONY: all build workload test gpu-check gpu-check-bundle chaos soak bench bench-tui bench-store bench-swarm fuzz generate check-generated demo lint clean
 
 all: build
 
