@@ -4097,8 +4097,8 @@ type NodeStatus struct {
 	Draining bool `protobuf:"varint,12,opt,name=draining,proto3" json:"draining,omitempty"`
 	// Why the node is down, while state is down.
 	DownReason string `protobuf:"bytes,13,opt,name=down_reason,json=downReason,proto3" json:"down_reason,omitempty"`
-	// Set while the node is down: gpus[].last is the last sample it sent,
-	// not a live reading.
+	// Set while the node is down, and after it returns until its first GPU
+	// samples: gpus[].last is the last sample it sent, not a live reading.
 	Stale bool `protobuf:"varint,14,opt,name=stale,proto3" json:"stale,omitempty"`
 	// When the node last changed between ready and down.
 	StateSinceUnixNano int64 `protobuf:"varint,15,opt,name=state_since_unix_nano,json=stateSinceUnixNano,proto3" json:"state_since_unix_nano,omitempty"`

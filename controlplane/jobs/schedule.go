@@ -185,9 +185,10 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 			}
 			idx := g.GetInfo().GetIndex()
 			job := alloc[name][idx]
-			if job == "" {
+			if job == "" && !n.GetStale() {
 				// A process gpuctl did not start (a job launched around it)
-				// makes the GPU busy all the same.
+				// makes the GPU busy all the same. A stale sample's processes
+				// (a node just back) may long be gone: its next sample says.
 				for _, p := range g.GetLast().GetProcesses() {
 					if !ours[name][p.GetPid()] {
 						job = unmanaged

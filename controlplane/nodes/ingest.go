@@ -143,6 +143,9 @@ func (r *Registry) apply(name string, sess *session, t *api.Telemetry, sampled b
 	r.lostAtNodes += t.GetLostCollectives() + t.GetLostNetEvents() - e.rec.GetLostCollectives() - e.rec.GetLostNetEvents()
 	next.LostCollectives, next.LostNetEvents, next.DroppedBatches = t.GetLostCollectives(), t.GetLostNetEvents(), t.GetDroppedBatches()
 	healthChanged := false
+	if len(t.GetGpus()) > 0 {
+		next.Stale = false
+	}
 	for _, smp := range t.GetGpus() {
 		for i, g := range next.Gpus {
 			if g.GetInfo().GetIndex() != smp.GetIndex() {

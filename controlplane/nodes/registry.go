@@ -355,7 +355,10 @@ func registered(cur *api.NodeStatus, reg *api.NodeRegistration, remote string, n
 	next.RemoteAddr = remote
 	next.Connected = true
 	next.LastSeenUnixNano = now.UnixNano()
-	next.State, next.DownReason, next.Stale = api.NodeState_NODE_STATE_READY, "", false
+	next.State, next.DownReason = api.NodeState_NODE_STATE_READY, ""
+	// The GPU figures kept from before are still not live (their process
+	// lists least of all) until the node's first samples come.
+	next.Stale = cur.GetStale() && len(cur.GetGpus()) > 0
 	next.StateSinceUnixNano = now.UnixNano()
 	next.Gpus = mergeGPUs(cur.GetGpus(), reg.GetGpus())
 	return next

@@ -375,10 +375,14 @@ func TestRestartKeepsCordonAndMarksNodesDown(t *testing.T) {
 	if got := statusOf(t, r2, "c"); !got.GetCordoned() || got.GetDraining() || got.GetCordonReason() != "XID 79" {
 		t.Fatalf("c after restart: cordoned %v draining %v %q, want its cordon kept", got.GetCordoned(), got.GetDraining(), got.GetCordonReason())
 	}
-	registerIdle(t, r2, reg("c", 1, 1000))
+	sess := registerIdle(t, r2, reg("c", 1, 1000))
 	got := statusOf(t, r2, "c")
-	if got.GetState() != api.NodeState_NODE_STATE_READY || !got.GetConnected() || got.GetStale() {
-		t.Fatalf("c after reconnect: %s connected %v stale %v, want ready", got.GetState().Short(), got.GetConnected(), got.GetStale())
+	if got.GetState() != api.NodeState_NODE_STATE_READY || !got.GetConnected() || !got.GetStale() {
+		t.Fatalf("c after reconnect: %s connected %v stale %v, want ready, its old figures stale", got.GetState().Short(), got.GetConnected(), got.GetStale())
+	}
+	r2.ingest("c", sess, &api.Telemetry{Gpus: []*api.GPUSample{{Index: 0}}})
+	if statusOf(t, r2, "c").GetStale() {
+		t.Fatal("c still stale after its first GPU samples")
 	}
 	if !got.GetCordoned() || got.GetCordonReason() != "XID 79" {
 		t.Fatalf("c after reconnect: cordoned %v %q, want its cordon kept", got.GetCordoned(), got.GetCordonReason())
@@ -501,9 +505,10 @@ func TestDownClosesSession(t *testing.T) {
 	if nrs := r.Ranks(""); len(nrs) != 0 {
 		t.Errorf("ranks of a down node listed: %v", nrs)
 	}
-	// Its nodemon reconnects: ready, connected, fresh, still cordoned.
+	// Its nodemon reconnects: ready, connected, still cordoned, its old
+	// figures stale until it samples again.
 	l.connect(reg("a", 1, 1000))
-	if n := statusOf(t, r, "a"); n.GetState() != api.NodeState_NODE_STATE_READY || !n.GetConnected() || n.GetStale() ||
+	if n := statusOf(t, r, "a"); n.GetState() != api.NodeState_NODE_STATE_READY || !n.GetConnected() || !n.GetStale() ||
 		n.GetDownReason() != "" || !n.GetCordoned() || n.GetCordonReason() != "flaky NIC" {
 		t.Errorf("after reconnecting: %v", n)
 	}
@@ -557,5 +562,48 @@ func BenchmarkIngest(b *testing.B) {
 			b.ReportMetric(float64(b.N*8)/el, "gpu_samples/s")
 			b.ReportMetric(float64(b.N)/el, "nodes_at_1Hz/core")
 		})
+	}
+}
+
+// TestClosedConnectionIsDownOnlyIfItStaysAway: a node whose connection
+// closes is disconnected at once but still up; it reconnects within twice
+// its heartbeat and was never down (a server that stood still past QUIC's
+// idle timeout finds every connection closed as it resumes). One that
+// stays away is down then, saying its connection closed.
+func TestClosedConnectionIsDownOnlyIfItStaysAway(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	c := &clock{t: t0}
+	sink := &recSink{}
+	r := newRegistry(t, newStore(t), c, sink)
+	l := newLoopback(t, r)
+	nc := l.connect(reg("a", 1, 1000))
+	nc.conn.Close()
+	waitFor(t, "a disconnected", func() bool { return !r.Connected("a") })
+	if n := statusOf(t, r, "a"); n.GetState() != api.NodeState_NODE_STATE_READY || n.GetConnected() {
+		t.Fatalf("right after its connection closed: %s connected %v", n.GetState().Short(), n.GetConnected())
+	}
+	c.set(t0.Add(1500 * time.Millisecond))
+	if down := r.CheckHeartbeats(); len(down) != 0 {
+		t.Fatalf("down %v 1.5 s after the close, within twice its heartbeat", down)
+	}
+	back := l.connect(reg("a", 1, 1000))
+	c.set(t0.Add(2500 * time.Millisecond))
+	if down := r.CheckHeartbeats(); len(down) != 0 {
+		t.Fatalf("down %v though it came back", down)
+	}
+	if got := sink.lines(); slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, "down") }) {
+		t.Errorf("the job owner heard %q, want no down", got)
+	}
+
+	nc = l.connect(reg("b", 1, 1000))
+	nc.conn.Close()
+	waitFor(t, "b disconnected", func() bool { return !r.Connected("b") })
+	c.set(t0.Add(5 * time.Second))
+	l.heartbeat(back, "a", c)
+	if down := r.CheckHeartbeats(); !slices.Equal(down, []string{"b"}) {
+		t.Fatalf("down %v, want b, away 2.5 s", down)
+	}
+	if n := statusOf(t, r, "b"); !strings.HasPrefix(n.GetDownReason(), "connection closed (") || !strings.Contains(n.GetDownReason(), "and not back for") {
+		t.Errorf("b down because %q", n.GetDownReason())
 	}
 }
