@@ -7,7 +7,7 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 GOTEST    ?= $(GO) test -count=1 -p 1 -timeout 30m
 PKGS      := ./...
 
-.PHONY: all build workload test gpu-check gpu-check-bundle chaos bench bench-tui bench-store bench-swarm fuzz generate check-generated demo lint clean
+.PHONY: all build workload test gpu-check gpu-check-bundle chaos soak-etcd bench bench-tui bench-store bench-swarm fuzz generate check-generated demo lint clean
 
 all: build
 
@@ -48,6 +48,13 @@ CHAOS_FOR  ?= 3m
 CHAOS_SEED ?= 1
 chaos: build
 	GPUCTL_BIN=$(CURDIR)/bin CHAOS_FOR=$(CHAOS_FOR) CHAOS_SEED=$(CHAOS_SEED) $(GO) test -count=1 -timeout 20m -run '^TestChaos$$' -v ./demo/
+
+# etcd away for longer than `make test` keeps it (20 s): every member of a
+# control plane of two servers killed while a nodemon runs ranks, then
+# started again.
+ETCD_OUTAGE ?= 2m
+soak-etcd: build
+	GPUCTL_BIN=$(CURDIR)/bin GPUCTL_ETCD_OUTAGE=$(ETCD_OUTAGE) $(GO) test -count=1 -timeout 20m -run '^TestHAEtcdOutage$$' -v ./demo/
 
 # Benchmarks whose figures go into notes; -benchtime keeps them short on a
 # shared 2-core machine. Compare runs with benchstat.
