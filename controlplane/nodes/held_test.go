@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,6 +30,20 @@ func (s *awayStore) LastNodeEventSeq(node string) (uint64, error) {
 		return 0, errAway
 	}
 	return s.Store.LastNodeEventSeq(node)
+}
+
+func (s *awayStore) AppendEvent(e *api.Event) error {
+	if s.away.Load() {
+		return errAway
+	}
+	return s.Store.AppendEvent(e)
+}
+
+func (s *awayStore) PutNode(n *api.NodeStatus) error {
+	if s.away.Load() {
+		return errAway
+	}
+	return s.Store.PutNode(n)
 }
 
 func (s *awayStore) AppendNodeEvents(node string, events []*api.Event) (uint64, error) {
@@ -104,5 +119,34 @@ func TestEventsHeldWhileStoreAway(t *testing.T) {
 	case <-nc.conn.Context().Done():
 		t.Fatal("the session ended while the store was away")
 	default:
+	}
+}
+
+// TestNodeDownHeldWhileStoreAway: a node lost while the store refuses
+// writes is declared down all the same (the job owner hears it), and its
+// down event, announced at once, is stored once the store takes it.
+func TestNodeDownHeldWhileStoreAway(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	c := &clock{t: t0}
+	st := &awayStore{Store: newStore(t)}
+	sink := &recSink{}
+	r := newRegistry(t, st, c, sink)
+	l := newLoopback(t, r)
+	l.connect(reg("a", 2, 1000))
+	st.away.Store(true)
+	c.set(t0.Add(3 * time.Second))
+	if down := r.CheckHeartbeats(); !slices.Equal(down, []string{"a"}) {
+		t.Fatalf("down %v, want a", down)
+	}
+	if !slices.Contains(sink.lines(), "down a: no heartbeat for 3s") {
+		t.Fatalf("the job owner heard %q, want a's loss", sink.lines())
+	}
+	if got := eventsOf(t, st.Store, api.EventKind_EVENT_KIND_NODE_DOWN); len(got) != 0 {
+		t.Fatalf("stored while the store refuses writes: %q", got)
+	}
+	st.away.Store(false)
+	r.detect(100 * time.Millisecond)
+	if got := eventsOf(t, st.Store, api.EventKind_EVENT_KIND_NODE_DOWN); len(got) != 1 || !strings.Contains(got[0], "a: ") {
+		t.Fatalf("down events stored once the store is back: %q, want a's", got)
 	}
 }

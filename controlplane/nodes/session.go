@@ -595,6 +595,7 @@ func (r *Registry) detect(every time.Duration) []string {
 		}
 	}
 	r.lastCheck = now
+	r.storeHeld()
 	return r.CheckHeartbeats()
 }
 
