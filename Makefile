@@ -7,7 +7,7 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 GOTEST    ?= $(GO) test -count=1 -p 1 -timeout 30m
 PKGS      := ./...
 
-.PHONY: all build workload test gpu-check gpu-check-bundle chaos soak bench bench-tui bench-store bench-swarm fuzz generate check-generated demo lint clean
+.PHONY: all build workload test gpu-check gpu-check-bundle chaos soak soak-away soak-etcd bench bench-tui bench-store bench-swarm fuzz generate check-generated demo lint clean
 
 all: build
 
@@ -49,12 +49,16 @@ CHAOS_SEED ?= 1
 chaos: build
 	GPUCTL_BIN=$(CURDIR)/bin CHAOS_FOR=$(CHAOS_FOR) CHAOS_SEED=$(CHAOS_SEED) $(GO) test -count=1 -timeout 20m -run '^TestChaos$$' -v ./demo/
 
-# The control plane away for long: the only server stopped, then killed
-# and restarted, SOAK_AWAY each time (default 10 minutes), with no rank
-# stopped.
+# The control plane away for long, with no rank stopped: soak-away stops
+# the only server, then kills and restarts it, SOAK_AWAY each time;
+# soak-etcd kills every etcd member of two servers for ETCD_OUTAGE.
 SOAK_AWAY ?= 10m
-soak: build
+ETCD_OUTAGE ?= 2m
+soak: soak-away soak-etcd
+soak-away: build
 	GPUCTL_BIN=$(CURDIR)/bin GPUCTL_AWAY_FOR=$(SOAK_AWAY) $(GO) test -count=1 -timeout 40m -run '^TestControlPlaneAwayStopsNoRank$$' -v ./demo/
+soak-etcd: build
+	GPUCTL_BIN=$(CURDIR)/bin GPUCTL_ETCD_OUTAGE=$(ETCD_OUTAGE) $(GO) test -count=1 -timeout 20m -run '^TestHAEtcdOutage$$' -v ./demo/
 
 # Benchmarks whose figures go into notes; -benchtime keeps them short on a
 # shared 2-core machine. Compare runs with benchstat.

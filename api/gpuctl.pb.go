@@ -129,6 +129,10 @@ const (
 	EventKind_EVENT_KIND_ELASTIC EventKind = 16
 	// A control-plane server took or lost leadership (HA).
 	EventKind_EVENT_KIND_LEADER EventKind = 17
+	// The control plane became read-only (attr read_only "true": its store
+	// is away; announced to watchers, not stored) or writable again
+	// ("false", stored once the store is back).
+	EventKind_EVENT_KIND_READ_ONLY EventKind = 18
 )
 
 // Enum value maps for EventKind.
@@ -152,6 +156,7 @@ var (
 		15: "EVENT_KIND_AUDIT",
 		16: "EVENT_KIND_ELASTIC",
 		17: "EVENT_KIND_LEADER",
+		18: "EVENT_KIND_READ_ONLY",
 	}
 	EventKind_value = map[string]int32{
 		"EVENT_KIND_UNSPECIFIED":  0,
@@ -172,6 +177,7 @@ var (
 		"EVENT_KIND_AUDIT":        15,
 		"EVENT_KIND_ELASTIC":      16,
 		"EVENT_KIND_LEADER":       17,
+		"EVENT_KIND_READ_ONLY":    18,
 	}
 )
 
@@ -5423,8 +5429,14 @@ type StatusResponse struct {
 	// Telemetry the answering leader shed since it started because its
 	// ingest fell behind; unset from a standby or an older server.
 	TelemetryShed *TelemetryShed `protobuf:"bytes,9,opt,name=telemetry_shed,json=telemetryShed,proto3" json:"telemetry_shed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Set while the answering server cannot write the store (etcd is
+	// unreachable, or its election key vanished and it campaigns again):
+	// every change is refused meanwhile, reads are answered from memory.
+	ReadOnly              bool   `protobuf:"varint,10,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	ReadOnlyReason        string `protobuf:"bytes,11,opt,name=read_only_reason,json=readOnlyReason,proto3" json:"read_only_reason,omitempty"`
+	ReadOnlySinceUnixNano int64  `protobuf:"varint,12,opt,name=read_only_since_unix_nano,json=readOnlySinceUnixNano,proto3" json:"read_only_since_unix_nano,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -5518,6 +5530,27 @@ func (x *StatusResponse) GetTelemetryShed() *TelemetryShed {
 		return x.TelemetryShed
 	}
 	return nil
+}
+
+func (x *StatusResponse) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+func (x *StatusResponse) GetReadOnlyReason() string {
+	if x != nil {
+		return x.ReadOnlyReason
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetReadOnlySinceUnixNano() int64 {
+	if x != nil {
+		return x.ReadOnlySinceUnixNano
+	}
+	return 0
 }
 
 // TelemetryShed counts telemetry a server dropped, unapplied, to keep up:
@@ -10903,7 +10936,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x12\x16\n" +
 	"\x06leader\x18\x03 \x01(\bR\x06leader\x12\x18\n" +
 	"\ahealthy\x18\x04 \x01(\bR\ahealthy\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"\xad\x03\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"\xae\x04\n" +
 	"\x0eStatusResponse\x12+\n" +
 	"\x04self\x18\x01 \x01(\v2\x17.gpuctl.v1.ServerStatusR\x04self\x12/\n" +
 	"\x06leader\x18\x02 \x01(\v2\x17.gpuctl.v1.ServerStatusR\x06leader\x121\n" +
@@ -10916,7 +10949,11 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\n" +
 	"leadership\x18\b \x03(\v2\x10.gpuctl.v1.EventR\n" +
 	"leadership\x12?\n" +
-	"\x0etelemetry_shed\x18\t \x01(\v2\x18.gpuctl.v1.TelemetryShedR\rtelemetryShed\"l\n" +
+	"\x0etelemetry_shed\x18\t \x01(\v2\x18.gpuctl.v1.TelemetryShedR\rtelemetryShed\x12\x1b\n" +
+	"\tread_only\x18\n" +
+	" \x01(\bR\breadOnly\x12(\n" +
+	"\x10read_only_reason\x18\v \x01(\tR\x0ereadOnlyReason\x128\n" +
+	"\x19read_only_since_unix_nano\x18\f \x01(\x03R\x15readOnlySinceUnixNano\"l\n" +
 	"\rTelemetryShed\x12\x18\n" +
 	"\abatches\x18\x01 \x01(\x04R\abatches\x12\x1f\n" +
 	"\vgpu_samples\x18\x02 \x01(\x04R\n" +
@@ -11331,7 +11368,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x13NCCL_OP_GROUP_START\x10\b\x12\x15\n" +
 	"\x11NCCL_OP_GROUP_END\x10\t\x12\x1a\n" +
 	"\x16NCCL_OP_COMM_INIT_RANK\x10\n" +
-	"*\xbc\x03\n" +
+	"*\xd6\x03\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eEVENT_KIND_XID\x10\x01\x12\x12\n" +
@@ -11351,7 +11388,8 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x13EVENT_KIND_RECOVERY\x10\x0e\x12\x14\n" +
 	"\x10EVENT_KIND_AUDIT\x10\x0f\x12\x16\n" +
 	"\x12EVENT_KIND_ELASTIC\x10\x10\x12\x15\n" +
-	"\x11EVENT_KIND_LEADER\x10\x11*d\n" +
+	"\x11EVENT_KIND_LEADER\x10\x11\x12\x18\n" +
+	"\x14EVENT_KIND_READ_ONLY\x10\x12*d\n" +
 	"\bSeverity\x12\x18\n" +
 	"\x14SEVERITY_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSEVERITY_INFO\x10\x01\x12\x14\n" +

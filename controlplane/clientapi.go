@@ -177,6 +177,12 @@ func (s *Server) dispatch(ctx context.Context, caller Caller, req *api.ClientReq
 	if !mutates {
 		return rt.handle(s, ctx, c)
 	}
+	if err := s.cfg.ReadOnly.Err(); err != nil {
+		// Refused before it is tried: it could not be stored, and the
+		// audit event could not be either, so it is logged.
+		s.log.Info("change refused: read-only", "who", caller.Name, "request", string(requestName(req)), "reason", err)
+		return c.fail("%v", err)
+	}
 	// A change is audited with its result: the error the caller was sent,
 	// or ok.
 	var answered error
@@ -348,7 +354,7 @@ func (s *Server) listEvents(_ context.Context, c *call) error {
 		_, err := s.nodes.Node(n)
 		return c.fail("%v", err)
 	}
-	evs, err := s.store.Events(store.EventFilter{Node: r.GetNode(), SinceUnixNano: r.GetSinceUnixNano(), Limit: int(r.GetLimit())})
+	evs, err := s.reads.Events(s.store, store.EventFilter{Node: r.GetNode(), SinceUnixNano: r.GetSinceUnixNano(), Limit: int(r.GetLimit())})
 	if err != nil {
 		return c.fail("%v", err)
 	}

@@ -43,33 +43,23 @@ func (s *Server) listenConfig() transport.ListenConfig {
 // checkPeer refuses a certificate on the deny-list, saying when and by whom
 // it was revoked, and records a certificate the store has not seen (one
 // issued before identities were kept), so that it can be revoked too. A
-// deny-list that cannot be read refuses the connection.
+// deny-list that cannot be read is taken as last read (lastRead).
 func (s *Server) checkPeer(_ context.Context, p transport.PeerInfo) error {
 	ids := s.identities()
 	if ids == nil {
 		return nil
 	}
-	if err := checkDenyList(ids, p); err != nil {
+	if err := s.reads.checkDenyList(ids, p); err != nil {
 		return err
+	}
+	if s.cfg.ReadOnly.Err() != nil {
+		return nil // recorded at a later connection: nothing can be written now
 	}
 	serial := transport.Serial(p.Cert)
 	if _, err := ids.Identity(serial); errors.Is(err, store.ErrNotFound) {
 		if err := ids.PutIdentity(identityOf(p.Cert, p.Role, "first connection", s.now())); err != nil {
 			s.log.Warn("record identity", "name", p.Name, "serial", serial, "err", err)
 		}
-	}
-	return nil
-}
-
-// checkDenyList refuses a certificate on the deny-list, saying when and
-// by whom it was revoked; a deny-list that cannot be read refuses it too.
-func checkDenyList(ids store.IdentityStore, p transport.PeerInfo) error {
-	serial := transport.Serial(p.Cert)
-	switch r, err := ids.Revocation(serial); {
-	case err == nil:
-		return revokedError(p.Role, p.Name, r)
-	case !errors.Is(err, store.ErrNotFound):
-		return fmt.Errorf("the server cannot read its deny-list to check certificate %s (%v): try again, or ask the cluster admin", serial, err)
 	}
 	return nil
 }
@@ -123,6 +113,10 @@ func (s *Server) recordUser(id *transport.Identity, by string) {
 // with another key: a reinstalled host must be removed first (gpuctl node
 // remove), so that a stolen token cannot take over a node's name.
 func (s *Server) admitJoin(_ context.Context, info transport.JoinInfo) error {
+	if err := s.cfg.ReadOnly.Err(); err != nil {
+		// A join writes the token ledger and the node's identity.
+		return err
+	}
 	if err := s.nodes.Admit(info.Node); err != nil {
 		return err
 	}

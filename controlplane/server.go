@@ -96,6 +96,10 @@ type Config struct {
 	// Status, when set, answers gpuctl status (which server leads, the
 	// store's health); without it the server reports itself alone.
 	Status func(ctx context.Context) *api.StatusResponse
+	// ReadOnly, when set, says when the control plane may change nothing
+	// (a highly available server whose store is away): changes are
+	// refused at once with its reason, reads come from memory.
+	ReadOnly *ReadOnly
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -127,6 +131,9 @@ type Server struct {
 	// identity can be cut off.
 	clientsMu sync.Mutex
 	clients   map[*transport.Conn]struct{}
+
+	// reads answers from the last read while the store is away.
+	reads lastRead
 }
 
 // AdminConfigPath is the client configuration gpuctl serve writes for the
@@ -235,6 +242,7 @@ func newServer(cfg Config, auth *transport.Authority, st store.Store, policy sch
 	jc := cfg.Jobs
 	jc.Store, jc.Nodes, jc.Publish, jc.Policy, jc.Now, jc.RunAs = st, reg, s.hub, policy, cfg.Now, cfg.RunAs
 	jc.Lease = cfg.Lease
+	jc.ReadOnly = cfg.ReadOnly.Err
 	jc.Log = cfg.Log.With("part", "jobs")
 	if jc.CheckpointRoot == "" {
 		jc.CheckpointRoot = filepath.Join(cfg.DataDir, "checkpoints")
@@ -368,6 +376,8 @@ func (s *Server) Hub() *watch.Hub { return s.hub }
 // run starts the loops that make the server work without listening: the
 // job owner, the failure and stall detectors.
 func (s *Server) run(ctx context.Context) {
+	stop := s.cfg.ReadOnly.Notify(s.announceReadOnly)
+	context.AfterFunc(ctx, stop)
 	s.wg.Add(3)
 	go func() {
 		defer s.wg.Done()
@@ -482,6 +492,31 @@ func (s *Server) DisconnectClients(name, why string) int {
 		}
 	}
 	return n
+}
+
+// ReadOnly is why the control plane refuses changes now, nil while it
+// does not.
+func (s *Server) ReadOnly() error { return s.cfg.ReadOnly.Err() }
+
+// announceReadOnly tells watchers (the console's banner) that the control
+// plane became read-only, or writable again; the latter is also stored,
+// the store being back.
+func (s *Server) announceReadOnly(err error) {
+	e := &api.Event{TimeUnixNano: s.now().UnixNano(), Kind: api.EventKind_EVENT_KIND_READ_ONLY,
+		Severity: api.Severity_SEVERITY_WARNING, Attrs: map[string]string{"read_only": "true"}}
+	if err != nil {
+		e.Message = err.Error()
+		s.hub.PublishEvent(e)
+		return
+	}
+	e.Severity, e.Attrs["read_only"] = api.Severity_SEVERITY_INFO, "false"
+	e.Message = "the control plane is writable again: the store answers"
+	s.hub.PublishEvent(e)
+	go func() {
+		if err := s.store.AppendEvent(e); err != nil {
+			s.log.Warn("record the end of read-only", "err", err)
+		}
+	}()
 }
 
 // SetObserver has o hear the job owner's pass and recovery timings.

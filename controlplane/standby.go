@@ -27,6 +27,8 @@ type Standby struct {
 	leader func() *api.ServerStatus
 	ln     *transport.Listener
 	wg     sync.WaitGroup
+	// reads answers from the last read while the store is away.
+	reads lastRead
 }
 
 // standbyReads are the requests a standby answers itself, from the store;
@@ -150,13 +152,14 @@ func (sb *Standby) notLeaderError() *transport.NotLeaderError {
 }
 
 // checkPeer refuses a certificate on the shared deny-list, as the leader
-// would; unlike the leader it records nothing.
+// would (as last read while the store is away); unlike the leader it
+// records nothing.
 func (sb *Standby) checkPeer(_ context.Context, p transport.PeerInfo) error {
 	ids, ok := sb.cfg.Store.(store.IdentityStore)
 	if !ok {
 		return nil
 	}
-	return checkDenyList(ids, p)
+	return sb.reads.checkDenyList(ids, p)
 }
 
 // serveClient answers a client's request streams until it disconnects.
@@ -192,9 +195,10 @@ func (sb *Standby) version(_ context.Context, c *call) error {
 }
 
 // listNodes answers from the store: the nodes as the leader last wrote
-// them (liveness and cordons; live figures are the leader's alone).
+// them (liveness and cordons; live figures are the leader's alone). The
+// reads of a standby answer as last read while the store is away.
 func (sb *Standby) listNodes(_ context.Context, c *call) error {
-	ns, err := sb.cfg.Store.Nodes()
+	ns, err := sb.reads.Nodes(sb.cfg.Store)
 	if err != nil {
 		return c.fail("standby: read nodes from the store: %v", err)
 	}
@@ -202,7 +206,7 @@ func (sb *Standby) listNodes(_ context.Context, c *call) error {
 }
 
 func (sb *Standby) listJobs(_ context.Context, c *call) error {
-	js, err := sb.cfg.Store.Jobs()
+	js, err := sb.reads.Jobs(sb.cfg.Store)
 	if err != nil {
 		return c.fail("standby: read jobs from the store: %v", err)
 	}
@@ -223,7 +227,7 @@ func (sb *Standby) listJobs(_ context.Context, c *call) error {
 
 func (sb *Standby) listEvents(_ context.Context, c *call) error {
 	r := c.req.GetListEvents()
-	evs, err := sb.cfg.Store.Events(store.EventFilter{Node: r.GetNode(), SinceUnixNano: r.GetSinceUnixNano(), Limit: int(r.GetLimit())})
+	evs, err := sb.reads.Events(sb.cfg.Store, store.EventFilter{Node: r.GetNode(), SinceUnixNano: r.GetSinceUnixNano(), Limit: int(r.GetLimit())})
 	if err != nil {
 		return c.fail("standby: read events from the store: %v", err)
 	}

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"os"
 
 	"github.com/gpuctl/gpuctl/api"
@@ -25,10 +26,17 @@ func (s *Server) TelemetryShed() *api.TelemetryShed {
 // statusOf is cfg.Status's answer, or, for a server on its own bbolt
 // file, the server alone.
 func statusOf(ctx context.Context, cfg Config) *api.StatusResponse {
+	var st *api.StatusResponse
 	if cfg.Status != nil {
-		return cfg.Status(ctx)
+		st = cfg.Status(ctx)
+	} else {
+		host, _ := os.Hostname()
+		self := &api.ServerStatus{Name: host, Addr: cfg.AdvertiseAddr, Role: "single"}
+		st = &api.StatusResponse{Self: self, Leader: self, Servers: []*api.ServerStatus{self}, Store: "bbolt", StoreHealthy: true}
 	}
-	host, _ := os.Hostname()
-	self := &api.ServerStatus{Name: host, Addr: cfg.AdvertiseAddr, Role: "single"}
-	return &api.StatusResponse{Self: self, Leader: self, Servers: []*api.ServerStatus{self}, Store: "bbolt", StoreHealthy: true}
+	var ro *ReadOnlyError
+	if errors.As(cfg.ReadOnly.Err(), &ro) {
+		st.ReadOnly, st.ReadOnlyReason, st.ReadOnlySinceUnixNano = true, ro.Reason, ro.Since.UnixNano()
+	}
+	return st
 }

@@ -26,6 +26,8 @@ type haCluster struct {
 	addrs   [2]string
 	servers [2]*proc
 	starts  [2]int
+	// serverArgs are added to every server's flags (later ones win).
+	serverArgs []string
 }
 
 func freeUDP(t *testing.T) string {
@@ -41,7 +43,7 @@ func freeUDP(t *testing.T) string {
 // serverName is server i's name in the control plane.
 func serverName(i int) string { return fmt.Sprintf("head-%d", i+1) }
 
-func newHACluster(t *testing.T, nodes int) *haCluster {
+func newHACluster(t *testing.T, nodes int, serverArgs ...string) *haCluster {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts etcd, real servers, nodemons and ringtrain")
@@ -51,7 +53,7 @@ func newHACluster(t *testing.T, nodes int) *haCluster {
 	// the test's own, not the user's.
 	t.Setenv("XDG_CACHE_HOME", t.TempDir())
 	c := &haCluster{procCluster: &procCluster{t: t, dir: t.TempDir(), gpuctl: testbin.Gpuctl(t), nodemon: nodemon,
-		ringtain: ringtrain, nodes: map[string]*proc{}, nodeStarts: map[string]int{}}}
+		ringtain: ringtrain, nodes: map[string]*proc{}, nodeStarts: map[string]int{}}, serverArgs: serverArgs}
 	c.etcd = etcdtest.Start(t, 3)
 	c.addrs = [2]string{freeUDP(t), freeUDP(t)}
 	c.addr = c.addrs[0] + "," + c.addrs[1]
@@ -83,10 +85,11 @@ func (c *haCluster) startServer(i int) {
 	}
 	other := c.addrs[1-i]
 	c.starts[i]++
+	args := []string{"serve", "--store", "etcd", "--etcd-endpoints", strings.Join(c.etcd.Endpoints(), ","), "--name", serverName(i),
+		"--data-dir", dir, "--listen", c.addrs[i], "--advertise", c.addrs[i] + "," + other,
+		"--leader-ttl", "2s", "--lease", "10s", "--log-level", "debug"}
 	c.servers[i] = startProcess(c.t, filepath.Join(c.dir, fmt.Sprintf("%s-%d.log", serverName(i), c.starts[i])), c.gpuctl,
-		"serve", "--store", "etcd", "--etcd-endpoints", strings.Join(c.etcd.Endpoints(), ","), "--name", serverName(i),
-		"--data-dir", dir, "--listen", c.addrs[i], "--advertise", c.addrs[i]+","+other,
-		"--leader-ttl", "2s", "--lease", "10s", "--log-level", "debug")
+		append(args, c.serverArgs...)...)
 }
 
 func (c *haCluster) killServer(i int) {

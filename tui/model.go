@@ -8,6 +8,7 @@ package tui
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/charmbracelet/colorprofile"
 	"github.com/charmbracelet/x/ansi"
 
+	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/transport"
 	"github.com/gpuctl/gpuctl/tui/app"
 	"github.com/gpuctl/gpuctl/tui/components/cmdline"
@@ -398,10 +400,27 @@ func (m *Model) banners() []string {
 	if m.conn != nil && m.conn.Err != nil {
 		out = append(out, "banner-conn")
 	}
+	if readOnlyEvent(m.ctx.Snap.Events) != nil {
+		out = append(out, "banner-read-only")
+	}
 	if len(m.ctx.Snap.Stalls) > 0 {
 		out = append(out, "banner-stall")
 	}
 	return out
+}
+
+// readOnlyEvent is the server's word that the control plane is read-only
+// now (its store is away), nil when its newest word says otherwise.
+func readOnlyEvent(evs []*api.Event) *api.Event {
+	for _, e := range slices.Backward(evs) {
+		if e.GetKind() == api.EventKind_EVENT_KIND_READ_ONLY {
+			if e.GetAttrs()["read_only"] == "true" {
+				return e
+			}
+			return nil
+		}
+	}
+	return nil
 }
 
 func (m *Model) renderBanners() []string {
@@ -413,6 +432,11 @@ func (m *Model) renderBanners() []string {
 			since = app.Duration(m.ctx.Now().Sub(m.lastSnap)) + " ago"
 		}
 		txt := fmt.Sprintf(" ✕ connection lost: %v — reconnecting (retry in %s); showing the state of %s ", c.Err, c.RetryIn.Round(100*time.Millisecond), since)
+		out = append(out, st.BannerCrit.Width(m.width).MaxWidth(m.width).Render(app.Trunc(txt, m.width)))
+	}
+	if e := readOnlyEvent(m.ctx.Snap.Events); e != nil {
+		since := app.Age(m.ctx.Now(), e.GetTimeUnixNano())
+		txt := fmt.Sprintf(" ⚠ READ-ONLY for %s: %s — changes are refused; running jobs go on ", since, api.EscapeText(e.GetMessage()))
 		out = append(out, st.BannerCrit.Width(m.width).MaxWidth(m.width).Render(app.Trunc(txt, m.width)))
 	}
 	if ss := m.ctx.Snap.Stalls; len(ss) > 0 {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -498,5 +499,29 @@ func TestQuitKeys(t *testing.T) {
 	hs.keys("esc", ":")
 	if quits(hs, "q") {
 		t.Error("q typed into the command line quit the console")
+	}
+}
+
+// TestReadOnlyBanner: the server's word that the control plane is
+// read-only (its store away) shows as a banner with the reason until its
+// word that it is writable again.
+func TestReadOnlyBanner(t *testing.T) {
+	hs := newHarness(t, transport.RoleViewer, 160, 30)
+	snap := fixture.Cluster(40, 8)
+	since := hs.m.ctx.Now().Add(-12 * time.Second)
+	reason := "the store (etcd at http://127.0.0.1:2379) is unreachable since " + since.UTC().Format(time.RFC3339) + ": the control plane is read-only"
+	snap.Events = append(slices.Clone(snap.Events), &api.Event{TimeUnixNano: since.UnixNano(), Kind: api.EventKind_EVENT_KIND_READ_ONLY,
+		Message: reason, Attrs: map[string]string{"read_only": "true"}})
+	hs.send(app.SnapshotMsg{Snap: snap})
+	s := hs.screen()
+	if !strings.Contains(s, "READ-ONLY for 12s: the store (etcd at http://127.0.0.1:2379) is unreachable") {
+		t.Errorf("no read-only banner:\n%s", s)
+	}
+	golden(t, "TestReadOnlyBanner", s)
+	snap.Events = append(slices.Clone(snap.Events), &api.Event{TimeUnixNano: hs.m.ctx.Now().UnixNano(), Kind: api.EventKind_EVENT_KIND_READ_ONLY,
+		Message: "the control plane is writable again", Attrs: map[string]string{"read_only": "false"}})
+	hs.send(app.SnapshotMsg{Snap: snap})
+	if s := hs.screen(); strings.Contains(s, "READ-ONLY") {
+		t.Errorf("the banner stays once the control plane is writable again:\n%s", s)
 	}
 }

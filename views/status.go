@@ -3,6 +3,7 @@ package views
 import (
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
@@ -19,6 +20,15 @@ type StatusJSON struct {
 	// TelemetryShed is what the answering leader's ingest dropped to keep
 	// up; null from a standby or an older server.
 	TelemetryShed *TelemetryShedJSON `json:"telemetry_shed"`
+	// ReadOnly is set while the answering server refuses every change
+	// (its store is away); null otherwise.
+	ReadOnly *ReadOnlyJSON `json:"read_only"`
+}
+
+// ReadOnlyJSON is why the control plane refuses changes, since when.
+type ReadOnlyJSON struct {
+	Since  *time.Time `json:"since_time"`
+	Reason string     `json:"reason"`
 }
 
 // TelemetryShedJSON counts telemetry a server shed since it started.
@@ -78,6 +88,9 @@ func StatusFromAPI(r *api.StatusResponse) StatusJSON {
 		out.Leadership = append(out.Leadership, LeadershipJSON{Time: optTime(e.GetTimeUnixNano()),
 			Server: optString(e.GetAttrs()["server"]), Message: e.GetMessage()})
 	}
+	if r.GetReadOnly() {
+		out.ReadOnly = &ReadOnlyJSON{Since: optTime(r.GetReadOnlySinceUnixNano()), Reason: r.GetReadOnlyReason()}
+	}
 	if s := r.GetTelemetryShed(); s != nil {
 		out.TelemetryShed = &TelemetryShedJSON{Batches: s.GetBatches(), GPUSamples: s.GetGpuSamples(), Collectives: s.GetCollectives()}
 	}
@@ -124,6 +137,18 @@ func Status(w io.Writer, o Options, r *api.StatusResponse) error {
 			return err
 		}
 	}
+	if ro := st.ReadOnly; ro != nil {
+		// Changes are refused meanwhile; running jobs go on. The reason
+		// is long (it names the store and since when): wrapped.
+		if _, err := fmt.Fprintf(w, "READ-ONLY for %s: changes are refused; running jobs go on\n", ageOf(now, ro.Since)); err != nil {
+			return err
+		}
+		for _, line := range wrapWords(api.EscapeText(ro.Reason), o.width()-2) {
+			if _, err := fmt.Fprintln(w, "  "+line); err != nil {
+				return err
+			}
+		}
+	}
 	if s := st.TelemetryShed; s != nil && (s.Batches > 0 || s.GPUSamples > 0) {
 		// The server kept its nodes up by dropping their figures.
 		if _, err := fmt.Fprintf(w, "telemetry shed: %d GPU samples, %d batches (%d NCCL calls)\n",
@@ -140,4 +165,26 @@ func Status(w io.Writer, o Options, r *api.StatusResponse) error {
 		}
 	}
 	return nil
+}
+
+// wrapWords breaks s into lines of at most width runes at spaces (a word
+// longer than width gets a line of its own).
+func wrapWords(s string, width int) []string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = w
+		case len([]rune(line))+1+len([]rune(w)) <= width:
+			line += " " + w
+		default:
+			lines = append(lines, line)
+			line = w
+		}
+	}
+	if line != "" {
+		lines = append(lines, line)
+	}
+	return lines
 }

@@ -121,9 +121,10 @@ func serveHA(ctx context.Context, out io.Writer, cfg controlplane.Config, h haFl
 		cfg.ExtraNames = append(cfg.ExtraNames, host)
 	}
 	return ha.Run(ctx, ha.Options{
-		Server: cfg,
-		Store:  st,
-		Member: ha.Config{Client: cli, Prefix: h.prefix, Name: name, Addr: addr, TTL: h.ttl, Log: log.With("part", "ha")},
+		Server:    cfg,
+		Store:     st,
+		Member:    ha.Config{Client: cli, Prefix: h.prefix, Name: name, Addr: addr, TTL: h.ttl, Log: log.With("part", "ha")},
+		StoreName: "etcd at " + strings.Join(endpoints, ","),
 		OnStandby: func(a net.Addr) {
 			fmt.Fprintf(out, "gpuctl serve %s standing by on %s (udp); etcd %s\n", name, a, strings.Join(endpoints, ","))
 		},

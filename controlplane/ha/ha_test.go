@@ -246,3 +246,58 @@ func TestLeaderSinceIsWhenItBeganToLead(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestCampaignAgainAfterSessionExpired: a leader cut off from etcd longer
+// than its session's TTL loses its election key; once etcd is back it
+// opens a new session and campaigns again, and its win is a real one
+// (the key it won with exists), as is a win after its lease was revoked.
+func TestCampaignAgainAfterSessionExpired(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	_, cfg := openStore(t, c)
+	a := join(t, cfg, "a")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	first, err := a.Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := a.Lost()
+	c.Kill(0)
+	select {
+	case <-lost:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the session did not end while etcd was away")
+	}
+	c.Restart(0)
+	again, err := a.Campaign(ctx)
+	if err != nil {
+		t.Fatalf("campaign after etcd's return: %v", err)
+	}
+	if again == first {
+		t.Fatalf("won again with the vanished key %v", first)
+	}
+	hasKey := func(l Leadership) {
+		t.Helper()
+		resp, err := cfg.Client.Get(ctx, l.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != l.Rev {
+			t.Fatalf("the won key %s (revision %d) is not in etcd: %v", l.Key, l.Rev, resp.Kvs)
+		}
+	}
+	hasKey(again)
+	if a.Self().GetRole() != RoleLeader || a.Leader().GetName() != "a" {
+		t.Errorf("after winning again: self %v, leader %v", a.Self(), a.Leader())
+	}
+
+	s, _ := a.current()
+	if _, err := cfg.Client.Revoke(ctx, s.Lease()); err != nil {
+		t.Fatal(err)
+	}
+	third, err := a.Campaign(ctx)
+	if err != nil {
+		t.Fatalf("campaign after the lease was revoked: %v", err)
+	}
+	hasKey(third)
+}

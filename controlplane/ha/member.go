@@ -58,15 +58,20 @@ type Leadership struct {
 	Rev int64
 }
 
-// Member is this server's session in the control plane.
+// Member is this server's session in the control plane. The session is
+// replaced when it expires (etcd away longer than the TTL): the server
+// lists itself and campaigns again rather than giving up.
 type Member struct {
-	cfg      Config
+	cfg Config
+	// ctx is the server's: every session lives as long as it (or until
+	// etcd expires it), whatever asked for it.
+	ctx context.Context
+
+	mu       sync.Mutex
 	session  *concurrency.Session
 	election *concurrency.Election
 	self     *api.ServerStatus
-
-	mu     sync.Mutex
-	leader *api.ServerStatus // as last observed; nil while none leads
+	leader   *api.ServerStatus // as last observed; nil while none leads
 }
 
 func (c Config) key(parts ...string) string {
@@ -99,36 +104,95 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	ttl := int(cfg.TTL.Round(time.Second) / time.Second)
-	if ttl < 1 {
-		ttl = 1
-	}
-	session, err := concurrency.NewSession(cfg.Client, concurrency.WithTTL(ttl), concurrency.WithContext(ctx))
-	if err != nil {
-		return nil, fmt.Errorf("ha: open etcd session: %w (check --etcd-endpoints and that etcd has quorum)", err)
-	}
-	m := &Member{cfg: cfg, session: session, election: concurrency.NewElection(session, cfg.key("leader"))}
+	m := &Member{cfg: cfg, ctx: ctx}
 	standby, err := m.entry(RoleStandby)
 	if err != nil {
-		session.Close()
 		return nil, err
 	}
 	m.self = standby.status
-	if err := m.list(ctx); err != nil {
-		session.Close()
+	if err := m.open(ctx); err != nil {
 		return nil, err
 	}
 	go m.observe(ctx)
 	return m, nil
 }
 
+// open starts a new etcd session and lists this server under it; ctx
+// bounds the opening, the session lives with the server (m.ctx).
+func (m *Member) open(ctx context.Context) error {
+	ttl := int64(m.cfg.TTL.Round(time.Second) / time.Second)
+	if ttl < 1 {
+		ttl = 1
+	}
+	lease, err := m.cfg.Client.Grant(ctx, ttl)
+	if err != nil {
+		return fmt.Errorf("ha: open etcd session: %w (check --etcd-endpoints and that etcd has quorum)", err)
+	}
+	session, err := concurrency.NewSession(m.cfg.Client, concurrency.WithLease(lease.ID), concurrency.WithTTL(int(ttl)), concurrency.WithContext(m.ctx))
+	if err != nil {
+		return fmt.Errorf("ha: open etcd session: %w (check --etcd-endpoints and that etcd has quorum)", err)
+	}
+	m.mu.Lock()
+	m.session, m.election = session, concurrency.NewElection(session, m.cfg.key("leader"))
+	m.mu.Unlock()
+	if err := m.list(ctx); err != nil {
+		session.Close()
+		return err
+	}
+	return nil
+}
+
+// current is the session and election in use now.
+func (m *Member) current() (*concurrency.Session, *concurrency.Election) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.session, m.election
+}
+
+// renewEvery paces the tries to open a new session while etcd is away.
+const renewEvery = 500 * time.Millisecond
+
+// renew opens a new session once the current one has expired, trying
+// until etcd answers or ctx ends.
+func (m *Member) renew(ctx context.Context) error {
+	s, _ := m.current()
+	select {
+	case <-s.Done():
+	default:
+		return nil
+	}
+	// Until it wins again this server is listed as waiting.
+	standby, err := m.entry(RoleStandby)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.self = standby.status
+	m.mu.Unlock()
+	for {
+		octx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := m.open(octx)
+		cancel()
+		if err == nil {
+			m.cfg.Log.Info("new etcd session: listed and campaigning again")
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(renewEvery):
+		}
+	}
+}
+
 // list writes this server's entry under its session's lease.
 func (m *Member) list(ctx context.Context) error {
-	b, err := proto.Marshal(m.self)
+	b, err := proto.Marshal(m.Self())
 	if err != nil {
 		return fmt.Errorf("ha: encode server entry: %w", err)
 	}
-	if _, err := m.cfg.Client.Put(ctx, m.cfg.key("servers/", m.cfg.Name), string(b), clientv3.WithLease(m.session.Lease())); err != nil {
+	s, _ := m.current()
+	if _, err := m.cfg.Client.Put(ctx, m.cfg.key("servers/", m.cfg.Name), string(b), clientv3.WithLease(s.Lease())); err != nil {
 		return fmt.Errorf("ha: list server %s: %w", m.cfg.Name, err)
 	}
 	return nil
@@ -138,7 +202,8 @@ func (m *Member) list(ctx context.Context) error {
 // without asking etcd for each.
 func (m *Member) observe(ctx context.Context) {
 	for ctx.Err() == nil {
-		for resp := range m.election.Observe(ctx) {
+		_, election := m.current()
+		for resp := range election.Observe(ctx) {
 			if len(resp.Kvs) == 0 {
 				continue
 			}
@@ -162,20 +227,77 @@ func (m *Member) observe(ctx context.Context) {
 
 // Campaign blocks until this server leads (or ctx ends), then lists it as
 // the leader, since the moment it won: the entry it campaigned with was
-// written when it began to wait, so it is proclaimed again.
+// written when it began to wait, so it is proclaimed again. A session
+// that expires meanwhile (etcd away longer than the TTL) is replaced and
+// the campaign starts over, so a server never gives up for an outage.
 func (m *Member) Campaign(ctx context.Context) (Leadership, error) {
+	for {
+		lead, err := m.campaign(ctx)
+		if err == nil || ctx.Err() != nil {
+			return lead, err
+		}
+		if !errors.Is(err, errSessionGone) {
+			m.cfg.Log.Warn("campaign failed; trying again", "err", err)
+			select {
+			case <-ctx.Done():
+				return Leadership{}, ctx.Err()
+			case <-time.After(renewEvery):
+			}
+		}
+		if err := m.renew(ctx); err != nil {
+			return Leadership{}, err
+		}
+	}
+}
+
+// errSessionGone ends a campaign whose session expired before or while it
+// waited: etcd deleted its key, so a win it reports is not one.
+var errSessionGone = errors.New("etcd session expired")
+
+// campaign is one campaign under the current session.
+func (m *Member) campaign(ctx context.Context) (Leadership, error) {
+	session, election := m.current()
+	select {
+	case <-session.Done():
+		return Leadership{}, errSessionGone
+	default:
+	}
 	waiting, err := m.entry(RoleLeader)
 	if err != nil {
 		return Leadership{}, err
 	}
-	if err := m.election.Campaign(ctx, waiting.value); err != nil {
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-session.Done():
+			cancel()
+		case <-cctx.Done():
+		}
+	}()
+	if err := election.Campaign(cctx, waiting.value); err != nil {
+		if ctx.Err() == nil && cctx.Err() != nil {
+			return Leadership{}, errSessionGone
+		}
 		return Leadership{}, fmt.Errorf("ha: campaign: %w", err)
+	}
+	// Campaign returns as soon as the keys before this one are gone,
+	// which they also are when etcd expired this session's lease with
+	// them: the win stands only while this key is still there.
+	gctx, gcancel := context.WithTimeout(ctx, 5*time.Second)
+	resp, err := m.cfg.Client.Get(gctx, election.Key())
+	gcancel()
+	if err != nil {
+		return Leadership{}, fmt.Errorf("ha: check the won election key: %w", err)
+	}
+	if len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != election.Rev() {
+		return Leadership{}, errSessionGone
 	}
 	leading, err := m.entry(RoleLeader)
 	if err != nil {
 		return Leadership{}, err
 	}
-	if err := m.election.Proclaim(ctx, leading.value); err != nil {
+	if err := election.Proclaim(ctx, leading.value); err != nil {
 		// It leads all the same; status shows when it began to wait.
 		m.cfg.Log.Warn("record when this server began to lead", "err", err)
 		leading = waiting
@@ -187,7 +309,7 @@ func (m *Member) Campaign(ctx context.Context) (Leadership, error) {
 	if err := m.list(ctx); err != nil {
 		m.cfg.Log.Warn("list server as leader", "err", err)
 	}
-	return Leadership{Key: m.election.Key(), Rev: m.election.Rev()}, nil
+	return Leadership{Key: election.Key(), Rev: election.Rev()}, nil
 }
 
 // serverEntry is this server's entry in a role from now, and its encoding.
@@ -205,10 +327,14 @@ func (m *Member) entry(role string) (serverEntry, error) {
 	return serverEntry{status: st, value: string(b)}, nil
 }
 
-// Lost is closed when this server's session ends: its lease expired (cut
-// off from etcd longer than the TTL) or was revoked. A leader that sees it
-// must stop acting at once; its writes are refused by then anyway.
-func (m *Member) Lost() <-chan struct{} { return m.session.Done() }
+// Lost is closed when this server's current session ends: its lease
+// expired (cut off from etcd longer than the TTL) or was revoked. A leader
+// that sees it may no longer write (its writes are refused by then
+// anyway) and campaigns again.
+func (m *Member) Lost() <-chan struct{} {
+	s, _ := m.current()
+	return s.Done()
+}
 
 // Self is this server's entry.
 func (m *Member) Self() *api.ServerStatus {
@@ -258,10 +384,45 @@ func (m *Member) Servers(ctx context.Context) ([]*api.ServerStatus, error) {
 func (m *Member) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	session, election := m.current()
 	if m.Self().GetRole() == RoleLeader {
-		if err := m.election.Resign(ctx); err != nil {
+		if err := election.Resign(ctx); err != nil {
 			m.cfg.Log.Warn("resign leadership", "err", err)
 		}
 	}
-	return m.session.Close()
+	return session.Close()
+}
+
+// errAnotherLeads ends campaignServing: another server won meanwhile.
+var errAnotherLeads = errors.New("another server leads")
+
+// campaignServing campaigns again while this server's leadership still
+// serves (read-only, its key gone), and gives up as soon as another server
+// is seen leading: then this one must stop and stand by.
+func (m *Member) campaignServing(ctx context.Context) (Leadership, error) {
+	type result struct {
+		lead Leadership
+		err  error
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	won := make(chan result, 1)
+	go func() {
+		l, err := m.Campaign(cctx)
+		won <- result{l, err}
+	}()
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case r := <-won:
+			return r.lead, r.err
+		case <-t.C:
+			if l := m.Leader(); l != nil && l.GetName() != m.cfg.Name {
+				cancel()
+				<-won
+				return Leadership{}, errAnotherLeads
+			}
+		}
+	}
 }

@@ -114,6 +114,11 @@ type Config struct {
 	// Executor, when set, launches and signals attempts (Slurm); nil:
 	// nodemon does, through the dispatcher.
 	Executor Executor
+	// ReadOnly, when set and not nil, is why nothing may be stored now
+	// (the store is away): the owner then applies what it hears but
+	// neither schedules nor tries to commit, keeping the step's writes and
+	// commands until it may; requests are refused with the reason.
+	ReadOnly func() error
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -317,6 +322,11 @@ func (m *Manager) step(pass bool) {
 	for _, msg := range m.in.drain() {
 		m.handle(msg)
 	}
+	if m.readOnly() != nil {
+		// Kept, unscheduled and uncommitted, until the store is back:
+		// what happened meanwhile is then stored and acted on in order.
+		return
+	}
 	if pass || m.kicked {
 		m.kicked = false
 		start := time.Now()
@@ -330,6 +340,14 @@ func (m *Manager) step(pass bool) {
 		// on before it is stored.
 		m.log.Error("commit job changes; retrying on the next pass", "err", err)
 	}
+}
+
+// readOnly is Config.ReadOnly's answer, nil without one.
+func (m *Manager) readOnly() error {
+	if m.cfg.ReadOnly == nil {
+		return nil
+	}
+	return m.cfg.ReadOnly()
 }
 
 // kick asks for a scheduling pass in this step.
@@ -496,6 +514,10 @@ func (m *Manager) do(ctx context.Context, fn func() (any, error)) (any, error) {
 // call applies one request in a transaction of its own: its answer goes
 // out only once its writes are stored, and a failed commit undoes them.
 func (m *Manager) call(c msgCall) {
+	if err := m.readOnly(); err != nil {
+		c.reply <- reply{err: err}
+		return
+	}
 	if err := m.commit(m.pass); err != nil {
 		c.reply <- reply{err: fmt.Errorf("the store refuses writes: %w", err)}
 		return

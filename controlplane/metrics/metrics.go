@@ -33,6 +33,9 @@ type Source interface {
 	Stalls(job string) ([]*api.Stall, error)
 	// TelemetryShed is what the server's ingest dropped to keep up.
 	TelemetryShed() *api.TelemetryShed
+	// ReadOnly is why the control plane refuses changes now (its store
+	// is unreachable), nil while it does not.
+	ReadOnly() error
 }
 
 // Metrics is the server's exporter: a Prometheus collector over a Source,
@@ -154,6 +157,7 @@ var (
 	gpusDesc          = prometheus.NewDesc("gpuctl_gpus", "GPUs by health: healthy, unhealthy (an XID, ECC or other fault) or lost (off the bus).", []string{"health"}, nil)
 	jobsDesc          = prometheus.NewDesc("gpuctl_jobs", "Jobs by state.", []string{"state"}, nil)
 	stallsDesc        = prometheus.NewDesc("gpuctl_stalls", "NCCL stalls declared now (one per stalled communicator).", nil, nil)
+	readOnlyDesc      = prometheus.NewDesc("gpuctl_store_readonly", "1 while the control plane refuses every change because it cannot write its store (etcd unreachable, or its election key lost and campaigning again); running jobs and node sessions go on.", nil, nil)
 	shedDesc          = prometheus.NewDesc("gpuctl_telemetry_shed_total", "Telemetry the server dropped unapplied because its ingest fell behind: GPU samples first, then whole batches (with their NCCL call records); its nodes stay up.", []string{"kind"}, nil)
 
 	jobInfoDesc      = prometheus.NewDesc("gpuctl_job_info", "1 for every job not finished, with its name, tenant and state.", []string{"hpc_job", "job_name", "tenant", "state"}, nil)
@@ -175,7 +179,7 @@ var (
 	jobStalledDesc   = prometheus.NewDesc("gpuctl_job_stalled_communicators", "The job's communicators with an NCCL stall declared now.", jobLabels, nil)
 
 	stateDescs = []*prometheus.Desc{nodesDesc, nodesCordonedDesc, nodesDrainingDesc, nodeReadyDesc, nodeCordonedDesc, gpusDesc, jobsDesc,
-		stallsDesc, shedDesc, jobInfoDesc, jobGPUsDesc, jobStepDesc, jobRateDesc, jobMeasuredDesc, jobPredictedDesc, jobGoodputDesc,
+		stallsDesc, readOnlyDesc, shedDesc, jobInfoDesc, jobGPUsDesc, jobStepDesc, jobRateDesc, jobMeasuredDesc, jobPredictedDesc, jobGoodputDesc,
 		jobRestartsDesc, jobPreemptDesc, jobLostDesc, jobDowntimeDesc, jobEnergyDesc, jobCkptsDesc, jobCkptAgeDesc, jobCkptTimeDesc,
 		jobAdvisedDesc, jobStalledDesc}
 )
@@ -259,6 +263,12 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	for _, h := range sortedKeys(health) {
 		gauge(gpusDesc, float64(health[h]), h)
 	}
+
+	readOnly := 0.0
+	if m.src.ReadOnly() != nil {
+		readOnly = 1
+	}
+	gauge(readOnlyDesc, readOnly)
 
 	shed := m.src.TelemetryShed()
 	counter(shedDesc, float64(shed.GetBatches()), "batches")
@@ -429,3 +439,4 @@ func (emptySource) Nodes() []*api.NodeStatus            { return nil }
 func (emptySource) Jobs() []*api.Job                    { return nil }
 func (emptySource) Stalls(string) ([]*api.Stall, error) { return nil, nil }
 func (emptySource) TelemetryShed() *api.TelemetryShed   { return nil }
+func (emptySource) ReadOnly() error                     { return nil }

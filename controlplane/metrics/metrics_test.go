@@ -23,7 +23,10 @@ type fakeSource struct {
 	stalls   []*api.Stall
 	stallErr error
 	shed     *api.TelemetryShed
+	readOnly error
 }
+
+func (f *fakeSource) ReadOnly() error { return f.readOnly }
 
 func (f *fakeSource) TelemetryShed() *api.TelemetryShed { return f.shed }
 
@@ -212,6 +215,24 @@ func TestStepRateRestart(t *testing.T) {
 	src.jobs[0].Step = 70
 	if v, _ := sample(gather(t, m), "gpuctl_job_steps_per_second", "hpc_job", "j-1a2b3c"); v != 5 {
 		t.Fatalf("rate = %g, want 5", v)
+	}
+}
+
+// TestStoreReadOnly: gpuctl_store_readonly is 1 exactly while the
+// control plane refuses changes.
+func TestStoreReadOnly(t *testing.T) {
+	src := fixture()
+	m := New(src, Options{})
+	if v, ok := sample(gather(t, m), "gpuctl_store_readonly"); !ok || v != 0 {
+		t.Fatalf("gpuctl_store_readonly = %g (exported %v) with the store up, want 0", v, ok)
+	}
+	src.readOnly = errors.New("the store (etcd at http://127.0.0.1:2379) is unreachable")
+	if v, _ := sample(gather(t, m), "gpuctl_store_readonly"); v != 1 {
+		t.Fatalf("gpuctl_store_readonly = %g while read-only, want 1", v)
+	}
+	src.readOnly = nil
+	if v, _ := sample(gather(t, m), "gpuctl_store_readonly"); v != 0 {
+		t.Fatalf("gpuctl_store_readonly = %g once the store is back, want 0", v)
 	}
 }
 

@@ -107,6 +107,10 @@ type Registry struct {
 	queue ingestQueue
 	// late is how late heartbeats are heard now.
 	late lateness
+	// held are the registry's own events (a node down, up, cordoned) the
+	// store refused (etcd away), oldest first, at most HeldEvents: the
+	// detector stores them once it takes them (storeHeld).
+	held []*api.Event
 }
 
 // entry is one node. rec is its current status; it is replaced, never
@@ -205,14 +209,44 @@ func (r *Registry) setLocked(e *entry, next *api.NodeStatus, persist bool) {
 	}
 }
 
-// raiseLocked persists a server-side node event and announces it.
+// raiseLocked persists a server-side node event and announces it. One the
+// store refuses is announced all the same and held until it takes it.
 func (r *Registry) raiseLocked(e *api.Event) {
-	if err := r.cfg.Store.AppendEvent(e); err != nil {
-		r.log.Error("persist event", "node", e.GetNode(), "kind", e.GetKind(), "err", err)
-		return
+	if len(r.held) > 0 {
+		r.holdLocked(e, nil) // after those held before it
+	} else if err := r.cfg.Store.AppendEvent(e); err != nil {
+		r.holdLocked(e, err)
 	}
 	if r.cfg.Publish != nil {
 		r.cfg.Publish.PublishEvent(e)
+	}
+}
+
+func (r *Registry) holdLocked(e *api.Event, err error) {
+	if len(r.held) == HeldEvents {
+		r.log.Error("node event lost: the store refuses events and the hold is full", "node", e.GetNode(), "kind", e.GetKind(), "message", e.GetMessage())
+		return
+	}
+	if err != nil {
+		r.log.Warn("persist event; held until the store takes it", "node", e.GetNode(), "kind", e.GetKind(), "err", err)
+	}
+	r.held = append(r.held, e)
+}
+
+// storeHeld stores the events the store refused, in order, as far as it
+// takes them now.
+func (r *Registry) storeHeld() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, e := range r.held {
+		if err := r.cfg.Store.AppendEvent(e); err != nil {
+			r.held = r.held[i:]
+			return
+		}
+	}
+	if len(r.held) > 0 {
+		r.log.Info("stored the node events held while the store refused them", "events", len(r.held))
+		r.held = nil
 	}
 }
 

@@ -432,24 +432,65 @@ func (ns *session) readTelemetry(st *transport.Stream) {
 	}
 }
 
-// readEvents persists each event before acknowledging it; the node keeps
-// every unacknowledged event and sends it again after a reconnect.
+// HeldEvents bounds the events one session holds, unacknowledged, while
+// the store refuses them, and EventRetryEvery paces its tries to store
+// them: the session stays up meanwhile (an etcd outage stops no node), so
+// the node would not send them again before a reconnect. Past the bound
+// the newest are not held; the node keeps them too and sends them again
+// after its next reconnect.
+const (
+	HeldEvents      = 10_000
+	EventRetryEvery = 500 * time.Millisecond
+)
+
+// readEvents persists each event before acknowledging it. Events the store
+// refuses are held, in order, and stored with those that follow once it
+// takes them: a rank's exit or an XID seen while the store is away reaches
+// the job owner when it returns.
 func (ns *session) readEvents(st *transport.Stream, log interface{ Warn(string, ...any) }) {
+	in := make(chan *api.Event)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		defer close(in)
+		for {
+			var m api.AgentMessage
+			if err := st.Recv(&m); err != nil {
+				return
+			}
+			if e := m.GetEvent(); e != nil {
+				select {
+				case in <- e:
+				case <-stop:
+					return
+				}
+			}
+		}
+	}()
+	var held []*api.Event
+	var retry <-chan time.Time
 	for {
-		var m api.AgentMessage
-		if err := st.Recv(&m); err != nil {
-			return
+		select {
+		case e, ok := <-in:
+			if !ok {
+				return
+			}
+			if len(held) == HeldEvents {
+				log.Warn("node event not held: the hold is full; the node sends it again after a reconnect", "seq", e.GetSeq())
+				continue
+			}
+			held = append(held, e)
+		case <-retry:
 		}
-		e := m.GetEvent()
-		if e == nil {
-			continue
-		}
-		top, err := ns.r.nodeEvents(ns.name, ns, []*api.Event{e})
+		top, err := ns.r.nodeEvents(ns.name, ns, held)
 		if err != nil {
-			// Not acknowledged: the node resends it once the store recovers.
-			log.Warn("persist node event", "seq", e.GetSeq(), "err", err)
+			if retry == nil {
+				log.Warn("persist node event; held until the store takes it", "seq", held[0].GetSeq(), "err", err)
+			}
+			retry = time.After(EventRetryEvery)
 			continue
 		}
+		held, retry = nil, nil
 		if err := st.Send(&api.ServerMessage{Body: &api.ServerMessage_EventAck{EventAck: &api.EventAck{Seq: top}}}); err != nil {
 			return
 		}
@@ -632,6 +673,7 @@ func (r *Registry) detect(every time.Duration) []string {
 		}
 	}
 	r.lastCheck = now
+	r.storeHeld()
 	return r.CheckHeartbeats()
 }
 

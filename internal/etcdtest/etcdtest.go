@@ -198,3 +198,51 @@ func (c *Cluster) Restart(i int) {
 	c.members[i] = m
 	c.mu.Unlock()
 }
+
+// KillAll kills every member (Kill): etcd is away as a whole, as after a
+// crash of all its hosts or a lost quorum.
+func (c *Cluster) KillAll() {
+	var wg sync.WaitGroup
+	for i := range c.cfgs {
+		wg.Go(func() { c.Kill(i) })
+	}
+	wg.Wait()
+}
+
+// RestartAll starts every killed member again from its data dir and waits
+// until they serve: launched together, as none is ready before a quorum
+// is up.
+func (c *Cluster) RestartAll() {
+	c.t.Helper()
+	launched := map[int]*etcdembed.Member{}
+	for i, cfg := range c.cfgs {
+		c.mu.Lock()
+		up := c.members[i] != nil
+		c.mu.Unlock()
+		if up {
+			continue
+		}
+		cfg.ClusterState = "existing"
+		var m *etcdembed.Member
+		var err error
+		// Its ports were just released; something else may briefly hold one.
+		for try := 0; try < 20; try++ {
+			if m, err = etcdembed.Launch(cfg); !errors.Is(err, etcdembed.ErrAddrInUse) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
+			c.t.Fatalf("etcdtest: restart member %d: %v", i, err)
+		}
+		launched[i] = m
+		c.mu.Lock()
+		c.members[i] = m
+		c.mu.Unlock()
+	}
+	for i, m := range launched {
+		if err := m.WaitReady(context.Background()); err != nil {
+			c.t.Fatalf("etcdtest: restart member %d: %v", i, err)
+		}
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // ClientConfig returns the client configuration for endpoints: plain
@@ -21,6 +23,13 @@ func ClientConfig(endpoints []string, caFile, certFile, keyFile string) (clientv
 		// requests move to the others.
 		DialKeepAliveTime:    5 * time.Second,
 		DialKeepAliveTimeout: 3 * time.Second,
+		// gRPC's own reconnect backoff grows to 2 minutes: after an etcd
+		// outage of a minute or two the servers would stay read-only up to
+		// that long after etcd is back. A few members are cheap to redial.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+			MinConnectTimeout: 2 * time.Second,
+		})},
 	}
 	if len(endpoints) == 0 {
 		return cfg, fmt.Errorf("etcd: no endpoints (give --etcd-endpoints host:2379,...)")

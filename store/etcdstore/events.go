@@ -87,6 +87,9 @@ func (s *Store) LastNodeEventSeq(node string) (uint64, error) {
 }
 
 func (s *Store) lastSeq(node string) (uint64, int64, error) {
+	if err := s.unreachable(); err != nil {
+		return 0, 0, err
+	}
 	ctx, cancel := s.reqCtx()
 	defer cancel()
 	resp, err := s.cli.Get(ctx, s.k.eventSeq(node))
@@ -115,6 +118,9 @@ func (s *Store) Events(f store.EventFilter) ([]*api.Event, error) {
 	page := pageSize
 	if f.Node == "" && f.Job == "" && f.Limit > 0 {
 		page = min(page, f.Limit)
+	}
+	if err := s.unreachable(); err != nil {
+		return nil, fmt.Errorf("etcd store: list events: %w", err)
 	}
 	var out []*api.Event
 	var rev int64

@@ -242,3 +242,52 @@ func must(t testing.TB, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestClaimTerm: each leadership's claim returns the holder before it, so
+// a server winning again sees whether another led in between; a deposed
+// leader's claim is refused like any write; and while etcd is known to be
+// away (SetAway) every request fails at once with that reason.
+func TestClaimTerm(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cli := c.Client(t)
+	a, sessA, wonA := campaign(t, cli, "a")
+	wait(t, wonA, "a elected")
+	if prev, err := a.ClaimTerm("a 1"); err != nil || prev != "" {
+		t.Fatalf("the first claim: %q, %v; want none before", prev, err)
+	}
+	if prev, err := a.ClaimTerm("a 2"); err != nil || prev != "a 1" {
+		t.Fatalf("claiming again: %q, %v; want a 1 before", prev, err)
+	}
+	b, _, wonB := campaign(t, cli, "b")
+	sessA.Close()
+	wait(t, wonB, "b elected")
+	if prev, err := b.ClaimTerm("b 1"); err != nil || prev != "a 2" {
+		t.Fatalf("b's claim: %q, %v; want a 2 before", prev, err)
+	}
+	if _, err := a.ClaimTerm("a 3"); !errors.Is(err, store.ErrNotLeader) {
+		t.Fatalf("the deposed leader's claim: %v, want ErrNotLeader", err)
+	}
+
+	away := errors.New("the store (etcd) is unreachable since 12:00")
+	b.SetAway(func() error { return away })
+	start := time.Now()
+	for name, req := range map[string]func() error{
+		"PutJob": func() error { return b.PutJob(&api.Job{Id: "j-away"}) },
+		"Jobs":   func() error { _, err := b.Jobs(); return err },
+		"Events": func() error { _, err := b.Events(store.EventFilter{Limit: 10}); return err },
+	} {
+		if err := req(); !errors.Is(err, away) {
+			t.Errorf("%s while away: %v, want the away reason", name, err)
+		}
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("requests while away took %s, want at once", took)
+	}
+	if err := b.Ping(context.Background()); err != nil {
+		t.Errorf("Ping is not held back by SetAway: %v", err)
+	}
+	b.SetAway(func() error { return nil })
+	if err := b.PutJob(&api.Job{Id: "j-back"}); err != nil {
+		t.Errorf("a write once back: %v", err)
+	}
+}

@@ -148,6 +148,9 @@ func (s *Store) RemoveNode(name string, r *api.Revocation) ([]*api.Identity, err
 	var revoked []*api.Identity
 	err := s.retry(func() error {
 		nodeKey := s.k.node(name)
+		if err := s.unreachable(); err != nil {
+			return err
+		}
 		ctx, cancel := s.reqCtx()
 		resp, err := s.cli.Get(ctx, nodeKey, clientv3.WithKeysOnly())
 		cancel()

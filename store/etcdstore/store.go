@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -58,6 +59,10 @@ type Store struct {
 	eventCount int64 // events in the log; -1 until counted under this fence
 
 	pruneMu sync.Mutex
+	// away, when set, says the store is known to be unreachable: requests
+	// then fail at once with its error instead of each waiting out
+	// Timeout (see SetAway).
+	away atomic.Pointer[func() error]
 }
 
 var (
@@ -128,6 +133,30 @@ func (s *Store) reqCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(s.ctx, s.opts.Timeout)
 }
 
+// SetAway has every read and write fail at once with away's error while
+// it returns one: a server that knows etcd is unreachable (its probe,
+// Ping, failed) must not hold its locks and loops for Timeout on each
+// request. Ping is not affected.
+func (s *Store) SetAway(away func() error) { s.away.Store(&away) }
+
+// unreachable is SetAway's error, nil when none is set or it is nil.
+func (s *Store) unreachable() error {
+	if f := s.away.Load(); f != nil {
+		if err := (*f)(); err != nil {
+			return fmt.Errorf("etcd unreachable: %w", err)
+		}
+	}
+	return nil
+}
+
+// Ping reads one key with quorum (a linearizable read: a member cut off
+// from the others does not answer it), so it succeeds only while writes
+// could.
+func (s *Store) Ping(ctx context.Context) error {
+	_, err := s.cli.Get(ctx, s.k.meta("open"), clientv3.WithCountOnly())
+	return err
+}
+
 // fence returns the compare of the leadership this store writes under.
 func (s *Store) fence() (clientv3.Cmp, string, int64, error) {
 	s.mu.Lock()
@@ -146,6 +175,9 @@ var errConflict = errors.New("changed since read")
 func (s *Store) txn(cmps []clientv3.Cmp, ops []clientv3.Op) (*clientv3.TxnResponse, error) {
 	f, key, rev, err := s.fence()
 	if err != nil {
+		return nil, err
+	}
+	if err := s.unreachable(); err != nil {
 		return nil, err
 	}
 	ctx, cancel := s.reqCtx()
@@ -174,6 +206,9 @@ func (s *Store) retry(fn func() error) error {
 }
 
 func (s *Store) get(key string, m proto.Message) (int64, error) {
+	if err := s.unreachable(); err != nil {
+		return 0, err
+	}
 	ctx, cancel := s.reqCtx()
 	defer cancel()
 	resp, err := s.cli.Get(ctx, key)
@@ -196,6 +231,9 @@ func list[M proto.Message](s *Store, prefix string, mk func() M) ([]M, int64, er
 	var rev int64
 	from := prefix
 	end := clientv3.GetPrefixRangeEnd(prefix)
+	if err := s.unreachable(); err != nil {
+		return nil, 0, err
+	}
 	for {
 		ctx, cancel := s.reqCtx()
 		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(pageSize), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend)}
@@ -268,4 +306,22 @@ func (s *Store) Jobs() ([]*api.Job, error) {
 		return nil, fmt.Errorf("etcd store: list jobs: %w", err)
 	}
 	return out, nil
+}
+
+// ClaimTerm records holder as the leadership the store is written under,
+// as the first write of a leadership, and returns the holder it replaced
+// ("" the first time). A server that wins again and finds its own previous
+// holder there knows that no other server led meanwhile, so what it holds
+// in memory is still the store's state: every leader claims its term before
+// it writes anything else, and the claim is fenced like every write.
+func (s *Store) ClaimTerm(holder string) (string, error) {
+	key := s.k.meta("term")
+	resp, err := s.txn(nil, []clientv3.Op{clientv3.OpGet(key), clientv3.OpPut(key, holder)})
+	if err != nil {
+		return "", fmt.Errorf("etcd store: claim leadership term: %w", err)
+	}
+	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
+		return string(kvs[0].Value), nil
+	}
+	return "", nil
 }
