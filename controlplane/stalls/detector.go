@@ -87,7 +87,7 @@ func (d *Detector) Pass(ctx context.Context) error {
 	progress := d.nodes.Progress(attempts)
 	in := make([]stall.Job, 0, len(targets))
 	for _, t := range targets {
-		j := stall.Job{ID: t.Job, Threshold: t.Threshold}
+		j := stall.Job{ID: t.Job, Attempt: t.Attempt, Threshold: t.Threshold}
 		for _, rp := range progress[t.Job] {
 			r := stall.Rank{Rank: rp.Status.GetRank(), Node: rp.Node, Pid: rp.Status.GetPid(),
 				ProcState: rp.Status.GetProcState(), CPU: rp.Status.GetCpuSeconds()}
@@ -122,8 +122,9 @@ func (d *Detector) Pass(ctx context.Context) error {
 			d.log.Info("stall cleared", "job", st.GetJob(), "comm", e.Attrs["comm"], "why", ch.Why)
 		} else {
 			e.Severity = api.Severity_SEVERITY_CRITICAL
-			e.Message = "NCCL stall: " + st.GetDiagnosis()
-			d.log.Warn("stall declared", "job", st.GetJob(), "comm", e.Attrs["comm"], "diagnosis", st.GetDiagnosis())
+			e.Message = "NCCL stall: " + st.GetDiagnosis() + " (" + ch.Stall.Limit.String() + ")"
+			e.Attrs["limit"] = ch.Stall.Limit.Basis
+			d.log.Warn("stall declared", "job", st.GetJob(), "comm", e.Attrs["comm"], "diagnosis", st.GetDiagnosis(), "limit", ch.Stall.Limit.String())
 			declared = append(declared, st)
 		}
 		events = append(events, e)

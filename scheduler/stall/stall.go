@@ -3,9 +3,10 @@
 // ranks of a healthy job never disagree for long: a collective completes on
 // every rank or on none. When ranks disagree on where they are (some inside
 // collective k+1 or past it, others still at k), or all sit inside the same
-// collective, for longer than the job's stall threshold, the communicator is
-// stalled; the ranks furthest behind (or, when all are inside, the stopped
-// or idle ones) are the ones holding it up.
+// collective, and the communicator has made no progress for longer than its
+// limit (Rule: learned from its own cadence, bounded by the job's
+// stall_threshold), it is stalled; the ranks furthest behind (or, when all
+// are inside, the stopped or idle ones) are the ones holding it up.
 //
 // The package is pure: a Detector is the memory between passes, and Update
 // is a function of it, the time it is given and the ranks' reports.
@@ -86,7 +87,11 @@ func SortComms(cs []Comm) {
 
 // Job is one running job at one instant.
 type Job struct {
-	ID        string
+	ID string
+	// Attempt is the job's launch: what a communicator learned of its
+	// cadence starts over with a new one.
+	Attempt uint32
+	// Threshold is the job's stall_threshold, 0 when it sets none.
 	Threshold time.Duration
 	Ranks     []Rank
 }
@@ -109,12 +114,15 @@ type Stall struct {
 	Job string
 	// Comm is the communicator's creation index, and Handle its address in
 	// its lowest rank's memory.
-	Comm      int
-	Handle    uint64
-	Lagging   []StalledRank
-	Waiting   []StalledRank
-	Since     time.Time
+	Comm    int
+	Handle  uint64
+	Lagging []StalledRank
+	Waiting []StalledRank
+	// Since is when its ranks began to disagree where they are now.
+	Since time.Time
+	// Threshold is the limit it was held to, Limit why.
 	Threshold time.Duration
+	Limit     Limit
 	Diagnosis string
 }
 
@@ -141,7 +149,9 @@ type pidKey struct {
 type track struct {
 	// low is the lowest position of its ranks; since is when the ranks
 	// began to disagree with the lowest at low. Progress of the lowest
-	// rank restarts the clock.
+	// rank restarts the clock. Counting from the disagreement, not from
+	// the last progress, leaves out a pause every rank makes together (a
+	// checkpoint all write at once shows only its skew).
 	low   uint64
 	since time.Time
 	stall *Stall
@@ -155,13 +165,18 @@ type cpuMark struct {
 // Detector is the memory between updates. It is not safe for concurrent
 // use.
 type Detector struct {
+	rule   Rule
 	tracks map[key]*track
+	cad    map[key]*cadence
 	cpu    map[pidKey]cpuMark
 }
 
-// New returns an empty detector.
-func New() *Detector {
-	return &Detector{tracks: map[key]*track{}, cpu: map[pidKey]cpuMark{}}
+// New returns an empty detector running DefaultRule.
+func New() *Detector { return NewRule(DefaultRule) }
+
+// NewRule returns an empty detector running r.
+func NewRule(r Rule) *Detector {
+	return &Detector{rule: r, tracks: map[key]*track{}, cad: map[key]*cadence{}, cpu: map[pidKey]cpuMark{}}
 }
 
 // Update folds in one report of every running job and returns the stalls
@@ -170,6 +185,7 @@ func (d *Detector) Update(now time.Time, jobs []Job) []Change {
 	var changes []Change
 	running := map[string]bool{}
 	seen := map[key]bool{}
+	live := map[key]bool{}
 	seenPid := map[pidKey]bool{}
 	for _, j := range jobs {
 		running[j.ID] = true
@@ -193,26 +209,46 @@ func (d *Detector) Update(now time.Time, jobs []Job) []Change {
 				continue
 			}
 			low, agree := progress(members, c)
+			k := key{j.ID, c}
+			live[k] = true
+			cd := d.cad[k]
+			fresh := cd == nil || cd.attempt != j.Attempt
+			if fresh {
+				cd = &cadence{attempt: j.Attempt}
+				d.cad[k] = cd
+			}
+			t := d.tracks[k]
+			if t != nil && (agree || t.low != low) {
+				// The slowest rank moved: the others' wait ends. A wait that
+				// was a stall is not learned as the job's pace.
+				if t.stall != nil {
+					changes = append(changes, Change{Stall: *t.stall, Cleared: true, Why: "the ranks progress again", Lasted: now.Sub(t.since)})
+				} else if !fresh {
+					cd.add(now.Sub(t.since))
+				}
+				delete(d.tracks, k)
+				t = nil
+			}
+			if t == nil && cd.seen && low != cd.low && !fresh {
+				// Progress with nobody seen waiting: a wait of nothing,
+				// so a job whose waits a pass rarely catches learns too.
+				cd.add(0)
+			}
+			cd.low, cd.seen = low, true
 			if agree {
 				continue
 			}
-			k := key{j.ID, c}
 			seen[k] = true
-			t := d.tracks[k]
-			if t != nil && t.low != low {
-				if t.stall != nil {
-					changes = append(changes, Change{Stall: *t.stall, Cleared: true, Why: "the ranks progress again", Lasted: now.Sub(t.since)})
-				}
-				t = nil
-			}
 			if t == nil {
 				t = &track{low: low, since: now}
 				d.tracks[k] = t
 			}
-			if now.Sub(t.since) < j.Threshold {
+			lim := d.rule.limit(cd, j.Threshold)
+			if now.Sub(t.since) < lim.Limit {
 				continue
 			}
 			s := d.diagnose(j, c, members, t.since, now)
+			s.Threshold, s.Limit = lim.Limit, lim
 			if t.stall == nil {
 				changes = append(changes, Change{Stall: s})
 			}
@@ -231,6 +267,11 @@ func (d *Detector) Update(now time.Time, jobs []Job) []Change {
 			changes = append(changes, Change{Stall: *t.stall, Cleared: true, Why: why, Lasted: now.Sub(t.since)})
 		}
 		delete(d.tracks, k)
+	}
+	for k := range d.cad {
+		if !live[k] {
+			delete(d.cad, k)
+		}
 	}
 	for k := range d.cpu {
 		if !seenPid[k] {
@@ -265,9 +306,17 @@ func (d *Detector) diagnose(j Job, c int, members []*Rank, since, now time.Time)
 	var lagging, waiting []*Rank
 	switch {
 	case !allInside:
-		// The ranks furthest behind are the ones the others wait for.
+		// The ranks furthest behind are the ones the others wait for; but
+		// when some of them are stopped inside the call, the others in it
+		// with them wait on those (a ring holds its successor up).
+		var gone []*Rank
 		for _, r := range members {
-			if r.Comms[c].position() == low {
+			if r.Comms[c].position() == low && low%2 == 1 && stopped(r.ProcState) {
+				gone = append(gone, r)
+			}
+		}
+		for _, r := range members {
+			if r.Comms[c].position() == low && (len(gone) == 0 || slices.Contains(gone, r)) {
 				lagging = append(lagging, r)
 			} else {
 				waiting = append(waiting, r)
@@ -299,7 +348,7 @@ func (d *Detector) diagnose(j Job, c int, members []*Rank, since, now time.Time)
 			}
 		}
 	}
-	s := Stall{Job: j.ID, Comm: c, Handle: members[0].Comms[c].Handle, Since: since, Threshold: j.Threshold}
+	s := Stall{Job: j.ID, Comm: c, Handle: members[0].Comms[c].Handle, Since: since}
 	for _, r := range lagging {
 		s.Lagging = append(s.Lagging, stalledRank(r, c))
 	}
@@ -361,6 +410,9 @@ func (d *Detector) diagnosis(c int, members, lagging, waiting []*Rank, since, no
 		verb := "wait in"
 		if !a.in {
 			verb = "are past"
+		}
+		if len(groups[a]) == 1 {
+			verb = map[string]string{"wait in": "waits in", "are past": "is past"}[verb]
 		}
 		parts = append(parts, fmt.Sprintf("%s %s %s seq %d", rankList(groups[a]), verb, a.op, a.seq))
 	}

@@ -32,6 +32,11 @@ func ring4(cpu float64, st2 string, c, c2 Comm) []Rank {
 	}
 }
 
+// held is the ranks seen unchanged at 0 and at d.
+func held(d time.Duration, ranks ...Rank) []stallStep {
+	return []stallStep{{0, ranks, false}, {d, ranks, false}}
+}
+
 type stallStep struct {
 	at    time.Duration
 	ranks []Rank
@@ -117,13 +122,19 @@ func TestStallDetector(t *testing.T) {
 			diagnosis: "all 4 ranks wait in allreduce seq 10 for 2.5s and none is stopped or idle: suspect the network between them or a hung GPU",
 		},
 		{
+			// Ranks 0 and 1 finished the all-reduce; rank 3 still waits in
+			// it for the chunk the stopped rank 2 holds.
+			name: "a rank waiting in the ring with a stopped one is waiting", threshold: time.Second,
+			steps: held(1500*time.Millisecond, rk(0, "node-00", 100, "S", 1, done(0xa0, 10)), rk(1, "node-00", 101, "S", 1, done(0xb0, 10)),
+				rk(2, "node-01", 4242, "T", 1, inside(0xc0, 9)), rk(3, "node-01", 4243, "S", 1, inside(0xd0, 9))),
+			changes: []string{"1:declared"}, lagging: []int32{2}, waiting: []int32{0, 1, 3}, comm: 0xa0,
+			diagnosis: "rank 2 (node-01 pid 4242) is stopped (SIGSTOP?) inside allreduce seq 10; ranks 0,1 are past allreduce seq 10; " +
+				"rank 3 waits in allreduce seq 10 for 1.5s",
+		},
+		{
 			name: "lagging ranks on several nodes", threshold: time.Second,
-			steps: []stallStep{
-				{0, []Rank{rk(0, "node-00", 10, "R", 1, inside(1, 5)), rk(1, "node-00", 11, "D", 1, done(2, 5)),
-					rk(2, "node-01", 20, "R", 1, inside(3, 5)), rk(3, "node-02", 30, "T", 1, done(4, 5))}, false},
-				{1500 * time.Millisecond, []Rank{rk(0, "node-00", 10, "R", 1, inside(1, 5)), rk(1, "node-00", 11, "D", 1, done(2, 5)),
-					rk(2, "node-01", 20, "R", 1, inside(3, 5)), rk(3, "node-02", 30, "T", 1, done(4, 5))}, false},
-			},
+			steps: held(1500*time.Millisecond, rk(0, "node-00", 10, "R", 1, inside(1, 5)), rk(1, "node-00", 11, "D", 1, done(2, 5)),
+				rk(2, "node-01", 20, "R", 1, inside(3, 5)), rk(3, "node-02", 30, "T", 1, done(4, 5))),
 			changes: []string{"1:declared"}, lagging: []int32{1, 3}, waiting: []int32{0, 2}, comm: 1,
 			diagnosis: "rank 1 (node-00 pid 11) is blocked in the kernel (state D) after allreduce seq 5; " +
 				"rank 3 (node-02 pid 30) is stopped (SIGSTOP?) after allreduce seq 5; ranks 0,2 wait in allreduce seq 6 for 1.5s",
