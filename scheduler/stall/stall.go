@@ -157,9 +157,12 @@ type track struct {
 	stall *Stall
 }
 
+// cpuMark is when a rank's CPU time was last seen to change, and the
+// change before: nodes report it every second, so the first change seen
+// after a moment may still be CPU used before it.
 type cpuMark struct {
-	seconds float64
-	changed time.Time
+	seconds         float64
+	changed, before time.Time
 }
 
 // Detector is the memory between updates. It is not safe for concurrent
@@ -193,8 +196,10 @@ func (d *Detector) Update(now time.Time, jobs []Job) []Change {
 		for _, r := range j.Ranks {
 			k := pidKey{r.Node, r.Pid}
 			seenPid[k] = true
-			if m, ok := d.cpu[k]; !ok || m.seconds != r.CPU {
+			if m, ok := d.cpu[k]; !ok {
 				d.cpu[k] = cpuMark{seconds: r.CPU, changed: now}
+			} else if m.seconds != r.CPU {
+				d.cpu[k] = cpuMark{seconds: r.CPU, changed: now, before: m.changed}
 			}
 			ncomm = max(ncomm, len(r.Comms))
 		}
@@ -370,10 +375,11 @@ func stalledRank(r *Rank, c int) StalledRank {
 
 func stopped(procState string) bool { return procState == "T" || procState == "t" }
 
-// cpuSince reports whether r used CPU after t.
+// cpuSince reports whether r used CPU after t: its CPU time was seen to
+// change twice since.
 func (d *Detector) cpuSince(r *Rank, t time.Time) bool {
 	m, ok := d.cpu[pidKey{r.Node, r.Pid}]
-	return ok && m.changed.After(t)
+	return ok && m.before.After(t)
 }
 
 // diagnosis says in a sentence what holds the communicator up:
@@ -435,7 +441,7 @@ func (d *Detector) doing(r *Rank, c int, since time.Time) string {
 		}
 		return "is busy outside NCCL"
 	}
-	return "makes no CPU progress"
+	return "is hung (no CPU progress)"
 }
 
 // where says where a rank is on its communicator.

@@ -25,11 +25,24 @@ func rk(rank int32, node string, pid uint32, state string, cpu float64, comms ..
 }
 
 // ring4 is a 2-node × 2-rank job: rank 2 at c2, the others at c.
-func ring4(cpu float64, st2 string, c, c2 Comm) []Rank {
+func ring4(cpu float64, st2 string, c, c2 Comm) []Rank { return ringCPU(cpu, 1, st2, c, c2) }
+
+// ringCPU is ring4 with rank 2's CPU seconds cpu2.
+func ringCPU(cpu, cpu2 float64, st2 string, c, c2 Comm) []Rank {
 	return []Rank{
 		rk(0, "node-00", 100, "S", cpu, c), rk(1, "node-00", 101, "S", cpu, c),
-		rk(2, "node-01", 4242, st2, 1, c2), rk(3, "node-01", 4243, "S", cpu, c),
+		rk(2, "node-01", 4242, st2, cpu2, c2), rk(3, "node-01", 4243, "S", cpu, c),
 	}
+}
+
+// lagCPU is rank 2 (state st) after allreduce 41 while the others wait in
+// 42, seen at 0, 1 s and 2.5 s with rank 2's CPU seconds at each.
+func lagCPU(st string, c0, c1, c2 float64) []stallStep {
+	var steps []stallStep
+	for i, at := range []time.Duration{0, time.Second, 2500 * time.Millisecond} {
+		steps = append(steps, stallStep{at, ringCPU(1, []float64{c0, c1, c2}[i], st, inside(0xa0, 41), done(0xc0, 41)), false})
+	}
+	return steps
 }
 
 // held is the ranks seen unchanged at 0 and at d.
@@ -110,7 +123,21 @@ func TestStallDetector(t *testing.T) {
 				{2500 * time.Millisecond, ring4(3, "S", inside(0xa0, 9), inside(0xc0, 9)), false},
 			},
 			changes: []string{"2:declared"}, lagging: []int32{2}, waiting: []int32{0, 1, 3}, comm: 0xa0,
-			diagnosis: "rank 2 (node-01 pid 4242) makes no CPU progress inside allreduce seq 10; ranks 0,1,3 wait in allreduce seq 10 for 2.5s",
+			diagnosis: "rank 2 (node-01 pid 4242) is hung (no CPU progress) inside allreduce seq 10; ranks 0,1,3 wait in allreduce seq 10 for 2.5s",
+		},
+		{
+			// Nodes report CPU time each second: the first change seen
+			// after the stall began is CPU used before it.
+			name: "a hung rank's last report of CPU is not progress", threshold: 2 * time.Second,
+			steps:   lagCPU("S", 1, 1.5, 1.5),
+			changes: []string{"2:declared"}, lagging: []int32{2}, waiting: []int32{0, 1, 3}, comm: 0xa0,
+			diagnosis: "rank 2 (node-01 pid 4242) is hung (no CPU progress) after allreduce seq 41; ranks 0,1,3 wait in allreduce seq 42 for 2.5s",
+		},
+		{
+			name: "a lagging rank using CPU is busy", threshold: 2 * time.Second,
+			steps:   lagCPU("R", 1, 2, 3),
+			changes: []string{"2:declared"}, lagging: []int32{2}, waiting: []int32{0, 1, 3}, comm: 0xa0,
+			diagnosis: "rank 2 (node-01 pid 4242) is busy outside NCCL after allreduce seq 41; ranks 0,1,3 wait in allreduce seq 42 for 2.5s",
 		},
 		{
 			name: "all inside and none stopped blames the network", threshold: 2 * time.Second,
