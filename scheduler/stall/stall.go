@@ -157,13 +157,18 @@ type track struct {
 	stall *Stall
 }
 
-// cpuMark is when a rank's CPU time was last seen to change, and the
-// change before: nodes report it every second, so the first change seen
-// after a moment may still be CPU used before it.
+// cpuMark is when a rank's CPU time was last seen to change, and the two
+// changes before.
 type cpuMark struct {
-	seconds         float64
-	changed, before time.Time
+	seconds float64
+	changed [3]time.Time
 }
+
+// cpuReportLag is how old the CPU time in a rank's report can be when a
+// pass sees it: nodes sample it every second and their batch reaches a
+// pass up to half a second later. Two changes seen after a moment may
+// both still be CPU used before it.
+const cpuReportLag = 1500 * time.Millisecond
 
 // Detector is the memory between updates. It is not safe for concurrent
 // use.
@@ -196,10 +201,8 @@ func (d *Detector) Update(now time.Time, jobs []Job) []Change {
 		for _, r := range j.Ranks {
 			k := pidKey{r.Node, r.Pid}
 			seenPid[k] = true
-			if m, ok := d.cpu[k]; !ok {
-				d.cpu[k] = cpuMark{seconds: r.CPU, changed: now}
-			} else if m.seconds != r.CPU {
-				d.cpu[k] = cpuMark{seconds: r.CPU, changed: now, before: m.changed}
+			if m, ok := d.cpu[k]; !ok || m.seconds != r.CPU {
+				d.cpu[k] = cpuMark{seconds: r.CPU, changed: [3]time.Time{now, m.changed[0], m.changed[1]}}
 			}
 			ncomm = max(ncomm, len(r.Comms))
 		}
@@ -375,11 +378,11 @@ func stalledRank(r *Rank, c int) StalledRank {
 
 func stopped(procState string) bool { return procState == "T" || procState == "t" }
 
-// cpuSince reports whether r used CPU after t: its CPU time was seen to
-// change twice since.
+// cpuSince reports whether r surely used CPU after t: its CPU time was
+// seen to change more than cpuReportLag after t, or three times since.
 func (d *Detector) cpuSince(r *Rank, t time.Time) bool {
 	m, ok := d.cpu[pidKey{r.Node, r.Pid}]
-	return ok && m.before.After(t)
+	return ok && (m.changed[0].After(t.Add(cpuReportLag)) || m.changed[2].After(t))
 }
 
 // diagnosis says in a sentence what holds the communicator up:

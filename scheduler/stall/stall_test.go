@@ -36,11 +36,12 @@ func ringCPU(cpu, cpu2 float64, st2 string, c, c2 Comm) []Rank {
 }
 
 // lagCPU is rank 2 (state st) after allreduce 41 while the others wait in
-// 42, seen at 0, 1 s and 2.5 s with rank 2's CPU seconds at each.
-func lagCPU(st string, c0, c1, c2 float64) []stallStep {
-	var steps []stallStep
-	for i, at := range []time.Duration{0, time.Second, 2500 * time.Millisecond} {
-		steps = append(steps, stallStep{at, ringCPU(1, []float64{c0, c1, c2}[i], st, inside(0xa0, 41), done(0xc0, 41)), false})
+// 42, seen at 0 and at each time in at (ms) with rank 2's CPU seconds
+// cpu[i] there.
+func lagCPU(st string, at []int, cpu []float64) []stallStep {
+	steps := []stallStep{{0, ring4(1, st, inside(0xa0, 41), done(0xc0, 41)), false}}
+	for i, ms := range at {
+		steps = append(steps, stallStep{time.Duration(ms) * time.Millisecond, ringCPU(1, cpu[i], st, inside(0xa0, 41), done(0xc0, 41)), false})
 	}
 	return steps
 }
@@ -129,13 +130,21 @@ func TestStallDetector(t *testing.T) {
 			// Nodes report CPU time each second: the first change seen
 			// after the stall began is CPU used before it.
 			name: "a hung rank's last report of CPU is not progress", threshold: 2 * time.Second,
-			steps:   lagCPU("S", 1, 1.5, 1.5),
+			steps:   lagCPU("S", []int{1000, 2500}, []float64{1.5, 1.5}),
 			changes: []string{"2:declared"}, lagging: []int32{2}, waiting: []int32{0, 1, 3}, comm: 0xa0,
 			diagnosis: "rank 2 (node-01 pid 4242) is hung (no CPU progress) after allreduce seq 41; ranks 0,1,3 wait in allreduce seq 42 for 2.5s",
 		},
 		{
+			// The reports of the samples before and after it stopped both
+			// arrive after the stall began.
+			name: "two early reports of CPU are not progress", threshold: 2 * time.Second,
+			steps:   lagCPU("S", []int{250, 1250, 2500}, []float64{1.2, 1.4, 1.4}),
+			changes: []string{"3:declared"}, lagging: []int32{2}, waiting: []int32{0, 1, 3}, comm: 0xa0,
+			diagnosis: "rank 2 (node-01 pid 4242) is hung (no CPU progress) after allreduce seq 41; ranks 0,1,3 wait in allreduce seq 42 for 2.5s",
+		},
+		{
 			name: "a lagging rank using CPU is busy", threshold: 2 * time.Second,
-			steps:   lagCPU("R", 1, 2, 3),
+			steps:   lagCPU("R", []int{1000, 2500}, []float64{2, 3}),
 			changes: []string{"2:declared"}, lagging: []int32{2}, waiting: []int32{0, 1, 3}, comm: 0xa0,
 			diagnosis: "rank 2 (node-01 pid 4242) is busy outside NCCL after allreduce seq 41; ranks 0,1,3 wait in allreduce seq 42 for 2.5s",
 		},
