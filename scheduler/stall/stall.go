@@ -315,16 +315,18 @@ func (d *Detector) diagnose(j Job, c int, members []*Rank, since, now time.Time)
 	switch {
 	case !allInside:
 		// The ranks furthest behind are the ones the others wait for; but
-		// when some of them are stopped inside the call, the others in it
-		// with them wait on those (a ring holds its successor up).
+		// when some of them are stopped, the others there that sit inside
+		// a call, on this communicator or another, wait on those (a ring
+		// holds the stopped rank's successor up).
 		var gone []*Rank
 		for _, r := range members {
-			if r.Comms[c].position() == low && low%2 == 1 && stopped(r.ProcState) {
+			if r.Comms[c].position() == low && stopped(r.ProcState) {
 				gone = append(gone, r)
 			}
 		}
 		for _, r := range members {
-			if r.Comms[c].position() == low && (len(gone) == 0 || slices.Contains(gone, r)) {
+			held := len(gone) > 0 && !slices.Contains(gone, r) && inAnyCall(r)
+			if r.Comms[c].position() == low && !held {
 				lagging = append(lagging, r)
 			} else {
 				waiting = append(waiting, r)
@@ -377,6 +379,16 @@ func stalledRank(r *Rank, c int) StalledRank {
 }
 
 func stopped(procState string) bool { return procState == "T" || procState == "t" }
+
+// inAnyCall reports whether r sits inside a collective on any communicator.
+func inAnyCall(r *Rank) bool {
+	for i := range r.Comms {
+		if r.Comms[i].inCall() {
+			return true
+		}
+	}
+	return false
+}
 
 // cpuSince reports whether r surely used CPU after t: its CPU time was
 // seen to change more than cpuReportLag after t, or three times since.

@@ -168,6 +168,18 @@ func TestStallDetector(t *testing.T) {
 				"rank 3 waits in allreduce seq 10 for 1.5s",
 		},
 		{
+			// Rank 3 finished allreduce 10 on the data communicator with
+			// rank 2, then blocked in the control one, which the stopped
+			// rank 2 never entered.
+			name: "a rank blocked on another communicator by a stopped one is waiting", threshold: time.Second,
+			steps: held(1500*time.Millisecond, rk(0, "node-00", 100, "S", 1, inside(0xa0, 10), done(0xa1, 10)), rk(1, "node-00", 101, "S", 1, inside(0xb0, 10), done(0xb1, 10)),
+				rk(2, "node-01", 4242, "T", 1, done(0xc0, 10), done(0xc1, 9)), rk(3, "node-01", 4243, "S", 1, done(0xd0, 10), inside(0xd1, 9))),
+			// Both communicators stall; the data one lists first.
+			changes: []string{"1:declared", "1:declared"}, lagging: []int32{2}, waiting: []int32{0, 1, 3}, comm: 0xa0,
+			diagnosis: "rank 2 (node-01 pid 4242) is stopped (SIGSTOP?) after allreduce seq 10; ranks 0,1 wait in allreduce seq 11; " +
+				"rank 3 is past allreduce seq 10 for 1.5s",
+		},
+		{
 			name: "lagging ranks on several nodes", threshold: time.Second,
 			steps: held(1500*time.Millisecond, rk(0, "node-00", 10, "R", 1, inside(1, 5)), rk(1, "node-00", 11, "D", 1, done(2, 5)),
 				rk(2, "node-01", 20, "R", 1, inside(3, 5)), rk(3, "node-02", 30, "T", 1, done(4, 5))),
