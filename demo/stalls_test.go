@@ -1,10 +1,12 @@
 package demo
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -29,24 +31,28 @@ type stallRig struct {
 }
 
 // stallFault is one row of the stall benchmark: a fault injected into the
-// victim rank and what finding names it. A row for another kind of
-// finding adds its own found.
+// victim rank and the finding that names it. A row for another kind of
+// finding brings its own found, which reads wherever that finding shows.
 type stallFault struct {
 	name string
 	// inject starts the fault and returns what ends it.
 	inject func(r *stallRig) (undo func())
-	// found reports whether the listed stalls name the fault.
-	found func(r *stallRig, stalls []*api.Stall) bool
-	// word must be in the finding's diagnosis ("" any).
+	// found returns the finding's text once one names the fault, ok false
+	// until then.
+	found func(r *stallRig) (finding string, ok bool, err error)
+	// word must be in the finding ("" any).
 	word string
+	// gone returns nil once the finding cleared after undo.
+	gone func(r *stallRig) error
 }
 
 // hangFaults are the hangs: the rank stops inside a collective, between
 // collectives (both by `gpuctl fault NODE hang`), or by SIGSTOP.
 var hangFaults = []stallFault{
-	{name: "hang inside (gpuctl fault hang --where inside)", inject: faultHang("inside"), found: namesVictim(true), word: "is hung"},
-	{name: "hang outside (gpuctl fault hang --where outside)", inject: faultHang("outside"), found: namesVictim(false), word: "is hung"},
-	{name: "SIGSTOP", inject: sigstop, found: namesVictim(false), word: "is stopped"},
+	{name: "hang inside (gpuctl fault hang --where inside)", inject: faultHang("inside"), found: namesVictim("inside"), word: "is hung", gone: noStalls},
+	{name: "hang outside (gpuctl fault hang --where outside)", inject: faultHang("outside"), found: namesVictim("after"), word: "is hung", gone: noStalls},
+	// SIGSTOP lands wherever the rank is.
+	{name: "SIGSTOP", inject: sigstop, found: namesVictim(""), word: "is stopped", gone: noStalls},
 }
 
 func faultHang(where string) func(r *stallRig) func() {
@@ -72,23 +78,39 @@ func sigstop(r *stallRig) func() {
 	return func() { syscall.Kill(pid, syscall.SIGCONT) }
 }
 
-// namesVictim finds a stall whose lagging ranks are the victim alone, in a
-// call or not as inside says, on at least one communicator; every listed
-// stall must blame the victim.
-func namesVictim(inside bool) func(r *stallRig, stalls []*api.Stall) bool {
-	return func(r *stallRig, stalls []*api.Stall) bool {
-		ok := false
+// namesVictim finds a stall whose lagging ranks are the victim alone,
+// where it is ("inside" a collective, "after" one, "" either) on at least
+// one communicator; every listed stall must blame the victim.
+func namesVictim(where string) func(r *stallRig) (string, bool, error) {
+	return func(r *stallRig) (string, bool, error) {
+		stalls, err := r.cl.ListStalls(context.Background(), r.job.GetId())
+		if err != nil {
+			return "", false, err
+		}
+		found := ""
 		for _, s := range stalls {
 			lr := s.GetLaggingRanks()
 			if len(lr) != 1 || lr[0].GetRank() != r.rank {
-				return false
+				return "", false, fmt.Errorf("a stall blames another rank: %s", s.GetDiagnosis())
 			}
-			if lr[0].GetInCall() == inside {
-				ok = true
+			if where == "" || lr[0].GetInCall() == (where == "inside") {
+				found = s.GetDiagnosis()
 			}
 		}
-		return ok
+		if found == "" && len(stalls) > 0 {
+			return "", false, fmt.Errorf("the stalls name rank %d elsewhere: %s", r.rank, stalls[0].GetDiagnosis())
+		}
+		return found, found != "", nil
 	}
+}
+
+// noStalls returns nil once the job has no stall listed.
+func noStalls(r *stallRig) error {
+	stalls, err := r.cl.ListStalls(context.Background(), r.job.GetId())
+	if err == nil && len(stalls) > 0 {
+		err = fmt.Errorf("still listed: %v", stalls)
+	}
+	return err
 }
 
 // newStallRig starts the default demo (its job and the stall rule at their
@@ -152,42 +174,31 @@ func (r *stallRig) healthy(d time.Duration) []string {
 	return r.stallEvents(t0)
 }
 
-// timeFault injects f and returns how long until a listed stall named it,
-// then ends the fault and waits until the stall clears.
+// timeFault injects f and returns how long until a finding named it, then
+// ends the fault and waits until the finding clears.
 func (r *stallRig) timeFault(f stallFault, limit time.Duration) (time.Duration, string) {
 	r.t.Helper()
-	ctx := context.Background()
 	start := time.Now()
 	undo := f.inject(r)
-	var found time.Duration
-	var diagnosis string
+	var took time.Duration
+	var finding string
 	err := waitUntil(limit, func() error {
-		stalls, err := r.cl.ListStalls(ctx, r.job.GetId())
-		if err != nil {
-			return err
+		text, ok, err := f.found(r)
+		if err != nil || !ok {
+			return cmp.Or(err, errors.New("not yet"))
 		}
-		if !f.found(r, stalls) {
-			return fmt.Errorf("stalls listed: %v", stalls)
-		}
-		found = time.Since(start)
-		diagnosis = stalls[0].GetDiagnosis()
+		took, finding = time.Since(start), text
 		return nil
 	})
 	undo()
 	if err != nil {
 		r.t.Fatalf("%s on rank %d (%s pid %d): not named within %s: %v", f.name, r.rank, r.victim.node, r.victim.pid, limit, err)
 	}
-	if f.word != "" && !strings.Contains(diagnosis, f.word) {
-		r.t.Errorf("%s: diagnosis %q does not say %q", f.name, diagnosis, f.word)
+	if f.word != "" && !strings.Contains(finding, f.word) {
+		r.t.Errorf("%s: finding %q does not say %q", f.name, finding, f.word)
 	}
-	poll(r.t, 20*time.Second, f.name+" cleared", func() error {
-		stalls, err := r.cl.ListStalls(ctx, r.job.GetId())
-		if err == nil && len(stalls) > 0 {
-			err = fmt.Errorf("still listed: %v", stalls)
-		}
-		return err
-	})
-	return found, diagnosis
+	poll(r.t, 20*time.Second, f.name+" cleared", func() error { return f.gone(r) })
+	return took, finding
 }
 
 // TestHangNamedInSeconds: in the default demo, with the stall rule at its
@@ -225,6 +236,13 @@ func TestStallBench(t *testing.T) {
 		healthy = d
 	}
 	rounds := 3
+	if s := os.Getenv("GPUCTL_STALL_BENCH_ROUNDS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("GPUCTL_STALL_BENCH_ROUNDS=%q: want a count of at least 1", s)
+		}
+		rounds = n
+	}
 	r := newStallRig(t)
 	false0 := r.healthy(healthy)
 	rows := [][]string{{"fault", "time from injection to the finding"}}
