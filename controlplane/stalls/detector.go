@@ -94,7 +94,7 @@ func (d *Detector) Pass(ctx context.Context) error {
 			for _, c := range rp.Comms {
 				sc := stall.Comm{Handle: c.Handle, Created: c.Created, Done: c.Done, DoneOp: c.DoneOp.Short()}
 				if c.In != nil {
-					sc.In = &stall.Call{Op: c.In.GetOp().Short(), Seq: c.In.GetSeq()}
+					sc.In = &stall.Call{Op: c.In.GetOp().Short(), Seq: c.In.GetSeq(), Bytes: c.In.GetBytes()}
 				}
 				r.Comms = append(r.Comms, sc)
 			}

@@ -3,6 +3,7 @@ package stall
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"time"
 )
 
@@ -16,7 +17,10 @@ import (
 // MinSamples of them, its limit is max(Floor, K × the Quantile of those
 // waits, LongestFactor × the longest healthy wait seen), so a wait the job
 // already made once (rank 0 writing a checkpoint every N steps) is never a
-// stall.
+// stall. While every rank sits inside one collective, the same rule reads
+// the waits of that op at that size (a power of two) once it has
+// MinSamples of them: a large all-gather may take longer than the job's
+// usual wait, a small all-reduce far less.
 // A job's explicit stall_threshold bounds the learned limit from above and
 // is the limit until enough is learned; a job without one waits Default.
 type Rule struct {
@@ -69,12 +73,48 @@ const (
 	agingAt = 4096
 )
 
-// cadence is what one communicator has shown of its pace, in fixed memory.
+// maxOpSizes bounds the (op, size) pairs a communicator keeps waits of;
+// a pair past them is learned only in the communicator's whole.
+const maxOpSizes = 16
+
+// cadence is what one communicator has shown of its pace, in bounded
+// memory: every wait, and apart the waits of every rank inside one
+// collective (its duration) by op and size.
 type cadence struct {
 	attempt uint32
 	// low is the slowest rank's position at the last pass.
-	low     uint64
-	seen    bool
+	low  uint64
+	seen bool
+	waits
+	ops map[opSize]*waits
+}
+
+// opSize is a collective's op and its size's power of two.
+type opSize struct {
+	op   string
+	size int
+}
+
+func opSizeOf(c *Call) opSize { return opSize{c.Op, bits.Len64(c.Bytes)} }
+
+// addOp learns a wait of every rank inside one collective of kind k.
+func (c *cadence) addOp(k opSize, d time.Duration) {
+	w := c.ops[k]
+	if w == nil {
+		if len(c.ops) >= maxOpSizes {
+			return
+		}
+		if c.ops == nil {
+			c.ops = map[opSize]*waits{}
+		}
+		w = &waits{}
+		c.ops[k] = w
+	}
+	w.add(d)
+}
+
+// waits is a histogram of waits in fixed memory.
+type waits struct {
 	hist    [buckets]uint32
 	n       uint32
 	longest time.Duration
@@ -94,7 +134,7 @@ func upper(i int) time.Duration {
 	return time.Duration(float64(bucketBase) * math.Pow(bucketRatio, float64(i+1)))
 }
 
-func (c *cadence) add(d time.Duration) {
+func (c *waits) add(d time.Duration) {
 	c.hist[bucketOf(d)]++
 	c.n++
 	c.longest = max(c.longest, d)
@@ -107,7 +147,7 @@ func (c *cadence) add(d time.Duration) {
 	}
 }
 
-func (c *cadence) quantile(q float64) time.Duration {
+func (c *waits) quantile(q float64) time.Duration {
 	want := uint32(math.Ceil(q * float64(c.n)))
 	var seen uint32
 	for i, k := range c.hist {
@@ -121,7 +161,7 @@ func (c *cadence) quantile(q float64) time.Duration {
 
 // limit is the rule applied to what c learned, under the job's bound (0:
 // none).
-func (r Rule) limit(c *cadence, bound time.Duration) Limit {
+func (r Rule) limit(c *waits, bound time.Duration) Limit {
 	if c == nil || int(c.n) < r.MinSamples {
 		if bound > 0 {
 			return Limit{Limit: bound, Basis: "stall_threshold"}

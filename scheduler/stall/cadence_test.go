@@ -194,8 +194,8 @@ func TestAdaptiveRule(t *testing.T) {
 }
 
 func TestLimitFromCadence(t *testing.T) {
-	feed := func(ds ...time.Duration) *cadence {
-		c := &cadence{}
+	feed := func(ds ...time.Duration) *waits {
+		c := &waits{}
 		for _, d := range ds {
 			c.add(d)
 		}
@@ -206,7 +206,7 @@ func TestLimitFromCadence(t *testing.T) {
 	p99 := func(d time.Duration) time.Duration { return upper(bucketOf(d)) }
 	cases := []struct {
 		name  string
-		c     *cadence
+		c     *waits
 		bound time.Duration
 		want  Limit
 	}{
@@ -240,4 +240,53 @@ func TestLimitFromCadence(t *testing.T) {
 	if q := c.quantile(0.5); q < 2*time.Second {
 		t.Errorf("median %s after the pace slowed, want at least 2s", q)
 	}
+}
+
+// TestOpDurationsLearnedApart: a job whose every step makes a 3 s
+// all-gather of 1 GiB and a quick 4 KiB all-reduce (every rank inside
+// both together) is held to 4 × its p99 wait, 12 s, while ranks disagree;
+// but a hang inside the small all-reduce is held to what that op at that
+// size showed, and named after the 2 s floor, while the big all-gather
+// is never flagged.
+func TestOpDurationsLearnedApart(t *testing.T) {
+	at := func(seq uint64, in *Call) []Rank {
+		var rs []Rank
+		for k := range 4 {
+			c := Comm{Handle: 0xa0 + uint64(k), Done: seq, DoneOp: "allreduce", In: in}
+			rs = append(rs, rk(int32(k), "node-0"+string(rune('0'+k/2)), uint32(100+k), "S", 1, c))
+		}
+		return rs
+	}
+	d := New()
+	t0 := time.Unix(1_800_000_000, 0)
+	now := time.Duration(0)
+	pass := func(rs []Rank) []Change {
+		now += 250 * time.Millisecond
+		return d.Update(t0.Add(now), []Job{{ID: "j-1", Attempt: 1, Ranks: rs}})
+	}
+	var seq uint64
+	for range 40 {
+		pass(at(seq, nil))
+		for range 12 { // 3 s inside the all-gather
+			if ch := pass(at(seq, &Call{Op: "allgather", Seq: seq + 1, Bytes: 1 << 30})); len(ch) > 0 {
+				t.Fatalf("the all-gather flagged at %s: %s (%s)", now, ch[0].Stall.Diagnosis, ch[0].Stall.Limit)
+			}
+		}
+		seq++
+		pass(at(seq, &Call{Op: "allreduce", Seq: seq + 1, Bytes: 4096}))
+		seq++
+	}
+	if l := d.rule.limit(&d.cad[key{"j-1", 0}].waits, 0); l.Limit < 10*time.Second {
+		t.Fatalf("the communicator's limit is %s, want the all-gather's 4 × 3 s to lift it past 10s", l)
+	}
+	hung := now
+	for range 40 {
+		for _, ch := range pass(at(seq, &Call{Op: "allreduce", Seq: seq + 1, Bytes: 4096})) {
+			if took := now - hung; took > 2500*time.Millisecond || ch.Stall.Limit.Limit != 2*time.Second {
+				t.Fatalf("a hang in the small all-reduce declared after %s (%s), want the 2s floor", took, ch.Stall.Limit)
+			}
+			return
+		}
+	}
+	t.Fatalf("a hang in the small all-reduce not declared in %s", now-hung)
 }

@@ -26,6 +26,8 @@ type Call struct {
 	// Op is the collective's short name (allreduce, allgather, …).
 	Op  string
 	Seq uint64
+	// Bytes is its size on this rank.
+	Bytes uint64
 }
 
 // Comm is one rank's progress on one communicator.
@@ -155,6 +157,9 @@ type track struct {
 	low   uint64
 	since time.Time
 	stall *Stall
+	// in is the collective every rank has sat inside since it began, nil
+	// once one was not.
+	in *opSize
 }
 
 // cpuMark is when a rank's CPU time was last seen to change, and the two
@@ -233,6 +238,9 @@ func (d *Detector) Update(now time.Time, jobs []Job) []Change {
 					changes = append(changes, Change{Stall: *t.stall, Cleared: true, Why: "the ranks progress again", Lasted: now.Sub(t.since)})
 				} else if !fresh {
 					cd.add(now.Sub(t.since))
+					if t.in != nil {
+						cd.addOp(*t.in, now.Sub(t.since))
+					}
 				}
 				delete(d.tracks, k)
 				t = nil
@@ -247,11 +255,22 @@ func (d *Detector) Update(now time.Time, jobs []Job) []Change {
 				continue
 			}
 			seen[k] = true
+			in := allIn(members, c, low)
 			if t == nil {
-				t = &track{low: low, since: now}
+				t = &track{low: low, since: now, in: in}
 				d.tracks[k] = t
 			}
-			lim := d.rule.limit(cd, j.Threshold)
+			if in == nil || t.in == nil || *in != *t.in {
+				t.in = nil
+			}
+			lim := d.rule.limit(&cd.waits, j.Threshold)
+			if t.in != nil {
+				// Every rank inside one collective: held to that op at that
+				// size, once enough of it is learned.
+				if op := cd.ops[*t.in]; op != nil && int(op.n) >= d.rule.MinSamples {
+					lim = d.rule.limit(op, j.Threshold)
+				}
+			}
 			if now.Sub(t.since) < lim.Limit {
 				continue
 			}
@@ -288,6 +307,21 @@ func (d *Detector) Update(now time.Time, jobs []Job) []Change {
 	}
 	slices.SortStableFunc(changes, func(a, b Change) int { return compare(&a.Stall, &b.Stall) })
 	return changes
+}
+
+// allIn returns the collective every member sits inside, at position low,
+// or nil.
+func allIn(members []*Rank, c int, low uint64) *opSize {
+	if low%2 == 0 {
+		return nil
+	}
+	for _, r := range members {
+		if r.Comms[c].position() != low {
+			return nil
+		}
+	}
+	k := opSizeOf(members[0].Comms[c].In)
+	return &k
 }
 
 // progress returns the lowest position of the members on communicator c,
