@@ -56,11 +56,18 @@ func New(j Jobs, n Nodes, pub Publisher, now func() time.Time, log *slog.Logger)
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Detector{jobs: j, nodes: n, pub: pub, now: now, log: log, det: stall.New(), keys: map[string]bool{}}
+	// Passes made outside Run come at any time: no pause is credited.
+	rule := stall.DefaultRule
+	rule.Pass = 0
+	return &Detector{jobs: j, nodes: n, pub: pub, now: now, log: log, det: stall.NewRule(rule), keys: map[string]bool{}}
 }
 
-// Run makes a pass every period until ctx ends.
+// Run makes a pass every period until ctx ends. The rule credits a pass
+// late by more than half a second past every as the server standing still.
 func (d *Detector) Run(ctx context.Context, every time.Duration) {
+	rule := stall.DefaultRule
+	rule.Pass = every
+	d.det = stall.NewRule(rule)
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {

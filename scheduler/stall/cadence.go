@@ -30,6 +30,11 @@ type Rule struct {
 	LongestFactor float64
 	MinSamples    int
 	Default       time.Duration
+	// Pass is the detector's period: an update more than half a second
+	// later than that means the server itself stood still (SIGSTOP,
+	// starvation), and every communicator not yet stalled is credited the
+	// pause, as the node registry credits its nodes. 0 credits nothing.
+	Pass time.Duration
 }
 
 // DefaultRule is the rule gpuctl serve runs. The floor is eight of the
@@ -37,7 +42,8 @@ type Rule struct {
 // an interval is seen with up to half a second of error either way.
 // Twenty intervals are seconds of a job at the demo's pace, and the 10-minute
 // default before them is PyTorch's watchdog.
-var DefaultRule = Rule{K: 4, Quantile: 0.99, Floor: 2 * time.Second, LongestFactor: 1.5, MinSamples: 20, Default: 10 * time.Minute}
+var DefaultRule = Rule{K: 4, Quantile: 0.99, Floor: 2 * time.Second, LongestFactor: 1.5, MinSamples: 20, Default: 10 * time.Minute,
+	Pass: 250 * time.Millisecond}
 
 // Limit is the limit a communicator is held to now and why.
 type Limit struct {

@@ -178,7 +178,9 @@ const cpuReportLag = 1500 * time.Millisecond
 // Detector is the memory between updates. It is not safe for concurrent
 // use.
 type Detector struct {
-	rule   Rule
+	rule Rule
+	// last is the previous update's time.
+	last   time.Time
 	tracks map[key]*track
 	cad    map[key]*cadence
 	cpu    map[pidKey]cpuMark
@@ -195,6 +197,14 @@ func NewRule(r Rule) *Detector {
 // Update folds in one report of every running job and returns the stalls
 // it declared and cleared, in job then start order.
 func (d *Detector) Update(now time.Time, jobs []Job) []Change {
+	if gap := now.Sub(d.last); d.rule.Pass > 0 && !d.last.IsZero() && gap > d.rule.Pass+500*time.Millisecond {
+		for _, t := range d.tracks {
+			if t.stall == nil {
+				t.since = t.since.Add(gap - d.rule.Pass)
+			}
+		}
+	}
+	d.last = now
 	var changes []Change
 	running := map[string]bool{}
 	seen := map[key]bool{}

@@ -231,7 +231,10 @@ func TestStallDetector(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			d := New()
+			// The table's passes come at any time: no pause is credited.
+			r := DefaultRule
+			r.Pass = 0
+			d := NewRule(r)
 			var got []string
 			var last *Stall
 			for i, st := range tc.steps {
@@ -281,5 +284,24 @@ func TestStallDetector(t *testing.T) {
 				t.Errorf("stall %v", last)
 			}
 		})
+	}
+}
+
+// TestServerPauseIsCredited: a pass 5 s late means the server stood still;
+// the ranks it saw disagree before are not a stall for that, only once they
+// stay so for the limit in passes that came on time.
+func TestServerPauseIsCredited(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	ranks := ring4(1, "T", inside(0xa0, 41), done(0xc0, 41))
+	d := New()
+	var declared time.Duration
+	for _, at := range []time.Duration{0, 250 * time.Millisecond, 5250 * time.Millisecond, 5500 * time.Millisecond, 6 * time.Second,
+		6500 * time.Millisecond, 7 * time.Second, 7500 * time.Millisecond, 8 * time.Second} {
+		if ch := d.Update(t0.Add(at), []Job{{ID: "j-1", Attempt: 1, Threshold: 2 * time.Second, Ranks: ranks}}); len(ch) > 0 && declared == 0 {
+			declared = at
+		}
+	}
+	if declared != 7*time.Second {
+		t.Errorf("declared at %s, want 7s: 2s of passes on time after the 4.75s pause", declared)
 	}
 }
