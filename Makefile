@@ -7,7 +7,7 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 GOTEST    ?= $(GO) test -count=1 -p 1 -timeout 30m
 PKGS      := ./...
 
-.PHONY: all build workload test gpu-check gpu-check-bundle chaos soak soak-away soak-etcd bench bench-tui bench-store bench-swarm fuzz generate check-generated demo lint clean
+.PHONY: all build workload test gpu-check gpu-check-bundle chaos soak soak-away soak-etcd bench bench-tui bench-store bench-stalls bench-swarm fuzz generate check-generated demo lint clean
 
 all: build
 
@@ -77,6 +77,17 @@ bench-tui:
 # same run; the etcd rows report their ratio to bbolt (x_bbolt).
 bench-store:
 	$(GO) test -run '^$$' -bench BenchmarkPassCommit -count 3 ./store/...
+
+# Stalls in the default demo with the stall rule at its defaults: a healthy
+# run of STALL_HEALTHY (the long run is 10m) and its false findings, then
+# each fault of demo.TestStallBench's table (hangs inside and outside a
+# collective, SIGSTOP) STALL_ROUNDS times, timed from injection to the
+# finding that names it. Prints a table.
+STALL_HEALTHY ?= 30s
+STALL_ROUNDS  ?= 3
+bench-stalls: build
+	GPUCTL_BIN=$(CURDIR)/bin GPUCTL_STALL_BENCH=1 GPUCTL_STALL_BENCH_HEALTHY=$(STALL_HEALTHY) \
+		GPUCTL_STALL_BENCH_ROUNDS=$(STALL_ROUNDS) $(GO) test -count=1 -timeout 30m -run '^TestStallBench$$' -v ./demo/
 
 # The server at scale: `gpuctl bench swarm` at each of SWARM_NODES, one
 # after another, each against a fresh `gpuctl serve` on loopback with N

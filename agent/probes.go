@@ -181,7 +181,18 @@ func (p *Probes) Inject(f *api.InjectFault) error {
 	if p.sim == nil {
 		return errors.New("fault injection needs a simulated host (nodemon --sim)")
 	}
-	return p.sim.Inject(int(f.GetGpuIndex()), f.GetKind())
+	gpu := int(f.GetGpuIndex())
+	switch f.GetKind() {
+	case api.FaultKind_FAULT_KIND_HANG_INSIDE:
+		return p.sim.Hang(gpu, "inside")
+	case api.FaultKind_FAULT_KIND_HANG_OUTSIDE:
+		return p.sim.Hang(gpu, "outside")
+	case api.FaultKind_FAULT_KIND_CLEAR:
+		if err := p.sim.Hang(gpu, ""); err != nil {
+			return err
+		}
+	}
+	return p.sim.Inject(gpu, f.GetKind())
 }
 
 // prepareLaunch attaches the NCCL probe to the libraries a job's command

@@ -329,18 +329,24 @@ const (
 	FaultKind_FAULT_KIND_THERMAL           FaultKind = 4
 	FaultKind_FAULT_KIND_GPU_LOST          FaultKind = 5
 	FaultKind_FAULT_KIND_CLEAR             FaultKind = 6
+	// The rank on the GPU stops inside a collective (it never returns) or
+	// between collectives, until CLEAR.
+	FaultKind_FAULT_KIND_HANG_INSIDE  FaultKind = 10
+	FaultKind_FAULT_KIND_HANG_OUTSIDE FaultKind = 11
 )
 
 // Enum value maps for FaultKind.
 var (
 	FaultKind_name = map[int32]string{
-		0: "FAULT_KIND_UNSPECIFIED",
-		1: "FAULT_KIND_XID79",
-		2: "FAULT_KIND_XID48",
-		3: "FAULT_KIND_ECC_UNCORRECTABLE",
-		4: "FAULT_KIND_THERMAL",
-		5: "FAULT_KIND_GPU_LOST",
-		6: "FAULT_KIND_CLEAR",
+		0:  "FAULT_KIND_UNSPECIFIED",
+		1:  "FAULT_KIND_XID79",
+		2:  "FAULT_KIND_XID48",
+		3:  "FAULT_KIND_ECC_UNCORRECTABLE",
+		4:  "FAULT_KIND_THERMAL",
+		5:  "FAULT_KIND_GPU_LOST",
+		6:  "FAULT_KIND_CLEAR",
+		10: "FAULT_KIND_HANG_INSIDE",
+		11: "FAULT_KIND_HANG_OUTSIDE",
 	}
 	FaultKind_value = map[string]int32{
 		"FAULT_KIND_UNSPECIFIED":       0,
@@ -350,6 +356,8 @@ var (
 		"FAULT_KIND_THERMAL":           4,
 		"FAULT_KIND_GPU_LOST":          5,
 		"FAULT_KIND_CLEAR":             6,
+		"FAULT_KIND_HANG_INSIDE":       10,
+		"FAULT_KIND_HANG_OUTSIDE":      11,
 	}
 )
 
@@ -11401,7 +11409,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x15XID_CLASS_RESTART_APP\x10\x02\x12\x17\n" +
 	"\x13XID_CLASS_RESET_GPU\x10\x03\x12\x19\n" +
 	"\x15XID_CLASS_REBOOT_NODE\x10\x04\x12\x16\n" +
-	"\x12XID_CLASS_HARDWARE\x10\x05*\xbc\x01\n" +
+	"\x12XID_CLASS_HARDWARE\x10\x05*\xf5\x01\n" +
 	"\tFaultKind\x12\x1a\n" +
 	"\x16FAULT_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10FAULT_KIND_XID79\x10\x01\x12\x14\n" +
@@ -11409,7 +11417,10 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x1cFAULT_KIND_ECC_UNCORRECTABLE\x10\x03\x12\x16\n" +
 	"\x12FAULT_KIND_THERMAL\x10\x04\x12\x17\n" +
 	"\x13FAULT_KIND_GPU_LOST\x10\x05\x12\x14\n" +
-	"\x10FAULT_KIND_CLEAR\x10\x06*\x8c\x01\n" +
+	"\x10FAULT_KIND_CLEAR\x10\x06\x12\x1a\n" +
+	"\x16FAULT_KIND_HANG_INSIDE\x10\n" +
+	"\x12\x1b\n" +
+	"\x17FAULT_KIND_HANG_OUTSIDE\x10\v*\x8c\x01\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10NODE_STATE_READY\x10\x01\x12\x1b\n" +

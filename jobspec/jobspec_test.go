@@ -37,7 +37,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if s.GPUsPerNode != 8 || s.TotalGPUs() != 16 || s.RestartPolicy != RestartInPlace ||
-		s.Restarts() != DefaultMaxRestarts || s.StallThreshold != DefaultStallThreshold {
+		s.Restarts() != DefaultMaxRestarts || s.StallThreshold != 0 {
 		t.Fatalf("defaults not applied: %+v", s)
 	}
 	s, err = Parse("job.yaml", []byte("name: a\ncommand: [x]\ngpus: 8\ncheckpoint: {dir: /ck}\nmax_restarts: 0\n"))

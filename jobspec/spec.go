@@ -49,7 +49,6 @@ var StallRecoveries = []StallRecovery{StallManual, StallAuto}
 const (
 	DefaultGPUsPerNode        = 8
 	DefaultMaxRestarts        = 3
-	DefaultStallThreshold     = 10 * time.Minute
 	DefaultCheckpointInterval = 30 * time.Minute
 )
 
@@ -87,8 +86,10 @@ type Spec struct {
 	Plan *PlanSpec `yaml:"plan,omitempty" json:"plan,omitempty"`
 
 	Checkpoint CheckpointSpec `yaml:"checkpoint,omitempty" json:"checkpoint,omitempty"`
-	// StallThreshold is how long collectives may make no progress before
-	// the job counts as hung.
+	// StallThreshold bounds how long collectives may make no progress
+	// before the job counts as hung; 0 (unset) leaves it to what the stall
+	// detector learns of the job, and to its default before it has
+	// learned (scheduler/stall.DefaultRule).
 	StallThreshold time.Duration `yaml:"stall_threshold,omitempty" json:"stall_threshold,omitempty"`
 	// StallRecovery is manual (default) or auto.
 	StallRecovery StallRecovery `yaml:"stall_recovery,omitempty" json:"stall_recovery,omitempty"`
@@ -180,9 +181,6 @@ func (s *Spec) ApplyDefaults() {
 	}
 	if s.RestartPolicy == "" {
 		s.RestartPolicy = RestartInPlace
-	}
-	if s.StallThreshold == 0 {
-		s.StallThreshold = DefaultStallThreshold
 	}
 	if s.Checkpoint.Dir != "" && s.Checkpoint.Interval == 0 {
 		s.Checkpoint.Interval = DefaultCheckpointInterval

@@ -175,8 +175,10 @@ func Collectives(w io.Writer, o Options, cs []*api.CollectiveStat) error {
 	}
 	now := o.now()
 	t := tableData{empty: "no collectives: no NCCL call traced (tracing needs nodemon's eBPF probes)"}
-	t.cols = []column{{name: "NODE"}, {name: "JOB"}, {name: "RANK"}, {name: "PID"}, {name: "COMM"}, {name: "OP"}, {name: "SEQ"},
-		{name: "CALLS"}, {name: "BYTES"}, {name: "IN CALL"}, {name: "AVG"}, {name: "LAST"}}
+	// Below -o wide, what a narrow terminal leaves out first: the pid (the
+	// node and rank name the process), then the totals that AVG sums up.
+	t.cols = []column{{name: "NODE"}, {name: "JOB"}, {name: "RANK"}, {name: "PID", drop: 5}, {name: "COMM"}, {name: "OP"}, {name: "SEQ"},
+		{name: "CALLS", drop: 4}, {name: "BYTES", drop: 3}, {name: "IN CALL", drop: 2}, {name: "AVG", drop: 1}, {name: "LAST"}}
 	for _, c := range cs {
 		v := CollectiveFromAPI(c)
 		avg := cell{text: "-"}

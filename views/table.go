@@ -13,10 +13,13 @@ import (
 )
 
 // column is one column of a table; flex marks the free-text column that
-// is cut to make the table fit the terminal.
+// is cut to make the table fit the terminal. A table with no free text to
+// cut fits by leaving out columns instead, as kubectl does: drop > 0
+// marks one that may go, the highest first; `-o wide` shows them all.
 type column struct {
 	name string
 	flex bool
+	drop int
 }
 
 // cell is one table cell: its text and, where the text does not sort as
@@ -159,6 +162,7 @@ func (o Options) writeTable(w io.Writer, t tableData) error {
 				break
 			}
 		}
+		cells, widths = dropColumns(t.cols, cells, widths, total-limit)
 	}
 	var b strings.Builder
 	for _, r := range cells {
@@ -175,6 +179,47 @@ func (o Options) writeTable(w io.Writer, t tableData) error {
 		}
 	}
 	return nil
+}
+
+// dropColumns leaves out the droppable columns, highest drop first, until
+// the table is over by nothing (or none is left to drop).
+func dropColumns(cols []column, cells [][]string, widths []int, over int) ([][]string, []int) {
+	gone := map[int]bool{}
+	for over > 0 {
+		pick := -1
+		for i, c := range cols {
+			if c.drop > 0 && !gone[i] && (pick < 0 || c.drop > cols[pick].drop) {
+				pick = i
+			}
+		}
+		if pick < 0 {
+			break
+		}
+		gone[pick] = true
+		over -= widths[pick] + 2
+	}
+	if len(gone) == 0 {
+		return cells, widths
+	}
+	keep := func(r []string) []string {
+		out := make([]string, 0, len(r)-len(gone))
+		for i, c := range r {
+			if !gone[i] {
+				out = append(out, c)
+			}
+		}
+		return out
+	}
+	for i, r := range cells {
+		cells[i] = keep(r)
+	}
+	kept := make([]int, 0, len(widths)-len(gone))
+	for i, wd := range widths {
+		if !gone[i] {
+			kept = append(kept, wd)
+		}
+	}
+	return cells, kept
 }
 
 func dash(s string) string {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -195,7 +196,7 @@ func TestTablesFit(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, line := range strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n") {
-				if n := width0(line); n > width && v.name != "collectives" {
+				if n := width0(line); n > width {
 					t.Errorf("%s at %d columns: line of %d: %s", v.name, width, n, line)
 				}
 			}
@@ -204,6 +205,53 @@ func TestTablesFit(t *testing.T) {
 }
 
 func width0(s string) int { return len([]rune(s)) }
+
+// TestCollectivesFitTerminal: the demo job's aggregates (long job id and
+// communicator handles, busy counters) are 107 columns with every column;
+// at 80 the table leaves out its least useful columns, at 200 and with
+// -o wide it keeps them all.
+func TestCollectivesFitTerminal(t *testing.T) {
+	var cs []*api.CollectiveStat
+	for rank := range int32(4) {
+		node := fmt.Sprintf("node-%02d", rank/2)
+		for i, op := range []api.NCCLOp{api.NCCLOp_NCCL_OP_ALL_REDUCE, api.NCCLOp_NCCL_OP_COMM_INIT_RANK} {
+			cs = append(cs, &api.CollectiveStat{Node: node, Pid: 1_234_567 + uint32(rank), Job: "demo-ringtrain-7f3a9c", Rank: rank, Op: op,
+				Comm: 0x55d0c0ffee00 + uint64(i)<<8, Seq: 123_456, Bytes: 123_456 << 22, Calls: 123_456, InCallSeconds: 4321.5,
+				LastUnixNano: now.Add(-time.Second).UnixNano()})
+		}
+	}
+	for _, l := range []struct {
+		name string
+		o    Options
+		cols int
+	}{
+		{"table80", Options{Format: Table, Width: 80, Now: now}, 80},
+		{"table200", Options{Format: Table, Width: 200, Now: now}, 200},
+		{"wide", Options{Format: Wide, Width: 80, Now: now}, 0},
+	} {
+		t.Run(l.name, func(t *testing.T) {
+			var b bytes.Buffer
+			if err := Collectives(&b, l.o, cs); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, b.Bytes())
+			lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
+			for _, line := range lines {
+				if n := width0(line); l.cols > 0 && n > l.cols {
+					t.Errorf("line of %d columns at %d: %s", n, l.cols, line)
+				}
+			}
+			for _, col := range []string{"NODE", "JOB", "RANK", "COMM", "OP", "SEQ", "LAST"} {
+				if !strings.Contains(lines[0], col) {
+					t.Errorf("header %q lacks %s", lines[0], col)
+				}
+			}
+			if l.cols != 80 && !strings.Contains(lines[0], "PID") {
+				t.Errorf("header %q left out PID with room for it", lines[0])
+			}
+		})
+	}
+}
 
 func TestJSONDocuments(t *testing.T) {
 	for _, v := range views {

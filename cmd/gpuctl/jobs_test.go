@@ -29,10 +29,10 @@ func TestSubmitRequest(t *testing.T) {
 			want: func(t *testing.T, s *jobspec.Spec) {
 				want := &jobspec.Spec{Name: "ring", Tenant: "lab", Priority: 7, Nodes: 2, GPUsPerNode: 4,
 					Command: []string{"/opt/ringtrain", "--steps", "100"}, Env: map[string]string{"A": "b"},
-					Checkpoint:     jobspec.CheckpointSpec{Dir: "/ckpt/ring", Interval: 10 * 60e9},
-					Elastic:        &jobspec.ElasticSpec{DataParallel: []int{8, 4}},
-					RestartPolicy:  jobspec.RestartInPlace,
-					StallThreshold: jobspec.DefaultStallThreshold, StallRecovery: jobspec.StallManual}
+					Checkpoint:    jobspec.CheckpointSpec{Dir: "/ckpt/ring", Interval: 10 * 60e9},
+					Elastic:       &jobspec.ElasticSpec{DataParallel: []int{8, 4}},
+					RestartPolicy: jobspec.RestartInPlace,
+					StallRecovery: jobspec.StallManual}
 				if !reflect.DeepEqual(s, want) {
 					t.Errorf("got  %+v\nwant %+v", s, want)
 				}

@@ -101,19 +101,36 @@ var faultKinds = map[string]api.FaultKind{
 	"clear":    api.FaultKind_FAULT_KIND_CLEAR,
 }
 
+// hangWhere is where `gpuctl fault NODE hang --where` stops the rank.
+var hangWhere = map[string]api.FaultKind{
+	"inside":  api.FaultKind_FAULT_KIND_HANG_INSIDE,
+	"outside": api.FaultKind_FAULT_KIND_HANG_OUTSIDE,
+}
+
 func newFaultCmd() *cobra.Command {
 	var (
 		config string
 		gpu    int32
+		where  string
 	)
 	cmd := &cobra.Command{
 		Use:   "fault NODE KIND",
-		Short: "Inject a GPU fault into a simulated node (xid79, xid48, ecc, thermal, gpu-lost, clear)",
-		Args:  cobra.ExactArgs(2),
+		Short: "Inject a GPU fault into a simulated node (xid79, xid48, ecc, thermal, gpu-lost, hang, clear)",
+		Long: "Inject a GPU fault into a simulated node (nodemon --sim).\n\n" +
+			"hang stops the rank on the GPU until clear: --where inside a collective (it never returns; its peers finish it)\n" +
+			"or outside (it waits between steps, so its peers wait in the next collective).",
+		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			kind, ok := faultKinds[strings.ToLower(args[1])]
+			if strings.ToLower(args[1]) == "hang" {
+				if kind, ok = hangWhere[strings.ToLower(where)]; !ok {
+					return fmt.Errorf("hang --where %q: use inside (in a collective) or outside (between collectives)", where)
+				}
+			} else if cmd.Flags().Changed("where") {
+				return fmt.Errorf("--where is for hang, not %s", args[1])
+			}
 			if !ok {
-				return fmt.Errorf("unknown fault %q: use xid79, xid48, ecc, thermal, gpu-lost or clear", args[1])
+				return fmt.Errorf("unknown fault %q: use xid79, xid48, ecc, thermal, gpu-lost, hang or clear", args[1])
 			}
 			return withClient(cmd, config, func(c *client.Client) error {
 				return c.InjectFault(cmd.Context(), args[0], &api.InjectFault{GpuIndex: gpu, Kind: kind})
@@ -122,5 +139,6 @@ func newFaultCmd() *cobra.Command {
 	}
 	addConfigFlag(cmd, &config)
 	cmd.Flags().Int32Var(&gpu, "gpu", 0, "GPU index")
+	cmd.Flags().StringVar(&where, "where", "inside", "hang: inside a collective or outside (between collectives)")
 	return cmd
 }

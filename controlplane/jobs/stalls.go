@@ -13,7 +13,8 @@ import (
 )
 
 // StallTarget is a job the stall detector watches: running, not being
-// stopped, with its current attempt and the threshold of its job file.
+// stopped, with its current attempt and the stall_threshold of its job
+// file (0 when it sets none).
 type StallTarget struct {
 	Job       string
 	Attempt   uint32
@@ -30,11 +31,7 @@ func (m *Manager) stallTargets() []StallTarget {
 		if j == nil || !active(j) || en.spec == nil {
 			continue
 		}
-		th := en.spec.StallThreshold
-		if th <= 0 {
-			th = jobspec.DefaultStallThreshold
-		}
-		out = append(out, StallTarget{Job: j.GetId(), Attempt: j.GetAttempt(), Threshold: th})
+		out = append(out, StallTarget{Job: j.GetId(), Attempt: j.GetAttempt(), Threshold: en.spec.StallThreshold})
 	}
 	return out
 }

@@ -56,11 +56,18 @@ func New(j Jobs, n Nodes, pub Publisher, now func() time.Time, log *slog.Logger)
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Detector{jobs: j, nodes: n, pub: pub, now: now, log: log, det: stall.New(), keys: map[string]bool{}}
+	// Passes made outside Run come at any time: no pause is credited.
+	rule := stall.DefaultRule
+	rule.Pass = 0
+	return &Detector{jobs: j, nodes: n, pub: pub, now: now, log: log, det: stall.NewRule(rule), keys: map[string]bool{}}
 }
 
-// Run makes a pass every period until ctx ends.
+// Run makes a pass every period until ctx ends. The rule credits a pass
+// late by more than half a second past every as the server standing still.
 func (d *Detector) Run(ctx context.Context, every time.Duration) {
+	rule := stall.DefaultRule
+	rule.Pass = every
+	d.det = stall.NewRule(rule)
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -87,14 +94,14 @@ func (d *Detector) Pass(ctx context.Context) error {
 	progress := d.nodes.Progress(attempts)
 	in := make([]stall.Job, 0, len(targets))
 	for _, t := range targets {
-		j := stall.Job{ID: t.Job, Threshold: t.Threshold}
+		j := stall.Job{ID: t.Job, Attempt: t.Attempt, Threshold: t.Threshold}
 		for _, rp := range progress[t.Job] {
 			r := stall.Rank{Rank: rp.Status.GetRank(), Node: rp.Node, Pid: rp.Status.GetPid(),
 				ProcState: rp.Status.GetProcState(), CPU: rp.Status.GetCpuSeconds()}
 			for _, c := range rp.Comms {
 				sc := stall.Comm{Handle: c.Handle, Created: c.Created, Done: c.Done, DoneOp: c.DoneOp.Short()}
 				if c.In != nil {
-					sc.In = &stall.Call{Op: c.In.GetOp().Short(), Seq: c.In.GetSeq()}
+					sc.In = &stall.Call{Op: c.In.GetOp().Short(), Seq: c.In.GetSeq(), Bytes: c.In.GetBytes()}
 				}
 				r.Comms = append(r.Comms, sc)
 			}
@@ -122,8 +129,9 @@ func (d *Detector) Pass(ctx context.Context) error {
 			d.log.Info("stall cleared", "job", st.GetJob(), "comm", e.Attrs["comm"], "why", ch.Why)
 		} else {
 			e.Severity = api.Severity_SEVERITY_CRITICAL
-			e.Message = "NCCL stall: " + st.GetDiagnosis()
-			d.log.Warn("stall declared", "job", st.GetJob(), "comm", e.Attrs["comm"], "diagnosis", st.GetDiagnosis())
+			e.Message = "NCCL stall: " + st.GetDiagnosis() + " (" + ch.Stall.Limit.String() + ")"
+			e.Attrs["limit"] = ch.Stall.Limit.Basis
+			d.log.Warn("stall declared", "job", st.GetJob(), "comm", e.Attrs["comm"], "diagnosis", st.GetDiagnosis(), "limit", ch.Stall.Limit.String())
 			declared = append(declared, st)
 		}
 		events = append(events, e)

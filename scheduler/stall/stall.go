@@ -3,9 +3,10 @@
 // ranks of a healthy job never disagree for long: a collective completes on
 // every rank or on none. When ranks disagree on where they are (some inside
 // collective k+1 or past it, others still at k), or all sit inside the same
-// collective, for longer than the job's stall threshold, the communicator is
-// stalled; the ranks furthest behind (or, when all are inside, the stopped
-// or idle ones) are the ones holding it up.
+// collective, and the communicator has made no progress for longer than its
+// limit (Rule: learned from its own cadence, bounded by the job's
+// stall_threshold), it is stalled; the ranks furthest behind (or, when all
+// are inside, the stopped or idle ones) are the ones holding it up.
 //
 // The package is pure: a Detector is the memory between passes, and Update
 // is a function of it, the time it is given and the ranks' reports.
@@ -25,6 +26,8 @@ type Call struct {
 	// Op is the collective's short name (allreduce, allgather, …).
 	Op  string
 	Seq uint64
+	// Bytes is its size on this rank.
+	Bytes uint64
 }
 
 // Comm is one rank's progress on one communicator.
@@ -86,7 +89,11 @@ func SortComms(cs []Comm) {
 
 // Job is one running job at one instant.
 type Job struct {
-	ID        string
+	ID string
+	// Attempt is the job's launch: what a communicator learned of its
+	// cadence starts over with a new one.
+	Attempt uint32
+	// Threshold is the job's stall_threshold, 0 when it sets none.
 	Threshold time.Duration
 	Ranks     []Rank
 }
@@ -109,12 +116,15 @@ type Stall struct {
 	Job string
 	// Comm is the communicator's creation index, and Handle its address in
 	// its lowest rank's memory.
-	Comm      int
-	Handle    uint64
-	Lagging   []StalledRank
-	Waiting   []StalledRank
-	Since     time.Time
+	Comm    int
+	Handle  uint64
+	Lagging []StalledRank
+	Waiting []StalledRank
+	// Since is when its ranks began to disagree where they are now.
+	Since time.Time
+	// Threshold is the limit it was held to, Limit why.
 	Threshold time.Duration
+	Limit     Limit
 	Diagnosis string
 }
 
@@ -141,35 +151,64 @@ type pidKey struct {
 type track struct {
 	// low is the lowest position of its ranks; since is when the ranks
 	// began to disagree with the lowest at low. Progress of the lowest
-	// rank restarts the clock.
+	// rank restarts the clock. Counting from the disagreement, not from
+	// the last progress, leaves out a pause every rank makes together (a
+	// checkpoint all write at once shows only its skew).
 	low   uint64
 	since time.Time
 	stall *Stall
+	// in is the collective every rank has sat inside since it began, nil
+	// once one was not.
+	in *opSize
 }
 
+// cpuMark is when a rank's CPU time was last seen to change, and the two
+// changes before.
 type cpuMark struct {
 	seconds float64
-	changed time.Time
+	changed [3]time.Time
 }
+
+// cpuReportLag is how old the CPU time in a rank's report can be when a
+// pass sees it: nodes sample it every second and their batch reaches a
+// pass up to half a second later. Two changes seen after a moment may
+// both still be CPU used before it.
+const cpuReportLag = 1500 * time.Millisecond
 
 // Detector is the memory between updates. It is not safe for concurrent
 // use.
 type Detector struct {
+	rule Rule
+	// last is the previous update's time.
+	last   time.Time
 	tracks map[key]*track
+	cad    map[key]*cadence
 	cpu    map[pidKey]cpuMark
 }
 
-// New returns an empty detector.
-func New() *Detector {
-	return &Detector{tracks: map[key]*track{}, cpu: map[pidKey]cpuMark{}}
+// New returns an empty detector running DefaultRule.
+func New() *Detector { return NewRule(DefaultRule) }
+
+// NewRule returns an empty detector running r.
+func NewRule(r Rule) *Detector {
+	return &Detector{rule: r, tracks: map[key]*track{}, cad: map[key]*cadence{}, cpu: map[pidKey]cpuMark{}}
 }
 
 // Update folds in one report of every running job and returns the stalls
 // it declared and cleared, in job then start order.
 func (d *Detector) Update(now time.Time, jobs []Job) []Change {
+	if gap := now.Sub(d.last); d.rule.Pass > 0 && !d.last.IsZero() && gap > d.rule.Pass+500*time.Millisecond {
+		for _, t := range d.tracks {
+			if t.stall == nil {
+				t.since = t.since.Add(gap - d.rule.Pass)
+			}
+		}
+	}
+	d.last = now
 	var changes []Change
 	running := map[string]bool{}
 	seen := map[key]bool{}
+	live := map[key]bool{}
 	seenPid := map[pidKey]bool{}
 	for _, j := range jobs {
 		running[j.ID] = true
@@ -178,7 +217,7 @@ func (d *Detector) Update(now time.Time, jobs []Job) []Change {
 			k := pidKey{r.Node, r.Pid}
 			seenPid[k] = true
 			if m, ok := d.cpu[k]; !ok || m.seconds != r.CPU {
-				d.cpu[k] = cpuMark{seconds: r.CPU, changed: now}
+				d.cpu[k] = cpuMark{seconds: r.CPU, changed: [3]time.Time{now, m.changed[0], m.changed[1]}}
 			}
 			ncomm = max(ncomm, len(r.Comms))
 		}
@@ -193,26 +232,60 @@ func (d *Detector) Update(now time.Time, jobs []Job) []Change {
 				continue
 			}
 			low, agree := progress(members, c)
+			k := key{j.ID, c}
+			live[k] = true
+			cd := d.cad[k]
+			fresh := cd == nil || cd.attempt != j.Attempt
+			if fresh {
+				cd = &cadence{attempt: j.Attempt}
+				d.cad[k] = cd
+			}
+			t := d.tracks[k]
+			if t != nil && (agree || t.low != low) {
+				// The slowest rank moved: the others' wait ends. A wait that
+				// was a stall is not learned as the job's pace.
+				if t.stall != nil {
+					changes = append(changes, Change{Stall: *t.stall, Cleared: true, Why: "the ranks progress again", Lasted: now.Sub(t.since)})
+				} else if !fresh {
+					cd.add(now.Sub(t.since))
+					if t.in != nil {
+						cd.addOp(*t.in, now.Sub(t.since))
+					}
+				}
+				delete(d.tracks, k)
+				t = nil
+			}
+			if t == nil && cd.seen && low != cd.low && !fresh {
+				// Progress with nobody seen waiting: a wait of nothing,
+				// so a job whose waits a pass rarely catches learns too.
+				cd.add(0)
+			}
+			cd.low, cd.seen = low, true
 			if agree {
 				continue
 			}
-			k := key{j.ID, c}
 			seen[k] = true
-			t := d.tracks[k]
-			if t != nil && t.low != low {
-				if t.stall != nil {
-					changes = append(changes, Change{Stall: *t.stall, Cleared: true, Why: "the ranks progress again", Lasted: now.Sub(t.since)})
-				}
-				t = nil
-			}
+			in := allIn(members, c, low)
 			if t == nil {
-				t = &track{low: low, since: now}
+				t = &track{low: low, since: now, in: in}
 				d.tracks[k] = t
 			}
-			if now.Sub(t.since) < j.Threshold {
+			if in == nil || t.in == nil || *in != *t.in {
+				t.in = nil
+			}
+			lim := d.rule.limit(&cd.waits, j.Threshold)
+			if t.in != nil {
+				// Every rank inside one collective: held to that op at that
+				// size, once enough of it is learned.
+				if op := cd.ops[*t.in]; op != nil && int(op.n) >= d.rule.MinSamples {
+					lim = d.rule.limit(op, j.Threshold)
+				}
+			}
+			if now.Sub(t.since) < lim.Limit {
 				continue
 			}
 			s := d.diagnose(j, c, members, t.since, now)
+			s.Threshold, s.Limit = lim.Limit, lim
 			if t.stall == nil {
 				changes = append(changes, Change{Stall: s})
 			}
@@ -232,6 +305,11 @@ func (d *Detector) Update(now time.Time, jobs []Job) []Change {
 		}
 		delete(d.tracks, k)
 	}
+	for k := range d.cad {
+		if !live[k] {
+			delete(d.cad, k)
+		}
+	}
 	for k := range d.cpu {
 		if !seenPid[k] {
 			delete(d.cpu, k)
@@ -239,6 +317,21 @@ func (d *Detector) Update(now time.Time, jobs []Job) []Change {
 	}
 	slices.SortStableFunc(changes, func(a, b Change) int { return compare(&a.Stall, &b.Stall) })
 	return changes
+}
+
+// allIn returns the collective every member sits inside, at position low,
+// or nil.
+func allIn(members []*Rank, c int, low uint64) *opSize {
+	if low%2 == 0 {
+		return nil
+	}
+	for _, r := range members {
+		if r.Comms[c].position() != low {
+			return nil
+		}
+	}
+	k := opSizeOf(members[0].Comms[c].In)
+	return &k
 }
 
 // progress returns the lowest position of the members on communicator c,
@@ -265,9 +358,19 @@ func (d *Detector) diagnose(j Job, c int, members []*Rank, since, now time.Time)
 	var lagging, waiting []*Rank
 	switch {
 	case !allInside:
-		// The ranks furthest behind are the ones the others wait for.
+		// The ranks furthest behind are the ones the others wait for; but
+		// when some of them are stopped, the others there that sit inside
+		// a call, on this communicator or another, wait on those (a ring
+		// holds the stopped rank's successor up).
+		var gone []*Rank
 		for _, r := range members {
-			if r.Comms[c].position() == low {
+			if r.Comms[c].position() == low && stopped(r.ProcState) {
+				gone = append(gone, r)
+			}
+		}
+		for _, r := range members {
+			held := len(gone) > 0 && !slices.Contains(gone, r) && inAnyCall(r)
+			if r.Comms[c].position() == low && !held {
 				lagging = append(lagging, r)
 			} else {
 				waiting = append(waiting, r)
@@ -299,7 +402,7 @@ func (d *Detector) diagnose(j Job, c int, members []*Rank, since, now time.Time)
 			}
 		}
 	}
-	s := Stall{Job: j.ID, Comm: c, Handle: members[0].Comms[c].Handle, Since: since, Threshold: j.Threshold}
+	s := Stall{Job: j.ID, Comm: c, Handle: members[0].Comms[c].Handle, Since: since}
 	for _, r := range lagging {
 		s.Lagging = append(s.Lagging, stalledRank(r, c))
 	}
@@ -321,10 +424,21 @@ func stalledRank(r *Rank, c int) StalledRank {
 
 func stopped(procState string) bool { return procState == "T" || procState == "t" }
 
-// cpuSince reports whether r used CPU after t.
+// inAnyCall reports whether r sits inside a collective on any communicator.
+func inAnyCall(r *Rank) bool {
+	for i := range r.Comms {
+		if r.Comms[i].inCall() {
+			return true
+		}
+	}
+	return false
+}
+
+// cpuSince reports whether r surely used CPU after t: its CPU time was
+// seen to change more than cpuReportLag after t, or three times since.
 func (d *Detector) cpuSince(r *Rank, t time.Time) bool {
 	m, ok := d.cpu[pidKey{r.Node, r.Pid}]
-	return ok && m.changed.After(t)
+	return ok && (m.changed[0].After(t.Add(cpuReportLag)) || m.changed[2].After(t))
 }
 
 // diagnosis says in a sentence what holds the communicator up:
@@ -362,6 +476,9 @@ func (d *Detector) diagnosis(c int, members, lagging, waiting []*Rank, since, no
 		if !a.in {
 			verb = "are past"
 		}
+		if len(groups[a]) == 1 {
+			verb = map[string]string{"wait in": "waits in", "are past": "is past"}[verb]
+		}
 		parts = append(parts, fmt.Sprintf("%s %s %s seq %d", rankList(groups[a]), verb, a.op, a.seq))
 	}
 	return strings.Join(parts, "; ") + " for " + dur.String()
@@ -383,7 +500,7 @@ func (d *Detector) doing(r *Rank, c int, since time.Time) string {
 		}
 		return "is busy outside NCCL"
 	}
-	return "makes no CPU progress"
+	return "is hung (no CPU progress)"
 }
 
 // where says where a rank is on its communicator.

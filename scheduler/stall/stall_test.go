@@ -25,11 +25,30 @@ func rk(rank int32, node string, pid uint32, state string, cpu float64, comms ..
 }
 
 // ring4 is a 2-node × 2-rank job: rank 2 at c2, the others at c.
-func ring4(cpu float64, st2 string, c, c2 Comm) []Rank {
+func ring4(cpu float64, st2 string, c, c2 Comm) []Rank { return ringCPU(cpu, 1, st2, c, c2) }
+
+// ringCPU is ring4 with rank 2's CPU seconds cpu2.
+func ringCPU(cpu, cpu2 float64, st2 string, c, c2 Comm) []Rank {
 	return []Rank{
 		rk(0, "node-00", 100, "S", cpu, c), rk(1, "node-00", 101, "S", cpu, c),
-		rk(2, "node-01", 4242, st2, 1, c2), rk(3, "node-01", 4243, "S", cpu, c),
+		rk(2, "node-01", 4242, st2, cpu2, c2), rk(3, "node-01", 4243, "S", cpu, c),
 	}
+}
+
+// lagCPU is rank 2 (state st) after allreduce 41 while the others wait in
+// 42, seen at 0 and at each time in at (ms) with rank 2's CPU seconds
+// cpu[i] there.
+func lagCPU(st string, at []int, cpu []float64) []stallStep {
+	steps := []stallStep{{0, ring4(1, st, inside(0xa0, 41), done(0xc0, 41)), false}}
+	for i, ms := range at {
+		steps = append(steps, stallStep{time.Duration(ms) * time.Millisecond, ringCPU(1, cpu[i], st, inside(0xa0, 41), done(0xc0, 41)), false})
+	}
+	return steps
+}
+
+// held is the ranks seen unchanged at 0 and at d.
+func held(d time.Duration, ranks ...Rank) []stallStep {
+	return []stallStep{{0, ranks, false}, {d, ranks, false}}
 }
 
 type stallStep struct {
@@ -105,7 +124,29 @@ func TestStallDetector(t *testing.T) {
 				{2500 * time.Millisecond, ring4(3, "S", inside(0xa0, 9), inside(0xc0, 9)), false},
 			},
 			changes: []string{"2:declared"}, lagging: []int32{2}, waiting: []int32{0, 1, 3}, comm: 0xa0,
-			diagnosis: "rank 2 (node-01 pid 4242) makes no CPU progress inside allreduce seq 10; ranks 0,1,3 wait in allreduce seq 10 for 2.5s",
+			diagnosis: "rank 2 (node-01 pid 4242) is hung (no CPU progress) inside allreduce seq 10; ranks 0,1,3 wait in allreduce seq 10 for 2.5s",
+		},
+		{
+			// Nodes report CPU time each second: the first change seen
+			// after the stall began is CPU used before it.
+			name: "a hung rank's last report of CPU is not progress", threshold: 2 * time.Second,
+			steps:   lagCPU("S", []int{1000, 2500}, []float64{1.5, 1.5}),
+			changes: []string{"2:declared"}, lagging: []int32{2}, waiting: []int32{0, 1, 3}, comm: 0xa0,
+			diagnosis: "rank 2 (node-01 pid 4242) is hung (no CPU progress) after allreduce seq 41; ranks 0,1,3 wait in allreduce seq 42 for 2.5s",
+		},
+		{
+			// The reports of the samples before and after it stopped both
+			// arrive after the stall began.
+			name: "two early reports of CPU are not progress", threshold: 2 * time.Second,
+			steps:   lagCPU("S", []int{250, 1250, 2500}, []float64{1.2, 1.4, 1.4}),
+			changes: []string{"3:declared"}, lagging: []int32{2}, waiting: []int32{0, 1, 3}, comm: 0xa0,
+			diagnosis: "rank 2 (node-01 pid 4242) is hung (no CPU progress) after allreduce seq 41; ranks 0,1,3 wait in allreduce seq 42 for 2.5s",
+		},
+		{
+			name: "a lagging rank using CPU is busy", threshold: 2 * time.Second,
+			steps:   lagCPU("R", []int{1000, 2500}, []float64{2, 3}),
+			changes: []string{"2:declared"}, lagging: []int32{2}, waiting: []int32{0, 1, 3}, comm: 0xa0,
+			diagnosis: "rank 2 (node-01 pid 4242) is busy outside NCCL after allreduce seq 41; ranks 0,1,3 wait in allreduce seq 42 for 2.5s",
 		},
 		{
 			name: "all inside and none stopped blames the network", threshold: 2 * time.Second,
@@ -117,13 +158,31 @@ func TestStallDetector(t *testing.T) {
 			diagnosis: "all 4 ranks wait in allreduce seq 10 for 2.5s and none is stopped or idle: suspect the network between them or a hung GPU",
 		},
 		{
+			// Ranks 0 and 1 finished the all-reduce; rank 3 still waits in
+			// it for the chunk the stopped rank 2 holds.
+			name: "a rank waiting in the ring with a stopped one is waiting", threshold: time.Second,
+			steps: held(1500*time.Millisecond, rk(0, "node-00", 100, "S", 1, done(0xa0, 10)), rk(1, "node-00", 101, "S", 1, done(0xb0, 10)),
+				rk(2, "node-01", 4242, "T", 1, inside(0xc0, 9)), rk(3, "node-01", 4243, "S", 1, inside(0xd0, 9))),
+			changes: []string{"1:declared"}, lagging: []int32{2}, waiting: []int32{0, 1, 3}, comm: 0xa0,
+			diagnosis: "rank 2 (node-01 pid 4242) is stopped (SIGSTOP?) inside allreduce seq 10; ranks 0,1 are past allreduce seq 10; " +
+				"rank 3 waits in allreduce seq 10 for 1.5s",
+		},
+		{
+			// Rank 3 finished allreduce 10 on the data communicator with
+			// rank 2, then blocked in the control one, which the stopped
+			// rank 2 never entered.
+			name: "a rank blocked on another communicator by a stopped one is waiting", threshold: time.Second,
+			steps: held(1500*time.Millisecond, rk(0, "node-00", 100, "S", 1, inside(0xa0, 10), done(0xa1, 10)), rk(1, "node-00", 101, "S", 1, inside(0xb0, 10), done(0xb1, 10)),
+				rk(2, "node-01", 4242, "T", 1, done(0xc0, 10), done(0xc1, 9)), rk(3, "node-01", 4243, "S", 1, done(0xd0, 10), inside(0xd1, 9))),
+			// Both communicators stall; the data one lists first.
+			changes: []string{"1:declared", "1:declared"}, lagging: []int32{2}, waiting: []int32{0, 1, 3}, comm: 0xa0,
+			diagnosis: "rank 2 (node-01 pid 4242) is stopped (SIGSTOP?) after allreduce seq 10; ranks 0,1 wait in allreduce seq 11; " +
+				"rank 3 is past allreduce seq 10 for 1.5s",
+		},
+		{
 			name: "lagging ranks on several nodes", threshold: time.Second,
-			steps: []stallStep{
-				{0, []Rank{rk(0, "node-00", 10, "R", 1, inside(1, 5)), rk(1, "node-00", 11, "D", 1, done(2, 5)),
-					rk(2, "node-01", 20, "R", 1, inside(3, 5)), rk(3, "node-02", 30, "T", 1, done(4, 5))}, false},
-				{1500 * time.Millisecond, []Rank{rk(0, "node-00", 10, "R", 1, inside(1, 5)), rk(1, "node-00", 11, "D", 1, done(2, 5)),
-					rk(2, "node-01", 20, "R", 1, inside(3, 5)), rk(3, "node-02", 30, "T", 1, done(4, 5))}, false},
-			},
+			steps: held(1500*time.Millisecond, rk(0, "node-00", 10, "R", 1, inside(1, 5)), rk(1, "node-00", 11, "D", 1, done(2, 5)),
+				rk(2, "node-01", 20, "R", 1, inside(3, 5)), rk(3, "node-02", 30, "T", 1, done(4, 5))),
 			changes: []string{"1:declared"}, lagging: []int32{1, 3}, waiting: []int32{0, 2}, comm: 1,
 			diagnosis: "rank 1 (node-00 pid 11) is blocked in the kernel (state D) after allreduce seq 5; " +
 				"rank 3 (node-02 pid 30) is stopped (SIGSTOP?) after allreduce seq 5; ranks 0,2 wait in allreduce seq 6 for 1.5s",
@@ -172,7 +231,10 @@ func TestStallDetector(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			d := New()
+			// The table's passes come at any time: no pause is credited.
+			r := DefaultRule
+			r.Pass = 0
+			d := NewRule(r)
 			var got []string
 			var last *Stall
 			for i, st := range tc.steps {
@@ -222,5 +284,24 @@ func TestStallDetector(t *testing.T) {
 				t.Errorf("stall %v", last)
 			}
 		})
+	}
+}
+
+// TestServerPauseIsCredited: a pass 5 s late means the server stood still;
+// the ranks it saw disagree before are not a stall for that, only once they
+// stay so for the limit in passes that came on time.
+func TestServerPauseIsCredited(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	ranks := ring4(1, "T", inside(0xa0, 41), done(0xc0, 41))
+	d := New()
+	var declared time.Duration
+	for _, at := range []time.Duration{0, 250 * time.Millisecond, 5250 * time.Millisecond, 5500 * time.Millisecond, 6 * time.Second,
+		6500 * time.Millisecond, 7 * time.Second, 7500 * time.Millisecond, 8 * time.Second} {
+		if ch := d.Update(t0.Add(at), []Job{{ID: "j-1", Attempt: 1, Threshold: 2 * time.Second, Ranks: ranks}}); len(ch) > 0 && declared == 0 {
+			declared = at
+		}
+	}
+	if declared != 7*time.Second {
+		t.Errorf("declared at %s, want 7s: 2s of passes on time after the 4.75s pause", declared)
 	}
 }

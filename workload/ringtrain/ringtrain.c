@@ -25,6 +25,8 @@
  * Exit status: 0 done or stopped, 1 runtime failure, 2 bad usage, 3 superseded
  * (a newer attempt committed a checkpoint in the same directory).
  *
+ * A hang injected on its simulated GPU (simhang.h) stops it between steps.
+ *
  * Simulated GPUs (nodemon --sim) give ranks GPUCTL_SIM_KERNEL_DIR: the rank
  * then sleeps through its compute phase, as a host thread waits on a
  * kernel, and keeps $GPUCTL_SIM_KERNEL_DIR/<pid> holding its total kernel
@@ -47,6 +49,7 @@
 #include <unistd.h>
 
 #include "nccl.h"
+#include "simhang.h"
 
 #define CKPT_MAGIC "RNGTCKP1"
 #define CKPT_VERSION 1
@@ -635,6 +638,7 @@ int main(int argc, char **argv) {
   const char *reason = "steps";
   long step = resume + 1;
   for (; o.steps == 0 || step <= o.steps; step++) {
+    sim_hang("outside");
     double t0 = now_s();
     compute(o.compute_ms);
     fill_grad(buf, count, rank, step);

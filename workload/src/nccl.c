@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "simhang.h"
 
 /* Group state is per thread, as in NCCL. */
 static __thread int group_depth;
@@ -124,7 +125,9 @@ static ncclResult_t execute(struct op *o) {
     case OP_RECV:
       return comm_fail(c, run_p2p(c, o, 1));
     default:
-      return comm_fail(c, run_collective(o));
+      rc = run_collective(o);
+      sim_hang("inside");
+      return comm_fail(c, rc);
   }
 }
 

@@ -185,7 +185,7 @@ func (m *Model) Render() string {
 	now := m.ctx.Now()
 	ss := m.ctx.Snap.Stalls
 	if len(ss) == 0 {
-		return st.OK.Render("no stall is live") + "\n" + st.Dim.Render("a stall is ranks of one communicator disagreeing on the collective seq, or all inside one call, past the job's stall_threshold")
+		return st.OK.Render("no stall is live") + "\n" + st.Dim.Render("a stall is ranks of one communicator disagreeing on the collective seq, or all inside one call, past the limit learned from its cadence (at most the job's stall_threshold)")
 	}
 	h := min(len(ss)+1, max(m.ctx.Height/3, 2))
 	var b strings.Builder
