@@ -31,6 +31,23 @@ type attemptProc struct {
 // cluster), of attempt when it is not "".
 func attemptProcs(t *testing.T, dataDir, id, attempt string) []attemptProc {
 	t.Helper()
+	return jobProcsWhere(t, func(vars map[string]string) bool {
+		return vars["GPUCTL_JOB"] == id && strings.HasPrefix(vars["GPUCTL_CHECKPOINT_DIR"], dataDir) &&
+			(attempt == "" || vars["GPUCTL_ATTEMPT"] == attempt)
+	})
+}
+
+// jobProcs lists every live process (zombies aside) whose environment
+// names job id.
+func jobProcs(t *testing.T, id string) []attemptProc {
+	t.Helper()
+	return jobProcsWhere(t, func(vars map[string]string) bool { return vars["GPUCTL_JOB"] == id })
+}
+
+// jobProcsWhere lists every live process (zombies aside) whose
+// environment keep takes.
+func jobProcsWhere(t *testing.T, keep func(vars map[string]string) bool) []attemptProc {
+	t.Helper()
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		t.Fatal(err)
@@ -42,14 +59,7 @@ func attemptProcs(t *testing.T, dataDir, id, attempt string) []attemptProc {
 			continue
 		}
 		vars, err := readEnviron(uint32(pid))
-		if err != nil {
-			continue
-		}
-		if vars["GPUCTL_JOB"] != id || !strings.HasPrefix(vars["GPUCTL_CHECKPOINT_DIR"], dataDir) ||
-			attempt != "" && vars["GPUCTL_ATTEMPT"] != attempt {
-			continue
-		}
-		if !running(pid) {
+		if err != nil || !keep(vars) || !running(pid) {
 			continue
 		}
 		out = append(out, attemptProc{pid: pid, node: vars["GPUCTL_NODE"], attempt: vars["GPUCTL_ATTEMPT"]})

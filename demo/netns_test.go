@@ -69,35 +69,6 @@ func newNetnsNode(t *testing.T) *netnsNode {
 	return n
 }
 
-// jobProc is a live process of a job: a rank or its shim.
-type jobProc struct {
-	pid           int
-	node, attempt string
-}
-
-// jobProcs lists the live processes (zombies aside) whose environment
-// names job id.
-func jobProcs(t *testing.T, id string) []jobProc {
-	t.Helper()
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []jobProc
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		vars, err := readEnviron(uint32(pid))
-		if err != nil || vars["GPUCTL_JOB"] != id || !running(pid) {
-			continue
-		}
-		out = append(out, jobProc{pid: pid, node: vars["GPUCTL_NODE"], attempt: vars["GPUCTL_ATTEMPT"]})
-	}
-	return out
-}
-
 // TestNodeCutFromServerNotPeers runs a job on two nodes, one of them in
 // its own network namespace, with a third node spare, and cuts that node's
 // link to the server while its link to the other nodes stays up. The
@@ -165,7 +136,7 @@ func TestNodeCutFromServerNotPeers(t *testing.T) {
 	for time.Since(cut) < 40*time.Second && secondAt == 0 {
 		procs := jobProcs(t, id)
 		has := func(attempt string, onVictim bool) bool {
-			return slices.ContainsFunc(procs, func(p jobProc) bool { return p.attempt == attempt && (!onVictim || p.node == victim) })
+			return slices.ContainsFunc(procs, func(p attemptProc) bool { return p.attempt == attempt && (!onVictim || p.node == victim) })
 		}
 		if has("1", false) && has("2", false) {
 			t.Fatalf("%.2fs after the cut, attempts 1 and 2 run at once: %v\n%s", time.Since(cut).Seconds(), procs, c.logs())
@@ -207,7 +178,7 @@ func TestNodeCutFromServerNotPeers(t *testing.T) {
 		}
 		return fmt.Errorf("%s not connected", victim)
 	})
-	if left := slices.DeleteFunc(jobProcs(t, id), func(p jobProc) bool { return p.attempt != "1" }); len(left) > 0 {
+	if left := slices.DeleteFunc(jobProcs(t, id), func(p attemptProc) bool { return p.attempt != "1" }); len(left) > 0 {
 		t.Errorf("attempt 1 still runs after the node returned: %v", left)
 	}
 	t.Logf("cut %s from the server, not from its peers (lease %s): its attempt 1 ranks stopped %.2fs after the cut on a witness's word; attempt 2 on %v %.2fs after the cut",

@@ -113,13 +113,9 @@ func peerTLS(id *Identity, want string) *tls.Config {
 	roots := x509.NewCertPool()
 	roots.AddCert(id.CA)
 	verify := func(raw [][]byte, _ [][]*x509.Certificate) error {
-		chain := make([]*x509.Certificate, 0, len(raw))
-		for _, r := range raw {
-			c, err := x509.ParseCertificate(r)
-			if err != nil {
-				return fmt.Errorf("peer sent an unparsable certificate: %w", err)
-			}
-			chain = append(chain, c)
+		chain, err := parseChain("peer", raw)
+		if err != nil {
+			return err
 		}
 		role, name, err := verifyChain(chain, roots, x509.ExtKeyUsageClientAuth, time.Now())
 		if err != nil {

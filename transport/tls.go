@@ -189,14 +189,23 @@ func clientTLS(alpn string, cert *tls.Certificate, roots *x509.CertPool, pin *[s
 	return c
 }
 
-func verifyServer(raw [][]byte, roots *x509.CertPool, pin *[sha256.Size]byte, host string, now time.Time) error {
+// parseChain parses the certificates who presented, leaf first.
+func parseChain(who string, raw [][]byte) ([]*x509.Certificate, error) {
 	chain := make([]*x509.Certificate, 0, len(raw))
 	for _, r := range raw {
 		c, err := x509.ParseCertificate(r)
 		if err != nil {
-			return fmt.Errorf("server sent an unparsable certificate: %w", err)
+			return nil, fmt.Errorf("%s sent an unparsable certificate: %w", who, err)
 		}
 		chain = append(chain, c)
+	}
+	return chain, nil
+}
+
+func verifyServer(raw [][]byte, roots *x509.CertPool, pin *[sha256.Size]byte, host string, now time.Time) error {
+	chain, err := parseChain("server", raw)
+	if err != nil {
+		return err
 	}
 	if len(chain) == 0 {
 		return errors.New("server sent no certificate")
@@ -218,7 +227,7 @@ func verifyServer(raw [][]byte, roots *x509.CertPool, pin *[sha256.Size]byte, ho
 		inter.AddCert(c)
 	}
 	leaf := chain[0]
-	_, err := leaf.Verify(x509.VerifyOptions{
+	_, err = leaf.Verify(x509.VerifyOptions{
 		Roots:         roots,
 		Intermediates: inter,
 		CurrentTime:   now,
