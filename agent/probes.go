@@ -181,7 +181,7 @@ func (p *Probes) Inject(f *api.InjectFault) error {
 	if p.sim == nil {
 		return errors.New("fault injection needs a simulated host (nodemon --sim)")
 	}
-	return p.sim.Inject(int(f.GetGpuIndex()), f.GetKind())
+	return p.sim.InjectFactor(int(f.GetGpuIndex()), f.GetKind(), f.GetFactor())
 }
 
 // prepareLaunch attaches the NCCL probe to the libraries a job's command

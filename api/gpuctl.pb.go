@@ -323,6 +323,11 @@ const (
 	FaultKind_FAULT_KIND_THERMAL           FaultKind = 4
 	FaultKind_FAULT_KIND_GPU_LOST          FaultKind = 5
 	FaultKind_FAULT_KIND_CLEAR             FaultKind = 6
+	// The GPU runs at factor of its speed: clocks and its ranks' compute.
+	FaultKind_FAULT_KIND_SLOW FaultKind = 7
+	// The node's NCCL transfers (reference library) run at factor of their
+	// speed; gpu_index is not used.
+	FaultKind_FAULT_KIND_LINK_SLOW FaultKind = 8
 )
 
 // Enum value maps for FaultKind.
@@ -335,6 +340,8 @@ var (
 		4: "FAULT_KIND_THERMAL",
 		5: "FAULT_KIND_GPU_LOST",
 		6: "FAULT_KIND_CLEAR",
+		7: "FAULT_KIND_SLOW",
+		8: "FAULT_KIND_LINK_SLOW",
 	}
 	FaultKind_value = map[string]int32{
 		"FAULT_KIND_UNSPECIFIED":       0,
@@ -344,6 +351,8 @@ var (
 		"FAULT_KIND_THERMAL":           4,
 		"FAULT_KIND_GPU_LOST":          5,
 		"FAULT_KIND_CLEAR":             6,
+		"FAULT_KIND_SLOW":              7,
+		"FAULT_KIND_LINK_SLOW":         8,
 	}
 )
 
@@ -2622,9 +2631,11 @@ func (x *LeaseRenewal) GetLeaseMs() uint32 {
 }
 
 type InjectFault struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	GpuIndex      int32                  `protobuf:"varint,1,opt,name=gpu_index,json=gpuIndex,proto3" json:"gpu_index,omitempty"`
-	Kind          FaultKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=gpuctl.v1.FaultKind" json:"kind,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	GpuIndex int32                  `protobuf:"varint,1,opt,name=gpu_index,json=gpuIndex,proto3" json:"gpu_index,omitempty"`
+	Kind     FaultKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=gpuctl.v1.FaultKind" json:"kind,omitempty"`
+	// SLOW and LINK_SLOW: the share of full speed kept, in (0, 1].
+	Factor        float64 `protobuf:"fixed64,3,opt,name=factor,proto3" json:"factor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2671,6 +2682,13 @@ func (x *InjectFault) GetKind() FaultKind {
 		return x.Kind
 	}
 	return FaultKind_FAULT_KIND_UNSPECIFIED
+}
+
+func (x *InjectFault) GetFactor() float64 {
+	if x != nil {
+		return x.Factor
+	}
+	return 0
 }
 
 type RankSpec struct {
@@ -10302,10 +10320,11 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\"N\n" +
 	"\fLeaseRenewal\x12#\n" +
 	"\rheartbeat_seq\x18\x01 \x01(\x04R\fheartbeatSeq\x12\x19\n" +
-	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\"T\n" +
+	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\"l\n" +
 	"\vInjectFault\x12\x1b\n" +
 	"\tgpu_index\x18\x01 \x01(\x05R\bgpuIndex\x12(\n" +
-	"\x04kind\x18\x02 \x01(\x0e2\x14.gpuctl.v1.FaultKindR\x04kind\"Q\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x14.gpuctl.v1.FaultKindR\x04kind\x12\x16\n" +
+	"\x06factor\x18\x03 \x01(\x01R\x06factor\"Q\n" +
 	"\bRankSpec\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x1d\n" +
 	"\n" +
@@ -10955,7 +10974,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x15XID_CLASS_RESTART_APP\x10\x02\x12\x17\n" +
 	"\x13XID_CLASS_RESET_GPU\x10\x03\x12\x19\n" +
 	"\x15XID_CLASS_REBOOT_NODE\x10\x04\x12\x16\n" +
-	"\x12XID_CLASS_HARDWARE\x10\x05*\xbc\x01\n" +
+	"\x12XID_CLASS_HARDWARE\x10\x05*\xeb\x01\n" +
 	"\tFaultKind\x12\x1a\n" +
 	"\x16FAULT_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10FAULT_KIND_XID79\x10\x01\x12\x14\n" +
@@ -10963,7 +10982,9 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x1cFAULT_KIND_ECC_UNCORRECTABLE\x10\x03\x12\x16\n" +
 	"\x12FAULT_KIND_THERMAL\x10\x04\x12\x17\n" +
 	"\x13FAULT_KIND_GPU_LOST\x10\x05\x12\x14\n" +
-	"\x10FAULT_KIND_CLEAR\x10\x06*\x8c\x01\n" +
+	"\x10FAULT_KIND_CLEAR\x10\x06\x12\x13\n" +
+	"\x0fFAULT_KIND_SLOW\x10\a\x12\x18\n" +
+	"\x14FAULT_KIND_LINK_SLOW\x10\b*\x8c\x01\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10NODE_STATE_READY\x10\x01\x12\x1b\n" +
