@@ -129,6 +129,10 @@ const (
 	EventKind_EVENT_KIND_ELASTIC EventKind = 16
 	// A control-plane server took or lost leadership (HA).
 	EventKind_EVENT_KIND_LEADER EventKind = 17
+	// A fail-slow finding raised or cleared: attrs class (compute-slow,
+	// communication-slow, job-wide), comm, slowdown, late_ms; rank and node
+	// set when it names them.
+	EventKind_EVENT_KIND_SLOW EventKind = 18
 )
 
 // Enum value maps for EventKind.
@@ -152,6 +156,7 @@ var (
 		15: "EVENT_KIND_AUDIT",
 		16: "EVENT_KIND_ELASTIC",
 		17: "EVENT_KIND_LEADER",
+		18: "EVENT_KIND_SLOW",
 	}
 	EventKind_value = map[string]int32{
 		"EVENT_KIND_UNSPECIFIED":  0,
@@ -172,6 +177,7 @@ var (
 		"EVENT_KIND_AUDIT":        15,
 		"EVENT_KIND_ELASTIC":      16,
 		"EVENT_KIND_LEADER":       17,
+		"EVENT_KIND_SLOW":         18,
 	}
 )
 
@@ -10942,7 +10948,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x13NCCL_OP_GROUP_START\x10\b\x12\x15\n" +
 	"\x11NCCL_OP_GROUP_END\x10\t\x12\x1a\n" +
 	"\x16NCCL_OP_COMM_INIT_RANK\x10\n" +
-	"*\xbc\x03\n" +
+	"*\xd1\x03\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eEVENT_KIND_XID\x10\x01\x12\x12\n" +
@@ -10962,7 +10968,8 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x13EVENT_KIND_RECOVERY\x10\x0e\x12\x14\n" +
 	"\x10EVENT_KIND_AUDIT\x10\x0f\x12\x16\n" +
 	"\x12EVENT_KIND_ELASTIC\x10\x10\x12\x15\n" +
-	"\x11EVENT_KIND_LEADER\x10\x11*d\n" +
+	"\x11EVENT_KIND_LEADER\x10\x11\x12\x13\n" +
+	"\x0fEVENT_KIND_SLOW\x10\x12*d\n" +
 	"\bSeverity\x12\x18\n" +
 	"\x14SEVERITY_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSEVERITY_INFO\x10\x01\x12\x14\n" +

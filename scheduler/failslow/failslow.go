@@ -58,7 +58,8 @@ type Call struct {
 // GPU is the evidence a rank's GPU gives now.
 type GPU struct {
 	Rank int32
-	// Clock is its SM clock over its boost clock, 0 when unknown.
+	// Clock is its SM clock over the median of the job's GPUs' (the
+	// peers run the same work), 0 when unknown.
 	Clock float64
 	// Throttle names the slowdown reasons it reports (idle excluded).
 	Throttle []string
@@ -126,12 +127,19 @@ type Config struct {
 	// late one, default 0.7.
 	LastShare float64
 	// CommSlow is the factor by which a collective's time must exceed its
-	// baseline, default 1.5; only collectives of MinBytes (64 KiB) and
-	// more count, smaller ones being latency, not bandwidth.
-	CommSlow float64
-	MinBytes uint64
-	// Baseline is how many samples make a baseline, default 20.
-	Baseline int
+	// baseline, on the median of the last CommWindow collectives (default
+	// 3 × Window, so a burst of noise does not count), default 1.5; only
+	// collectives of MinBytes (64 KiB) and more count, smaller ones being
+	// latency, not bandwidth.
+	CommSlow   float64
+	CommWindow int
+	MinBytes   uint64
+	// Baseline is how many samples make a baseline, default 20. A
+	// collective's baseline is the median of its last BaselineMax
+	// (default 100) times before the judged window, kept while no
+	// communication-slow finding stands on it.
+	Baseline    int
+	BaselineMax int
 	// Drift, Limit and Clip are the step-time CUSUM's allowance, alarm
 	// level and per-sample clip, in log units: defaults 0.05 (half of a
 	// 10% shift), 1.0 and 0.3 (one checkpoint step counts as a 35% step).
@@ -155,6 +163,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Baseline <= 0 {
 		c.Baseline = 20
+	}
+	if c.CommWindow <= 0 {
+		c.CommWindow = 3 * c.Window
+	}
+	if c.BaselineMax < c.Baseline {
+		c.BaselineMax = max(100, c.Baseline)
 	}
 	def(&c.LateShare, 0.1)
 	def(&c.LastShare, 0.7)
@@ -219,11 +233,12 @@ type commState struct {
 	// slots hold the collectives waiting for ranks, by seq modulo
 	// pendingMax: a slot taken by a newer seq drops the older one.
 	slots  []slot
-	done   uint64 // highest complete seq
-	window []complete
-	base   map[baseKey]*baseline // collective time per op and size
-	bytes  uint64                // bytes over its life, to pick the busiest
-	step   cusum                 // its cadence, the job's step time when busiest
+	done   uint64               // highest complete seq
+	window []complete           // the last CommWindow
+	base   map[baseKey]*history // collective time per op and size
+	slow   bool                 // a communication-slow finding stands
+	bytes  uint64               // bytes over its life, to pick the busiest
+	step   cusum                // its cadence, the job's step time when busiest
 }
 
 type slot struct {
@@ -243,6 +258,21 @@ type arrival struct {
 type baseKey struct {
 	op    string
 	bytes uint64
+}
+
+// history is a bounded ring of a collective's times.
+type history struct {
+	vals []float64
+	next int
+}
+
+func (h *history) push(v float64, max int) {
+	if len(h.vals) < max {
+		h.vals = append(h.vals, v)
+		return
+	}
+	h.vals[h.next] = v
+	h.next = (h.next + 1) % max
 }
 
 type baseline struct {
@@ -274,7 +304,7 @@ func (a *Analyzer) Add(job string, attempt uint32, c Call) {
 	cs := j.comms[c.Comm]
 	if cs == nil || cs.nranks != c.NRanks {
 		// A new size is a new baseline.
-		cs = &commState{nranks: c.NRanks, slots: make([]slot, pendingMax), base: map[baseKey]*baseline{}}
+		cs = &commState{nranks: c.NRanks, slots: make([]slot, pendingMax), base: map[baseKey]*history{}}
 		j.comms[c.Comm] = cs
 	}
 	if c.Seq+pendingMax <= cs.done {
@@ -305,20 +335,22 @@ func (a *Analyzer) Add(job string, attempt uint32, c Call) {
 		}
 		st.lastExit = cp.exit
 	}
-	if len(cs.window) == a.cfg.Window {
+	if len(cs.window) == a.cfg.CommWindow {
+		// The oldest leaves the judged window for the baseline, unless
+		// the communicator is slow now: a slowdown is not the new normal.
+		if old := cs.window[0]; !cs.slow && old.bytes >= a.cfg.MinBytes && old.took > 0 {
+			k := baseKey{old.op, old.bytes}
+			h := cs.base[k]
+			if h == nil {
+				h = &history{}
+				cs.base[k] = h
+			}
+			h.push(float64(old.took), a.cfg.BaselineMax)
+		}
 		copy(cs.window, cs.window[1:])
 		cs.window = cs.window[:len(cs.window)-1]
 	}
 	cs.window = append(cs.window, cp)
-	if cp.bytes >= a.cfg.MinBytes && cp.took > 0 {
-		k := baseKey{cp.op, cp.bytes}
-		b := cs.base[k]
-		if b == nil {
-			b = &baseline{}
-			cs.base[k] = b
-		}
-		b.add(float64(cp.took), a.cfg.Baseline)
-	}
 }
 
 func (b *baseline) add(v float64, n int) {
@@ -462,6 +494,7 @@ func (a *Analyzer) judgeJob(in Job, j *jobState) []Change {
 		if f == nil {
 			f = a.commSlow(in.ID, ci, cs, j.findings)
 		}
+		cs.slow = f != nil && f.Class == CommunicationSlow
 		if f != nil {
 			now[f.Key()] = f
 		}
@@ -521,12 +554,13 @@ func (a *Analyzer) computeSlow(job string, ci int, cs *commState, gpus map[int32
 	if len(cs.window) < a.cfg.Window {
 		return nil, 0
 	}
-	cad := cadence(cs.window)
+	w := cs.window[len(cs.window)-a.cfg.Window:]
+	cad := cadence(w)
 	thr := max(a.cfg.LateShare*cad, float64(a.cfg.LateFloor))
 	count := map[int32]int{}
 	lates := map[int32][]float64{}
 	node := map[int32]string{}
-	for _, c := range cs.window {
+	for _, c := range w {
 		if float64(c.lateBy) > thr {
 			count[c.last]++
 			lates[c.last] = append(lates[c.last], float64(c.lateBy))
@@ -546,7 +580,7 @@ func (a *Analyzer) computeSlow(job string, ci int, cs *commState, gpus map[int32
 	if _, ok := had[(&Finding{Job: job, Class: ComputeSlow, Rank: best}).Key()]; ok {
 		need /= 2
 	}
-	if float64(count[best]) < need*float64(len(cs.window)) {
+	if float64(count[best]) < need*float64(len(w)) {
 		return nil, count[best]
 	}
 	late := median(lates[best])
@@ -556,9 +590,9 @@ func (a *Analyzer) computeSlow(job string, ci int, cs *commState, gpus map[int32
 		f.Slowdown = cad / (cad - late)
 	}
 	ev := fmt.Sprintf("rank %d entered last in %d of the last %d collectives on communicator %d, %s after the median of its peers",
-		best, count[best], len(cs.window), ci, f.Late.Round(time.Millisecond))
+		best, count[best], len(w), ci, f.Late.Round(time.Millisecond))
 	if g, ok := gpus[best]; ok && (g.Clock > 0 && g.Clock < 0.95 || len(g.Throttle) > 0) {
-		ev += fmt.Sprintf("; its GPU runs at %.0f%% of its boost clock", 100*g.Clock)
+		ev += fmt.Sprintf("; its GPU's SM clock is %.0f%% of its peers'", 100*g.Clock)
 		if len(g.Throttle) > 0 {
 			ev += " (" + strings.Join(g.Throttle, ", ") + ")"
 		}
@@ -573,24 +607,32 @@ func (a *Analyzer) computeSlow(job string, ci int, cs *commState, gpus map[int32
 // CommSlow times their baseline on the median (a finding stays while they
 // take more than half the excess).
 func (a *Analyzer) commSlow(job string, ci int, cs *commState, had map[string]*Finding) *Finding {
-	if len(cs.window) < a.cfg.Window {
+	if len(cs.window) < a.cfg.CommWindow {
 		return nil
 	}
 	var ratios []float64
 	exitNode := map[string]int{}
 	var bus float64
+	base := map[baseKey]float64{}
 	for _, c := range cs.window {
-		b := cs.base[baseKey{c.op, c.bytes}]
-		if b == nil || b.value <= 0 || c.took <= 0 {
+		k := baseKey{c.op, c.bytes}
+		b, ok := base[k]
+		if !ok {
+			if h := cs.base[k]; h != nil && len(h.vals) >= a.cfg.Baseline {
+				b = median(slices.Clone(h.vals))
+			}
+			base[k] = b
+		}
+		if b <= 0 || c.took <= 0 {
 			continue
 		}
-		ratios = append(ratios, float64(c.took)/b.value)
+		ratios = append(ratios, float64(c.took)/b)
 		if c.exitLate > 0 && float64(c.exitLate) > 0.2*float64(c.took) {
 			exitNode[c.exitLast]++
 		}
 		bus = float64(c.bytes) * 2 * float64(cs.nranks-1) / float64(cs.nranks) / (float64(c.took) / 1e9)
 	}
-	if len(ratios) < a.cfg.Window/2 {
+	if len(ratios) < a.cfg.CommWindow/2 {
 		return nil
 	}
 	r := median(ratios)

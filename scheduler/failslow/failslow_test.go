@@ -124,7 +124,7 @@ func TestFindings(t *testing.T) {
 		{name: "healthy, jitter as large as the late floor", run: run{steps: 300, computeMS: 100, jitterMS: 10}},
 		{name: "0.7× compute-slow rank", run: run{steps: 400, computeMS: 100, jitterMS: 4,
 			slowRank: 2, slowFactor: 0.7, slowFrom: 200, slowTo: 1000, gpuEvidence: true},
-			want: []want{{class: ComputeSlow, rank: 2, node: "node-01", within: 20, evidence: "70% of its boost clock (hw_slowdown)"}}},
+			want: []want{{class: ComputeSlow, rank: 2, node: "node-01", within: 20, evidence: "70% of its peers' (hw_slowdown)"}}},
 		{name: "0.7× compute-slow rank, no GPU evidence", run: run{steps: 400, computeMS: 100, jitterMS: 4,
 			slowRank: 1, slowFactor: 0.7, slowFrom: 200, slowTo: 1000},
 			want: []want{{class: ComputeSlow, rank: 1, node: "node-00", within: 20, evidence: "no slowdown"}}},
