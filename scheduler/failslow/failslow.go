@@ -40,6 +40,9 @@ const (
 	JobWide           Class = "job-wide"
 )
 
+// Classes lists every class, in the order listings show them.
+var Classes = []Class{ComputeSlow, CommunicationSlow, JobWide}
+
 // Call is one rank's completed collective.
 type Call struct {
 	// Comm is the communicator's creation index, the same on every rank.
