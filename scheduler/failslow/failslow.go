@@ -505,8 +505,14 @@ func (a *Analyzer) judgeJob(in Job, j *jobState) []Change {
 		// building up, and the step time is not every rank's.
 		blamed = blamed || 4*lateCount >= a.cfg.Window
 	}
-	// A slowdown a rank or a collective explains is not job-wide.
-	if busiest >= 0 && len(now) == 0 && !blamed {
+	// A slowdown a rank or a collective explains is not job-wide, nor a
+	// new step-time level to alarm on once it ends.
+	switch {
+	case busiest < 0:
+	case len(now) > 0 || blamed:
+		st := &j.comms[busiest].step
+		st.s, st.alarm = 0, false
+	default:
 		if f := a.stepShift(in.ID, j.comms[busiest]); f != nil {
 			now[f.Key()] = f
 		}
