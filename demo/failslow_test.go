@@ -72,6 +72,14 @@ func TestSlowGPUNamed(t *testing.T) {
 		t.Errorf("finding %s rank %d on %s (%s), want compute-slow rank 3 on %s", found.GetAttrs()["class"], found.GetRank(), found.GetNode(), found.GetMessage(), node)
 	}
 	t.Logf("slow --gpu %d --factor 0.7 on %s: named after %.1fs: %s", gpu, node, named.Seconds(), found.GetMessage())
+	// `gpuctl stalls` lists it while it stands.
+	r, err := cl.ListFindings(ctx, job.GetId())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sl := r.GetSlow(); len(sl) != 1 || sl[0].GetClass() != "compute-slow" || sl[0].GetRank() != 3 || sl[0].GetNode() != node {
+		t.Errorf("listed slow findings %v, want compute-slow rank 3 on %s", sl, node)
+	}
 
 	cleared := time.Now()
 	if err := cl.InjectFault(ctx, node, &api.InjectFault{GpuIndex: int32(gpu), Kind: api.FaultKind_FAULT_KIND_CLEAR}); err != nil {

@@ -131,7 +131,7 @@ type Config struct {
 	LastShare float64
 	// CommSlow is the factor by which a collective's time must exceed its
 	// baseline, on the median of the last CommWindow collectives (default
-	// 3 × Window, so a burst of noise does not count), default 1.5; only
+	// 3 × Window, so a burst of noise does not count), default 1.8; only
 	// collectives of MinBytes (64 KiB) and more count, smaller ones being
 	// latency, not bandwidth.
 	CommSlow   float64
@@ -143,9 +143,12 @@ type Config struct {
 	// communication-slow finding stands on it.
 	Baseline    int
 	BaselineMax int
+	// StepBaseline is how many step intervals make the step time's
+	// baseline (their median), default 50.
+	StepBaseline int
 	// Drift, Limit and Clip are the step-time CUSUM's allowance, alarm
 	// level and per-sample clip, in log units: defaults 0.05 (half of a
-	// 10% shift), 1.0 and 0.3 (one checkpoint step counts as a 35% step).
+	// 10% shift), 1.5 and 0.3 (one checkpoint step counts as a 35% step).
 	Drift, Limit, Clip float64
 }
 
@@ -167,6 +170,9 @@ func (c Config) withDefaults() Config {
 	if c.Baseline <= 0 {
 		c.Baseline = 20
 	}
+	if c.StepBaseline <= 0 {
+		c.StepBaseline = 50
+	}
 	if c.CommWindow <= 0 {
 		c.CommWindow = 3 * c.Window
 	}
@@ -175,9 +181,9 @@ func (c Config) withDefaults() Config {
 	}
 	def(&c.LateShare, 0.1)
 	def(&c.LastShare, 0.7)
-	def(&c.CommSlow, 1.5)
+	def(&c.CommSlow, 1.8)
 	def(&c.Drift, 0.05)
-	def(&c.Limit, 1.0)
+	def(&c.Limit, 1.5)
 	def(&c.Clip, 0.3)
 	return c
 }
@@ -683,7 +689,7 @@ func (a *Analyzer) stepShift(job string, cs *commState) *Finding {
 
 func (a *Analyzer) stepSample(st *cusum, x float64) {
 	if st.base.value == 0 {
-		st.base.add(x, a.cfg.Baseline)
+		st.base.add(x, a.cfg.StepBaseline)
 		if st.base.value != 0 {
 			st.mu = st.base.value
 		}
