@@ -519,7 +519,8 @@ func (a *Analyzer) judgeJob(in Job, j *jobState) []Change {
 		st := &j.comms[busiest].step
 		st.s, st.alarm = 0, false
 	default:
-		if f := a.stepShift(in.ID, j.comms[busiest]); f != nil {
+		_, had := j.findings[(&Finding{Job: in.ID, Class: JobWide}).Key()]
+		if f := a.stepShift(in.ID, j.comms[busiest], had); f != nil {
 			now[f.Key()] = f
 		}
 	}
@@ -675,13 +676,19 @@ func (a *Analyzer) commSlow(job string, ci int, cs *commState, had map[string]*F
 }
 
 // stepShift returns a job-wide finding while the busiest communicator's
-// cadence CUSUM alarms.
-func (a *Analyzer) stepShift(job string, cs *commState) *Finding {
+// cadence CUSUM alarms and the median of its recent intervals shows the
+// shift (twice the drift, about 10%), so a burst of slow steps is not a
+// new level; once found it stays until the alarm clears.
+func (a *Analyzer) stepShift(job string, cs *commState, had bool) *Finding {
 	st := &cs.step
 	if !st.alarm {
 		return nil
 	}
-	sd := math.Exp(median(slices.Clone(st.recent)) - st.mu)
+	m := median(slices.Clone(st.recent)) - st.mu
+	if !had && m < 2*a.cfg.Drift {
+		return nil
+	}
+	sd := math.Exp(m)
 	return &Finding{Job: job, Class: JobWide, Rank: -1, Comm: -1, Since: st.lastExit, Slowdown: sd,
 		Evidence: fmt.Sprintf("every rank is slower: the step time is %.2f× its baseline of %s, with no late rank or slow collective to blame (storage, data loading, checkpoints?)",
 			sd, time.Duration(math.Exp(st.mu)).Round(time.Millisecond))}

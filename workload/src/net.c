@@ -10,7 +10,8 @@
  *
  * On a simulated host (GPUCTL_SIM_KERNEL_DIR set) the file link.speed there
  * may hold a fraction of full speed below 1: every transfer batch is then
- * paced (by a sleep) to that share of the rate batches reach at full speed,
+ * paced (by a sleep) to that share of the best rate batches reach at full speed
+ * (at most a nominal 1 GB/s),
  * as a degraded link would. The file is read at most every 100 ms.
  */
 #define _GNU_SOURCE
@@ -617,8 +618,9 @@ static double current_link_speed(void) {
   return v;
 }
 
-/* base_bps is the rate transfer batches reach at full speed (a moving
- * average), the rate a slowed link is a share of. */
+/* base_bps is the rate transfer batches reach at full speed, the rate a
+ * slowed link is a share of: a slowly decaying maximum, since a batch that
+ * waited on a late peer shows a lower rate than the link's. */
 static double base_bps;
 
 /* Paces a transfer batch of bytes begun at started to speed times the rate
@@ -632,11 +634,14 @@ static void throttle_link(size_t bytes, struct timespec started) {
   if (sp >= 1) {
     if (took > 0 && bytes >= 4096) {
       double bps = (double)bytes / took;
-      base_bps = base_bps > 0 ? 0.9 * base_bps + 0.1 * bps : bps;
+      base_bps = bps > 0.99 * base_bps ? bps : 0.99 * base_bps;
     }
     return;
   }
-  double rate = base_bps > 0 ? base_bps : 1e9; /* slowed from the start: a nominal 1 GB/s */
+  /* The simulated link's rate: what batches reach at full speed, at most a
+   * nominal 1 GB/s, since on loopback the wire is never the bottleneck a
+   * degraded link makes it. */
+  double rate = base_bps > 0 && base_bps < 1e9 ? base_bps : 1e9;
   double extra = (double)bytes / (rate * sp) - took;
   if (extra <= 0) return;
   if (extra > 1) extra = 1;
