@@ -7,7 +7,7 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 GOTEST    ?= $(GO) test -count=1 -p 1 -timeout 30m
 PKGS      := ./...
 
-.PHONY: all build workload test gpu-check gpu-check-bundle chaos soak soak-away soak-etcd bench bench-tui bench-store bench-stalls bench-swarm fuzz generate check-generated demo lint clean
+.PHONY: all build workload test gpu-check gpu-check-bundle chaos soak soak-away soak-etcd bench bench-tui bench-store bench-stalls bench-failslow bench-swarm fuzz generate check-generated demo lint clean
 
 all: build
 
@@ -88,6 +88,14 @@ STALL_ROUNDS  ?= 3
 bench-stalls: build
 	GPUCTL_BIN=$(CURDIR)/bin GPUCTL_STALL_BENCH=1 GPUCTL_STALL_BENCH_HEALTHY=$(STALL_HEALTHY) \
 		GPUCTL_STALL_BENCH_ROUNDS=$(STALL_ROUNDS) $(GO) test -count=1 -timeout 30m -run '^TestStallBench$$' -v ./demo/
+
+# Fail-slow in the demo: time from injecting a 0.7x GPU, a 0.5x link and a
+# 15% step-time shift to its event, after FAILSLOW_HEALTHY of healthy
+# running that must raise nothing (needs root for eBPF).
+FAILSLOW_HEALTHY ?= 2m
+bench-failslow: build
+	GPUCTL_BIN=$(CURDIR)/bin GPUCTL_BENCH_FAILSLOW=1 GPUCTL_BENCH_HEALTHY=$(FAILSLOW_HEALTHY) \
+		$(GO) test -count=1 -run '^TestFailSlowBench$$' -v -timeout 40m ./demo/
 
 # The server at scale: `gpuctl bench swarm` at each of SWARM_NODES, one
 # after another, each against a fresh `gpuctl serve` on loopback with N

@@ -192,7 +192,7 @@ func (p *Probes) Inject(f *api.InjectFault) error {
 			return err
 		}
 	}
-	return p.sim.Inject(gpu, f.GetKind())
+	return p.sim.InjectFactor(gpu, f.GetKind(), f.GetFactor())
 }
 
 // prepareLaunch attaches the NCCL probe to the libraries a job's command

@@ -133,6 +133,10 @@ const (
 	// is away; announced to watchers, not stored) or writable again
 	// ("false", stored once the store is back).
 	EventKind_EVENT_KIND_READ_ONLY EventKind = 18
+	// A fail-slow finding raised or cleared: attrs class (compute-slow,
+	// communication-slow, job-wide), comm, slowdown, late_ms; rank and node
+	// set when it names them.
+	EventKind_EVENT_KIND_SLOW EventKind = 19
 )
 
 // Enum value maps for EventKind.
@@ -157,6 +161,7 @@ var (
 		16: "EVENT_KIND_ELASTIC",
 		17: "EVENT_KIND_LEADER",
 		18: "EVENT_KIND_READ_ONLY",
+		19: "EVENT_KIND_SLOW",
 	}
 	EventKind_value = map[string]int32{
 		"EVENT_KIND_UNSPECIFIED":  0,
@@ -178,6 +183,7 @@ var (
 		"EVENT_KIND_ELASTIC":      16,
 		"EVENT_KIND_LEADER":       17,
 		"EVENT_KIND_READ_ONLY":    18,
+		"EVENT_KIND_SLOW":         19,
 	}
 )
 
@@ -333,6 +339,11 @@ const (
 	// between collectives, until CLEAR.
 	FaultKind_FAULT_KIND_HANG_INSIDE  FaultKind = 10
 	FaultKind_FAULT_KIND_HANG_OUTSIDE FaultKind = 11
+	// The GPU runs at factor of its speed: clocks and its ranks' compute.
+	FaultKind_FAULT_KIND_SLOW FaultKind = 7
+	// The node's NCCL transfers (reference library) run at factor of their
+	// speed; gpu_index is not used.
+	FaultKind_FAULT_KIND_LINK_SLOW FaultKind = 8
 )
 
 // Enum value maps for FaultKind.
@@ -347,6 +358,8 @@ var (
 		6:  "FAULT_KIND_CLEAR",
 		10: "FAULT_KIND_HANG_INSIDE",
 		11: "FAULT_KIND_HANG_OUTSIDE",
+		7:  "FAULT_KIND_SLOW",
+		8:  "FAULT_KIND_LINK_SLOW",
 	}
 	FaultKind_value = map[string]int32{
 		"FAULT_KIND_UNSPECIFIED":       0,
@@ -358,6 +371,8 @@ var (
 		"FAULT_KIND_CLEAR":             6,
 		"FAULT_KIND_HANG_INSIDE":       10,
 		"FAULT_KIND_HANG_OUTSIDE":      11,
+		"FAULT_KIND_SLOW":              7,
+		"FAULT_KIND_LINK_SLOW":         8,
 	}
 )
 
@@ -2647,9 +2662,11 @@ func (x *LeaseRenewal) GetLeaseMs() uint32 {
 }
 
 type InjectFault struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	GpuIndex      int32                  `protobuf:"varint,1,opt,name=gpu_index,json=gpuIndex,proto3" json:"gpu_index,omitempty"`
-	Kind          FaultKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=gpuctl.v1.FaultKind" json:"kind,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	GpuIndex int32                  `protobuf:"varint,1,opt,name=gpu_index,json=gpuIndex,proto3" json:"gpu_index,omitempty"`
+	Kind     FaultKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=gpuctl.v1.FaultKind" json:"kind,omitempty"`
+	// SLOW and LINK_SLOW: the share of full speed kept, in (0, 1].
+	Factor        float64 `protobuf:"fixed64,3,opt,name=factor,proto3" json:"factor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2696,6 +2713,13 @@ func (x *InjectFault) GetKind() FaultKind {
 		return x.Kind
 	}
 	return FaultKind_FAULT_KIND_UNSPECIFIED
+}
+
+func (x *InjectFault) GetFactor() float64 {
+	if x != nil {
+		return x.Factor
+	}
+	return 0
 }
 
 type RankSpec struct {
@@ -8601,8 +8625,10 @@ func (x *ListStallsRequest) GetJob() string {
 }
 
 type ListStallsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stalls        []*Stall               `protobuf:"bytes,1,rep,name=stalls,proto3" json:"stalls,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Stalls []*Stall               `protobuf:"bytes,1,rep,name=stalls,proto3" json:"stalls,omitempty"`
+	// Fail-slow findings standing now, beside the stalls.
+	Slow          []*SlowFinding `protobuf:"bytes,2,rep,name=slow,proto3" json:"slow,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -8644,6 +8670,128 @@ func (x *ListStallsResponse) GetStalls() []*Stall {
 	return nil
 }
 
+func (x *ListStallsResponse) GetSlow() []*SlowFinding {
+	if x != nil {
+		return x.Slow
+	}
+	return nil
+}
+
+// SlowFinding is a rank, link or job running slow (fail-slow).
+type SlowFinding struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// compute-slow, communication-slow or job-wide.
+	Class string `protobuf:"bytes,2,opt,name=class,proto3" json:"class,omitempty"`
+	// The slow rank (compute-slow), -1 otherwise.
+	Rank int32 `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	// The rank's node, or the node a communication-slow finding names.
+	Node string `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	// The communicator's creation index, -1 for job-wide.
+	Comm          int32 `protobuf:"varint,5,opt,name=comm,proto3" json:"comm,omitempty"`
+	SinceUnixNano int64 `protobuf:"varint,6,opt,name=since_unix_nano,json=sinceUnixNano,proto3" json:"since_unix_nano,omitempty"`
+	// How late the rank enters collectives, on the median (compute-slow).
+	LateNs int64 `protobuf:"varint,7,opt,name=late_ns,json=lateNs,proto3" json:"late_ns,omitempty"`
+	// How much longer it takes than it should.
+	Slowdown      float64 `protobuf:"fixed64,8,opt,name=slowdown,proto3" json:"slowdown,omitempty"`
+	Evidence      string  `protobuf:"bytes,9,opt,name=evidence,proto3" json:"evidence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SlowFinding) Reset() {
+	*x = SlowFinding{}
+	mi := &file_gpuctl_proto_msgTypes[85]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SlowFinding) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SlowFinding) ProtoMessage() {}
+
+func (x *SlowFinding) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[85]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SlowFinding.ProtoReflect.Descriptor instead.
+func (*SlowFinding) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{85}
+}
+
+func (x *SlowFinding) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *SlowFinding) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *SlowFinding) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *SlowFinding) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *SlowFinding) GetComm() int32 {
+	if x != nil {
+		return x.Comm
+	}
+	return 0
+}
+
+func (x *SlowFinding) GetSinceUnixNano() int64 {
+	if x != nil {
+		return x.SinceUnixNano
+	}
+	return 0
+}
+
+func (x *SlowFinding) GetLateNs() int64 {
+	if x != nil {
+		return x.LateNs
+	}
+	return 0
+}
+
+func (x *SlowFinding) GetSlowdown() float64 {
+	if x != nil {
+		return x.Slowdown
+	}
+	return 0
+}
+
+func (x *SlowFinding) GetEvidence() string {
+	if x != nil {
+		return x.Evidence
+	}
+	return ""
+}
+
 type CordonRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -8656,7 +8804,7 @@ type CordonRequest struct {
 
 func (x *CordonRequest) Reset() {
 	*x = CordonRequest{}
-	mi := &file_gpuctl_proto_msgTypes[85]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8668,7 +8816,7 @@ func (x *CordonRequest) String() string {
 func (*CordonRequest) ProtoMessage() {}
 
 func (x *CordonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[85]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8681,7 +8829,7 @@ func (x *CordonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonRequest.ProtoReflect.Descriptor instead.
 func (*CordonRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{85}
+	return file_gpuctl_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *CordonRequest) GetNode() string {
@@ -8716,7 +8864,7 @@ type CordonResponse struct {
 
 func (x *CordonResponse) Reset() {
 	*x = CordonResponse{}
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8728,7 +8876,7 @@ func (x *CordonResponse) String() string {
 func (*CordonResponse) ProtoMessage() {}
 
 func (x *CordonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8741,7 +8889,7 @@ func (x *CordonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonResponse.ProtoReflect.Descriptor instead.
 func (*CordonResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{86}
+	return file_gpuctl_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *CordonResponse) GetNode() *NodeStatus {
@@ -8773,7 +8921,7 @@ type DrainedJob struct {
 
 func (x *DrainedJob) Reset() {
 	*x = DrainedJob{}
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8785,7 +8933,7 @@ func (x *DrainedJob) String() string {
 func (*DrainedJob) ProtoMessage() {}
 
 func (x *DrainedJob) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8798,7 +8946,7 @@ func (x *DrainedJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainedJob.ProtoReflect.Descriptor instead.
 func (*DrainedJob) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{87}
+	return file_gpuctl_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *DrainedJob) GetJob() string {
@@ -8838,7 +8986,7 @@ type CheckpointJobRequest struct {
 
 func (x *CheckpointJobRequest) Reset() {
 	*x = CheckpointJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8850,7 +8998,7 @@ func (x *CheckpointJobRequest) String() string {
 func (*CheckpointJobRequest) ProtoMessage() {}
 
 func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8863,7 +9011,7 @@ func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{88}
+	return file_gpuctl_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *CheckpointJobRequest) GetJob() string {
@@ -8882,7 +9030,7 @@ type CheckpointJobResponse struct {
 
 func (x *CheckpointJobResponse) Reset() {
 	*x = CheckpointJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8894,7 +9042,7 @@ func (x *CheckpointJobResponse) String() string {
 func (*CheckpointJobResponse) ProtoMessage() {}
 
 func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8907,7 +9055,7 @@ func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{89}
+	return file_gpuctl_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *CheckpointJobResponse) GetJob() *Job {
@@ -8929,7 +9077,7 @@ type RestartJobRequest struct {
 
 func (x *RestartJobRequest) Reset() {
 	*x = RestartJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8941,7 +9089,7 @@ func (x *RestartJobRequest) String() string {
 func (*RestartJobRequest) ProtoMessage() {}
 
 func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8954,7 +9102,7 @@ func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobRequest.ProtoReflect.Descriptor instead.
 func (*RestartJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{90}
+	return file_gpuctl_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RestartJobRequest) GetJob() string {
@@ -8987,7 +9135,7 @@ type RestartJobResponse struct {
 
 func (x *RestartJobResponse) Reset() {
 	*x = RestartJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8999,7 +9147,7 @@ func (x *RestartJobResponse) String() string {
 func (*RestartJobResponse) ProtoMessage() {}
 
 func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9012,7 +9160,7 @@ func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobResponse.ProtoReflect.Descriptor instead.
 func (*RestartJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{91}
+	return file_gpuctl_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RestartJobResponse) GetJob() *Job {
@@ -9035,7 +9183,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9047,7 +9195,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9060,7 +9208,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{92}
+	return file_gpuctl_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *LogsRequest) GetJob() string {
@@ -9101,7 +9249,7 @@ type LogsChunk struct {
 
 func (x *LogsChunk) Reset() {
 	*x = LogsChunk{}
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9113,7 +9261,7 @@ func (x *LogsChunk) String() string {
 func (*LogsChunk) ProtoMessage() {}
 
 func (x *LogsChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9126,7 +9274,7 @@ func (x *LogsChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsChunk.ProtoReflect.Descriptor instead.
 func (*LogsChunk) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{93}
+	return file_gpuctl_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *LogsChunk) GetData() []byte {
@@ -9165,7 +9313,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9177,7 +9325,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9190,7 +9338,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{94}
+	return file_gpuctl_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *WatchRequest) GetKinds() []WatchKind {
@@ -9242,7 +9390,7 @@ type WatchChange struct {
 
 func (x *WatchChange) Reset() {
 	*x = WatchChange{}
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9254,7 +9402,7 @@ func (x *WatchChange) String() string {
 func (*WatchChange) ProtoMessage() {}
 
 func (x *WatchChange) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9267,7 +9415,7 @@ func (x *WatchChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchChange.ProtoReflect.Descriptor instead.
 func (*WatchChange) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{95}
+	return file_gpuctl_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *WatchChange) GetRevision() uint64 {
@@ -9350,7 +9498,7 @@ type WatchBatch struct {
 
 func (x *WatchBatch) Reset() {
 	*x = WatchBatch{}
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9362,7 +9510,7 @@ func (x *WatchBatch) String() string {
 func (*WatchBatch) ProtoMessage() {}
 
 func (x *WatchBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9375,7 +9523,7 @@ func (x *WatchBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBatch.ProtoReflect.Descriptor instead.
 func (*WatchBatch) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{96}
+	return file_gpuctl_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *WatchBatch) GetEpoch() string {
@@ -9455,7 +9603,7 @@ type Identity struct {
 
 func (x *Identity) Reset() {
 	*x = Identity{}
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9467,7 +9615,7 @@ func (x *Identity) String() string {
 func (*Identity) ProtoMessage() {}
 
 func (x *Identity) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9480,7 +9628,7 @@ func (x *Identity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Identity.ProtoReflect.Descriptor instead.
 func (*Identity) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{97}
+	return file_gpuctl_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *Identity) GetKind() IdentityKind {
@@ -9583,7 +9731,7 @@ type Revocation struct {
 
 func (x *Revocation) Reset() {
 	*x = Revocation{}
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9595,7 +9743,7 @@ func (x *Revocation) String() string {
 func (*Revocation) ProtoMessage() {}
 
 func (x *Revocation) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9608,7 +9756,7 @@ func (x *Revocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revocation.ProtoReflect.Descriptor instead.
 func (*Revocation) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{98}
+	return file_gpuctl_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *Revocation) GetSerial() string {
@@ -9664,7 +9812,7 @@ type JoinTokenUse struct {
 
 func (x *JoinTokenUse) Reset() {
 	*x = JoinTokenUse{}
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9676,7 +9824,7 @@ func (x *JoinTokenUse) String() string {
 func (*JoinTokenUse) ProtoMessage() {}
 
 func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9689,7 +9837,7 @@ func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinTokenUse.ProtoReflect.Descriptor instead.
 func (*JoinTokenUse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{99}
+	return file_gpuctl_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *JoinTokenUse) GetNode() string {
@@ -9726,7 +9874,7 @@ type JoinToken struct {
 
 func (x *JoinToken) Reset() {
 	*x = JoinToken{}
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9738,7 +9886,7 @@ func (x *JoinToken) String() string {
 func (*JoinToken) ProtoMessage() {}
 
 func (x *JoinToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9751,7 +9899,7 @@ func (x *JoinToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
 func (*JoinToken) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{100}
+	return file_gpuctl_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *JoinToken) GetId() string {
@@ -9830,7 +9978,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9842,7 +9990,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9855,7 +10003,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{101}
+	return file_gpuctl_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *CreateJoinTokenRequest) GetTtlSeconds() int64 {
@@ -9889,7 +10037,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9901,7 +10049,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9914,7 +10062,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{102}
+	return file_gpuctl_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *CreateJoinTokenResponse) GetToken() string {
@@ -9939,7 +10087,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9951,7 +10099,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9964,7 +10112,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{103}
+	return file_gpuctl_proto_rawDescGZIP(), []int{104}
 }
 
 type ListTokensResponse struct {
@@ -9976,7 +10124,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9988,7 +10136,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10001,7 +10149,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{104}
+	return file_gpuctl_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *ListTokensResponse) GetTokens() []*JoinToken {
@@ -10021,7 +10169,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10033,7 +10181,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10046,7 +10194,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{105}
+	return file_gpuctl_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -10065,7 +10213,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[106]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10077,7 +10225,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[106]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10090,7 +10238,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{106}
+	return file_gpuctl_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *RevokeTokenResponse) GetToken() *JoinToken {
@@ -10115,7 +10263,7 @@ type AddUserRequest struct {
 
 func (x *AddUserRequest) Reset() {
 	*x = AddUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[107]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10127,7 +10275,7 @@ func (x *AddUserRequest) String() string {
 func (*AddUserRequest) ProtoMessage() {}
 
 func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[107]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10140,7 +10288,7 @@ func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserRequest.ProtoReflect.Descriptor instead.
 func (*AddUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{107}
+	return file_gpuctl_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *AddUserRequest) GetName() string {
@@ -10175,7 +10323,7 @@ type AddUserResponse struct {
 
 func (x *AddUserResponse) Reset() {
 	*x = AddUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[108]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10187,7 +10335,7 @@ func (x *AddUserResponse) String() string {
 func (*AddUserResponse) ProtoMessage() {}
 
 func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[108]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10200,7 +10348,7 @@ func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserResponse.ProtoReflect.Descriptor instead.
 func (*AddUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{108}
+	return file_gpuctl_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *AddUserResponse) GetUser() *Identity {
@@ -10234,7 +10382,7 @@ type ListIdentitiesRequest struct {
 
 func (x *ListIdentitiesRequest) Reset() {
 	*x = ListIdentitiesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[109]
+	mi := &file_gpuctl_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10246,7 +10394,7 @@ func (x *ListIdentitiesRequest) String() string {
 func (*ListIdentitiesRequest) ProtoMessage() {}
 
 func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[109]
+	mi := &file_gpuctl_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10259,7 +10407,7 @@ func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesRequest.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{109}
+	return file_gpuctl_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *ListIdentitiesRequest) GetKind() IdentityKind {
@@ -10278,7 +10426,7 @@ type ListIdentitiesResponse struct {
 
 func (x *ListIdentitiesResponse) Reset() {
 	*x = ListIdentitiesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[110]
+	mi := &file_gpuctl_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10290,7 +10438,7 @@ func (x *ListIdentitiesResponse) String() string {
 func (*ListIdentitiesResponse) ProtoMessage() {}
 
 func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[110]
+	mi := &file_gpuctl_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10303,7 +10451,7 @@ func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesResponse.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{110}
+	return file_gpuctl_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *ListIdentitiesResponse) GetIdentities() []*Identity {
@@ -10323,7 +10471,7 @@ type RevokeUserRequest struct {
 
 func (x *RevokeUserRequest) Reset() {
 	*x = RevokeUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[111]
+	mi := &file_gpuctl_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10335,7 +10483,7 @@ func (x *RevokeUserRequest) String() string {
 func (*RevokeUserRequest) ProtoMessage() {}
 
 func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[111]
+	mi := &file_gpuctl_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10348,7 +10496,7 @@ func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserRequest.ProtoReflect.Descriptor instead.
 func (*RevokeUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{111}
+	return file_gpuctl_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *RevokeUserRequest) GetName() string {
@@ -10377,7 +10525,7 @@ type RevokeUserResponse struct {
 
 func (x *RevokeUserResponse) Reset() {
 	*x = RevokeUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[112]
+	mi := &file_gpuctl_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10389,7 +10537,7 @@ func (x *RevokeUserResponse) String() string {
 func (*RevokeUserResponse) ProtoMessage() {}
 
 func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[112]
+	mi := &file_gpuctl_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10402,7 +10550,7 @@ func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserResponse.ProtoReflect.Descriptor instead.
 func (*RevokeUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{112}
+	return file_gpuctl_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *RevokeUserResponse) GetRevoked() []*Identity {
@@ -10429,7 +10577,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_gpuctl_proto_msgTypes[113]
+	mi := &file_gpuctl_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10441,7 +10589,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[113]
+	mi := &file_gpuctl_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10454,7 +10602,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{113}
+	return file_gpuctl_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *RemoveNodeRequest) GetName() string {
@@ -10482,7 +10630,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_gpuctl_proto_msgTypes[114]
+	mi := &file_gpuctl_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10494,7 +10642,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[114]
+	mi := &file_gpuctl_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10507,7 +10655,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{114}
+	return file_gpuctl_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *RemoveNodeResponse) GetRevoked() []*Identity {
@@ -10727,10 +10875,11 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\"N\n" +
 	"\fLeaseRenewal\x12#\n" +
 	"\rheartbeat_seq\x18\x01 \x01(\x04R\fheartbeatSeq\x12\x19\n" +
-	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\"T\n" +
+	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\"l\n" +
 	"\vInjectFault\x12\x1b\n" +
 	"\tgpu_index\x18\x01 \x01(\x05R\bgpuIndex\x12(\n" +
-	"\x04kind\x18\x02 \x01(\x0e2\x14.gpuctl.v1.FaultKindR\x04kind\"Q\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x14.gpuctl.v1.FaultKindR\x04kind\x12\x16\n" +
+	"\x06factor\x18\x03 \x01(\x01R\x06factor\"Q\n" +
 	"\bRankSpec\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x1d\n" +
 	"\n" +
@@ -11225,9 +11374,20 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\fthreshold_ns\x18\x06 \x01(\x03R\vthresholdNs\x12\x1c\n" +
 	"\tdiagnosis\x18\a \x01(\tR\tdiagnosis\"%\n" +
 	"\x11ListStallsRequest\x12\x10\n" +
-	"\x03job\x18\x01 \x01(\tR\x03job\">\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\"j\n" +
 	"\x12ListStallsResponse\x12(\n" +
-	"\x06stalls\x18\x01 \x03(\v2\x10.gpuctl.v1.StallR\x06stalls\"S\n" +
+	"\x06stalls\x18\x01 \x03(\v2\x10.gpuctl.v1.StallR\x06stalls\x12*\n" +
+	"\x04slow\x18\x02 \x03(\v2\x16.gpuctl.v1.SlowFindingR\x04slow\"\xea\x01\n" +
+	"\vSlowFinding\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x14\n" +
+	"\x05class\x18\x02 \x01(\tR\x05class\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\x05R\x04rank\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12\x12\n" +
+	"\x04comm\x18\x05 \x01(\x05R\x04comm\x12&\n" +
+	"\x0fsince_unix_nano\x18\x06 \x01(\x03R\rsinceUnixNano\x12\x17\n" +
+	"\alate_ns\x18\a \x01(\x03R\x06lateNs\x12\x1a\n" +
+	"\bslowdown\x18\b \x01(\x01R\bslowdown\x12\x1a\n" +
+	"\bevidence\x18\t \x01(\tR\bevidence\"S\n" +
 	"\rCordonRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12\x16\n" +
@@ -11376,7 +11536,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x13NCCL_OP_GROUP_START\x10\b\x12\x15\n" +
 	"\x11NCCL_OP_GROUP_END\x10\t\x12\x1a\n" +
 	"\x16NCCL_OP_COMM_INIT_RANK\x10\n" +
-	"*\xd6\x03\n" +
+	"*\xeb\x03\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eEVENT_KIND_XID\x10\x01\x12\x12\n" +
@@ -11397,7 +11557,8 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x10EVENT_KIND_AUDIT\x10\x0f\x12\x16\n" +
 	"\x12EVENT_KIND_ELASTIC\x10\x10\x12\x15\n" +
 	"\x11EVENT_KIND_LEADER\x10\x11\x12\x18\n" +
-	"\x14EVENT_KIND_READ_ONLY\x10\x12*d\n" +
+	"\x14EVENT_KIND_READ_ONLY\x10\x12\x12\x13\n" +
+	"\x0fEVENT_KIND_SLOW\x10\x13*d\n" +
 	"\bSeverity\x12\x18\n" +
 	"\x14SEVERITY_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSEVERITY_INFO\x10\x01\x12\x14\n" +
@@ -11409,7 +11570,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x15XID_CLASS_RESTART_APP\x10\x02\x12\x17\n" +
 	"\x13XID_CLASS_RESET_GPU\x10\x03\x12\x19\n" +
 	"\x15XID_CLASS_REBOOT_NODE\x10\x04\x12\x16\n" +
-	"\x12XID_CLASS_HARDWARE\x10\x05*\xf5\x01\n" +
+	"\x12XID_CLASS_HARDWARE\x10\x05*\xa4\x02\n" +
 	"\tFaultKind\x12\x1a\n" +
 	"\x16FAULT_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10FAULT_KIND_XID79\x10\x01\x12\x14\n" +
@@ -11420,7 +11581,9 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x10FAULT_KIND_CLEAR\x10\x06\x12\x1a\n" +
 	"\x16FAULT_KIND_HANG_INSIDE\x10\n" +
 	"\x12\x1b\n" +
-	"\x17FAULT_KIND_HANG_OUTSIDE\x10\v*\x8c\x01\n" +
+	"\x17FAULT_KIND_HANG_OUTSIDE\x10\v\x12\x13\n" +
+	"\x0fFAULT_KIND_SLOW\x10\a\x12\x18\n" +
+	"\x14FAULT_KIND_LINK_SLOW\x10\b*\x8c\x01\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10NODE_STATE_READY\x10\x01\x12\x1b\n" +
@@ -11465,7 +11628,7 @@ func file_gpuctl_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 119)
+var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 120)
 var file_gpuctl_proto_goTypes = []any{
 	(NCCLOp)(0),                     // 0: gpuctl.v1.NCCLOp
 	(EventKind)(0),                  // 1: gpuctl.v1.EventKind
@@ -11562,40 +11725,41 @@ var file_gpuctl_proto_goTypes = []any{
 	(*Stall)(nil),                   // 92: gpuctl.v1.Stall
 	(*ListStallsRequest)(nil),       // 93: gpuctl.v1.ListStallsRequest
 	(*ListStallsResponse)(nil),      // 94: gpuctl.v1.ListStallsResponse
-	(*CordonRequest)(nil),           // 95: gpuctl.v1.CordonRequest
-	(*CordonResponse)(nil),          // 96: gpuctl.v1.CordonResponse
-	(*DrainedJob)(nil),              // 97: gpuctl.v1.DrainedJob
-	(*CheckpointJobRequest)(nil),    // 98: gpuctl.v1.CheckpointJobRequest
-	(*CheckpointJobResponse)(nil),   // 99: gpuctl.v1.CheckpointJobResponse
-	(*RestartJobRequest)(nil),       // 100: gpuctl.v1.RestartJobRequest
-	(*RestartJobResponse)(nil),      // 101: gpuctl.v1.RestartJobResponse
-	(*LogsRequest)(nil),             // 102: gpuctl.v1.LogsRequest
-	(*LogsChunk)(nil),               // 103: gpuctl.v1.LogsChunk
-	(*WatchRequest)(nil),            // 104: gpuctl.v1.WatchRequest
-	(*WatchChange)(nil),             // 105: gpuctl.v1.WatchChange
-	(*WatchBatch)(nil),              // 106: gpuctl.v1.WatchBatch
-	(*Identity)(nil),                // 107: gpuctl.v1.Identity
-	(*Revocation)(nil),              // 108: gpuctl.v1.Revocation
-	(*JoinTokenUse)(nil),            // 109: gpuctl.v1.JoinTokenUse
-	(*JoinToken)(nil),               // 110: gpuctl.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),  // 111: gpuctl.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil), // 112: gpuctl.v1.CreateJoinTokenResponse
-	(*ListTokensRequest)(nil),       // 113: gpuctl.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),      // 114: gpuctl.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),      // 115: gpuctl.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),     // 116: gpuctl.v1.RevokeTokenResponse
-	(*AddUserRequest)(nil),          // 117: gpuctl.v1.AddUserRequest
-	(*AddUserResponse)(nil),         // 118: gpuctl.v1.AddUserResponse
-	(*ListIdentitiesRequest)(nil),   // 119: gpuctl.v1.ListIdentitiesRequest
-	(*ListIdentitiesResponse)(nil),  // 120: gpuctl.v1.ListIdentitiesResponse
-	(*RevokeUserRequest)(nil),       // 121: gpuctl.v1.RevokeUserRequest
-	(*RevokeUserResponse)(nil),      // 122: gpuctl.v1.RevokeUserResponse
-	(*RemoveNodeRequest)(nil),       // 123: gpuctl.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),      // 124: gpuctl.v1.RemoveNodeResponse
-	nil,                             // 125: gpuctl.v1.NodeRegistration.LabelsEntry
-	nil,                             // 126: gpuctl.v1.RDMAPortSample.CountersEntry
-	nil,                             // 127: gpuctl.v1.Event.AttrsEntry
-	nil,                             // 128: gpuctl.v1.LaunchRanks.EnvEntry
+	(*SlowFinding)(nil),             // 95: gpuctl.v1.SlowFinding
+	(*CordonRequest)(nil),           // 96: gpuctl.v1.CordonRequest
+	(*CordonResponse)(nil),          // 97: gpuctl.v1.CordonResponse
+	(*DrainedJob)(nil),              // 98: gpuctl.v1.DrainedJob
+	(*CheckpointJobRequest)(nil),    // 99: gpuctl.v1.CheckpointJobRequest
+	(*CheckpointJobResponse)(nil),   // 100: gpuctl.v1.CheckpointJobResponse
+	(*RestartJobRequest)(nil),       // 101: gpuctl.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),      // 102: gpuctl.v1.RestartJobResponse
+	(*LogsRequest)(nil),             // 103: gpuctl.v1.LogsRequest
+	(*LogsChunk)(nil),               // 104: gpuctl.v1.LogsChunk
+	(*WatchRequest)(nil),            // 105: gpuctl.v1.WatchRequest
+	(*WatchChange)(nil),             // 106: gpuctl.v1.WatchChange
+	(*WatchBatch)(nil),              // 107: gpuctl.v1.WatchBatch
+	(*Identity)(nil),                // 108: gpuctl.v1.Identity
+	(*Revocation)(nil),              // 109: gpuctl.v1.Revocation
+	(*JoinTokenUse)(nil),            // 110: gpuctl.v1.JoinTokenUse
+	(*JoinToken)(nil),               // 111: gpuctl.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),  // 112: gpuctl.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil), // 113: gpuctl.v1.CreateJoinTokenResponse
+	(*ListTokensRequest)(nil),       // 114: gpuctl.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),      // 115: gpuctl.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),      // 116: gpuctl.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),     // 117: gpuctl.v1.RevokeTokenResponse
+	(*AddUserRequest)(nil),          // 118: gpuctl.v1.AddUserRequest
+	(*AddUserResponse)(nil),         // 119: gpuctl.v1.AddUserResponse
+	(*ListIdentitiesRequest)(nil),   // 120: gpuctl.v1.ListIdentitiesRequest
+	(*ListIdentitiesResponse)(nil),  // 121: gpuctl.v1.ListIdentitiesResponse
+	(*RevokeUserRequest)(nil),       // 122: gpuctl.v1.RevokeUserRequest
+	(*RevokeUserResponse)(nil),      // 123: gpuctl.v1.RevokeUserResponse
+	(*RemoveNodeRequest)(nil),       // 124: gpuctl.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),      // 125: gpuctl.v1.RemoveNodeResponse
+	nil,                             // 126: gpuctl.v1.NodeRegistration.LabelsEntry
+	nil,                             // 127: gpuctl.v1.RDMAPortSample.CountersEntry
+	nil,                             // 128: gpuctl.v1.Event.AttrsEntry
+	nil,                             // 129: gpuctl.v1.LaunchRanks.EnvEntry
 }
 var file_gpuctl_proto_depIdxs = []int32{
 	10,  // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
@@ -11604,12 +11768,12 @@ var file_gpuctl_proto_depIdxs = []int32{
 	15,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
 	16,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
 	17,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
-	125, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
+	126, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
 	43,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
 	19,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
 	20,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
 	0,   // 10: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
-	126, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
+	127, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
 	21,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
 	22,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
 	23,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
@@ -11619,9 +11783,9 @@ var file_gpuctl_proto_depIdxs = []int32{
 	1,   // 18: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
 	2,   // 19: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
 	3,   // 20: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
-	127, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
+	128, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
 	4,   // 22: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
-	128, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
+	129, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
 	31,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
 	33,  // 25: gpuctl.v1.LaunchRanks.witnesses:type_name -> gpuctl.v1.Witness
 	36,  // 26: gpuctl.v1.VouchRequest.attempts:type_name -> gpuctl.v1.JobAttemptRef
@@ -11677,19 +11841,19 @@ var file_gpuctl_proto_depIdxs = []int32{
 	85,  // 76: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
 	89,  // 77: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
 	93,  // 78: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
-	95,  // 79: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
-	98,  // 80: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
-	100, // 81: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
-	102, // 82: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
-	104, // 83: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
+	96,  // 79: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
+	99,  // 80: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
+	101, // 81: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
+	103, // 82: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
+	105, // 83: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
 	82,  // 84: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
-	111, // 85: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
-	113, // 86: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
-	115, // 87: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
-	117, // 88: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
-	119, // 89: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
-	121, // 90: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
-	123, // 91: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
+	112, // 85: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
+	114, // 86: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
+	116, // 87: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
+	118, // 88: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
+	120, // 89: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
+	122, // 90: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
+	124, // 91: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
 	61,  // 92: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
 	63,  // 93: gpuctl.v1.ClientRequest.status:type_name -> gpuctl.v1.StatusRequest
 	50,  // 94: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
@@ -11704,20 +11868,20 @@ var file_gpuctl_proto_depIdxs = []int32{
 	86,  // 103: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
 	90,  // 104: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
 	94,  // 105: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
-	96,  // 106: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
-	99,  // 107: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
-	101, // 108: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
-	103, // 109: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
-	106, // 110: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
+	97,  // 106: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
+	100, // 107: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
+	102, // 108: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
+	104, // 109: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
+	107, // 110: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
 	83,  // 111: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
 	62,  // 112: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
-	112, // 113: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
-	114, // 114: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
-	116, // 115: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
-	118, // 116: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
-	120, // 117: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
-	122, // 118: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
-	124, // 119: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
+	113, // 113: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
+	115, // 114: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
+	117, // 115: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
+	119, // 116: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
+	121, // 117: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
+	123, // 118: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
+	125, // 119: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
 	66,  // 120: gpuctl.v1.ClientResponse.status:type_name -> gpuctl.v1.StatusResponse
 	73,  // 121: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
 	72,  // 122: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
@@ -11742,34 +11906,35 @@ var file_gpuctl_proto_depIdxs = []int32{
 	91,  // 141: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
 	91,  // 142: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
 	92,  // 143: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
-	47,  // 144: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
-	97,  // 145: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
-	75,  // 146: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
-	75,  // 147: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
-	8,   // 148: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
-	8,   // 149: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
-	47,  // 150: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
-	75,  // 151: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
-	26,  // 152: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
-	92,  // 153: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
-	8,   // 154: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
-	105, // 155: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
-	9,   // 156: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
-	9,   // 157: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
-	109, // 158: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
-	110, // 159: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
-	110, // 160: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
-	110, // 161: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
-	107, // 162: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
-	9,   // 163: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
-	107, // 164: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
-	107, // 165: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
-	107, // 166: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
-	167, // [167:167] is the sub-list for method output_type
-	167, // [167:167] is the sub-list for method input_type
-	167, // [167:167] is the sub-list for extension type_name
-	167, // [167:167] is the sub-list for extension extendee
-	0,   // [0:167] is the sub-list for field type_name
+	95,  // 144: gpuctl.v1.ListStallsResponse.slow:type_name -> gpuctl.v1.SlowFinding
+	47,  // 145: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
+	98,  // 146: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
+	75,  // 147: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
+	75,  // 148: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
+	8,   // 149: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
+	8,   // 150: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
+	47,  // 151: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
+	75,  // 152: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
+	26,  // 153: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
+	92,  // 154: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
+	8,   // 155: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
+	106, // 156: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
+	9,   // 157: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
+	9,   // 158: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
+	110, // 159: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
+	111, // 160: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
+	111, // 161: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
+	111, // 162: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
+	108, // 163: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
+	9,   // 164: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
+	108, // 165: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
+	108, // 166: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
+	108, // 167: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
+	168, // [168:168] is the sub-list for method output_type
+	168, // [168:168] is the sub-list for method input_type
+	168, // [168:168] is the sub-list for extension type_name
+	168, // [168:168] is the sub-list for extension extendee
+	0,   // [0:168] is the sub-list for field type_name
 }
 
 func init() { file_gpuctl_proto_init() }
@@ -11866,7 +12031,7 @@ func file_gpuctl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuctl_proto_rawDesc), len(file_gpuctl_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   119,
+			NumMessages:   120,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -42,6 +42,18 @@ func (o NCCLOp) Short() string {
 	return "unknown"
 }
 
+// Collective reports whether the op is a collective every rank of its
+// communicator makes (all-reduce, all-gather, reduce-scatter, broadcast,
+// reduce), numbered by the per-communicator sequence.
+func (o NCCLOp) Collective() bool {
+	switch o {
+	case NCCLOp_NCCL_OP_ALL_REDUCE, NCCLOp_NCCL_OP_ALL_GATHER, NCCLOp_NCCL_OP_REDUCE_SCATTER,
+		NCCLOp_NCCL_OP_BROADCAST, NCCLOp_NCCL_OP_REDUCE:
+		return true
+	}
+	return false
+}
+
 // ParseNCCLOp accepts an op's short name, with or without the nccl prefix
 // and in any case (AllReduce, ncclAllReduce, allreduce, all_reduce).
 func ParseNCCLOp(s string) (NCCLOp, error) {

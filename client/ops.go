@@ -10,11 +10,18 @@ import (
 // ListStalls lists the NCCL stalls declared now; job (an id or a name)
 // narrows the list, "" lists every job's.
 func (c *Client) ListStalls(ctx context.Context, job string) ([]*api.Stall, error) {
+	r, err := c.ListFindings(ctx, job)
+	return r.GetStalls(), err
+}
+
+// ListFindings lists the NCCL stalls declared now and the fail-slow
+// findings standing now; job (an id or a name) narrows the lists.
+func (c *Client) ListFindings(ctx context.Context, job string) (*api.ListStallsResponse, error) {
 	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_ListStalls{ListStalls: &api.ListStallsRequest{Job: job}}})
 	if err != nil {
 		return nil, err
 	}
-	return r.GetListStalls().GetStalls(), nil
+	return r.GetListStalls(), nil
 }
 
 // Cordon applies action (cordon, uncordon or drain) to node with reason,

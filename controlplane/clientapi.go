@@ -403,7 +403,11 @@ func (s *Server) listStalls(_ context.Context, c *call) error {
 	if err != nil {
 		return c.fail("%v", err)
 	}
-	return c.send(&api.ClientResponse{Body: &api.ClientResponse_ListStalls{ListStalls: &api.ListStallsResponse{Stalls: st}}})
+	slow, err := s.SlowFindings(c.req.GetListStalls().GetJob())
+	if err != nil {
+		return c.fail("%v", err)
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_ListStalls{ListStalls: &api.ListStallsResponse{Stalls: st, Slow: slow}}})
 }
 
 func (s *Server) watch(ctx context.Context, c *call) error {

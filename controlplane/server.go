@@ -120,6 +120,7 @@ type Server struct {
 	nodes *nodes.Registry
 	jobs  *jobs.Manager
 	stall *stalls.Detector
+	slow  *stalls.FailSlow
 	// slurm reads Slurm's view in (--executor slurm); nil otherwise.
 	slurm *slurm.Poller
 	ln    *transport.Listener
@@ -232,9 +233,18 @@ func newServer(cfg Config, auth *transport.Authority, st store.Store, policy sch
 	// job owner's view of nodes; the sink only queues, so the registry can
 	// be built first with the owner's queue standing in.
 	sink := &deferredSink{}
+	// The fail-slow pass reads placements and GPUs once the owner and the
+	// registry exist; the registry hands it calls from the start.
+	s.slow = stalls.NewFailSlow(func(id string) *api.Job {
+		if m := sink.get(); m != nil {
+			j, _ := m.View().Find(id)
+			return j
+		}
+		return nil
+	}, func(name string) (*api.NodeStatus, error) { return s.nodes.Node(name) }, cfg.Log.With("part", "failslow"))
 	reg, err := nodes.New(nodes.Config{Store: st, Publish: s.hub, Observe: s.obs, Sink: sink, ServerName: host, ReceiveLag: s.receiveLag,
 		History: cfg.History, Now: cfg.Now, Log: cfg.Log.With("part", "nodes"), Lease: cfg.Lease, Superseded: sink.superseded,
-		Suspect: cfg.Suspect})
+		Suspect: cfg.Suspect, Calls: s.slow.Calls})
 	if err != nil {
 		return nil, err
 	}
@@ -270,7 +280,7 @@ func newServer(cfg Config, auth *transport.Authority, st store.Store, policy sch
 	for _, j := range mgr.View().Jobs {
 		s.hub.PublishJob(j)
 	}
-	s.stall = stalls.New(mgr, reg, s.hub, cfg.Now, cfg.Log.With("part", "stalls"))
+	s.stall = stalls.New(mgr, reg, s.hub, cfg.Now, cfg.Log.With("part", "stalls")).WithFailSlow(s.slow)
 	return s, nil
 }
 

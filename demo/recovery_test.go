@@ -19,7 +19,6 @@ import (
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/controlplane"
 	"github.com/gpuctl/gpuctl/controlplane/jobs"
-	"github.com/gpuctl/gpuctl/internal/needs"
 )
 
 // recoveryCluster starts nodes nodemons (eBPF off: recovery needs none of
@@ -497,15 +496,7 @@ stall_recovery: auto
 		}
 		return nil
 	})
-	if err := waitUntil(10*time.Second, func() error {
-		cs, err := cl.Collectives(ctx, old.GetId(), "")
-		if err == nil && len(cs) == 0 {
-			err = errors.New("no aggregates")
-		}
-		return err
-	}); err != nil {
-		needs.EBPF.Skip(t, "no NCCL calls traced within 10s (%v): the stall detector has nothing to read", err)
-	}
+	requireTraced(t, cl, old.GetId(), 10*time.Second, "the stall detector")
 	victim := rankPIDs(old)[1]
 	stopped := time.Now()
 	syscall.Kill(int(victim.pid), syscall.SIGSTOP)

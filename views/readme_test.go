@@ -28,7 +28,9 @@ func TestJSONDocumented(t *testing.T) {
 		"events":      func(w *bytes.Buffer) error { return Events(w, o, sampleEvents()) },
 		"collectives": func(w *bytes.Buffer) error { return Collectives(w, o, sampleCollectives()) },
 		"jobs":        func(w *bytes.Buffer) error { return Jobs(w, o, sampleJobs()) },
-		"stalls":      func(w *bytes.Buffer) error { return Stalls(w, o, sampleStalls()) },
+		"stalls": func(w *bytes.Buffer) error {
+			return Findings(w, o, &api.ListStallsResponse{Stalls: sampleStalls(), Slow: sampleSlow()})
+		},
 		"submit": func(w *bytes.Buffer) error {
 			return DryRun(w, o, &api.SubmitJobResponse{Job: sampleJobs()[0], QueuedAhead: 2})
 		},

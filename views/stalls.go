@@ -3,6 +3,7 @@ package views
 import (
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -55,15 +56,73 @@ func StallFromAPI(s *api.Stall, now time.Time) StallJSON {
 	return out
 }
 
+// SlowJSON is one fail-slow finding in `gpuctl stalls -o json`.
+type SlowJSON struct {
+	Job   string `json:"job"`
+	Class string `json:"class"`
+	// Rank is the slow rank (compute-slow), null otherwise; Node its
+	// node, or the node a communication-slow finding names.
+	Rank        *int32     `json:"rank"`
+	Node        *string    `json:"node"`
+	Comm        *int32     `json:"comm"`
+	Since       *time.Time `json:"since_time"`
+	SlowSeconds *float64   `json:"slow_seconds"`
+	LateSeconds *float64   `json:"late_seconds"`
+	Slowdown    float64    `json:"slowdown"`
+	Evidence    string     `json:"evidence"`
+}
+
+// SlowFromAPI converts a finding to its JSON view; now gives its duration.
+func SlowFromAPI(f *api.SlowFinding, now time.Time) SlowJSON {
+	out := SlowJSON{Job: f.GetJob(), Class: f.GetClass(), Node: optString(f.GetNode()), Since: optTime(f.GetSinceUnixNano()),
+		Slowdown: math.Round(f.GetSlowdown()*100) / 100, Evidence: f.GetEvidence()}
+	if f.GetRank() >= 0 && f.GetClass() == "compute-slow" {
+		out.Rank = ptr(f.GetRank())
+	}
+	if f.GetComm() >= 0 && f.GetClass() != "job-wide" {
+		out.Comm = ptr(f.GetComm())
+	}
+	if out.Since != nil {
+		out.SlowSeconds = ptr(max(now.Sub(*out.Since).Round(time.Millisecond).Seconds(), 0))
+	}
+	if f.GetLateNs() > 0 {
+		out.LateSeconds = ptr(time.Duration(f.GetLateNs()).Round(time.Millisecond).Seconds())
+	}
+	return out
+}
+
 // Stalls writes the declared NCCL stalls.
 func Stalls(w io.Writer, o Options, stalls []*api.Stall) error {
+	return stallsAndSlow(w, o, &api.ListStallsResponse{Stalls: stalls}, false)
+}
+
+// Findings writes the declared NCCL stalls, then the fail-slow findings
+// (as a second table, when there are any): `gpuctl stalls`.
+func Findings(w io.Writer, o Options, r *api.ListStallsResponse) error {
+	return stallsAndSlow(w, o, r, true)
+}
+
+func stallsAndSlow(w io.Writer, o Options, r *api.ListStallsResponse, withSlow bool) error {
+	stalls := r.GetStalls()
 	now := o.now()
 	if o.Format == JSON {
 		doc := struct {
 			Stalls []StallJSON `json:"stalls"`
+			Slow   []SlowJSON  `json:"slow,omitempty"`
 		}{Stalls: []StallJSON{}}
 		for _, s := range stalls {
 			doc.Stalls = append(doc.Stalls, StallFromAPI(s, now))
+		}
+		if withSlow {
+			doc.Slow = []SlowJSON{}
+			for _, f := range r.GetSlow() {
+				doc.Slow = append(doc.Slow, SlowFromAPI(f, now))
+			}
+			// An empty list, never null nor absent, for scripts.
+			return writeJSON(w, struct {
+				Stalls []StallJSON `json:"stalls"`
+				Slow   []SlowJSON  `json:"slow"`
+			}{doc.Stalls, doc.Slow})
 		}
 		return writeJSON(w, doc)
 	}
@@ -93,5 +152,51 @@ func Stalls(w io.Writer, o Options, stalls []*api.Stall) error {
 		}
 		t.add(txt(v.Job), txt(dash(strings.Join(lag, ","))), txt(dash(strings.Join(wait, ","))), forCell, txt(v.Diagnosis))
 	}
-	return o.writeTable(w, t)
+	if err := o.writeTable(w, t); err != nil || len(r.GetSlow()) == 0 {
+		return err
+	}
+	if len(stalls) > 0 {
+		fmt.Fprintln(w)
+	}
+	return o.writeTable(w, slowTable(o, r.GetSlow(), now))
+}
+
+// slowTable is the fail-slow findings as a table: who is slow, how, for
+// how long, by how much, and the evidence.
+func slowTable(o Options, slow []*api.SlowFinding, now time.Time) tableData {
+	t := tableData{empty: "no slow ranks"}
+	t.cols = []column{{name: "JOB"}, {name: "SLOW"}, {name: "WHO"}, {name: "FOR"}, {name: "SLOWDOWN"}, {name: "EVIDENCE", flex: true}}
+	if o.Format == Wide {
+		t.cols = []column{{name: "JOB"}, {name: "SLOW"}, {name: "WHO"}, {name: "COMM"}, {name: "FOR"}, {name: "SLOWDOWN"}, {name: "LATE"},
+			{name: "SINCE"}, {name: "EVIDENCE", flex: true}}
+	}
+	for _, f := range slow {
+		v := SlowFromAPI(f, now)
+		who := "every rank"
+		switch {
+		case v.Rank != nil:
+			who = fmt.Sprintf("rank %d@%s", *v.Rank, deref(v.Node))
+		case v.Node != nil:
+			who = *v.Node
+		case v.Comm != nil:
+			who = "-"
+		}
+		since := timeOrZero(v.Since)
+		forCell := num(age(now, since), deref0(v.SlowSeconds))
+		sd := num(fmt.Sprintf("%.2fx", v.Slowdown), v.Slowdown)
+		if o.Format == Wide {
+			comm, late := "-", "-"
+			if v.Comm != nil {
+				comm = strconv.Itoa(int(*v.Comm))
+			}
+			if v.LateSeconds != nil {
+				late = time.Duration(*v.LateSeconds * 1e9).String()
+			}
+			t.add(txt(v.Job), txt(v.Class), txt(who), txt(comm), forCell, sd, num(late, deref0(v.LateSeconds)),
+				num(since.Format(time.RFC3339), float64(since.Unix())), txt(v.Evidence))
+			continue
+		}
+		t.add(txt(v.Job), txt(v.Class), txt(who), forCell, sd, txt(v.Evidence))
+	}
+	return t
 }

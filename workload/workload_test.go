@@ -778,6 +778,19 @@ func TestRingTrainReportsKernelTime(t *testing.T) {
 	p := start(t, arts.RingTrain, []string{"--steps", strconv.Itoa(steps), "--compute-ms", strconv.Itoa(ms), "--bytes", "4K"},
 		[]string{"GPUCTL_SIM_KERNEL_DIR=" + dir})
 	requireExit(t, []*proc{p}, 20*time.Second, 0)
+	kernel := kernelTime(t, dir, p)
+	if want := steps * ms * time.Millisecond; kernel < want || kernel > 2*want {
+		t.Errorf("kernel time %s, want about %s", kernel, want)
+	}
+	st := p.cmd.ProcessState
+	if cpu := st.UserTime() + st.SystemTime(); cpu > kernel/4 {
+		t.Errorf("CPU time %s for %s of kernel time: the compute phase kept a CPU busy", cpu, kernel)
+	}
+}
+
+// kernelTime is the total kernel time p reported in dir.
+func kernelTime(t *testing.T, dir string, p *proc) time.Duration {
+	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dir, strconv.Itoa(p.cmd.Process.Pid)))
 	if err != nil {
 		t.Fatalf("no kernel time report: %v", err)
@@ -786,12 +799,83 @@ func TestRingTrainReportsKernelTime(t *testing.T) {
 	if err != nil {
 		t.Fatalf("kernel time report %q: %v", b, err)
 	}
-	kernel := time.Duration(ns)
-	if want := steps * ms * time.Millisecond; kernel < want || kernel > 2*want {
-		t.Errorf("kernel time %s, want about %s", kernel, want)
+	return time.Duration(ns)
+}
+
+// TestRingTrainFollowsGPUSpeed: a rank computes for compute_ms divided by
+// the speed its simulated GPU runs at (gpu-N.speed, N its
+// CUDA_VISIBLE_DEVICES), so a GPU at half speed doubles its kernel time.
+func TestRingTrainFollowsGPUSpeed(t *testing.T) {
+	const steps, ms = 10, 40
+	for _, c := range []struct {
+		name  string
+		speed string // gpu-3.speed, "" for none
+		want  time.Duration
+	}{
+		{"no speed file", "", steps * ms * time.Millisecond},
+		{"full speed", "1.0000\n", steps * ms * time.Millisecond},
+		{"half speed", "0.5000\n", 2 * steps * ms * time.Millisecond},
+		{"another GPU slowed", "", steps * ms * time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if c.speed != "" {
+				if err := os.WriteFile(filepath.Join(dir, "gpu-3.speed"), []byte(c.speed), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if c.name == "another GPU slowed" {
+				if err := os.WriteFile(filepath.Join(dir, "gpu-2.speed"), []byte("0.5\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			p := start(t, arts.RingTrain, []string{"--steps", strconv.Itoa(steps), "--compute-ms", strconv.Itoa(ms), "--bytes", "4K"},
+				[]string{"GPUCTL_SIM_KERNEL_DIR=" + dir, "CUDA_VISIBLE_DEVICES=3"})
+			requireExit(t, []*proc{p}, 20*time.Second, 0)
+			if got := kernelTime(t, dir, p); got < c.want || got > c.want*3/2 {
+				t.Errorf("kernel time %s, want about %s", got, c.want)
+			}
+		})
 	}
-	st := p.cmd.ProcessState
-	if cpu := st.UserTime() + st.SystemTime(); cpu > kernel/4 {
-		t.Errorf("CPU time %s for %s of kernel time: the compute phase kept a CPU busy", cpu, kernel)
+}
+
+// TestSlowLinkStretchesTransfers: with link.speed at 0.25 in the simulated
+// host's directory, the reference library's transfers are paced to a
+// quarter of their rate (the steps take well over twice as long); the ranks
+// still agree on every step.
+func TestSlowLinkStretchesTransfers(t *testing.T) {
+	run := func(speed string) time.Duration {
+		t.Helper()
+		dir := t.TempDir()
+		if speed != "" {
+			if err := os.WriteFile(filepath.Join(dir, "link.speed"), []byte(speed), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ranks := startRanks(t, arts.RingTrain, 2, []string{"--steps", "20", "--compute-ms", "0", "--bytes", "4M", "--state-bytes", "64K"},
+			"GPUCTL_SIM_KERNEL_DIR="+dir)
+		requireExit(t, ranks, 60*time.Second, 0)
+		var total float64
+		for _, l := range ranks[0].Lines() {
+			if v, ok := field([]string{l}, "step ", "step_ms"); ok {
+				ms, _ := strconv.ParseFloat(v, 64)
+				total += ms
+			}
+		}
+		want := reference(t, 20, "64K")
+		for r, p := range ranks {
+			for s, st := range steps(t, p.Lines()) {
+				if st != want[s] {
+					t.Errorf("link.speed %q: rank %d step %d state %q, want %q", speed, r, s, st, want[s])
+				}
+			}
+		}
+		return time.Duration(total * float64(time.Millisecond))
+	}
+	full := run("")
+	slow := run("0.25\n")
+	t.Logf("20 steps of a 4 MiB all-reduce: %s at full speed, %s at link.speed 0.25", full, slow)
+	if slow < 2*full {
+		t.Errorf("at link.speed 0.25 the steps took %s, at full speed %s: want at least twice as long", slow, full)
 	}
 }

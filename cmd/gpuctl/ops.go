@@ -29,15 +29,15 @@ func newStallsCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "stalls",
-		Short: "NCCL stalls: communicators whose ranks stopped agreeing, and which rank holds them up",
+		Short: "NCCL stalls (communicators whose ranks stopped agreeing, and which rank holds them up) and slow ranks and links",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, o views.Options) error {
-				stalls, err := c.ListStalls(ctx, job)
+				r, err := c.ListFindings(ctx, job)
 				if err != nil {
 					return err
 				}
-				return views.Stalls(w, o, stalls)
+				return views.Findings(w, o, r)
 			})
 		},
 	}

@@ -93,12 +93,41 @@ shows who used it, 'gpuctl token revoke ID' ends it early.`,
 }
 
 var faultKinds = map[string]api.FaultKind{
-	"xid79":    api.FaultKind_FAULT_KIND_XID79,
-	"xid48":    api.FaultKind_FAULT_KIND_XID48,
-	"ecc":      api.FaultKind_FAULT_KIND_ECC_UNCORRECTABLE,
-	"thermal":  api.FaultKind_FAULT_KIND_THERMAL,
-	"gpu-lost": api.FaultKind_FAULT_KIND_GPU_LOST,
-	"clear":    api.FaultKind_FAULT_KIND_CLEAR,
+	"xid79":     api.FaultKind_FAULT_KIND_XID79,
+	"xid48":     api.FaultKind_FAULT_KIND_XID48,
+	"ecc":       api.FaultKind_FAULT_KIND_ECC_UNCORRECTABLE,
+	"thermal":   api.FaultKind_FAULT_KIND_THERMAL,
+	"gpu-lost":  api.FaultKind_FAULT_KIND_GPU_LOST,
+	"slow":      api.FaultKind_FAULT_KIND_SLOW,
+	"link-slow": api.FaultKind_FAULT_KIND_LINK_SLOW,
+	"clear":     api.FaultKind_FAULT_KIND_CLEAR,
+}
+
+// faultRequest is the fault a `gpuctl fault` command line asks for;
+// where and factor count only when set (whereSet, factorSet).
+func faultRequest(kindArg string, gpu int32, where string, whereSet bool, factor float64, factorSet bool) (*api.InjectFault, error) {
+	name := strings.ToLower(kindArg)
+	kind, ok := faultKinds[name]
+	if name == "hang" {
+		if kind, ok = hangWhere[strings.ToLower(where)]; !ok {
+			return nil, fmt.Errorf("hang --where %q: use inside (in a collective) or outside (between collectives)", where)
+		}
+	} else if whereSet {
+		return nil, fmt.Errorf("--where is for hang, not %s", kindArg)
+	}
+	if !ok {
+		return nil, fmt.Errorf("unknown fault %q: use xid79, xid48, ecc, thermal, gpu-lost, slow, link-slow, hang or clear", kindArg)
+	}
+	slow := kind == api.FaultKind_FAULT_KIND_SLOW || kind == api.FaultKind_FAULT_KIND_LINK_SLOW
+	switch {
+	case slow && !factorSet:
+		return nil, fmt.Errorf("fault %s needs --factor, the share of full speed kept (e.g. --factor 0.7)", kindArg)
+	case slow && !(factor > 0 && factor <= 1):
+		return nil, fmt.Errorf("--factor %g: give the share of full speed kept, in (0, 1] (e.g. 0.7 for 70%%)", factor)
+	case !slow && factorSet:
+		return nil, fmt.Errorf("--factor is for slow and link-slow, not %s", kindArg)
+	}
+	return &api.InjectFault{GpuIndex: gpu, Kind: kind, Factor: factor}, nil
 }
 
 // hangWhere is where `gpuctl fault NODE hang --where` stops the rank.
@@ -112,33 +141,35 @@ func newFaultCmd() *cobra.Command {
 		config string
 		gpu    int32
 		where  string
+		factor float64
 	)
 	cmd := &cobra.Command{
 		Use:   "fault NODE KIND",
-		Short: "Inject a GPU fault into a simulated node (xid79, xid48, ecc, thermal, gpu-lost, hang, clear)",
-		Long: "Inject a GPU fault into a simulated node (nodemon --sim).\n\n" +
-			"hang stops the rank on the GPU until clear: --where inside a collective (it never returns; its peers finish it)\n" +
-			"or outside (it waits between steps, so its peers wait in the next collective).",
+		Short: "Inject a fault into a simulated node (xid79, xid48, ecc, thermal, gpu-lost, slow, link-slow, hang, clear)",
+		Long: `Inject a fault into a simulated node (nodemon --sim).
+
+  slow --gpu N --factor F   GPU N runs at F of its speed: its clocks drop and its
+                            ranks take 1/F as long to compute
+  link-slow --factor F      the node's NCCL transfers (reference library) run at
+                            F of their speed
+  hang --gpu N --where W    the rank on GPU N stops until clear: inside a collective
+                            (it never returns; its peers finish it) or outside
+                            (it waits between steps; its peers wait in the next one)
+  clear                     ends every fault of the GPU, and a slow link`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			kind, ok := faultKinds[strings.ToLower(args[1])]
-			if strings.ToLower(args[1]) == "hang" {
-				if kind, ok = hangWhere[strings.ToLower(where)]; !ok {
-					return fmt.Errorf("hang --where %q: use inside (in a collective) or outside (between collectives)", where)
-				}
-			} else if cmd.Flags().Changed("where") {
-				return fmt.Errorf("--where is for hang, not %s", args[1])
-			}
-			if !ok {
-				return fmt.Errorf("unknown fault %q: use xid79, xid48, ecc, thermal, gpu-lost, hang or clear", args[1])
+			f, err := faultRequest(args[1], gpu, where, cmd.Flags().Changed("where"), factor, cmd.Flags().Changed("factor"))
+			if err != nil {
+				return err
 			}
 			return withClient(cmd, config, func(c *client.Client) error {
-				return c.InjectFault(cmd.Context(), args[0], &api.InjectFault{GpuIndex: gpu, Kind: kind})
+				return c.InjectFault(cmd.Context(), args[0], f)
 			})
 		},
 	}
 	addConfigFlag(cmd, &config)
 	cmd.Flags().Int32Var(&gpu, "gpu", 0, "GPU index")
 	cmd.Flags().StringVar(&where, "where", "inside", "hang: inside a collective or outside (between collectives)")
+	cmd.Flags().Float64Var(&factor, "factor", 0, "slow, link-slow: the share of full speed kept, in (0, 1]")
 	return cmd
 }

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"regexp"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -36,6 +37,24 @@ type Source interface {
 	// ReadOnly is why the control plane refuses changes now (its store
 	// is unreachable), nil while it does not.
 	ReadOnly() error
+}
+
+// Slowness is what the fail-slow analysis says now.
+type Slowness struct {
+	// Findings counts the findings standing now by class (every class
+	// present, zero included).
+	Findings map[string]int
+	// Lateness is each running job's ranks' rolling lateness in seconds:
+	// how far after the median of their peers they enter collectives.
+	Lateness map[string]map[int32]float64
+	// Slowdown is each running job's step time over its baseline.
+	Slowdown map[string]float64
+}
+
+// SlowSource is a Source that runs the fail-slow analysis; the exporter
+// reads it when the Source offers it.
+type SlowSource interface {
+	Slowness() Slowness
 }
 
 // Metrics is the server's exporter: a Prometheus collector over a Source,
@@ -177,11 +196,14 @@ var (
 	jobCkptTimeDesc  = prometheus.NewDesc("gpuctl_job_checkpoint_duration_seconds", "Mean seconds a checkpoint of the job takes.", jobLabels, nil)
 	jobAdvisedDesc   = prometheus.NewDesc("gpuctl_job_advised_checkpoint_interval_seconds", "Young–Daly checkpoint interval advised from checkpoint time and the cluster's failure rate.", jobLabels, nil)
 	jobStalledDesc   = prometheus.NewDesc("gpuctl_job_stalled_communicators", "The job's communicators with an NCCL stall declared now.", jobLabels, nil)
+	slowFindingsDesc = prometheus.NewDesc("gpuctl_slow_findings", "Fail-slow findings standing now, by class (compute-slow, communication-slow, job-wide).", []string{"class"}, nil)
+	rankLatenessDesc = prometheus.NewDesc("gpuctl_rank_lateness_seconds", "How far after the median of its peers the rank enters collectives (a rolling average).", []string{"hpc_job", "rank"}, nil)
+	jobSlowdownDesc  = prometheus.NewDesc("gpuctl_job_slowdown_ratio", "The job's step time (the cadence of its busiest communicator) over its baseline.", jobLabels, nil)
 
 	stateDescs = []*prometheus.Desc{nodesDesc, nodesCordonedDesc, nodesDrainingDesc, nodeReadyDesc, nodeCordonedDesc, gpusDesc, jobsDesc,
 		stallsDesc, readOnlyDesc, shedDesc, jobInfoDesc, jobGPUsDesc, jobStepDesc, jobRateDesc, jobMeasuredDesc, jobPredictedDesc, jobGoodputDesc,
 		jobRestartsDesc, jobPreemptDesc, jobLostDesc, jobDowntimeDesc, jobEnergyDesc, jobCkptsDesc, jobCkptAgeDesc, jobCkptTimeDesc,
-		jobAdvisedDesc, jobStalledDesc}
+		jobAdvisedDesc, jobStalledDesc, slowFindingsDesc, rankLatenessDesc, jobSlowdownDesc}
 )
 
 // Describe implements prometheus.Collector.
@@ -284,6 +306,20 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	stalledComms := map[string]int{}
 	for _, s := range stalls {
 		stalledComms[s.GetJob()]++
+	}
+	if ss, ok := m.src.(SlowSource); ok {
+		sl := ss.Slowness()
+		for class, n := range sl.Findings {
+			gauge(slowFindingsDesc, float64(n), class)
+		}
+		for job, ranks := range sl.Lateness {
+			for r, sec := range ranks {
+				gauge(rankLatenessDesc, sec, job, strconv.Itoa(int(r)))
+			}
+		}
+		for job, v := range sl.Slowdown {
+			gauge(jobSlowdownDesc, v, job)
+		}
 	}
 
 	jobs := m.src.Jobs()

@@ -263,3 +263,42 @@ func TestNames(t *testing.T) {
 		}
 	}
 }
+
+// slowSource is a fake source that runs the fail-slow analysis.
+type slowSource struct {
+	*fakeSource
+	sl Slowness
+}
+
+func (s slowSource) Slowness() Slowness { return s.sl }
+
+// The fail-slow figures: findings by class, each rank's lateness, each
+// job's slowdown; a source without the analysis exports none of them.
+func TestSlownessMetrics(t *testing.T) {
+	c := &clock{t: t0}
+	src := slowSource{fakeSource: fixture(), sl: Slowness{
+		Findings: map[string]int{"compute-slow": 1, "communication-slow": 0, "job-wide": 0},
+		Lateness: map[string]map[int32]float64{"j-1a2b3c": {0: 0.001, 3: 0.042}},
+		Slowdown: map[string]float64{"j-1a2b3c": 1.4},
+	}}
+	fams := gather(t, New(src, Options{Now: c.now}))
+	for _, w := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"gpuctl_slow_findings", []string{"class", "compute-slow"}, 1},
+		{"gpuctl_slow_findings", []string{"class", "job-wide"}, 0},
+		{"gpuctl_rank_lateness_seconds", []string{"hpc_job", "j-1a2b3c", "rank", "3"}, 0.042},
+		{"gpuctl_rank_lateness_seconds", []string{"hpc_job", "j-1a2b3c", "rank", "0"}, 0.001},
+		{"gpuctl_job_slowdown_ratio", []string{"hpc_job", "j-1a2b3c"}, 1.4},
+	} {
+		if v, ok := sample(fams, w.name, w.labels...); !ok || v != w.want {
+			t.Errorf("%s%v = %v (present %v), want %v", w.name, w.labels, v, ok, w.want)
+		}
+	}
+	plain := gather(t, New(fixture(), Options{Now: c.now}))
+	if _, ok := plain["gpuctl_slow_findings"]; ok {
+		t.Errorf("a source without the fail-slow analysis exported gpuctl_slow_findings")
+	}
+}

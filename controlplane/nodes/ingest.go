@@ -197,6 +197,9 @@ func (r *Registry) apply(name string, sess *session, t *api.Telemetry, sampled b
 	if r.cfg.Observe != nil {
 		r.cfg.Observe.Publish(items, lostAtNodes)
 	}
+	if r.cfg.Calls != nil && len(t.GetCollectives()) > 0 {
+		r.cfg.Calls(name, t.GetCollectives())
+	}
 }
 
 // nodeEvents persists a node's events and applies their effect on GPU
@@ -418,7 +421,7 @@ func (r *Registry) Progress(attempts map[string]uint32) map[string][]RankProgres
 		}
 		for _, c := range e.inFlight {
 			k := pidKey{name, c.GetPid()}
-			if _, ok := refs[k]; !ok || !isCollective(c.GetOp()) {
+			if _, ok := refs[k]; !ok || !c.GetOp().Collective() {
 				continue
 			}
 			cp := comm(k, c.GetComm())
@@ -437,7 +440,7 @@ func (r *Registry) Progress(attempts map[string]uint32) map[string][]RankProgres
 			if k.comm != 0 {
 				comm(pk, k.comm).Created = st.GetLastUnixNano()
 			}
-		case isCollective(k.op):
+		case k.op.Collective():
 			if cp := comm(pk, k.comm); st.GetSeq() > cp.Done {
 				cp.Done, cp.DoneOp = st.GetSeq(), k.op
 			}
@@ -450,13 +453,4 @@ func (r *Registry) Progress(attempts map[string]uint32) map[string][]RankProgres
 		}
 	}
 	return out
-}
-
-func isCollective(op api.NCCLOp) bool {
-	switch op {
-	case api.NCCLOp_NCCL_OP_ALL_REDUCE, api.NCCLOp_NCCL_OP_ALL_GATHER, api.NCCLOp_NCCL_OP_REDUCE_SCATTER,
-		api.NCCLOp_NCCL_OP_BROADCAST, api.NCCLOp_NCCL_OP_REDUCE:
-		return true
-	}
-	return false
 }

@@ -84,6 +84,10 @@ type Config struct {
 	// Suspect is what a recovery's loss of a node does to it (zero
 	// fields: DefaultSuspectPolicy).
 	Suspect SuspectPolicy
+	// Calls, when set, is given every batch of a node's collective
+	// records as it is applied, outside the registry's lock (the
+	// fail-slow analysis reads each call's entry and exit).
+	Calls func(node string, recs []*api.CollectiveRecord)
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger

@@ -42,6 +42,7 @@ type Detector struct {
 	now   func() time.Time
 	log   *slog.Logger
 	det   *stall.Detector
+	slow  *FailSlow
 
 	mu     sync.Mutex
 	listed []*api.Stall
@@ -145,6 +146,9 @@ func (d *Detector) Pass(ctx context.Context) error {
 		stalled[st.GetJob()] = true
 		list = append(list, st)
 		keys[Key(&now2[i])] = true
+	}
+	if d.slow != nil {
+		events = append(events, d.slow.pass(now, targets, progress)...)
 	}
 	if err := d.jobs.Stalls(ctx, declared, stalled, events); err != nil {
 		return err

@@ -130,6 +130,12 @@ type SimOptions struct {
 	// total nanoseconds in decimal (ringtrain writes it when given the
 	// directory as GPUCTL_SIM_KERNEL_DIR). A process busy that way keeps
 	// its GPU busy without keeping a CPU busy.
+	//
+	// The host also writes there what its ranks' work follows: gpu-<N>.speed,
+	// the share of full speed GPU N computes at under load (its SM clock
+	// over the boost clock), and link.speed, the share of full speed the
+	// host's NCCL transfers keep (FAULT_KIND_LINK_SLOW). Both hold a
+	// decimal fraction, replaced by rename; a missing file means 1.
 	KernelDir string
 }
 
@@ -155,6 +161,8 @@ const KernelDirEnv = "GPUCTL_SIM_KERNEL_DIR"
 //     ambient) with a 12 s time constant; with the thermal fault toward 98 °C
 //     with a 3 s constant. Hardware thermal slowdown holds while the fault is
 //     set and the GPU is above its slowdown temperature; clocks then halve.
+//     A slow GPU (FAULT_KIND_SLOW) runs its clocks at its factor, with the
+//     hardware slowdown reason.
 //   - memory used = per process, SimOptions.ProcessMemBytes or a 1 GiB
 //     context + 16·RSS, capped at 95 % of the GPU's memory.
 //   - NVLink bytes = the processes' read/write syscall bytes (rchar/wchar in
@@ -177,6 +185,9 @@ type Sim struct {
 	procs map[uint32]*simProc
 	sets  map[*simEventSet]struct{}
 	buf   []byte
+	// link is the share of full speed the host's transfers keep, 1 unless
+	// FAULT_KIND_LINK_SLOW set it; linkWritten what link.speed holds.
+	link, linkWritten float64
 }
 
 // simProc is the last reading of one process.
@@ -219,6 +230,10 @@ type simGPU struct {
 	remapFailure   bool
 	lost           bool
 	thermalFault   bool
+	// slow is the share of full speed FAULT_KIND_SLOW left (1: none);
+	// speedWritten what gpu-<N>.speed holds (0: not written yet).
+	slow         float64
+	speedWritten float64
 }
 
 // NewSim builds a simulated host of the named profile (see Profiles).
@@ -249,6 +264,7 @@ func NewSim(name string, opts SimOptions) (*Sim, error) {
 		sets:  make(map[*simEventSet]struct{}),
 		buf:   make([]byte, 1024),
 		last:  opts.Now(),
+		link:  1,
 	}
 	if len(s.srv.Devices) != len(prof.busIDs) {
 		return nil, fmt.Errorf("simulated profile %s: mock server has %d GPUs, layout has %d", name, len(s.srv.Devices), len(prof.busIDs))
@@ -266,11 +282,13 @@ func NewSim(name string, opts SimOptions) (*Sim, error) {
 			dev.UUID = "GPU-" + id.String()
 		}
 		g := &simGPU{index: i, dev: dev, tempC: idleTemp(prof), smMHz: prof.idleSM,
-			powerW: prof.idleW, reasons: nvml.ClocksEventReasonGpuIdle}
+			powerW: prof.idleW, reasons: nvml.ClocksEventReasonGpuIdle, slow: 1}
 		g.handle = &simDevice{Device: dev, sim: s, gpu: g}
 		s.gpus = append(s.gpus, g)
 		s.setDeviceFuncs(g)
 	}
+	// A speed file left by an earlier run would slow new ranks.
+	s.publishSpeedsLocked()
 	return s, nil
 }
 
@@ -326,7 +344,11 @@ func (s *Sim) checkGPU(gpu int) error {
 	return nil
 }
 
-// Inject applies a fault to GPU gpu:
+// Inject applies a fault to GPU gpu (Inject with a factor of 1 for the
+// kinds that take one); see InjectFactor.
+func (s *Sim) Inject(gpu int, kind api.FaultKind) error { return s.InjectFactor(gpu, kind, 1) }
+
+// InjectFactor applies a fault to GPU gpu:
 //   - FAULT_KIND_XID79: Xid 79 is raised, then the GPU falls off the bus and
 //     answers ERROR_GPU_IS_LOST to every call.
 //   - FAULT_KIND_XID48: a double-bit ECC error: the uncorrectable counts and
@@ -337,10 +359,28 @@ func (s *Sim) checkGPU(gpu int) error {
 //   - FAULT_KIND_THERMAL: cooling fails; the GPU heats toward 98 °C and
 //     throttles once past its slowdown temperature.
 //   - FAULT_KIND_GPU_LOST: the GPU stops answering without an Xid.
+//   - FAULT_KIND_SLOW: the GPU runs at factor of its speed: its clocks
+//     drop to that share, with the hardware slowdown reason, and its ranks
+//     (reading gpu-<N>.speed) take 1/factor as long to compute.
+//   - FAULT_KIND_LINK_SLOW: the host's NCCL transfers run at factor of
+//     their speed (link.speed, read by the reference NCCL library); gpu
+//     is not used.
 //   - FAULT_KIND_CLEAR: as a GPU reset: the GPU answers again, cooling
-//     returns, volatile ECC counts restart from zero and pending row remaps
-//     take effect. Aggregate counts and remapped rows stay.
-func (s *Sim) Inject(gpu int, kind api.FaultKind) error {
+//     returns, its slowdown ends, volatile ECC counts restart from zero and
+//     pending row remaps take effect. Aggregate counts and remapped rows
+//     stay. It also ends a slow link.
+func (s *Sim) InjectFactor(gpu int, kind api.FaultKind, factor float64) error {
+	if kind == api.FaultKind_FAULT_KIND_SLOW || kind == api.FaultKind_FAULT_KIND_LINK_SLOW {
+		if !(factor > 0 && factor <= 1) {
+			return fmt.Errorf("inject %s: factor %g is not a share of full speed: give one in (0, 1], e.g. 0.7", kind, factor)
+		}
+	}
+	if kind == api.FaultKind_FAULT_KIND_LINK_SLOW {
+		if s.opts.KernelDir == "" {
+			return fmt.Errorf("inject %s: this simulated host has no directory to tell its ranks' NCCL (start nodemon with --sim and a --data-dir)", kind)
+		}
+		gpu = 0
+	}
 	if err := s.checkGPU(gpu); err != nil {
 		return fmt.Errorf("inject %s: %w", kind, err)
 	}
@@ -363,18 +403,85 @@ func (s *Sim) Inject(gpu int, kind api.FaultKind) error {
 		g.thermalFault = true
 	case api.FaultKind_FAULT_KIND_GPU_LOST:
 		g.lost = true
+	case api.FaultKind_FAULT_KIND_SLOW:
+		g.slow = factor
+	case api.FaultKind_FAULT_KIND_LINK_SLOW:
+		s.link = factor
 	case api.FaultKind_FAULT_KIND_CLEAR:
 		g.lost = false
 		g.thermalFault = false
+		g.slow = 1
+		s.link = 1
 		for t := range g.ecc {
 			g.ecc[t][nvml.VOLATILE_ECC] = 0
 		}
 		g.remapPending = false
 	default:
-		return fmt.Errorf("inject on GPU %d: fault kind %s is not one the simulated host knows; use XID79, XID48, ECC_UNCORRECTABLE, THERMAL, GPU_LOST or CLEAR", gpu, kind)
+		return fmt.Errorf("inject on GPU %d: fault kind %s is not one the simulated host knows; use XID79, XID48, ECC_UNCORRECTABLE, THERMAL, GPU_LOST, SLOW, LINK_SLOW or CLEAR", gpu, kind)
 	}
-	s.log.Info("fault injected", "gpu", gpu, "fault", kind.String())
+	s.publishSpeedsLocked()
+	s.log.Info("fault injected", "gpu", gpu, "fault", kind.String(), "factor", factor)
 	return nil
+}
+
+// loadedClock is the SM clock g runs at when busy, from its state now.
+func (s *Sim) loadedClock(g *simGPU) uint32 {
+	sm, _ := s.throttle(g, s.prof.maxSM)
+	return sm
+}
+
+// throttle applies g's slowdowns to clock sm, with their reasons.
+func (s *Sim) throttle(g *simGPU, sm uint32) (uint32, uint64) {
+	pr := s.prof
+	var reasons uint64
+	if g.tempC >= pr.swSlowC {
+		reasons |= nvml.ClocksEventReasonSwThermalSlowdown
+		sm = sm * 85 / 100
+	}
+	if g.thermalFault && g.tempC >= pr.hwSlowC {
+		reasons |= nvml.ClocksThrottleReasonHwSlowdown | nvml.ClocksThrottleReasonHwThermalSlowdown
+		sm = max(sm/2, pr.idleSM)
+	}
+	if g.slow < 1 {
+		reasons |= nvml.ClocksThrottleReasonHwSlowdown
+		sm = max(uint32(float64(sm)*g.slow), pr.idleSM)
+	}
+	return sm, reasons
+}
+
+// publishSpeedsLocked writes each GPU's loaded speed and the link speed to
+// KernelDir where they changed, so ranks follow their GPU's clocks.
+func (s *Sim) publishSpeedsLocked() {
+	if s.opts.KernelDir == "" {
+		return
+	}
+	for _, g := range s.gpus {
+		if g.lost {
+			continue
+		}
+		sp := float64(s.loadedClock(g)) / float64(s.prof.maxSM)
+		if sp != g.speedWritten && s.writeSpeed(fmt.Sprintf("gpu-%d.speed", g.index), sp) {
+			g.speedWritten = sp
+		}
+	}
+	if s.link != s.linkWritten && s.writeSpeed("link.speed", s.link) {
+		s.linkWritten = s.link
+	}
+}
+
+// writeSpeed replaces KernelDir/name with speed; false when it could not.
+func (s *Sim) writeSpeed(name string, speed float64) bool {
+	path := filepath.Join(s.opts.KernelDir, name)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strconv.FormatFloat(speed, 'f', 4, 64)+"\n"), 0o644); err != nil {
+		s.log.Warn("simulated speed not written; ranks keep the old one", "file", path, "err", err)
+		return false
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		s.log.Warn("simulated speed not written; ranks keep the old one", "file", path, "err", err)
+		return false
+	}
+	return true
 }
 
 func (s *Sim) uncorrectableLocked(g *simGPU) {
@@ -412,6 +519,7 @@ func (s *Sim) stepLocked() {
 	for _, g := range s.gpus {
 		s.stepGPULocked(g, sec)
 	}
+	s.publishSpeedsLocked()
 }
 
 // refreshProcsLocked reads every assigned process once, drops those that
@@ -569,14 +677,10 @@ func (s *Sim) stepGPULocked(g *simGPU, sec float64) {
 		reasons |= nvml.ClocksEventReasonGpuIdle
 		sm = pr.idleSM
 	}
-	if g.tempC >= pr.swSlowC {
-		reasons |= nvml.ClocksEventReasonSwThermalSlowdown
-		sm = sm * 85 / 100
-	}
+	sm, thr := s.throttle(g, sm)
+	reasons |= thr
 	if g.thermalFault && g.tempC >= pr.hwSlowC {
-		reasons |= nvml.ClocksThrottleReasonHwSlowdown | nvml.ClocksThrottleReasonHwThermalSlowdown
 		power *= 0.5
-		sm = max(sm/2, pr.idleSM)
 	}
 	if power > pr.tdpW {
 		power = pr.tdpW

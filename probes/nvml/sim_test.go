@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -735,5 +736,104 @@ func TestKernelTimeLoadsGPU(t *testing.T) {
 				t.Errorf("kernel report of an exited process left behind: %v", err)
 			}
 		})
+	}
+}
+
+// A slow GPU's loaded clock drops to its factor with the hardware slowdown
+// reason, and the speed its ranks follow (gpu-<N>.speed) says the same; a
+// slow link writes link.speed; CLEAR restores both; a factor outside
+// (0, 1] is refused saying what to give.
+func TestSlowFaultsWriteSpeeds(t *testing.T) {
+	fp := fakeProc{t: t, root: t.TempDir()}
+	kdir := t.TempDir()
+	// A speed left by an earlier run is replaced at start.
+	for _, f := range []string{"gpu-2.speed", "link.speed"} {
+		if err := os.WriteFile(filepath.Join(kdir, f), []byte("0.3\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk := newFakeClock()
+	sim, err := NewSim("dgx-h100", SimOptions{Now: clk.Now, CPUNow: clk.Now, ProcRoot: fp.root, KernelDir: kdir, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewSampler(sim.NVML(), testLogger(t), WithClock(clk.Now), WithProcRoot(fp.root))
+	speed := func(name string) string {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(kdir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	if got, gotLink := speed("gpu-2.speed"), speed("link.speed"); got != "1.0000" || gotLink != "1.0000" {
+		t.Errorf("at start: gpu-2.speed %s, link.speed %s; want 1.0000 both", got, gotLink)
+	}
+	// Keep GPU 2 busy through reported kernel time.
+	const pid = 778
+	fp.set(pid, 0, 100, 0, 0, 0, 0)
+	if err := sim.SetProcesses(2, []uint32{pid}); err != nil {
+		t.Fatal(err)
+	}
+	busy := func(sec int) {
+		if err := os.WriteFile(filepath.Join(kdir, fmt.Sprint(pid)), []byte(fmt.Sprintf("%d\n", uint64(sec)*900_000_000)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	busy(0)
+	step(t, s, clk)
+	busy(1)
+	got := step(t, s, clk)
+	maxSM := profiles["dgx-h100"].maxSM
+	if got[2].SmClockMhz != maxSM {
+		t.Fatalf("busy GPU 2 runs at %d MHz before the fault, want boost %d", got[2].SmClockMhz, maxSM)
+	}
+
+	if err := sim.InjectFactor(2, api.FaultKind_FAULT_KIND_SLOW, 0.7); err != nil {
+		t.Fatal(err)
+	}
+	if got := speed("gpu-2.speed"); got != "0.7000" {
+		t.Errorf("gpu-2.speed after slow 0.7 = %s, want 0.7000", got)
+	}
+	if got := speed("gpu-1.speed"); got != "1.0000" {
+		t.Errorf("gpu-1.speed (not slowed) = %s, want 1.0000", got)
+	}
+	busy(2)
+	got = step(t, s, clk)
+	if want := uint32(float64(maxSM) * 0.7); got[2].SmClockMhz != want || !slices.Contains(got[2].ThrottleNames, "hw_slowdown") {
+		t.Errorf("slow GPU 2: %d MHz, reasons %v; want %d MHz with hw_slowdown", got[2].SmClockMhz, got[2].ThrottleNames, want)
+	}
+
+	if err := sim.InjectFactor(0, api.FaultKind_FAULT_KIND_LINK_SLOW, 0.5); err != nil {
+		t.Fatal(err)
+	}
+	if got := speed("link.speed"); got != "0.5000" {
+		t.Errorf("link.speed after link-slow 0.5 = %s, want 0.5000", got)
+	}
+
+	for _, f := range []float64{0, -1, 1.5, math.NaN()} {
+		err := sim.InjectFactor(3, api.FaultKind_FAULT_KIND_SLOW, f)
+		if err == nil || !strings.Contains(err.Error(), "(0, 1]") {
+			t.Errorf("factor %g: err %v, want one naming the range (0, 1]", f, err)
+		}
+	}
+
+	if err := sim.Inject(2, api.FaultKind_FAULT_KIND_CLEAR); err != nil {
+		t.Fatal(err)
+	}
+	if got, gotLink := speed("gpu-2.speed"), speed("link.speed"); got != "1.0000" || gotLink != "1.0000" {
+		t.Errorf("after clear: gpu-2.speed %s, link.speed %s; want 1.0000 both", got, gotLink)
+	}
+
+	// Thermal throttling slows the ranks too: clocks halve once hot.
+	if err := sim.Inject(2, api.FaultKind_FAULT_KIND_THERMAL); err != nil {
+		t.Fatal(err)
+	}
+	for i := 3; i < 30; i++ {
+		busy(i)
+		step(t, s, clk)
+	}
+	if got := speed("gpu-2.speed"); got > "0.5000" {
+		t.Errorf("gpu-2.speed of a hot GPU = %s, want at most 0.5000", got)
 	}
 }

@@ -31,7 +31,10 @@
  * then sleeps through its compute phase, as a host thread waits on a
  * kernel, and keeps $GPUCTL_SIM_KERNEL_DIR/<pid> holding its total kernel
  * time in nanoseconds (decimal; replaced by rename, so a reader sees a
- * whole number), which the simulated GPU counts as utilization.
+ * whole number), which the simulated GPU counts as utilization. Its compute
+ * follows its GPU's clocks: each step it reads $GPUCTL_SIM_KERNEL_DIR/gpu-N.speed
+ * (N the first of CUDA_VISIBLE_DEVICES; a fraction of full speed, missing = 1)
+ * and computes for compute_ms / speed, so a throttled or slowed GPU slows it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -253,7 +256,24 @@ static void report_kernel_time(void) {
   if (w == n) rename(tmp, path);
 }
 
+static char g_speed_path[4096];
+
+/* The share of full speed this rank's simulated GPU runs at now: 1 unless
+ * the simulated host says less (clamped so a bad file cannot stop the rank). */
+static double gpu_speed(void) {
+  if (!g_speed_path[0]) return 1;
+  FILE *f = fopen(g_speed_path, "re");
+  if (!f) return 1;
+  double v = 1;
+  if (fscanf(f, "%lf", &v) != 1 || !(v > 0)) v = 1;
+  fclose(f);
+  if (v < 0.05) v = 0.05;
+  if (v > 1) v = 1;
+  return v;
+}
+
 static void compute(double ms) {
+  ms /= gpu_speed();
   double start = now_s(), end = start + ms / 1000.0;
   if (g_kernel_dir) {
     struct timespec ts = {(time_t)(ms / 1000.0), (long)(fmod(ms, 1000.0) * 1e6)};
@@ -559,6 +579,11 @@ int main(int argc, char **argv) {
   if (ckdir && !*ckdir) ckdir = NULL;
   g_kernel_dir = getenv("GPUCTL_SIM_KERNEL_DIR");
   if (g_kernel_dir && !*g_kernel_dir) g_kernel_dir = NULL;
+  if (g_kernel_dir) {
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    int gpu = cvd && *cvd >= '0' && *cvd <= '9' ? atoi(cvd) : local_rank;
+    snprintf(g_speed_path, sizeof g_speed_path, "%s/gpu-%d.speed", g_kernel_dir, gpu);
+  }
 
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);

@@ -7,6 +7,12 @@
  * root, waiting for ranks, connecting the ring) run under a deadline from
  * GPUCTL_NCCL_TIMEOUT_S; data transfers have none, so a stopped peer stalls
  * its neighbours until it resumes, and a dead one (socket closed) fails them.
+ *
+ * On a simulated host (GPUCTL_SIM_KERNEL_DIR set) the file link.speed there
+ * may hold a fraction of full speed below 1: every transfer batch is then
+ * paced (by a sleep) to that share of the best rate batches reach at full speed
+ * (at most a nominal 1 GB/s),
+ * as a degraded link would. The file is read at most every 100 ms.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -584,6 +590,66 @@ void comm_close_sockets(struct ncclComm *comm, int clean) {
   }
 }
 
+static char link_path[4096];
+static int link_path_set;
+static double link_speed = 1;
+static int64_t link_read_ms;
+
+/* The share of full speed this host's transfers keep now, from link.speed. */
+static double current_link_speed(void) {
+  if (!link_path_set) {
+    link_path_set = 1;
+    const char *d = getenv("GPUCTL_SIM_KERNEL_DIR");
+    if (d && *d) snprintf(link_path, sizeof link_path, "%s/link.speed", d);
+  }
+  if (!link_path[0]) return 1;
+  int64_t now = now_ms();
+  if (link_read_ms && now - link_read_ms < 100) return link_speed;
+  link_read_ms = now;
+  double v = 1;
+  FILE *f = fopen(link_path, "re");
+  if (f) {
+    if (fscanf(f, "%lf", &v) != 1 || !(v > 0)) v = 1;
+    fclose(f);
+  }
+  if (v < 0.05) v = 0.05;
+  if (v > 1) v = 1;
+  link_speed = v;
+  return v;
+}
+
+/* base_bps is the rate transfer batches reach at full speed, the rate a
+ * slowed link is a share of: a slowly decaying maximum, since a batch that
+ * waited on a late peer shows a lower rate than the link's. */
+static double base_bps;
+
+/* Paces a transfer batch of bytes begun at started to speed times the rate
+ * it would have had: a target from the bytes, not a stretch of the time it
+ * took, so waiting on a peer that is itself slowed does not compound. */
+static void throttle_link(size_t bytes, struct timespec started) {
+  struct timespec end;
+  clock_gettime(CLOCK_MONOTONIC, &end);
+  double took = (double)(end.tv_sec - started.tv_sec) + (double)(end.tv_nsec - started.tv_nsec) / 1e9;
+  double sp = current_link_speed();
+  if (sp >= 1) {
+    if (took > 0 && bytes >= 4096) {
+      double bps = (double)bytes / took;
+      base_bps = bps > 0.99 * base_bps ? bps : 0.99 * base_bps;
+    }
+    return;
+  }
+  /* The simulated link's rate: what batches reach at full speed, at most a
+   * nominal 1 GB/s, since on loopback the wire is never the bottleneck a
+   * degraded link makes it. */
+  double rate = base_bps > 0 && base_bps < 1e9 ? base_bps : 1e9;
+  double extra = (double)bytes / (rate * sp) - took;
+  if (extra <= 0) return;
+  if (extra > 1) extra = 1;
+  struct timespec ts = {(time_t)extra, (long)((extra - (double)(time_t)extra) * 1e9)};
+  while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+  }
+}
+
 static int blocked_by_earlier(const struct xfer *x, int i) {
   for (int j = 0; j < i; j++)
     if (!x[j].fin && x[j].fd == x[i].fd && x[j].is_send == x[i].is_send) return 1;
@@ -594,6 +660,8 @@ ncclResult_t run_xfers(struct ncclComm *comm, struct xfer *x, int n) {
   struct pollfd stack_pfd[8];
   struct pollfd *pfd = n <= 8 ? stack_pfd : malloc(sizeof *pfd * (size_t)n);
   ncclResult_t rc = ncclSuccess;
+  struct timespec started;
+  clock_gettime(CLOCK_MONOTONIC, &started);
   if (!pfd) {
     comm_error(comm, "out of memory");
     return ncclSystemError;
@@ -647,5 +715,10 @@ ncclResult_t run_xfers(struct ncclComm *comm, struct xfer *x, int n) {
   }
 out:
   if (pfd != stack_pfd) free(pfd);
+  if (rc == ncclSuccess) {
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) bytes += x[i].len;
+    throttle_link(bytes, started);
+  }
   return rc;
 }

@@ -1,0 +1,49 @@
+package controlplane
+
+import (
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/controlplane/metrics"
+	"github.com/gpuctl/gpuctl/scheduler/failslow"
+)
+
+// Slowness is what the fail-slow analysis says now, for the exporter
+// (metrics.SlowSource).
+func (s *Server) Slowness() metrics.Slowness {
+	out := metrics.Slowness{Findings: map[string]int{}, Lateness: map[string]map[int32]float64{}, Slowdown: s.slow.Slowdown()}
+	for _, c := range failslow.Classes {
+		out.Findings[string(c)] = 0
+	}
+	for _, f := range s.slow.Findings() {
+		out.Findings[string(f.Class)]++
+	}
+	for job, ranks := range s.slow.Lateness() {
+		m := make(map[int32]float64, len(ranks))
+		for r, d := range ranks {
+			m[r] = d.Seconds()
+		}
+		out.Lateness[job] = m
+	}
+	return out
+}
+
+// SlowFindings returns the fail-slow findings standing now, of one job (id
+// or name) or of every job when job is "".
+func (s *Server) SlowFindings(job string) ([]*api.SlowFinding, error) {
+	id := ""
+	if job != "" {
+		j, err := s.jobs.Lookup(job)
+		if err != nil {
+			return nil, err
+		}
+		id = j.GetId()
+	}
+	var out []*api.SlowFinding
+	for _, f := range s.slow.Findings() {
+		if id != "" && f.Job != id {
+			continue
+		}
+		out = append(out, &api.SlowFinding{Job: f.Job, Class: string(f.Class), Rank: f.Rank, Node: f.Node, Comm: int32(f.Comm),
+			SinceUnixNano: f.Since, LateNs: int64(f.Late), Slowdown: f.Slowdown, Evidence: f.Evidence})
+	}
+	return out, nil
+}
