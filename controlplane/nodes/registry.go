@@ -494,6 +494,12 @@ func (e *entry) lastContact() time.Time {
 // process stopped, its host frozen): silence the detector could not have
 // heard end is no evidence against a node. Pushing lastBeat later only
 // ever delays the moment the server reckons a node's lease over.
+//
+// A pause long enough for nodemon to have given its session up (past
+// pauseGiveUp) also leaves every node in its reconnect backoff: each is
+// given transport.NodeReconnectWithin from now to be heard again, as
+// after a restart. A lastBeat in the future only delays what is reckoned
+// from it.
 func (r *Registry) creditPause(d time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -506,9 +512,18 @@ func (r *Registry) creditPause(d time.Duration) {
 		if e.lastBeat.After(now) {
 			e.lastBeat = now
 		}
+		if d > pauseGiveUp {
+			if back := now.Add(transport.NodeReconnectWithin - 2*e.heartbeat); back.After(e.lastBeat) {
+				e.lastBeat = back
+			}
+		}
 	}
 	r.log.Warn("the server paused; nodes are not blamed for it", "pause", d.Round(time.Millisecond))
 }
+
+// pauseGiveUp is the longest silence nodemon keeps a session through
+// (agent.SilenceLimit at its smallest).
+const pauseGiveUp = 3 * time.Second
 
 // disconnected records that a node's session ended. The node is not down
 // yet: the detector declares it down if it stays away as long as a silent
