@@ -46,6 +46,13 @@ type Config struct {
 	Log      *slog.Logger
 	// IdleTimeout ends a session nobody typed in for that long (0: never).
 	IdleTimeout time.Duration
+	// HandshakeTimeout bounds the SSH handshake and authentication of a
+	// new connection (0: DefaultHandshakeTimeout).
+	HandshakeTimeout time.Duration
+	// MaxConnsPerAddr and MaxConns cap the connections held from one source
+	// address and in all, logged in or not (0: the Default values); one
+	// beyond them is closed at accept.
+	MaxConnsPerAddr, MaxConns int
 }
 
 // Server is the SSH console server.
@@ -53,7 +60,7 @@ type Server struct {
 	cfg  Config
 	keys *keyFile
 	srv  *ssh.Server
-	ln   net.Listener
+	ln   *limitListener
 	log  *slog.Logger
 }
 
@@ -74,6 +81,15 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if cfg.MaxConnsPerAddr <= 0 {
+		cfg.MaxConnsPerAddr = DefaultMaxConnsPerAddr
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
 	s := &Server{cfg: cfg, keys: &keyFile{path: cfg.AuthorizedKeys}, log: log}
 	if _, err := s.keys.load(); err != nil {
 		return nil, fmt.Errorf("ssh console: %w", err)
@@ -93,6 +109,10 @@ func New(cfg Config) (*Server, error) {
 	srv, err := wish.NewServer(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("ssh console: %w", err)
+	}
+	srv.HandshakeTimeout = cfg.HandshakeTimeout
+	srv.ConnectionFailedCallback = func(c net.Conn, err error) {
+		s.log.Info("ssh console: connection ended before login", "remote", c.RemoteAddr().String(), "err", err)
 	}
 	s.srv = srv
 	return s, nil
@@ -162,7 +182,7 @@ func (s *Server) Listen() error {
 	if err != nil {
 		return fmt.Errorf("ssh console: listen %s: %w", s.cfg.Listen, err)
 	}
-	s.ln = ln
+	s.ln = newLimitListener(ln, s.cfg.MaxConnsPerAddr, s.cfg.MaxConns, s.log)
 	return nil
 }
 

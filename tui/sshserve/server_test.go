@@ -28,7 +28,7 @@ type console struct {
 	stranger gossh.Signer
 }
 
-func startConsole(t *testing.T) *console {
+func startConsole(t *testing.T, tune ...func(*Config)) *console {
 	t.Helper()
 	dir := t.TempDir()
 	srv, err := controlplane.New(controlplane.Config{DataDir: filepath.Join(dir, "server"), Listen: "127.0.0.1:0"})
@@ -63,7 +63,11 @@ func startConsole(t *testing.T) *console {
 	if err := os.WriteFile(keys, []byte("role=operator "+opLine+" alice\nrole=viewer "+viewLine+" bob\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ss, err := New(Config{Listen: "127.0.0.1:0", HostKey: filepath.Join(dir, "host_key"), AuthorizedKeys: keys, Factory: c.factory, Hub: hub})
+	cfg := Config{Listen: "127.0.0.1:0", HostKey: filepath.Join(dir, "host_key"), AuthorizedKeys: keys, Factory: c.factory, Hub: hub}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	ss, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
