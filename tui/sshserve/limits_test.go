@@ -42,14 +42,7 @@ func holdFrom(t *testing.T, from, addr string) *rawConn {
 
 // closedWithin reports whether the server closed the connection within
 // limit.
-func (r *rawConn) closedWithin(limit time.Duration) bool {
-	select {
-	case <-r.ended:
-		return true
-	case <-time.After(limit):
-		return false
-	}
-}
+func (r *rawConn) closedWithin(limit time.Duration) bool { return closedWithin(r.ended, limit) }
 
 func loginFrom(t *testing.T, from, addr string, key gossh.Signer) *gossh.Client {
 	t.Helper()

@@ -44,7 +44,8 @@ type Config struct {
 	// ReadOnly hides every action in every session.
 	ReadOnly bool
 	Log      *slog.Logger
-	// IdleTimeout ends a session nobody typed in for that long (0: never).
+	// IdleTimeout ends a session nobody typed in for that long (0: never);
+	// a screen that changes does not keep it open.
 	IdleTimeout time.Duration
 	// HandshakeTimeout bounds the SSH handshake and authentication of a
 	// new connection (0: DefaultHandshakeTimeout).
@@ -62,6 +63,8 @@ type Server struct {
 	srv  *ssh.Server
 	ln   *limitListener
 	log  *slog.Logger
+	// sessions are the open consoles, watched for key changes and idleness.
+	sessions sessions
 }
 
 // New checks the configuration and the authorized-keys file and builds the
@@ -102,9 +105,6 @@ func New(cfg Config) (*Server, error) {
 			activeterm.Middleware(),
 			s.logSessions,
 		),
-	}
-	if cfg.IdleTimeout > 0 {
-		opts = append(opts, wish.WithIdleTimeout(cfg.IdleTimeout))
 	}
 	srv, err := wish.NewServer(opts...)
 	if err != nil {
@@ -156,10 +156,16 @@ func (s *Server) program(sess ssh.Session) *tea.Program {
 		return nil
 	}
 	m := tui.New(tui.Options{Client: cl, Role: k.Role, User: k.Name + "@ssh", ReadOnly: s.cfg.ReadOnly, Log: s.log.With("ssh", k.Name)})
-	p := tea.NewProgram(m, bubbletea.MakeOptions(sess)...)
+	open := &session{key: k, sess: sess}
+	open.lastInput.Store(time.Now().UnixNano())
+	// The filter replaces MakeOptions' own, which it includes.
+	p := tea.NewProgram(m, append(bubbletea.MakeOptions(sess), tea.WithFilter(open.inputFilter))...)
+	open.prog = p
+	s.sessions.add(open)
 	unsub := s.cfg.Hub.Subscribe(p.Send)
 	go func() {
 		<-sess.Context().Done()
+		s.sessions.remove(open)
 		unsub()
 		cl.Close()
 	}()
@@ -172,6 +178,9 @@ func (s *Server) logSessions(next ssh.Handler) ssh.Handler {
 		k, _, _ := s.keys.lookup(sess.PublicKey())
 		s.log.Info("ssh console: session start", "name", k.Name, "role", string(k.Role), "remote", sess.RemoteAddr().String())
 		next(sess)
+		if open := s.sessions.of(sess); open != nil {
+			open.finish()
+		}
 		s.log.Info("ssh console: session end", "name", k.Name, "duration", time.Since(start).Round(time.Millisecond))
 	}
 }
@@ -198,6 +207,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.srv.Serve(s.ln) }()
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go s.watch(wctx)
 	select {
 	case err := <-done:
 		if errors.Is(err, ssh.ErrServerClosed) {

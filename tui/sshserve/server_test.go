@@ -26,6 +26,9 @@ type console struct {
 	operator gossh.Signer
 	viewer   gossh.Signer
 	stranger gossh.Signer
+	// keys is the authorized-keys file; lines its lines by key name.
+	keys  string
+	lines map[string]string
 }
 
 func startConsole(t *testing.T, tune ...func(*Config)) *console {
@@ -59,8 +62,10 @@ func startConsole(t *testing.T, tune ...func(*Config)) *console {
 	opLine, c.operator = pubLine(t)
 	viewLine, c.viewer = pubLine(t)
 	_, c.stranger = pubLine(t)
+	c.lines = map[string]string{"alice": "role=operator " + opLine + " alice", "bob": "role=viewer " + viewLine + " bob"}
 	keys := filepath.Join(dir, "console_keys")
-	if err := os.WriteFile(keys, []byte("role=operator "+opLine+" alice\nrole=viewer "+viewLine+" bob\n"), 0o600); err != nil {
+	c.keys = keys
+	if err := os.WriteFile(keys, []byte(c.lines["alice"]+"\n"+c.lines["bob"]+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cfg := Config{Listen: "127.0.0.1:0", HostKey: filepath.Join(dir, "host_key"), AuthorizedKeys: keys, Factory: c.factory, Hub: hub}
@@ -140,6 +145,20 @@ func dial(addr string, key gossh.Signer) (*gossh.Client, error) {
 
 func openConsole(t *testing.T, addr string, key gossh.Signer) (*screen, func(string)) {
 	t.Helper()
+	o := openSession(t, addr, key)
+	return o.out, o.send
+}
+
+// session is an open console seen from the client: its screen, what it
+// wrote to stderr, and ended once the server has closed it.
+type clientSession struct {
+	out, errs *screen
+	send      func(string)
+	ended     chan struct{}
+}
+
+func openSession(t *testing.T, addr string, key gossh.Signer) *clientSession {
+	t.Helper()
 	cl, err := dial(addr, key)
 	if err != nil {
 		t.Fatal(err)
@@ -152,8 +171,8 @@ func openConsole(t *testing.T, addr string, key gossh.Signer) (*screen, func(str
 	if err := sess.RequestPty("xterm-256color", 40, 160, gossh.TerminalModes{}); err != nil {
 		t.Fatal(err)
 	}
-	scr := &screen{}
-	sess.Stdout = scr
+	o := &clientSession{out: &screen{}, errs: &screen{}, ended: make(chan struct{})}
+	sess.Stdout, sess.Stderr = o.out, o.errs
 	in, err := sess.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +180,22 @@ func openConsole(t *testing.T, addr string, key gossh.Signer) (*screen, func(str
 	if err := sess.Shell(); err != nil {
 		t.Fatal(err)
 	}
-	return scr, func(keys string) { in.Write([]byte(keys)) }
+	o.send = func(keys string) { in.Write([]byte(keys)) }
+	go func() { sess.Wait(); close(o.ended) }()
+	return o
+}
+
+// endsWithin reports whether the server ended the session within limit.
+func (o *clientSession) endsWithin(limit time.Duration) bool { return closedWithin(o.ended, limit) }
+
+// closedWithin reports whether ch is closed within limit.
+func closedWithin(ch <-chan struct{}, limit time.Duration) bool {
+	select {
+	case <-ch:
+		return true
+	case <-time.After(limit):
+		return false
+	}
 }
 
 func TestSSHConsoleRoles(t *testing.T) {
