@@ -56,6 +56,14 @@ type Config struct {
 	MaxConnsPerAddr, MaxConns int
 }
 
+// A session redraws at most every frameEvery after its user's input, and
+// every dataFrameEvery after the feed changes (nodes sample once a
+// second), so twenty sessions cost the server a few times what none do.
+const (
+	frameEvery     = 100 * time.Millisecond
+	dataFrameEvery = time.Second
+)
+
 // Server is the SSH console server.
 type Server struct {
 	cfg  Config
@@ -155,7 +163,8 @@ func (s *Server) program(sess ssh.Session) *tea.Program {
 		wish.Fatalln(sess, "gpuctl: cannot reach the control plane: "+err.Error())
 		return nil
 	}
-	m := tui.New(tui.Options{Client: cl, Role: k.Role, User: k.Name + "@ssh", ReadOnly: s.cfg.ReadOnly, Log: s.log.With("ssh", k.Name)})
+	m := tui.New(tui.Options{Client: cl, Role: k.Role, User: k.Name + "@ssh", ReadOnly: s.cfg.ReadOnly, Log: s.log.With("ssh", k.Name),
+		MinFrame: frameEvery, DataFrame: dataFrameEvery})
 	open := &session{key: k, sess: sess}
 	open.lastInput.Store(time.Now().UnixNano())
 	// The filter replaces MakeOptions' own, which it includes.
