@@ -168,8 +168,17 @@ func (s *Server) program(sess ssh.Session) *tea.Program {
 	open := &session{key: k, sess: sess}
 	open.lastInput.Store(time.Now().UnixNano())
 	// The filter replaces MakeOptions' own, which it includes.
-	p := tea.NewProgram(m, append(bubbletea.MakeOptions(sess), tea.WithFilter(open.inputFilter))...)
+	opts := append(bubbletea.MakeOptions(sess), tea.WithFilter(open.inputFilter))
+	pty, _, hasPty := sess.Pty()
+	if hasPty {
+		// The renderer starts at this size, before the filter sees any.
+		opts = append(opts, tea.WithWindowSize(min(pty.Window.Width, maxWidth), min(pty.Window.Height, maxHeight)))
+	}
+	p := tea.NewProgram(m, opts...)
 	open.prog = p
+	if hasPty {
+		open.capped(pty.Window.Width, pty.Window.Height) // says so if it is capped
+	}
 	s.sessions.add(open)
 	unsub := s.cfg.Hub.Subscribe(p.Send)
 	go func() {

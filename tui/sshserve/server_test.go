@@ -159,6 +159,12 @@ type clientSession struct {
 
 func openSession(t *testing.T, addr string, key gossh.Signer) *clientSession {
 	t.Helper()
+	return openSessionSized(t, addr, key, 160, 40)
+}
+
+// openSessionSized opens a console on a width×height PTY.
+func openSessionSized(t *testing.T, addr string, key gossh.Signer, width, height int) *clientSession {
+	t.Helper()
 	cl, err := dial(addr, key)
 	if err != nil {
 		t.Fatal(err)
@@ -168,7 +174,7 @@ func openSession(t *testing.T, addr string, key gossh.Signer) *clientSession {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sess.RequestPty("xterm-256color", 40, 160, gossh.TerminalModes{}); err != nil {
+	if err := sess.RequestPty("xterm-256color", height, width, gossh.TerminalModes{}); err != nil {
 		t.Fatal(err)
 	}
 	o := &clientSession{out: &screen{}, errs: &screen{}, ended: make(chan struct{})}

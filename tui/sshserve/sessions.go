@@ -10,6 +10,8 @@ import (
 	tea "charm.land/bubbletea/v2"
 	"charm.land/ssh"
 	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/gpuctl/gpuctl/tui/app"
 )
 
 // watchEvery is how often the authorized-keys file and the sessions' idle
@@ -76,13 +78,37 @@ func (ss *sessions) list() []*session {
 // a client's suspend (ctrl+z) from stopping the server's program, as
 // wish's own filter does.
 func (s *session) inputFilter(_ tea.Model, msg tea.Msg) tea.Msg {
-	switch msg.(type) {
+	switch m := msg.(type) {
 	case tea.SuspendMsg:
 		return tea.ResumeMsg{}
 	case tea.KeyPressMsg, tea.PasteMsg, tea.MouseMsg:
 		s.lastInput.Store(time.Now().UnixNano())
+	case tea.WindowSizeMsg:
+		return s.capSize(m)
 	}
 	return msg
+}
+
+// Largest terminal a session draws: the renderer keeps cells for the
+// whole screen, so a 1000×1000 PTY would cost hundreds of MB per session.
+const maxWidth, maxHeight = 500, 200
+
+// capSize draws a terminal larger than maxWidth×maxHeight at that size,
+// and says so in the status line.
+func (s *session) capSize(msg tea.WindowSizeMsg) tea.Msg {
+	w, h := s.capped(msg.Width, msg.Height)
+	return tea.WindowSizeMsg{Width: w, Height: h}
+}
+
+// capped is the size drawn for a w×h terminal; when it is smaller it
+// says so in the status line.
+func (s *session) capped(w, h int) (int, int) {
+	cw, ch := min(w, maxWidth), min(h, maxHeight)
+	if cw != w || ch != h {
+		// Not Send from inside the program's loop: its channel is unbuffered.
+		go s.prog.Send(app.FlashMsg{Text: fmt.Sprintf("terminal %d×%d is larger than %d×%d: drawing %d×%d", w, h, maxWidth, maxHeight, cw, ch), Err: true})
+	}
+	return cw, ch
 }
 
 // end stops the session's console; Server.logSessions then tells its
