@@ -173,3 +173,32 @@ func BenchmarkKeyToRedraw(b *testing.B) {
 	b.ReportMetric(pct(0.99), "p99-ms")
 	b.ReportMetric(0, "ns/op")
 }
+
+// BenchmarkCommandLineTyping types 10 KB and 100 KB into the `:` line one
+// key at a time, each key followed by a call to View as the program makes
+// one, and reports the time per KB: the same for both sizes when input is
+// linear. "every-frame" draws on each key (the local console); "coalesced"
+// at most every 250 ms (the SSH console).
+func BenchmarkCommandLineTyping(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		kb   int
+		min  time.Duration
+	}{{"every-frame/10KB", 10, 0}, {"every-frame/100KB", 100, 0}, {"coalesced/10KB", 10, 250 * time.Millisecond}, {"coalesced/100KB", 100, 250 * time.Millisecond}} {
+		kb := c.kb
+		b.Run(c.name, func(b *testing.B) {
+			m := benchModel(b, 200, 200, 50)
+			m.frames.min, m.frames.data = c.min, c.min
+			for b.Loop() {
+				m.Update(tea.KeyPressMsg{Code: ':', Text: ":"})
+				for i := range kb * 1024 {
+					c := rune('a' + i%26)
+					m.Update(tea.KeyPressMsg{Code: c, Text: string(c)})
+					m.View()
+				}
+				m.Update(tea.KeyPressMsg{Code: tea.KeyEscape})
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1000/float64(kb), "ms/KB")
+		})
+	}
+}

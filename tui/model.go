@@ -45,6 +45,11 @@ type Options struct {
 	Now     func() time.Time
 	// Run wraps network commands (see app.Context.Run).
 	Run func(tea.Cmd) tea.Cmd
+	// MinFrame and DataFrame coalesce redraws: a frame only after
+	// something changed, at most one per MinFrame after input and one per
+	// DataFrame after the feed (MinFrame 0: a frame after every message).
+	// The SSH console sets them, as its sessions share one server's CPU.
+	MinFrame, DataFrame time.Duration
 }
 
 type mode int
@@ -76,6 +81,7 @@ type Model struct {
 	fixed    bool
 	profile  colorprofile.Profile
 	dark     bool
+	frames   frames
 }
 
 type globalKeys struct {
@@ -113,7 +119,7 @@ func New(o Options) *Model {
 	if o.Now != nil {
 		ctx.Now = o.Now
 	}
-	m := &Model{ctx: ctx, keys: newGlobalKeys(), help: help.New(), fixed: fixed, profile: profile, dark: dark,
+	m := &Model{ctx: ctx, frames: frames{min: o.MinFrame, data: max(o.DataFrame, o.MinFrame), wait: time.Nanosecond}, keys: newGlobalKeys(), help: help.New(), fixed: fixed, profile: profile, dark: dark,
 		width: 80, height: 24}
 	m.prompt.Complete = m.complete
 	start := o.Start
@@ -170,6 +176,10 @@ func (m *Model) layout() {
 
 // Update routes a message.
 func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	return m.frames.update(m, msg, m.update)
+}
+
+func (m *Model) update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	switch msg := msg.(type) {
 	case tea.WindowSizeMsg:
 		m.width, m.height = msg.Width, msg.Height
@@ -225,6 +235,8 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, nil
 	case tea.KeyPressMsg:
 		return m, m.key(msg)
+	case tea.PasteMsg:
+		return m, m.paste(msg.Content)
 	case tea.MouseClickMsg:
 		if len(m.overlays) > 0 || msg.Button != tea.MouseLeft {
 			return m, nil
@@ -303,37 +315,8 @@ func (m *Model) key(k tea.KeyPressMsg) tea.Cmd {
 		return cmd
 	}
 	switch m.mode {
-	case modeCommand:
-		switch m.prompt.Update(k) {
-		case cmdline.Submitted:
-			m.mode = modeNormal
-			return m.run(m.prompt.Value)
-		case cmdline.Cancelled:
-			m.mode = modeNormal
-		}
-		return nil
-	case modeFilter:
-		f, _ := m.Top().(app.Filterer)
-		switch m.prompt.Update(k) {
-		case cmdline.Submitted:
-			m.mode = modeNormal
-			if f != nil {
-				f.SetFilter(m.prompt.Value)
-			}
-			if a, ok := m.Top().(app.FilterApplier); ok {
-				return a.ApplyFilter()
-			}
-		case cmdline.Cancelled:
-			m.mode = modeNormal
-			if f != nil {
-				f.SetFilter("")
-			}
-		default:
-			if f != nil {
-				f.SetFilter(m.prompt.Value)
-			}
-		}
-		return nil
+	case modeCommand, modeFilter:
+		return m.prompted(m.prompt.Update(k))
 	}
 	if m.showHelp {
 		if key.Matches(k, m.keys.Help, m.keys.Back) {
@@ -378,6 +361,52 @@ func (m *Model) key(k tea.KeyPressMsg) tea.Cmd {
 	}
 	m.flash = ""
 	return m.toTop(k)
+}
+
+// prompted acts on what a key or a paste did to the `:` or `/` line.
+func (m *Model) prompted(r cmdline.Result) tea.Cmd {
+	switch m.mode {
+	case modeCommand:
+		switch r {
+		case cmdline.Submitted:
+			m.mode = modeNormal
+			return m.run(m.prompt.Value)
+		case cmdline.Cancelled:
+			m.mode = modeNormal
+		}
+	case modeFilter:
+		f, _ := m.Top().(app.Filterer)
+		switch r {
+		case cmdline.Submitted:
+			m.mode = modeNormal
+			if f != nil {
+				f.SetFilter(m.prompt.Value)
+			}
+			if a, ok := m.Top().(app.FilterApplier); ok {
+				return a.ApplyFilter()
+			}
+		case cmdline.Cancelled:
+			m.mode = modeNormal
+			if f != nil {
+				f.SetFilter("")
+			}
+		default:
+			if f != nil {
+				f.SetFilter(m.prompt.Value)
+			}
+		}
+	}
+	return nil
+}
+
+// paste takes a bracketed paste into the `:` or `/` line; elsewhere a
+// paste is not keys and does nothing.
+func (m *Model) paste(text string) tea.Cmd {
+	if m.Overlay() != nil || (m.mode != modeCommand && m.mode != modeFilter) {
+		return nil
+	}
+	m.prompt.Paste(text)
+	return m.prompted(cmdline.Editing)
 }
 
 // jumpToStall opens the job of the first live stall at its lagging rank.
@@ -454,6 +483,10 @@ func (m *Model) renderBanners() []string {
 
 // View draws the console.
 func (m *Model) View() tea.View {
+	return m.frames.view(m.view)
+}
+
+func (m *Model) view() tea.View {
 	v := tea.NewView(m.Render())
 	v.AltScreen = true
 	v.MouseMode = tea.MouseModeCellMotion

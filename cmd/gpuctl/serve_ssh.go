@@ -6,6 +6,9 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/controlplane"
@@ -14,9 +17,25 @@ import (
 	"github.com/gpuctl/gpuctl/tui/sshserve"
 )
 
-// sshConsoleFlags are gpuctl serve's console-over-SSH options.
+// sshConsoleFlags are gpuctl serve's (and demo's) console-over-SSH options.
 type sshConsoleFlags struct {
-	listen, authorizedKeys string
+	listen, authorizedKeys    string
+	idleTimeout, handshake    time.Duration
+	maxConnsPerAddr, maxConns int
+}
+
+// defaultSSHIdleTimeout ends a console nobody typed in for half an hour:
+// long enough to watch a job, short enough that a forgotten terminal does
+// not keep a role open.
+const defaultSSHIdleTimeout = 30 * time.Minute
+
+func (s *sshConsoleFlags) register(f *pflag.FlagSet, listenHelp string) {
+	f.StringVar(&s.listen, "ssh-listen", "", listenHelp)
+	f.StringVar(&s.authorizedKeys, "ssh-authorized-keys", "", "keys allowed into the SSH console, one per line with its role:\nrole=operator ssh-ed25519 AAAA… alice")
+	f.DurationVar(&s.idleTimeout, "ssh-idle-timeout", defaultSSHIdleTimeout, "end an SSH console session nobody typed in for this long (0: never)")
+	f.DurationVar(&s.handshake, "ssh-handshake-timeout", sshserve.DefaultHandshakeTimeout, "close an SSH connection that has not logged in within this time")
+	f.IntVar(&s.maxConnsPerAddr, "ssh-max-conns-per-addr", sshserve.DefaultMaxConnsPerAddr, "SSH connections held from one source address, logged in or not; more are closed at once")
+	f.IntVar(&s.maxConns, "ssh-max-conns", sshserve.DefaultMaxConns, "SSH connections held in all, logged in or not; more are closed at once")
 }
 
 // startSSHConsole serves the console over SSH next to the control plane
@@ -30,7 +49,8 @@ func startSSHConsole(ctx context.Context, f sshConsoleFlags, srv *controlplane.S
 	}
 	hub := feed.New(feedClient, feed.Options{Log: log})
 	ss, err := sshserve.New(sshserve.Config{Listen: f.listen, AuthorizedKeys: f.authorizedKeys,
-		HostKey: filepath.Join(dataDir, "ssh_host_ed25519_key"), Factory: factory, Hub: hub, Log: log})
+		HostKey: filepath.Join(dataDir, "ssh_host_ed25519_key"), Factory: factory, Hub: hub, Log: log,
+		IdleTimeout: f.idleTimeout, HandshakeTimeout: f.handshake, MaxConnsPerAddr: f.maxConnsPerAddr, MaxConns: f.maxConns})
 	if err != nil {
 		feedClient.Close()
 		return nil, err

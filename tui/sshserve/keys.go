@@ -2,11 +2,11 @@ package sshserve
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"strings"
 	"sync"
-	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 
@@ -77,13 +77,15 @@ func ParseAuthorizedKeys(path string, data []byte) (map[string]Key, error) {
 	return keys, nil
 }
 
-// keyFile is the authorized-keys file, read again whenever it changes, so
-// a key removed from it is refused from the next login on.
+// keyFile is the authorized-keys file, read at each login and each second
+// (see Server.watch) and parsed again whenever its content changes, so a
+// key removed from it is refused from the next login on and its open
+// sessions end. The content's hash, not its mtime, says whether it
+// changed: an edit within one mtime tick keeps the size.
 type keyFile struct {
 	path string
 	mu   sync.Mutex
-	mod  time.Time
-	size int64
+	sum  [sha256.Size]byte
 	keys map[string]Key
 	err  error
 }
@@ -91,19 +93,16 @@ type keyFile struct {
 func (f *keyFile) load() (map[string]Key, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	fi, err := os.Stat(f.path)
-	if err != nil {
-		return nil, fmt.Errorf("authorized keys: %w", err)
-	}
-	if f.keys != nil && fi.ModTime().Equal(f.mod) && fi.Size() == f.size {
-		return f.keys, f.err
-	}
 	data, err := os.ReadFile(f.path)
 	if err != nil {
 		return nil, fmt.Errorf("authorized keys: %w", err)
 	}
+	sum := sha256.Sum256(data)
+	if f.keys != nil && sum == f.sum {
+		return f.keys, f.err
+	}
 	f.keys, f.err = ParseAuthorizedKeys(f.path, data)
-	f.mod, f.size = fi.ModTime(), fi.Size()
+	f.sum = sum
 	if f.err != nil {
 		// A broken file refuses everyone rather than guessing.
 		f.keys = map[string]Key{}

@@ -44,17 +44,35 @@ type Config struct {
 	// ReadOnly hides every action in every session.
 	ReadOnly bool
 	Log      *slog.Logger
-	// IdleTimeout ends a session nobody typed in for that long (0: never).
+	// IdleTimeout ends a session nobody typed in for that long (0: never);
+	// a screen that changes does not keep it open.
 	IdleTimeout time.Duration
+	// HandshakeTimeout bounds the SSH handshake and authentication of a
+	// new connection (0: DefaultHandshakeTimeout).
+	HandshakeTimeout time.Duration
+	// MaxConnsPerAddr and MaxConns cap the connections held from one source
+	// address and in all, logged in or not (0: the Default values); one
+	// beyond them is closed at accept.
+	MaxConnsPerAddr, MaxConns int
 }
+
+// A session redraws at most every frameEvery after its user's input, and
+// every dataFrameEvery after the feed changes (nodes sample once a
+// second), so twenty sessions cost the server a few times what none do.
+const (
+	frameEvery     = 100 * time.Millisecond
+	dataFrameEvery = time.Second
+)
 
 // Server is the SSH console server.
 type Server struct {
 	cfg  Config
 	keys *keyFile
 	srv  *ssh.Server
-	ln   net.Listener
+	ln   *limitListener
 	log  *slog.Logger
+	// sessions are the open consoles, watched for key changes and idleness.
+	sessions sessions
 }
 
 // New checks the configuration and the authorized-keys file and builds the
@@ -74,6 +92,15 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if cfg.MaxConnsPerAddr <= 0 {
+		cfg.MaxConnsPerAddr = DefaultMaxConnsPerAddr
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
 	s := &Server{cfg: cfg, keys: &keyFile{path: cfg.AuthorizedKeys}, log: log}
 	if _, err := s.keys.load(); err != nil {
 		return nil, fmt.Errorf("ssh console: %w", err)
@@ -87,12 +114,13 @@ func New(cfg Config) (*Server, error) {
 			s.logSessions,
 		),
 	}
-	if cfg.IdleTimeout > 0 {
-		opts = append(opts, wish.WithIdleTimeout(cfg.IdleTimeout))
-	}
 	srv, err := wish.NewServer(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("ssh console: %w", err)
+	}
+	srv.HandshakeTimeout = cfg.HandshakeTimeout
+	srv.ConnectionFailedCallback = func(c net.Conn, err error) {
+		s.log.Info("ssh console: connection ended before login", "remote", c.RemoteAddr().String(), "err", err)
 	}
 	s.srv = srv
 	return s, nil
@@ -135,11 +163,27 @@ func (s *Server) program(sess ssh.Session) *tea.Program {
 		wish.Fatalln(sess, "gpuctl: cannot reach the control plane: "+err.Error())
 		return nil
 	}
-	m := tui.New(tui.Options{Client: cl, Role: k.Role, User: k.Name + "@ssh", ReadOnly: s.cfg.ReadOnly, Log: s.log.With("ssh", k.Name)})
-	p := tea.NewProgram(m, bubbletea.MakeOptions(sess)...)
+	m := tui.New(tui.Options{Client: cl, Role: k.Role, User: k.Name + "@ssh", ReadOnly: s.cfg.ReadOnly, Log: s.log.With("ssh", k.Name),
+		MinFrame: frameEvery, DataFrame: dataFrameEvery})
+	open := &session{key: k, sess: sess}
+	open.lastInput.Store(time.Now().UnixNano())
+	// The filter replaces MakeOptions' own, which it includes.
+	opts := append(bubbletea.MakeOptions(sess), tea.WithFilter(open.inputFilter))
+	pty, _, hasPty := sess.Pty()
+	if hasPty {
+		// The renderer starts at this size, before the filter sees any.
+		opts = append(opts, tea.WithWindowSize(min(pty.Window.Width, maxWidth), min(pty.Window.Height, maxHeight)))
+	}
+	p := tea.NewProgram(m, opts...)
+	open.prog = p
+	if hasPty {
+		open.capped(pty.Window.Width, pty.Window.Height) // says so if it is capped
+	}
+	s.sessions.add(open)
 	unsub := s.cfg.Hub.Subscribe(p.Send)
 	go func() {
 		<-sess.Context().Done()
+		s.sessions.remove(open)
 		unsub()
 		cl.Close()
 	}()
@@ -152,6 +196,9 @@ func (s *Server) logSessions(next ssh.Handler) ssh.Handler {
 		k, _, _ := s.keys.lookup(sess.PublicKey())
 		s.log.Info("ssh console: session start", "name", k.Name, "role", string(k.Role), "remote", sess.RemoteAddr().String())
 		next(sess)
+		if open := s.sessions.of(sess); open != nil {
+			open.finish()
+		}
 		s.log.Info("ssh console: session end", "name", k.Name, "duration", time.Since(start).Round(time.Millisecond))
 	}
 }
@@ -162,7 +209,7 @@ func (s *Server) Listen() error {
 	if err != nil {
 		return fmt.Errorf("ssh console: listen %s: %w", s.cfg.Listen, err)
 	}
-	s.ln = ln
+	s.ln = newLimitListener(ln, s.cfg.MaxConnsPerAddr, s.cfg.MaxConns, s.log)
 	return nil
 }
 
@@ -178,6 +225,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.srv.Serve(s.ln) }()
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go s.watch(wctx)
 	select {
 	case err := <-done:
 		if errors.Is(err, ssh.ErrServerClosed) {

@@ -26,9 +26,12 @@ type console struct {
 	operator gossh.Signer
 	viewer   gossh.Signer
 	stranger gossh.Signer
+	// keys is the authorized-keys file; lines its lines by key name.
+	keys  string
+	lines map[string]string
 }
 
-func startConsole(t *testing.T) *console {
+func startConsole(t *testing.T, tune ...func(*Config)) *console {
 	t.Helper()
 	dir := t.TempDir()
 	srv, err := controlplane.New(controlplane.Config{DataDir: filepath.Join(dir, "server"), Listen: "127.0.0.1:0"})
@@ -59,11 +62,17 @@ func startConsole(t *testing.T) *console {
 	opLine, c.operator = pubLine(t)
 	viewLine, c.viewer = pubLine(t)
 	_, c.stranger = pubLine(t)
+	c.lines = map[string]string{"alice": "role=operator " + opLine + " alice", "bob": "role=viewer " + viewLine + " bob"}
 	keys := filepath.Join(dir, "console_keys")
-	if err := os.WriteFile(keys, []byte("role=operator "+opLine+" alice\nrole=viewer "+viewLine+" bob\n"), 0o600); err != nil {
+	c.keys = keys
+	if err := os.WriteFile(keys, []byte(c.lines["alice"]+"\n"+c.lines["bob"]+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ss, err := New(Config{Listen: "127.0.0.1:0", HostKey: filepath.Join(dir, "host_key"), AuthorizedKeys: keys, Factory: c.factory, Hub: hub})
+	cfg := Config{Listen: "127.0.0.1:0", HostKey: filepath.Join(dir, "host_key"), AuthorizedKeys: keys, Factory: c.factory, Hub: hub}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	ss, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,6 +145,26 @@ func dial(addr string, key gossh.Signer) (*gossh.Client, error) {
 
 func openConsole(t *testing.T, addr string, key gossh.Signer) (*screen, func(string)) {
 	t.Helper()
+	o := openSession(t, addr, key)
+	return o.out, o.send
+}
+
+// session is an open console seen from the client: its screen, what it
+// wrote to stderr, and ended once the server has closed it.
+type clientSession struct {
+	out, errs *screen
+	send      func(string)
+	ended     chan struct{}
+}
+
+func openSession(t *testing.T, addr string, key gossh.Signer) *clientSession {
+	t.Helper()
+	return openSessionSized(t, addr, key, 160, 40)
+}
+
+// openSessionSized opens a console on a width×height PTY.
+func openSessionSized(t *testing.T, addr string, key gossh.Signer, width, height int) *clientSession {
+	t.Helper()
 	cl, err := dial(addr, key)
 	if err != nil {
 		t.Fatal(err)
@@ -145,11 +174,11 @@ func openConsole(t *testing.T, addr string, key gossh.Signer) (*screen, func(str
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sess.RequestPty("xterm-256color", 40, 160, gossh.TerminalModes{}); err != nil {
+	if err := sess.RequestPty("xterm-256color", height, width, gossh.TerminalModes{}); err != nil {
 		t.Fatal(err)
 	}
-	scr := &screen{}
-	sess.Stdout = scr
+	o := &clientSession{out: &screen{}, errs: &screen{}, ended: make(chan struct{})}
+	sess.Stdout, sess.Stderr = o.out, o.errs
 	in, err := sess.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +186,22 @@ func openConsole(t *testing.T, addr string, key gossh.Signer) (*screen, func(str
 	if err := sess.Shell(); err != nil {
 		t.Fatal(err)
 	}
-	return scr, func(keys string) { in.Write([]byte(keys)) }
+	o.send = func(keys string) { in.Write([]byte(keys)) }
+	go func() { sess.Wait(); close(o.ended) }()
+	return o
+}
+
+// endsWithin reports whether the server ended the session within limit.
+func (o *clientSession) endsWithin(limit time.Duration) bool { return closedWithin(o.ended, limit) }
+
+// closedWithin reports whether ch is closed within limit.
+func closedWithin(ch <-chan struct{}, limit time.Duration) bool {
+	select {
+	case <-ch:
+		return true
+	case <-time.After(limit):
+		return false
+	}
 }
 
 func TestSSHConsoleRoles(t *testing.T) {

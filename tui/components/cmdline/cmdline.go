@@ -3,13 +3,21 @@
 package cmdline
 
 import (
+	"fmt"
 	"slices"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	tea "charm.land/bubbletea/v2"
 
 	"github.com/gpuctl/gpuctl/tui/styles"
 )
+
+// MaxLen bounds the line in bytes: no command or filter is longer, and a
+// bound keeps each key's work (and each frame's) constant however much is
+// typed or pasted.
+const MaxLen = 4096
 
 // Result is what a key did to the prompt.
 type Result int
@@ -27,6 +35,8 @@ type Model struct {
 	Prompt   string
 	Value    string
 	Complete func(prefix string) []string
+	// Note says why the last input was not taken whole; shown in the line.
+	Note string
 
 	history []string
 	hpos    int
@@ -38,7 +48,7 @@ type Model struct {
 
 // Open starts editing with an empty value.
 func (m *Model) Open(prompt string) {
-	m.Prompt, m.Value = prompt, ""
+	m.Prompt, m.Value, m.Note = prompt, "", ""
 	m.hpos = len(m.history)
 	m.cands = nil
 }
@@ -52,6 +62,7 @@ func (m *Model) Update(k tea.KeyPressMsg) Result {
 	if s != "tab" && s != "shift+tab" {
 		m.cands = nil
 	}
+	m.Note = ""
 	switch s {
 	case "esc", "ctrl+c":
 		return Cancelled
@@ -93,11 +104,55 @@ func (m *Model) Update(k tea.KeyPressMsg) Result {
 		m.complete(s == "shift+tab")
 	default:
 		if k.Text != "" {
-			m.Value += k.Text
+			m.insert(k.Text)
 		}
 	}
+	m.Value = clip(m.Value) // history and completion are bounded too
 	return Editing
 }
+
+// Paste inserts pasted text (a bracketed paste): its first line only, as
+// the prompt is one line and a line break must not submit it.
+func (m *Model) Paste(text string) {
+	m.cands = nil
+	m.Note = ""
+	if i := strings.IndexAny(text, "\r\n"); i >= 0 {
+		text = text[:i]
+		m.Note = "pasted text cut at its first line break"
+	}
+	m.insert(text)
+}
+
+// insert appends text, with control characters as spaces, up to MaxLen.
+func (m *Model) insert(text string) {
+	room := MaxLen - len(m.Value)
+	if len(text) > room {
+		text = cutRunes(text, room)
+		m.Note = fmt.Sprintf("line cut at %d bytes", MaxLen)
+	}
+	m.Value += strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, text)
+}
+
+// cutRunes is s's longest prefix of at most n bytes that ends on a rune.
+func cutRunes(s string, n int) string {
+	if n <= 0 {
+		return ""
+	}
+	if n >= len(s) {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+func clip(s string) string { return cutRunes(s, MaxLen) }
 
 func (m *Model) complete(back bool) {
 	if m.Complete == nil {
@@ -145,9 +200,22 @@ func commonPrefix(ss []string) string {
 // Candidates returns the completions on offer now, for display.
 func (m *Model) Candidates() []string { return m.cands }
 
-// Render draws the prompt line.
+// Render draws the prompt line: the end of a value wider than the screen,
+// so the cursor stays in view.
 func (m *Model) Render(st *styles.Styles, width int) string {
-	line := m.Prompt + m.Value + "█"
+	note := ""
+	if m.Note != "" {
+		note = "  (" + m.Note + ")"
+	}
+	v := m.Value
+	if room := width - len(m.Prompt) - 1 - len(note); room > 1 && utf8.RuneCountInString(v) > room {
+		r := []rune(v)
+		v = "…" + string(r[len(r)-room+1:])
+	}
+	line := m.Prompt + v + "█"
+	if note != "" {
+		line += st.Dim.Render(note)
+	}
 	if len(m.cands) > 1 {
 		line += "   " + st.Dim.Render(strings.Join(m.cands, "  "))
 	}
