@@ -10418,8 +10418,14 @@ func (x *ListIdentitiesRequest) GetKind() IdentityKind {
 }
 
 type ListIdentitiesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Identities    []*Identity            `protobuf:"bytes,1,rep,name=identities,proto3" json:"identities,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Identities []*Identity            `protobuf:"bytes,1,rep,name=identities,proto3" json:"identities,omitempty"`
+	// The SSH console's keys (users only), from its authorized-keys file,
+	// which is their one owner: a key is revoked by deleting its line.
+	SshKeys     []*SSHKey `protobuf:"bytes,2,rep,name=ssh_keys,json=sshKeys,proto3" json:"ssh_keys,omitempty"`
+	SshKeysFile string    `protobuf:"bytes,3,opt,name=ssh_keys_file,json=sshKeysFile,proto3" json:"ssh_keys_file,omitempty"`
+	// Why the file could not be read (then no key logs in).
+	SshKeysError  string `protobuf:"bytes,4,opt,name=ssh_keys_error,json=sshKeysError,proto3" json:"ssh_keys_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -10461,6 +10467,98 @@ func (x *ListIdentitiesResponse) GetIdentities() []*Identity {
 	return nil
 }
 
+func (x *ListIdentitiesResponse) GetSshKeys() []*SSHKey {
+	if x != nil {
+		return x.SshKeys
+	}
+	return nil
+}
+
+func (x *ListIdentitiesResponse) GetSshKeysFile() string {
+	if x != nil {
+		return x.SshKeysFile
+	}
+	return ""
+}
+
+func (x *ListIdentitiesResponse) GetSshKeysError() string {
+	if x != nil {
+		return x.SshKeysError
+	}
+	return ""
+}
+
+// SSHKey is one line of the SSH console's authorized-keys file.
+type SSHKey struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// viewer, operator or admin.
+	Role string `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	// SHA256:… as ssh-keygen -l shows it.
+	Fingerprint   string `protobuf:"bytes,3,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	Line          int32  `protobuf:"varint,4,opt,name=line,proto3" json:"line,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SSHKey) Reset() {
+	*x = SSHKey{}
+	mi := &file_gpuctl_proto_msgTypes[112]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SSHKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SSHKey) ProtoMessage() {}
+
+func (x *SSHKey) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[112]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SSHKey.ProtoReflect.Descriptor instead.
+func (*SSHKey) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{112}
+}
+
+func (x *SSHKey) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SSHKey) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *SSHKey) GetFingerprint() string {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return ""
+}
+
+func (x *SSHKey) GetLine() int32 {
+	if x != nil {
+		return x.Line
+	}
+	return 0
+}
+
 type RevokeUserRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -10471,7 +10569,7 @@ type RevokeUserRequest struct {
 
 func (x *RevokeUserRequest) Reset() {
 	*x = RevokeUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[112]
+	mi := &file_gpuctl_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10483,7 +10581,7 @@ func (x *RevokeUserRequest) String() string {
 func (*RevokeUserRequest) ProtoMessage() {}
 
 func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[112]
+	mi := &file_gpuctl_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10496,7 +10594,7 @@ func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserRequest.ProtoReflect.Descriptor instead.
 func (*RevokeUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{112}
+	return file_gpuctl_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *RevokeUserRequest) GetName() string {
@@ -10525,7 +10623,7 @@ type RevokeUserResponse struct {
 
 func (x *RevokeUserResponse) Reset() {
 	*x = RevokeUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[113]
+	mi := &file_gpuctl_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10537,7 +10635,7 @@ func (x *RevokeUserResponse) String() string {
 func (*RevokeUserResponse) ProtoMessage() {}
 
 func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[113]
+	mi := &file_gpuctl_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10550,7 +10648,7 @@ func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserResponse.ProtoReflect.Descriptor instead.
 func (*RevokeUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{113}
+	return file_gpuctl_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *RevokeUserResponse) GetRevoked() []*Identity {
@@ -10577,7 +10675,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_gpuctl_proto_msgTypes[114]
+	mi := &file_gpuctl_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10589,7 +10687,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[114]
+	mi := &file_gpuctl_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10602,7 +10700,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{114}
+	return file_gpuctl_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *RemoveNodeRequest) GetName() string {
@@ -10630,7 +10728,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_gpuctl_proto_msgTypes[115]
+	mi := &file_gpuctl_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10642,7 +10740,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[115]
+	mi := &file_gpuctl_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10655,7 +10753,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{115}
+	return file_gpuctl_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *RemoveNodeResponse) GetRevoked() []*Identity {
@@ -11507,11 +11605,19 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\bcert_der\x18\x02 \x01(\fR\acertDer\x12\x1e\n" +
 	"\vca_cert_der\x18\x03 \x01(\fR\tcaCertDer\"D\n" +
 	"\x15ListIdentitiesRequest\x12+\n" +
-	"\x04kind\x18\x01 \x01(\x0e2\x17.gpuctl.v1.IdentityKindR\x04kind\"M\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x17.gpuctl.v1.IdentityKindR\x04kind\"\xc5\x01\n" +
 	"\x16ListIdentitiesResponse\x123\n" +
 	"\n" +
 	"identities\x18\x01 \x03(\v2\x13.gpuctl.v1.IdentityR\n" +
-	"identities\"?\n" +
+	"identities\x12,\n" +
+	"\bssh_keys\x18\x02 \x03(\v2\x11.gpuctl.v1.SSHKeyR\asshKeys\x12\"\n" +
+	"\rssh_keys_file\x18\x03 \x01(\tR\vsshKeysFile\x12$\n" +
+	"\x0essh_keys_error\x18\x04 \x01(\tR\fsshKeysError\"f\n" +
+	"\x06SSHKey\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\x12 \n" +
+	"\vfingerprint\x18\x03 \x01(\tR\vfingerprint\x12\x12\n" +
+	"\x04line\x18\x04 \x01(\x05R\x04line\"?\n" +
 	"\x11RevokeUserRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"g\n" +
@@ -11628,7 +11734,7 @@ func file_gpuctl_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 120)
+var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 121)
 var file_gpuctl_proto_goTypes = []any{
 	(NCCLOp)(0),                     // 0: gpuctl.v1.NCCLOp
 	(EventKind)(0),                  // 1: gpuctl.v1.EventKind
@@ -11752,14 +11858,15 @@ var file_gpuctl_proto_goTypes = []any{
 	(*AddUserResponse)(nil),         // 119: gpuctl.v1.AddUserResponse
 	(*ListIdentitiesRequest)(nil),   // 120: gpuctl.v1.ListIdentitiesRequest
 	(*ListIdentitiesResponse)(nil),  // 121: gpuctl.v1.ListIdentitiesResponse
-	(*RevokeUserRequest)(nil),       // 122: gpuctl.v1.RevokeUserRequest
-	(*RevokeUserResponse)(nil),      // 123: gpuctl.v1.RevokeUserResponse
-	(*RemoveNodeRequest)(nil),       // 124: gpuctl.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),      // 125: gpuctl.v1.RemoveNodeResponse
-	nil,                             // 126: gpuctl.v1.NodeRegistration.LabelsEntry
-	nil,                             // 127: gpuctl.v1.RDMAPortSample.CountersEntry
-	nil,                             // 128: gpuctl.v1.Event.AttrsEntry
-	nil,                             // 129: gpuctl.v1.LaunchRanks.EnvEntry
+	(*SSHKey)(nil),                  // 122: gpuctl.v1.SSHKey
+	(*RevokeUserRequest)(nil),       // 123: gpuctl.v1.RevokeUserRequest
+	(*RevokeUserResponse)(nil),      // 124: gpuctl.v1.RevokeUserResponse
+	(*RemoveNodeRequest)(nil),       // 125: gpuctl.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),      // 126: gpuctl.v1.RemoveNodeResponse
+	nil,                             // 127: gpuctl.v1.NodeRegistration.LabelsEntry
+	nil,                             // 128: gpuctl.v1.RDMAPortSample.CountersEntry
+	nil,                             // 129: gpuctl.v1.Event.AttrsEntry
+	nil,                             // 130: gpuctl.v1.LaunchRanks.EnvEntry
 }
 var file_gpuctl_proto_depIdxs = []int32{
 	10,  // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
@@ -11768,12 +11875,12 @@ var file_gpuctl_proto_depIdxs = []int32{
 	15,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
 	16,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
 	17,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
-	126, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
+	127, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
 	43,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
 	19,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
 	20,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
 	0,   // 10: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
-	127, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
+	128, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
 	21,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
 	22,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
 	23,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
@@ -11783,9 +11890,9 @@ var file_gpuctl_proto_depIdxs = []int32{
 	1,   // 18: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
 	2,   // 19: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
 	3,   // 20: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
-	128, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
+	129, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
 	4,   // 22: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
-	129, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
+	130, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
 	31,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
 	33,  // 25: gpuctl.v1.LaunchRanks.witnesses:type_name -> gpuctl.v1.Witness
 	36,  // 26: gpuctl.v1.VouchRequest.attempts:type_name -> gpuctl.v1.JobAttemptRef
@@ -11852,8 +11959,8 @@ var file_gpuctl_proto_depIdxs = []int32{
 	116, // 87: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
 	118, // 88: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
 	120, // 89: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
-	122, // 90: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
-	124, // 91: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
+	123, // 90: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
+	125, // 91: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
 	61,  // 92: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
 	63,  // 93: gpuctl.v1.ClientRequest.status:type_name -> gpuctl.v1.StatusRequest
 	50,  // 94: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
@@ -11880,8 +11987,8 @@ var file_gpuctl_proto_depIdxs = []int32{
 	117, // 115: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
 	119, // 116: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
 	121, // 117: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
-	123, // 118: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
-	125, // 119: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
+	124, // 118: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
+	126, // 119: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
 	66,  // 120: gpuctl.v1.ClientResponse.status:type_name -> gpuctl.v1.StatusResponse
 	73,  // 121: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
 	72,  // 122: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
@@ -11928,13 +12035,14 @@ var file_gpuctl_proto_depIdxs = []int32{
 	108, // 163: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
 	9,   // 164: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
 	108, // 165: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
-	108, // 166: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
-	108, // 167: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
-	168, // [168:168] is the sub-list for method output_type
-	168, // [168:168] is the sub-list for method input_type
-	168, // [168:168] is the sub-list for extension type_name
-	168, // [168:168] is the sub-list for extension extendee
-	0,   // [0:168] is the sub-list for field type_name
+	122, // 166: gpuctl.v1.ListIdentitiesResponse.ssh_keys:type_name -> gpuctl.v1.SSHKey
+	108, // 167: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
+	108, // 168: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
+	169, // [169:169] is the sub-list for method output_type
+	169, // [169:169] is the sub-list for method input_type
+	169, // [169:169] is the sub-list for extension type_name
+	169, // [169:169] is the sub-list for extension extendee
+	0,   // [0:169] is the sub-list for field type_name
 }
 
 func init() { file_gpuctl_proto_init() }
@@ -12031,7 +12139,7 @@ func file_gpuctl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuctl_proto_rawDesc), len(file_gpuctl_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   120,
+			NumMessages:   121,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

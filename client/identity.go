@@ -84,11 +84,17 @@ func (c *Client) AddUser(ctx context.Context, name string, role transport.Role) 
 // Identities lists the certificates the server keeps of kind (users,
 // nodes, or both for UNSPECIFIED).
 func (c *Client) Identities(ctx context.Context, kind api.IdentityKind) ([]*api.Identity, error) {
+	r, err := c.IdentityList(ctx, kind)
+	return r.GetIdentities(), err
+}
+
+// IdentityList is Identities with the SSH console's keys, when it runs.
+func (c *Client) IdentityList(ctx context.Context, kind api.IdentityKind) (*api.ListIdentitiesResponse, error) {
 	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_ListIdentities{ListIdentities: &api.ListIdentitiesRequest{Kind: kind}}})
 	if err != nil {
 		return nil, err
 	}
-	return r.GetListIdentities().GetIdentities(), nil
+	return r.GetListIdentities(), nil
 }
 
 // RevokeUser revokes every certificate of user name and closes its

@@ -228,12 +228,29 @@ func (s *Server) listIdentities(_ context.Context, c *call) error {
 	if err != nil {
 		return err
 	}
-	list, err := ids.Identities(c.req.GetListIdentities().GetKind())
+	kind := c.req.GetListIdentities().GetKind()
+	list, err := ids.Identities(kind)
 	if err != nil {
 		return c.fail("%v", err)
 	}
-	return c.send(&api.ClientResponse{Body: &api.ClientResponse_ListIdentities{ListIdentities: &api.ListIdentitiesResponse{Identities: list}}})
+	resp := &api.ListIdentitiesResponse{Identities: list}
+	if lister := s.sshKeys.Load(); lister != nil && kind != api.IdentityKind_IDENTITY_KIND_NODE {
+		file, keys, err := (*lister)()
+		resp.SshKeys, resp.SshKeysFile = keys, file
+		if err != nil {
+			resp.SshKeysError = err.Error()
+		}
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_ListIdentities{ListIdentities: resp}})
 }
+
+// SSHKeyLister lists the SSH console's keys as its authorized-keys file
+// has them now, and names the file.
+type SSHKeyLister func() (file string, keys []*api.SSHKey, err error)
+
+// SetSSHKeys makes `gpuctl user list` show the SSH console's keys beside
+// the certificate users; the file stays their one owner.
+func (s *Server) SetSSHKeys(l SSHKeyLister) { s.sshKeys.Store(&l) }
 
 func (s *Server) revokeUserReq(_ context.Context, c *call) error {
 	if _, err := s.keeper(c); err != nil {

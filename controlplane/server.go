@@ -112,6 +112,8 @@ const DefaultLease = 20 * time.Second
 type Server struct {
 	cfg   Config
 	log   *slog.Logger
+	// sshKeys lists the SSH console's keys, when it runs (SetSSHKeys).
+	sshKeys atomic.Pointer[SSHKeyLister]
 	name  string
 	auth  *transport.Authority
 	store store.Store

@@ -177,3 +177,49 @@ func short(s string, n int) string {
 	}
 	return s[:n] + "…"
 }
+
+// SSHKeyJSON is one SSH console key in `gpuctl user list -o json`.
+type SSHKeyJSON struct {
+	Name        string `json:"name"`
+	Role        string `json:"role"`
+	Fingerprint string `json:"fingerprint"`
+	File        string `json:"file"`
+	Line        int32  `json:"line"`
+}
+
+// IdentityList renders certificate records and, when the SSH console
+// runs, its keys: {"identities": [...], "ssh_keys": [...]} as JSON (with
+// "ssh_keys_error" when the file cannot be read).
+func IdentityList(w io.Writer, o Options, r *api.ListIdentitiesResponse) error {
+	keys := make([]SSHKeyJSON, 0, len(r.GetSshKeys()))
+	for _, k := range r.GetSshKeys() {
+		keys = append(keys, SSHKeyJSON{Name: k.GetName(), Role: k.GetRole(), Fingerprint: k.GetFingerprint(), File: r.GetSshKeysFile(), Line: k.GetLine()})
+	}
+	if o.Format == JSON {
+		out := make([]IdentityJSON, 0, len(r.GetIdentities()))
+		for _, id := range r.GetIdentities() {
+			out = append(out, IdentityFromAPI(id))
+		}
+		return writeJSON(w, struct {
+			Identities  []IdentityJSON `json:"identities"`
+			SSHKeys     []SSHKeyJSON   `json:"ssh_keys"`
+			SSHKeyError *string        `json:"ssh_keys_error,omitempty"`
+		}{out, keys, optString(r.GetSshKeysError())})
+	}
+	if err := Identities(w, o, r.GetIdentities()); err != nil {
+		return err
+	}
+	if r.GetSshKeysFile() == "" {
+		return nil
+	}
+	fmt.Fprintf(w, "\nSSH console keys, from %s (revoke one by deleting its line: its open sessions end within a second):\n", api.EscapeText(r.GetSshKeysFile()))
+	if e := r.GetSshKeysError(); e != "" {
+		fmt.Fprintf(w, "the file cannot be used, so no key logs in: %s\n", api.EscapeText(e))
+	}
+	t := tableData{empty: "no keys"}
+	t.cols = []column{{name: "NAME"}, {name: "ROLE"}, {name: "LINE"}, {name: "FINGERPRINT", flex: true}}
+	for _, k := range keys {
+		t.add(txt(k.Name), txt(k.Role), txt(fmt.Sprint(k.Line)), txt(k.Fingerprint))
+	}
+	return o.writeTable(w, t)
+}

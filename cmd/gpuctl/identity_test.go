@@ -1,10 +1,14 @@
 package main
 
 import (
+	"crypto/ed25519"
+	"crypto/rand"
+
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	gossh "golang.org/x/crypto/ssh"
 	"os"
 	"path/filepath"
 	"strings"
@@ -350,5 +354,62 @@ func waitNode(t *testing.T, srv *controlplane.Server, node string, ok func(*api.
 			t.Fatalf("node %s not as expected within 10s: %v", node, srv.Nodes())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestUserListShowsSSHKeys: with the SSH console on, `gpuctl user list`
+// shows its keys beside the certificate users, as the authorized-keys file
+// has them now (the file is their one owner), and says how one is revoked;
+// a key deleted from the file is gone from the list at once, and a file
+// that cannot be parsed is said to let no key in.
+func TestUserListShowsSSHKeys(t *testing.T) {
+	dir := t.TempDir()
+	srv, admin := startServer(t, dir)
+	keys := filepath.Join(dir, "authorized_keys")
+	pub := func(name string) string {
+		_, priv, err := ed25519.GenerateKey(rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sp, err := gossh.NewPublicKey(priv.Public())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(gossh.MarshalAuthorizedKey(sp))) + " " + name
+	}
+	alice, carol := pub("alice"), pub("carol")
+	if err := os.WriteFile(keys, []byte("# console keys\nrole=operator "+alice+"\nrole=viewer "+carol+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv.SetSSHKeys(sshKeyLister(keys))
+	out := mustGpuctl(t, "user", "list", "--config", admin)
+	for _, want := range []string{"admin", "SSH console keys, from " + keys, "revoke one by deleting its line", "alice", "operator", "carol", "viewer", "SHA256:"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("user list lacks %q:\n%s", want, out)
+		}
+	}
+	var listed struct {
+		SSHKeys []struct {
+			Name, Role, Fingerprint, File string
+			Line                          int
+		} `json:"ssh_keys"`
+	}
+	if err := json.Unmarshal([]byte(mustGpuctl(t, "user", "list", "-o", "json", "--config", admin)), &listed); err != nil {
+		t.Fatal(err)
+	}
+	if len(listed.SSHKeys) != 2 || listed.SSHKeys[0].Name != "alice" || listed.SSHKeys[0].Line != 2 || listed.SSHKeys[1].Role != "viewer" || listed.SSHKeys[1].File != keys {
+		t.Fatalf("ssh_keys: %+v", listed.SSHKeys)
+	}
+	if err := os.WriteFile(keys, []byte("role=viewer "+carol+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustGpuctl(t, "user", "list", "--config", admin); strings.Contains(out, "alice") || !strings.Contains(out, "carol") {
+		t.Fatalf("after alice's line was deleted:\n%s", out)
+	}
+	if err := os.WriteFile(keys, []byte("role=chief "+carol+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustGpuctl(t, "user", "list", "--config", admin); !strings.Contains(out, "the file cannot be used, so no key logs in") || !strings.Contains(out, keys+":1") {
+		t.Fatalf("with a broken file:\n%s", out)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/controlplane"
 	"github.com/gpuctl/gpuctl/transport"
@@ -59,6 +60,7 @@ func startSSHConsole(ctx context.Context, f sshConsoleFlags, srv *controlplane.S
 		feedClient.Close()
 		return nil, err
 	}
+	srv.SetSSHKeys(sshKeyLister(f.authorizedKeys))
 	go func() {
 		defer feedClient.Close()
 		if err := hub.Run(ctx); err != nil {
@@ -80,5 +82,18 @@ func startSSHConsole(ctx context.Context, f sshConsoleFlags, srv *controlplane.S
 func selfClientFactory(_ context.Context, srv *controlplane.Server) sshserve.Factory {
 	return func(user string, role transport.Role) (*client.Client, error) {
 		return client.New(srv.Local(controlplane.Caller{Name: user, Role: role, Via: "ssh"})), nil
+	}
+}
+
+// sshKeyLister reads the SSH console's authorized-keys file for
+// `gpuctl user list`.
+func sshKeyLister(path string) controlplane.SSHKeyLister {
+	return func() (string, []*api.SSHKey, error) {
+		keys, err := sshserve.ReadAuthorizedKeys(path)
+		out := make([]*api.SSHKey, 0, len(keys))
+		for _, k := range keys {
+			out = append(out, &api.SSHKey{Name: k.Name, Role: string(k.Role), Fingerprint: k.Fingerprint, Line: int32(k.Line)})
+		}
+		return path, out, err
 	}
 }

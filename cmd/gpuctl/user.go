@@ -106,11 +106,11 @@ func newUserListCmd() *cobra.Command {
 				kind = api.IdentityKind_IDENTITY_KIND_UNSPECIFIED
 			}
 			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, o views.Options) error {
-				ids, err := c.Identities(ctx, kind)
+				r, err := c.IdentityList(ctx, kind)
 				if err != nil {
 					return err
 				}
-				return views.Identities(w, o, ids)
+				return views.IdentityList(w, o, r)
 			})
 		},
 	}

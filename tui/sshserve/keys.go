@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 
@@ -19,6 +21,24 @@ type Key struct {
 	Role transport.Role
 	// Fingerprint is the key's SHA-256 fingerprint, as ssh-keygen -l shows.
 	Fingerprint string
+	// Line is its line in the file.
+	Line int
+}
+
+// ReadAuthorizedKeys reads and parses the authorized-keys file at path,
+// its keys in file order.
+func ReadAuthorizedKeys(path string) ([]Key, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("authorized keys: %w", err)
+	}
+	keys, err := ParseAuthorizedKeys(path, data)
+	if err != nil {
+		return nil, err
+	}
+	out := slices.Collect(maps.Values(keys))
+	slices.SortFunc(out, func(a, b Key) int { return a.Line - b.Line })
+	return out, nil
 }
 
 // ParseAuthorizedKeys reads an authorized-keys file: OpenSSH
@@ -72,7 +92,7 @@ func ParseAuthorizedKeys(path string, data []byte) (map[string]Key, error) {
 		if prev, dup := keys[fp]; dup {
 			return nil, fmt.Errorf("%s: key %s is listed twice (also as %s)", where, fp, prev.Name)
 		}
-		keys[fp] = Key{Name: name, Role: role, Fingerprint: fp}
+		keys[fp] = Key{Name: name, Role: role, Fingerprint: fp, Line: i + 1}
 	}
 	return keys, nil
 }
