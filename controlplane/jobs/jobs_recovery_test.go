@@ -329,6 +329,28 @@ func TestServerRestartKeepsRunningJobs(t *testing.T) {
 	}
 }
 
+// TestDisconnectedButUpIsNotLost: a node the registry holds up while it
+// reconnects (its connection closed under a server that stood still for
+// minutes) is not failed by the owner's reconnect clock, however long ago
+// it was last seen: the registry's detector judges it.
+func TestDisconnectedButUpIsNotLost(t *testing.T) {
+	h := newHarness(t, "fifo", threeNodes()...)
+	id := h.submit(ringSpec("ring", 2, 2, "restart_policy: none\n"), false)
+	h.reconcile()
+	h.started(id)
+	h.clock.add(10 * time.Minute)
+	for _, jn := range h.job(id).GetPlacement() {
+		h.nodes.update(jn.GetNode(), func(n *api.NodeStatus) {
+			n.Connected = false
+			n.Registration.HeartbeatIntervalMs = 500
+		})
+	}
+	h.reconcile()
+	if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RUNNING || liveRanks(j) != 4 {
+		t.Fatalf("up but disconnected for a moment after a long pause: %s (%s)", stateName(j.GetState()), j.GetReason())
+	}
+}
+
 // TestOperatorRestartAndCheckpoint: gpuctl checkpoint signals every rank;
 // gpuctl restart --exclude --from-checkpoint relaunches elsewhere from a
 // step the nodes reported, even past max_restarts, and the job's

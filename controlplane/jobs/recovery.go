@@ -866,7 +866,10 @@ func ReconnectBound(hb, grace time.Duration) time.Duration {
 // server's start or from when it was last seen since. The failure
 // detector does this for nodes it sees go; this catches nodes a restarted
 // server loaded as disconnected that never came back. Only a node truly
-// gone is failed here: every live nodemon reconnects within the bound.
+// gone is failed here: every live nodemon reconnects within the bound. A
+// node the registry still holds up while it reconnects (its connection
+// closed; a pause of the server's own credited) is the detector's to
+// judge, not this clock's.
 func (m *Manager) lostNodes(all []*api.NodeStatus, now time.Time) {
 	var holding map[string]bool
 	for _, en := range m.jobs {
@@ -888,7 +891,7 @@ func (m *Manager) lostNodes(all []*api.NodeStatus, now time.Time) {
 	for _, n := range all {
 		name := n.GetRegistration().GetName()
 		known[name] = true
-		if !holding[name] || n.GetConnected() {
+		if !holding[name] || n.GetConnected() || n.GetState() == api.NodeState_NODE_STATE_READY {
 			continue
 		}
 		bound := ReconnectBound(time.Duration(n.GetRegistration().GetHeartbeatIntervalMs())*time.Millisecond, m.cfg.ReconnectGrace)
