@@ -110,19 +110,19 @@ const DefaultLease = 20 * time.Second
 
 // Server is a running control plane.
 type Server struct {
-	cfg   Config
-	log   *slog.Logger
+	cfg Config
+	log *slog.Logger
 	// sshKeys lists the SSH console's keys, when it runs (SetSSHKeys).
 	sshKeys atomic.Pointer[SSHKeyLister]
-	name  string
-	auth  *transport.Authority
-	store store.Store
-	hub   *watch.Hub
-	obs   *observe.Broker
-	nodes *nodes.Registry
-	jobs  *jobs.Manager
-	stall *stalls.Detector
-	slow  *stalls.FailSlow
+	name    string
+	auth    *transport.Authority
+	store   store.Store
+	hub     *watch.Hub
+	obs     *observe.Broker
+	nodes   *nodes.Registry
+	jobs    *jobs.Manager
+	stall   *stalls.Detector
+	slow    *stalls.FailSlow
 	// slurm reads Slurm's view in (--executor slurm); nil otherwise.
 	slurm *slurm.Poller
 	ln    *transport.Listener
