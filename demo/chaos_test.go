@@ -39,14 +39,7 @@ func TestChaos(t *testing.T) {
 		}
 		seed = n
 	}
-	budget := 15 * time.Second
-	if s := os.Getenv("CHAOS_FOR"); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			t.Fatalf("CHAOS_FOR=%q: %v", s, err)
-		}
-		budget = d
-	}
+	budget := envDuration(t, "CHAOS_FOR", 15*time.Second)
 	c := newProcCluster(t, 5)
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -23,14 +23,7 @@ import (
 // rank pids, no rank log saying its lease stopped it.
 func TestControlPlaneAwayStopsNoRank(t *testing.T) {
 	const lease = 5 * time.Second
-	away := 30 * time.Second
-	if s := os.Getenv("GPUCTL_AWAY_FOR"); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			t.Fatalf("GPUCTL_AWAY_FOR=%q: %v", s, err)
-		}
-		away = d
-	}
+	away := envDuration(t, "GPUCTL_AWAY_FOR", 30*time.Second)
 	c := newProcCluster(t, 3, "--lease", lease.String())
 	t.Logf("the server goes away for %s twice (GPUCTL_AWAY_FOR)", away)
 	cl := c.dial(10 * time.Second)

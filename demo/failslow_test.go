@@ -155,14 +155,7 @@ func TestFailSlowBench(t *testing.T) {
 	if os.Getenv("GPUCTL_BENCH_FAILSLOW") == "" {
 		t.Skip("a benchmark: set GPUCTL_BENCH_FAILSLOW=1 (make bench-failslow)")
 	}
-	healthy := 2 * time.Minute
-	if v := os.Getenv("GPUCTL_BENCH_HEALTHY"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			t.Fatalf("GPUCTL_BENCH_HEALTHY=%s: %v (give a duration, e.g. 10m)", v, err)
-		}
-		healthy = d
-	}
+	healthy := envDuration(t, "GPUCTL_BENCH_HEALTHY", 2*time.Minute)
 	// About 8 steps a second.
 	c, cl, job := healthyDemo(t, int64(healthy.Seconds()*8), healthy+time.Minute)
 	ctx := context.Background()

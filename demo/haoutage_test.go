@@ -12,19 +12,26 @@ import (
 	"github.com/gpuctl/gpuctl/client"
 )
 
+// envDuration is the duration in the environment variable name (a test's
+// length, set by a make target), or def when it is unset.
+func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("%s=%q: want a duration such as 30s or 10m", name, v)
+	}
+	return d
+}
+
 // etcdOutage is how long TestHAEtcdOutage keeps etcd away: 20 s in make
 // test, longer from make soak (GPUCTL_ETCD_OUTAGE=2m).
 func etcdOutage(t *testing.T) time.Duration {
 	t.Helper()
-	v := os.Getenv("GPUCTL_ETCD_OUTAGE")
-	if v == "" {
-		return 20 * time.Second
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		t.Fatalf("GPUCTL_ETCD_OUTAGE=%q: want a duration such as 2m", v)
-	}
-	return d
+	return envDuration(t, "GPUCTL_ETCD_OUTAGE", 20*time.Second)
 }
 
 // TestHAEtcdOutage kills every etcd member of a control plane of two

@@ -227,14 +227,7 @@ func TestStallBench(t *testing.T) {
 	if os.Getenv("GPUCTL_STALL_BENCH") == "" {
 		t.Skip("a benchmark: make bench-stalls (GPUCTL_STALL_BENCH=1)")
 	}
-	healthy := 30 * time.Second
-	if s := os.Getenv("GPUCTL_STALL_BENCH_HEALTHY"); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil || d <= 0 {
-			t.Fatalf("GPUCTL_STALL_BENCH_HEALTHY=%q: want a duration such as 30s or 10m", s)
-		}
-		healthy = d
-	}
+	healthy := envDuration(t, "GPUCTL_STALL_BENCH_HEALTHY", 30*time.Second)
 	rounds := 3
 	if s := os.Getenv("GPUCTL_STALL_BENCH_ROUNDS"); s != "" {
 		n, err := strconv.Atoi(s)
