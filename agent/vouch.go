@@ -182,7 +182,9 @@ func vouchFrom(ctx context.Context, conn *transport.Conn, req *api.VouchRequest)
 		return nil, err
 	}
 	var resp api.VouchResponse
-	if err := st.Recv(&resp); err != nil {
+	err = st.Recv(&resp)
+	st.StopReading()
+	if err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -165,7 +165,12 @@ func (b *witnessBook) serveConn(ctx context.Context, conn *transport.Conn) {
 			defer st.CloseWrite()
 			st.SetDeadline(time.Now().Add(5 * time.Second))
 			var req api.VouchRequest
-			if err := st.Recv(&req); err != nil {
+			err := st.Recv(&req)
+			// One message is all a request stream carries: saying so frees
+			// its slot in the asker's stream limit (a round a second would
+			// use up 1,024 in 17 minutes).
+			st.StopReading()
+			if err != nil {
 				b.log.Debug("bad vouch request", "peer", conn.Name(), "err", err)
 				return
 			}
