@@ -44,13 +44,17 @@ func TestWatchEndsWhenTheUserIsRevoked(t *testing.T) {
 		}
 		return err, disconnects.Load(), time.Since(start)
 	}
+	revoked := make(chan error, 1)
 	err, n, took := watch(func() {
 		go func() {
-			if _, err := adm.RevokeUser(ctx, "watcher", "left the team"); err != nil {
-				t.Errorf("revoke: %v", err)
-			}
+			_, err := adm.RevokeUser(ctx, "watcher", "left the team")
+			revoked <- err
 		}()
 	})
+	// The revocation's own answer, before the admin's client is closed.
+	if err := <-revoked; err != nil {
+		t.Fatalf("revoke: %v", err)
+	}
 	if err == nil || !strings.Contains(err.Error(), "revoked") {
 		t.Fatalf("the watch ended with %v, want the revocation", err)
 	}
