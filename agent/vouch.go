@@ -2,10 +2,10 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
@@ -18,7 +18,7 @@ import (
 type voucher struct {
 	id    *transport.Identity
 	d     *transport.Dialer
-	exec  *Executor
+	exec  leaseHolder
 	book  *witnessBook
 	log   *slog.Logger
 	every time.Duration
@@ -27,6 +27,15 @@ type voucher struct {
 	// told remembers the attempts a witness said were superseded, so the
 	// warning is logged once.
 	told map[attemptKey]bool
+}
+
+// leaseHolder is what the voucher needs of the executor: the attempts
+// witnesses may renew, renewing one, and fencing one a witness calls
+// superseded.
+type leaseHolder interface {
+	PeerAttempts() []PeerAttempt
+	RenewPeerLease(job string, attempt uint32, deadline time.Time)
+	Fence(s *api.SignalRanks) ([]*api.RankStatus, error)
 }
 
 type witnessConn struct {
@@ -88,37 +97,49 @@ func (v *voucher) round(ctx context.Context) {
 	start := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, v.every)
 	defer cancel()
-	var mu sync.Mutex
-	answers := map[string]map[attemptKey]*api.Vouch{}
-	var wg sync.WaitGroup
+	// Every witness is dialled (when it has no live connection) and asked
+	// in a goroutine of its own: a dead one must not spend the round the
+	// others need. The connections are this goroutine's to keep.
+	type reply struct {
+		name  string
+		conn  *witnessConn
+		votes map[attemptKey]*api.Vouch
+	}
+	replies := make(chan reply, len(asks))
 	for name, q := range asks {
-		conn := v.conn(rctx, name, q.addr)
-		if conn == nil {
-			continue
-		}
-		wg.Add(1)
+		cached := v.conns[name]
 		go func() {
-			defer wg.Done()
-			resp, err := vouchFrom(rctx, conn, q.req)
+			r := reply{name: name}
+			defer func() { replies <- r }()
+			c, err := v.connect(rctx, name, q.addr, cached)
+			if err != nil {
+				v.log.Debug("dial witness", "witness", name, "addr", q.addr, "err", err)
+				return
+			}
+			r.conn = c
+			resp, err := vouchFrom(rctx, c.conn, q.req)
 			if err != nil {
 				v.log.Debug("witness did not answer", "witness", name, "err", err)
 				return
 			}
-			got := map[attemptKey]*api.Vouch{}
+			r.votes = map[attemptKey]*api.Vouch{}
 			for _, vo := range resp.GetVouches() {
-				got[attemptKey{vo.GetJob(), vo.GetAttempt()}] = vo
+				r.votes[attemptKey{vo.GetJob(), vo.GetAttempt()}] = vo
 			}
-			mu.Lock()
-			answers[name] = got
-			mu.Unlock()
 		}()
 	}
-	wg.Wait()
-	for name := range asks {
-		if answers[name] == nil {
-			if c := v.conns[name]; c != nil && c.conn.Err() != nil {
-				delete(v.conns, name)
-			}
+	answers := map[string]map[attemptKey]*api.Vouch{}
+	for range asks {
+		r := <-replies
+		answers[r.name] = r.votes
+		if old := v.conns[r.name]; old != nil && old != r.conn {
+			old.conn.Close()
+		}
+		switch {
+		case r.conn == nil || r.conn.conn.Err() != nil:
+			delete(v.conns, r.name)
+		default:
+			v.conns[r.name] = r.conn
 		}
 	}
 	for _, a := range attempts {
@@ -146,26 +167,20 @@ func (v *voucher) round(ctx context.Context) {
 	}
 }
 
-// conn returns the connection to a witness, dialling it when there is
-// none (or its address changed); nil when it cannot be reached now.
-func (v *voucher) conn(ctx context.Context, name, addr string) *transport.Conn {
-	if c := v.conns[name]; c != nil {
-		if c.addr == addr && c.conn.Err() == nil {
-			return c.conn
-		}
-		c.conn.Close()
-		delete(v.conns, name)
+// connect returns cached when it is a live connection to addr, else a new
+// one to the witness; an address the server did not know gives none.
+func (v *voucher) connect(ctx context.Context, name, addr string, cached *witnessConn) (*witnessConn, error) {
+	if cached != nil && cached.addr == addr && cached.conn.Err() == nil {
+		return cached, nil
 	}
 	if addr == "" {
-		return nil // the server knew no address for it at launch
+		return nil, errors.New("the server knew no address for it at launch")
 	}
 	conn, err := v.d.DialPeer(ctx, addr, name, v.id)
 	if err != nil {
-		v.log.Debug("dial witness", "witness", name, "addr", addr, "err", err)
-		return nil
+		return nil, err
 	}
-	v.conns[name] = &witnessConn{addr: addr, conn: conn}
-	return conn
+	return &witnessConn{addr: addr, conn: conn}, nil
 }
 
 // vouchFrom sends one request on its own stream and reads the answer.

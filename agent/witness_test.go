@@ -3,9 +3,11 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -163,4 +165,92 @@ func TestVouchesOutlastTheStreamLimit(t *testing.T) {
 			t.Fatalf("request %d: %v %v", i+1, resp, err)
 		}
 	}
+}
+
+// fakeHolder is the executor's side of the voucher, recorded.
+type fakeHolder struct {
+	attempts []PeerAttempt
+	mu       sync.Mutex
+	renewed  map[string]time.Time
+	fenced   []string
+}
+
+func (f *fakeHolder) PeerAttempts() []PeerAttempt { return f.attempts }
+func (f *fakeHolder) RenewPeerLease(job string, attempt uint32, deadline time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.renewed[job] = deadline
+}
+func (f *fakeHolder) Fence(s *api.SignalRanks) ([]*api.RankStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fenced = append(f.fenced, s.GetJob())
+	return nil, nil
+}
+
+// TestRoundWithADeadWitness: a round asks every witness at once, so one
+// that swallows every packet (a dead host) costs the others nothing: with
+// two of three answering, the attempt is renewed within the round; with
+// one of them saying the attempt is superseded, it is fenced.
+func TestRoundWithADeadWitness(t *testing.T) {
+	srv := startLeader(t, t.TempDir(), "", 0)
+	addr := srv.Addr().String()
+	join := func(name string) *transport.Identity {
+		id, err := transport.Join(context.Background(), addr, token(t, srv), name, t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	me := join("gpu-a")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var witnesses []*api.Witness
+	var books []*witnessBook
+	for _, name := range []string{"gpu-b", "gpu-c"} {
+		l, err := transport.ListenPeers("127.0.0.1:0", join(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		b, err := openWitnessBook(t.TempDir(), slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		go b.serve(ctx, l)
+		books = append(books, b)
+		witnesses = append(witnesses, &api.Witness{Name: name, Addr: l.Addr().String()})
+	}
+	hole, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hole.Close()
+	witnesses = append([]*api.Witness{{Name: "gpu-dead", Addr: hole.LocalAddr().String()}}, witnesses...)
+	d, err := transport.NewDialer(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	h := &fakeHolder{renewed: map[string]time.Time{},
+		attempts: []PeerAttempt{{Job: "j-1", Attempt: 1, Lease: 5 * time.Second, Witnesses: witnesses}}}
+	v := &voucher{id: me, d: d, exec: h, book: &witnessBook{superseded: map[string]uint32{}, vouched: map[string]time.Time{}},
+		log: slog.New(slog.DiscardHandler), every: time.Second, conns: map[string]*witnessConn{}, told: map[attemptKey]bool{}}
+	start := time.Now()
+	v.round(ctx)
+	if took := time.Since(start); took > 1500*time.Millisecond {
+		t.Errorf("the round took %s, more than its interval", took)
+	}
+	if d := h.renewed["j-1"]; d.Before(start.Add(5*time.Second)) || d.After(time.Now().Add(5*time.Second)) {
+		t.Fatalf("renewed to %v, want the round's start plus the lease (2 of 3 vouched)", d)
+	}
+	if _, err := books[1].supersede("j-1", 1); err != nil {
+		t.Fatal(err)
+	}
+	v.round(ctx)
+	eventually(t, "the attempt fenced", 5*time.Second, func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.fenced) == 1
+	})
 }
