@@ -124,15 +124,7 @@ func FuzzVouchRequest(f *testing.F) {
 // after 17 minutes of a server away). 1,100 requests in a row are all
 // answered.
 func TestVouchesOutlastTheStreamLimit(t *testing.T) {
-	srv := startLeader(t, t.TempDir(), "", 0)
-	addr := srv.Addr().String()
-	join := func(name string) *transport.Identity {
-		id, err := transport.Join(context.Background(), addr, token(t, srv), name, t.TempDir())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
+	join := nodeJoiner(t)
 	asker, witness := join("gpu-a"), join("gpu-b")
 	l, err := transport.ListenPeers("127.0.0.1:0", witness)
 	if err != nil {
@@ -193,15 +185,7 @@ func (f *fakeHolder) Fence(s *api.SignalRanks) ([]*api.RankStatus, error) {
 // two of three answering, the attempt is renewed within the round; with
 // one of them saying the attempt is superseded, it is fenced.
 func TestRoundWithADeadWitness(t *testing.T) {
-	srv := startLeader(t, t.TempDir(), "", 0)
-	addr := srv.Addr().String()
-	join := func(name string) *transport.Identity {
-		id, err := transport.Join(context.Background(), addr, token(t, srv), name, t.TempDir())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
+	join := nodeJoiner(t)
 	me := join("gpu-a")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -253,4 +237,19 @@ func TestRoundWithADeadWitness(t *testing.T) {
 		defer h.mu.Unlock()
 		return len(h.fenced) == 1
 	})
+}
+
+// nodeJoiner starts a server and returns a function that joins a node to
+// it and gives the node's identity.
+func nodeJoiner(t *testing.T) func(name string) *transport.Identity {
+	srv := startLeader(t, t.TempDir(), "", 0)
+	addr := srv.Addr().String()
+	return func(name string) *transport.Identity {
+		t.Helper()
+		id, err := transport.Join(context.Background(), addr, token(t, srv), name, t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
 }
