@@ -162,12 +162,23 @@ type track struct {
 	in *opSize
 }
 
-// cpuMark is when a rank's CPU time was last seen to change, and the two
-// changes before.
+// cpuMark is a rank's CPU time as passes saw it change: the latest value
+// first, then the values before it with when each was first seen.
 type cpuMark struct {
-	seconds float64
-	changed [3]time.Time
+	seen [4]cpuSeen
 }
+
+type cpuSeen struct {
+	at      time.Time
+	seconds float64
+}
+
+// cpuBusy is how much CPU a rank must use after a stall began to count as
+// working: a rank asleep on a kernel that never ends still wakes to poll
+// (about a tick a minute), and one stalled between steps finishes the
+// step's bookkeeping a report late; either can move its CPU time by a
+// tick, a rank that computes or loads data moves it by many.
+const cpuBusy = 0.03
 
 // cpuReportLag is how old the CPU time in a rank's report can be when a
 // pass sees it: nodes sample it every second and their batch reaches a
@@ -216,8 +227,10 @@ func (d *Detector) Update(now time.Time, jobs []Job) []Change {
 		for _, r := range j.Ranks {
 			k := pidKey{r.Node, r.Pid}
 			seenPid[k] = true
-			if m, ok := d.cpu[k]; !ok || m.seconds != r.CPU {
-				d.cpu[k] = cpuMark{seconds: r.CPU, changed: [3]time.Time{now, m.changed[0], m.changed[1]}}
+			if m, ok := d.cpu[k]; !ok || m.seen[0].seconds != r.CPU {
+				copy(m.seen[1:], m.seen[:])
+				m.seen[0] = cpuSeen{at: now, seconds: r.CPU}
+				d.cpu[k] = m
 			}
 			ncomm = max(ncomm, len(r.Comms))
 		}
@@ -434,11 +447,28 @@ func inAnyCall(r *Rank) bool {
 	return false
 }
 
-// cpuSince reports whether r surely used CPU after t: its CPU time was
-// seen to change more than cpuReportLag after t, or three times since.
+// cpuSince reports whether r surely used CPU after t: its CPU time grew by
+// cpuBusy past the value a pass saw cpuReportLag after t (a report seen
+// sooner may carry CPU used before t).
 func (d *Detector) cpuSince(r *Rank, t time.Time) bool {
 	m, ok := d.cpu[pidKey{r.Node, r.Pid}]
-	return ok && (m.changed[0].After(t.Add(cpuReportLag)) || m.changed[2].After(t))
+	if !ok {
+		return false
+	}
+	from := t.Add(cpuReportLag)
+	base := m.seen[0].seconds
+	for _, s := range m.seen {
+		if s.at.IsZero() {
+			break
+		}
+		// Without a value seen by then, the oldest kept is the base: it
+		// can only undercount.
+		base = s.seconds
+		if !s.at.After(from) {
+			break
+		}
+	}
+	return m.seen[0].seconds-base >= cpuBusy
 }
 
 // diagnosis says in a sentence what holds the communicator up:

@@ -143,6 +143,14 @@ func TestStallDetector(t *testing.T) {
 			diagnosis: "rank 2 (node-01 pid 4242) is hung (no CPU progress) after allreduce seq 41; ranks 0,1,3 wait in allreduce seq 42 for 2.5s",
 		},
 		{
+			// Stalled between steps, it finishes the step's bookkeeping
+			// and then polls its hang: a tick of CPU a report, not work.
+			name: "a few ticks of CPU after the stall are not progress", threshold: 2 * time.Second,
+			steps:   lagCPU("S", []int{500, 1000, 1600, 2500}, []float64{1.51, 1.52, 1.53, 1.54}),
+			changes: []string{"4:declared"}, lagging: []int32{2}, waiting: []int32{0, 1, 3}, comm: 0xa0,
+			diagnosis: "rank 2 (node-01 pid 4242) is hung (no CPU progress) after allreduce seq 41; ranks 0,1,3 wait in allreduce seq 42 for 2.5s",
+		},
+		{
 			name: "a lagging rank using CPU is busy", threshold: 2 * time.Second,
 			steps:   lagCPU("R", []int{1000, 2500}, []float64{2, 3}),
 			changes: []string{"2:declared"}, lagging: []int32{2}, waiting: []int32{0, 1, 3}, comm: 0xa0,
