@@ -200,14 +200,22 @@ const pendingMax = 64
 type Analyzer struct {
 	cfg  Config
 	jobs map[string]*jobState
-	// scratch space for summarize
-	scratch []float64
-	byNode  map[string]int64
+	// scratch space for summarize and the rules
+	scratch  []float64
+	ratios   []float64
+	bases    []keyBase
+	byNode   map[string]int64
+	exitNode map[string]int
+}
+
+type keyBase struct {
+	key  baseKey
+	base float64
 }
 
 // New returns an empty analyzer.
 func New(cfg Config) *Analyzer {
-	return &Analyzer{cfg: cfg.withDefaults(), jobs: map[string]*jobState{}, byNode: map[string]int64{}}
+	return &Analyzer{cfg: cfg.withDefaults(), jobs: map[string]*jobState{}, byNode: map[string]int64{}, exitNode: map[string]int{}}
 }
 
 type jobState struct {
@@ -273,15 +281,30 @@ type baseKey struct {
 type history struct {
 	vals []float64
 	next int
+	// med is the median of vals while fresh: judged four times a second,
+	// it changes only as collectives leave the window.
+	med   float64
+	fresh bool
 }
 
 func (h *history) push(v float64, max int) {
+	h.fresh = false
 	if len(h.vals) < max {
 		h.vals = append(h.vals, v)
 		return
 	}
 	h.vals[h.next] = v
 	h.next = (h.next + 1) % max
+}
+
+// median is the median of the history, sorted in scratch (returned for
+// reuse).
+func (h *history) median(scratch []float64) (float64, []float64) {
+	if !h.fresh {
+		scratch = append(scratch[:0], h.vals...)
+		h.med, h.fresh = median(scratch), true
+	}
+	return h.med, scratch
 }
 
 type baseline struct {
@@ -626,19 +649,26 @@ func (a *Analyzer) commSlow(job string, ci int, cs *commState, had map[string]*F
 	if len(cs.window) < a.cfg.CommWindow {
 		return nil
 	}
-	var ratios []float64
-	exitNode := map[string]int{}
+	ratios := a.ratios[:0]
+	defer func() { a.ratios = ratios }()
+	exitNode := a.exitNode
+	clear(exitNode)
 	var bus float64
-	base := map[baseKey]float64{}
+	// A window holds few sizes: a short list beats a map of string keys.
+	base := a.bases[:0]
+	defer func() { a.bases = base }()
 	for _, c := range cs.window {
 		k := baseKey{c.op, c.bytes}
-		b, ok := base[k]
-		if !ok {
+		i := slices.IndexFunc(base, func(kb keyBase) bool { return kb.key == k })
+		if i < 0 {
+			var b float64
 			if h := cs.base[k]; h != nil && len(h.vals) >= a.cfg.Baseline {
-				b = median(slices.Clone(h.vals))
+				b, a.scratch = h.median(a.scratch)
 			}
-			base[k] = b
+			i = len(base)
+			base = append(base, keyBase{k, b})
 		}
+		b := base[i].base
 		if b <= 0 || c.took <= 0 {
 			continue
 		}
