@@ -20,6 +20,11 @@ import (
 // past it records are dropped (counted), which only delays a finding.
 const FailSlowQueue = 1 << 20
 
+// JudgeEvery is how often the fail-slow pass runs in the detector's
+// passes: a slowdown is judged over tens of collectives, so judging it
+// more often than the hang rule would only spend the server's CPU.
+const JudgeEvery = time.Second
+
 // Placement is what the fail-slow pass needs of the job owner: a job's
 // placement (which node and GPU each rank runs on), nil when unknown.
 type Placement func(job string) *api.Job
@@ -41,8 +46,9 @@ type FailSlow struct {
 	queue   []call
 	dropped uint64
 
-	// an is used by the detector's pass goroutine alone.
-	an *failslow.Analyzer
+	// an and judged are used by the detector's pass goroutine alone.
+	an     *failslow.Analyzer
+	judged time.Time
 
 	listMu   sync.Mutex
 	listed   []failslow.Finding
@@ -92,6 +98,10 @@ func (d *Detector) WithFailSlow(f *FailSlow) *Detector {
 // the detector's read of the ranks, which says which communicator (by
 // creation order, the same on every rank) a call's handle is.
 func (f *FailSlow) pass(now time.Time, targets []jobs.StallTarget, progress map[string][]nodes.RankProgress) []*api.Event {
+	if !f.judged.IsZero() && now.Sub(f.judged) < JudgeEvery {
+		return nil
+	}
+	f.judged = now
 	f.mu.Lock()
 	q := f.queue
 	f.queue = make([]call, 0, len(q))
@@ -110,7 +120,9 @@ func (f *FailSlow) pass(now time.Time, targets []jobs.StallTarget, progress map[
 	for _, t := range targets {
 		attempt[t.Job] = t.Attempt
 	}
-	commIdx := map[pidKey]map[uint64]int{}
+	// A rank has a few communicators: its handles in creation order,
+	// searched, cost less than a map per rank each pass.
+	commIdx := map[pidKey][]stall.Comm{}
 	for _, ranks := range progress {
 		for _, rp := range ranks {
 			cs := make([]stall.Comm, 0, len(rp.Comms))
@@ -118,11 +130,7 @@ func (f *FailSlow) pass(now time.Time, targets []jobs.StallTarget, progress map[
 				cs = append(cs, stall.Comm{Handle: c.Handle, Created: c.Created})
 			}
 			stall.SortComms(cs)
-			m := make(map[uint64]int, len(cs))
-			for i, c := range cs {
-				m[c.Handle] = i
-			}
-			commIdx[pidKey{rp.Node, rp.Status.GetPid()}] = m
+			commIdx[pidKey{rp.Node, rp.Status.GetPid()}] = cs
 		}
 	}
 	for _, c := range q {
@@ -131,8 +139,8 @@ func (f *FailSlow) pass(now time.Time, targets []jobs.StallTarget, progress map[
 		if !ok {
 			continue
 		}
-		idx, ok := commIdx[pidKey{c.node, r.GetPid()}][r.GetComm()]
-		if !ok {
+		idx := slices.IndexFunc(commIdx[pidKey{c.node, r.GetPid()}], func(sc stall.Comm) bool { return sc.Handle == r.GetComm() })
+		if idx < 0 {
 			continue
 		}
 		f.an.Add(r.GetJob(), att, failslow.Call{Comm: idx, NRanks: r.GetCommNranks(), Seq: r.GetSeq(), Rank: r.GetRank(),
