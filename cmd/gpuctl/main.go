@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime/pprof"
 
 	"github.com/spf13/cobra"
 )
@@ -35,8 +36,33 @@ are the same views and actions for scripts.`,
 }
 
 func main() {
-	if err := newRootCmd().Execute(); err != nil {
+	stop := profileCPU(os.Getenv("GPUCTL_CPUPROFILE"))
+	err := newRootCmd().Execute()
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "gpuctl:", err)
 		os.Exit(1)
+	}
+}
+
+// profileCPU writes a CPU profile of the whole run to path (go tool pprof
+// reads it) when path is set: how to see where a loaded server's time
+// goes. The profile is complete once the command returns (serve: on
+// SIGINT or SIGTERM).
+func profileCPU(path string) (stop func()) {
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.StartCPUProfile(f)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gpuctl: GPUCTL_CPUPROFILE=%s: %v (running without a profile)\n", path, err)
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
 	}
 }

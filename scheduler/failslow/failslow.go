@@ -150,6 +150,11 @@ type Config struct {
 	// level and per-sample clip, in log units: defaults 0.05 (half of a
 	// 10% shift), 1.5 and 0.3 (one checkpoint step counts as a 35% step).
 	Drift, Limit, Clip float64
+	// Hold is how long (in the collectives' own time) a finding must hold
+	// before it is raised, default 3 s; DiffuseHold the same for one that
+	// names no node (communication-slow on every link, job-wide), default
+	// 20 s.
+	Hold, DiffuseHold time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -179,6 +184,12 @@ func (c Config) withDefaults() Config {
 	if c.BaselineMax < c.Baseline {
 		c.BaselineMax = max(100, c.Baseline)
 	}
+	if c.Hold <= 0 {
+		c.Hold = 3 * time.Second
+	}
+	if c.DiffuseHold <= 0 {
+		c.DiffuseHold = 20 * time.Second
+	}
 	def(&c.LateShare, 0.1)
 	def(&c.LastShare, 0.7)
 	def(&c.CommSlow, 1.8)
@@ -186,6 +197,17 @@ func (c Config) withDefaults() Config {
 	def(&c.Limit, 1.5)
 	def(&c.Clip, 0.3)
 	return c
+}
+
+// hold is how long f must hold before it is raised: a finding that names
+// no node (every link of a communicator slow, the whole job slower) is
+// what a busy shared host or a noisy neighbour looks like for a while, so
+// it must last longer than one that points at a rank or a node.
+func (a *Analyzer) hold(f *Finding) time.Duration {
+	if f.Class == ComputeSlow || f.Node != "" {
+		return a.cfg.Hold
+	}
+	return a.cfg.DiffuseHold
 }
 
 // Defaults returns the settings a zero Config takes.
@@ -223,10 +245,14 @@ type jobState struct {
 	comms    map[int]*commState
 	late     map[int32]time.Duration // rolling lateness per rank
 	findings map[string]*Finding
+	// pending is when (the data's time) each finding not yet raised was
+	// first seen to hold.
+	pending map[string]int64
 }
 
 func newJob(attempt uint32) *jobState {
-	return &jobState{attempt: attempt, comms: map[int]*commState{}, late: map[int32]time.Duration{}, findings: map[string]*Finding{}}
+	return &jobState{attempt: attempt, comms: map[int]*commState{}, late: map[int32]time.Duration{}, findings: map[string]*Finding{},
+		pending: map[string]int64{}}
 }
 
 // complete is one collective every rank has reported.
@@ -547,12 +573,29 @@ func (a *Analyzer) judgeJob(in Job, j *jobState) []Change {
 			now[f.Key()] = f
 		}
 	}
+	for k := range j.pending {
+		if _, ok := now[k]; !ok {
+			delete(j.pending, k)
+		}
+	}
 	var out []Change
 	for k, f := range now {
 		if old, ok := j.findings[k]; ok {
 			f.Since = old.Since
 			continue
 		}
+		// Raised once it has held for its hold time, from when it began.
+		first, ok := j.pending[k]
+		if !ok {
+			first = f.Since
+			j.pending[k] = first
+		}
+		if time.Duration(f.Since-first) < a.hold(f) {
+			delete(now, k)
+			continue
+		}
+		delete(j.pending, k)
+		f.Since = first
 		out = append(out, Change{Finding: *f})
 	}
 	for k, f := range j.findings {
