@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -47,12 +49,15 @@ func main() {
 
 // profileCPU writes a CPU profile of the whole run to path (go tool pprof
 // reads it) when path is set: how to see where a loaded server's time
-// goes. The profile is complete once the command returns (serve: on
-// SIGINT or SIGTERM).
+// goes. A %p in path is the process id, so that a command and the gpuctl
+// processes it starts (bench swarm's server) write a file each. The
+// profile is complete once the command returns (serve: on SIGINT or
+// SIGTERM).
 func profileCPU(path string) (stop func()) {
 	if path == "" {
 		return func() {}
 	}
+	path = strings.ReplaceAll(path, "%p", strconv.Itoa(os.Getpid()))
 	f, err := os.Create(path)
 	if err == nil {
 		err = pprof.StartCPUProfile(f)
