@@ -375,6 +375,9 @@ func (a *Agent) sessionRegistration(base *api.NodeRegistration) *api.NodeRegistr
 // welcomed is called once the server has answered the hello.
 func (a *Agent) session(ctx context.Context, conn *transport.Conn, addr string, base *api.NodeRegistration, welcomed func()) error {
 	defer conn.Close()
+	// Each server asks for its own pace (a new one sends it when it is
+	// not 1): a pace an old session asked for ends with it.
+	a.probes.SetPace(1)
 	sctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	control, lease, err := a.handshake(sctx, conn, a.sessionRegistration(base))
@@ -528,6 +531,11 @@ func (a *Agent) commands(ctx context.Context, control *transport.Stream, send fu
 		heard.heard(time.Now())
 		if l := m.GetLease(); l != nil {
 			a.renew(l)
+			continue
+		}
+		if p := m.GetPace(); p != nil {
+			a.log.Info("telemetry pace", "factor", p.GetFactor())
+			a.probes.SetPace(p.GetFactor())
 			continue
 		}
 		c := m.GetCommand()

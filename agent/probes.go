@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -71,7 +72,15 @@ type Probes struct {
 
 	mu    sync.Mutex
 	calls []*api.CollectiveRecord
+
+	// pace is how many times less often than its interval the server
+	// asked for telemetry (TelemetryPace); 0 or 1: the interval itself.
+	pace atomic.Uint32
 }
+
+// SetPace makes the probes sample and flush factor times less often
+// than their interval (1: the interval itself), from the next tick.
+func (p *Probes) SetPace(factor uint32) { p.pace.Store(factor) }
 
 // rankEnv is what the probes add to every rank's environment: where to
 // report kernel time on simulated GPUs.
@@ -267,12 +276,16 @@ func (p *Probes) run(ctx context.Context, interval time.Duration, x *Executor, e
 			}
 		}()
 	}
-	flush := min(interval, 250*time.Millisecond)
-	tick := time.NewTicker(flush)
+	base, baseFlush := interval, min(interval, 250*time.Millisecond)
+	tick := time.NewTimer(baseFlush)
 	defer tick.Stop()
 	var lastSample, lastScan time.Time
 	var ranks []*api.RankStatus // as of the last sample
 	for {
+		// An overloaded server asks for less: sampling and flushing
+		// both stretch by its factor.
+		k := time.Duration(max(p.pace.Load(), 1))
+		interval, flush := k*base, k*baseFlush
 		now := time.Now()
 		t := &api.Telemetry{TimeUnixNano: now.UnixNano()}
 		if now.Sub(lastScan) >= time.Second && p.nccl != nil {
@@ -325,6 +338,7 @@ func (p *Probes) run(ctx context.Context, interval time.Duration, x *Executor, e
 		if len(t.Gpus) > 0 || len(t.Collectives) > 0 || len(t.Flows) > 0 || len(t.InFlight) > 0 {
 			emit(t)
 		}
+		tick.Reset(flush)
 		select {
 		case <-ctx.Done():
 			return

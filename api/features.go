@@ -29,20 +29,25 @@ const (
 	// honours Supersede. A node without it is no witness, and its ranks
 	// live on the server's lease alone.
 	FeaturePeerLease = "peer-lease"
+	// FeatureTelemetryPace: the node honours TelemetryPace, sending its
+	// telemetry less often while the server is overloaded. A node without
+	// it keeps its pace, and the server sheds what it cannot apply.
+	FeatureTelemetryPace = "telemetry-pace"
 )
 
 // featureWhy says what goes wrong with a node that lacks a feature.
 var featureWhy = map[string]string{
-	FeatureLease:     "its ranks would run on when it is cut off from the server",
-	FeatureFence:     "fencing an old attempt would stop every rank of the job on the node",
-	FeatureRunAs:     "its ranks would run as root, not as the job's user",
-	FeatureNodeRank:  "its ranks would not be given NODE_RANK",
-	FeaturePeerLease: "its ranks would stop whenever no server answers for a lease",
+	FeatureLease:         "its ranks would run on when it is cut off from the server",
+	FeatureFence:         "fencing an old attempt would stop every rank of the job on the node",
+	FeatureRunAs:         "its ranks would run as root, not as the job's user",
+	FeatureNodeRank:      "its ranks would not be given NODE_RANK",
+	FeaturePeerLease:     "its ranks would stop whenever no server answers for a lease",
+	FeatureTelemetryPace: "an overloaded server could only shed its telemetry, not slow it",
 }
 
 // NodeFeatures are the features this build's nodemon has.
 func NodeFeatures() []string {
-	return []string{FeatureLease, FeatureFence, FeatureRunAs, FeatureNodeRank, FeaturePeerLease}
+	return []string{FeatureLease, FeatureFence, FeatureRunAs, FeatureNodeRank, FeaturePeerLease, FeatureTelemetryPace}
 }
 
 // v12Features are the features every nodemon of protocol v1.2 has: they

@@ -3942,6 +3942,7 @@ type ServerMessage struct {
 	//	*ServerMessage_Command
 	//	*ServerMessage_EventAck
 	//	*ServerMessage_Lease
+	//	*ServerMessage_Pace
 	Body          isServerMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -4020,6 +4021,15 @@ func (x *ServerMessage) GetLease() *LeaseRenewal {
 	return nil
 }
 
+func (x *ServerMessage) GetPace() *TelemetryPace {
+	if x != nil {
+		if x, ok := x.Body.(*ServerMessage_Pace); ok {
+			return x.Pace
+		}
+	}
+	return nil
+}
+
 type isServerMessage_Body interface {
 	isServerMessage_Body()
 }
@@ -4040,6 +4050,10 @@ type ServerMessage_Lease struct {
 	Lease *LeaseRenewal `protobuf:"bytes,4,opt,name=lease,proto3,oneof"`
 }
 
+type ServerMessage_Pace struct {
+	Pace *TelemetryPace `protobuf:"bytes,5,opt,name=pace,proto3,oneof"`
+}
+
 func (*ServerMessage_Welcome) isServerMessage_Body() {}
 
 func (*ServerMessage_Command) isServerMessage_Body() {}
@@ -4047,6 +4061,55 @@ func (*ServerMessage_Command) isServerMessage_Body() {}
 func (*ServerMessage_EventAck) isServerMessage_Body() {}
 
 func (*ServerMessage_Lease) isServerMessage_Body() {}
+
+func (*ServerMessage_Pace) isServerMessage_Body() {}
+
+// TelemetryPace asks a node (one that named the telemetry-pace feature) to
+// send its telemetry factor times less often than its own interval, while
+// the server cannot keep up; factor 1 is its own pace again.
+type TelemetryPace struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Factor        uint32                 `protobuf:"varint,1,opt,name=factor,proto3" json:"factor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TelemetryPace) Reset() {
+	*x = TelemetryPace{}
+	mi := &file_gpuctl_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TelemetryPace) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TelemetryPace) ProtoMessage() {}
+
+func (x *TelemetryPace) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TelemetryPace.ProtoReflect.Descriptor instead.
+func (*TelemetryPace) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *TelemetryPace) GetFactor() uint32 {
+	if x != nil {
+		return x.Factor
+	}
+	return 0
+}
 
 type GPUStatus struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
@@ -4060,7 +4123,7 @@ type GPUStatus struct {
 
 func (x *GPUStatus) Reset() {
 	*x = GPUStatus{}
-	mi := &file_gpuctl_proto_msgTypes[36]
+	mi := &file_gpuctl_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4072,7 +4135,7 @@ func (x *GPUStatus) String() string {
 func (*GPUStatus) ProtoMessage() {}
 
 func (x *GPUStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[36]
+	mi := &file_gpuctl_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4085,7 +4148,7 @@ func (x *GPUStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUStatus.ProtoReflect.Descriptor instead.
 func (*GPUStatus) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{36}
+	return file_gpuctl_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GPUStatus) GetInfo() *GPUInfo {
@@ -4154,7 +4217,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_gpuctl_proto_msgTypes[37]
+	mi := &file_gpuctl_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4166,7 +4229,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[37]
+	mi := &file_gpuctl_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4179,7 +4242,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{37}
+	return file_gpuctl_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *NodeStatus) GetRegistration() *NodeRegistration {
@@ -4328,7 +4391,7 @@ type CollectiveStat struct {
 
 func (x *CollectiveStat) Reset() {
 	*x = CollectiveStat{}
-	mi := &file_gpuctl_proto_msgTypes[38]
+	mi := &file_gpuctl_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4340,7 +4403,7 @@ func (x *CollectiveStat) String() string {
 func (*CollectiveStat) ProtoMessage() {}
 
 func (x *CollectiveStat) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[38]
+	mi := &file_gpuctl_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4353,7 +4416,7 @@ func (x *CollectiveStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectiveStat.ProtoReflect.Descriptor instead.
 func (*CollectiveStat) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{38}
+	return file_gpuctl_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CollectiveStat) GetNode() string {
@@ -4441,7 +4504,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[39]
+	mi := &file_gpuctl_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4453,7 +4516,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[39]
+	mi := &file_gpuctl_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4466,7 +4529,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{39}
+	return file_gpuctl_proto_rawDescGZIP(), []int{40}
 }
 
 type ListNodesResponse struct {
@@ -4478,7 +4541,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[40]
+	mi := &file_gpuctl_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4490,7 +4553,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[40]
+	mi := &file_gpuctl_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4503,7 +4566,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{40}
+	return file_gpuctl_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeStatus {
@@ -4524,7 +4587,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[41]
+	mi := &file_gpuctl_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4536,7 +4599,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[41]
+	mi := &file_gpuctl_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4549,7 +4612,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{41}
+	return file_gpuctl_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListEventsRequest) GetNode() string {
@@ -4582,7 +4645,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[42]
+	mi := &file_gpuctl_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4594,7 +4657,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[42]
+	mi := &file_gpuctl_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4607,7 +4670,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{42}
+	return file_gpuctl_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -4627,7 +4690,7 @@ type ListCollectivesRequest struct {
 
 func (x *ListCollectivesRequest) Reset() {
 	*x = ListCollectivesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[43]
+	mi := &file_gpuctl_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4639,7 +4702,7 @@ func (x *ListCollectivesRequest) String() string {
 func (*ListCollectivesRequest) ProtoMessage() {}
 
 func (x *ListCollectivesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[43]
+	mi := &file_gpuctl_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4652,7 +4715,7 @@ func (x *ListCollectivesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCollectivesRequest.ProtoReflect.Descriptor instead.
 func (*ListCollectivesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{43}
+	return file_gpuctl_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListCollectivesRequest) GetJob() string {
@@ -4678,7 +4741,7 @@ type ListCollectivesResponse struct {
 
 func (x *ListCollectivesResponse) Reset() {
 	*x = ListCollectivesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[44]
+	mi := &file_gpuctl_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4690,7 +4753,7 @@ func (x *ListCollectivesResponse) String() string {
 func (*ListCollectivesResponse) ProtoMessage() {}
 
 func (x *ListCollectivesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[44]
+	mi := &file_gpuctl_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4703,7 +4766,7 @@ func (x *ListCollectivesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCollectivesResponse.ProtoReflect.Descriptor instead.
 func (*ListCollectivesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{44}
+	return file_gpuctl_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListCollectivesResponse) GetCollectives() []*CollectiveStat {
@@ -4723,7 +4786,7 @@ type GPUHistoryRequest struct {
 
 func (x *GPUHistoryRequest) Reset() {
 	*x = GPUHistoryRequest{}
-	mi := &file_gpuctl_proto_msgTypes[45]
+	mi := &file_gpuctl_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4735,7 +4798,7 @@ func (x *GPUHistoryRequest) String() string {
 func (*GPUHistoryRequest) ProtoMessage() {}
 
 func (x *GPUHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[45]
+	mi := &file_gpuctl_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4748,7 +4811,7 @@ func (x *GPUHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHistoryRequest.ProtoReflect.Descriptor instead.
 func (*GPUHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{45}
+	return file_gpuctl_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GPUHistoryRequest) GetNode() string {
@@ -4774,7 +4837,7 @@ type GPUHistoryResponse struct {
 
 func (x *GPUHistoryResponse) Reset() {
 	*x = GPUHistoryResponse{}
-	mi := &file_gpuctl_proto_msgTypes[46]
+	mi := &file_gpuctl_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4786,7 +4849,7 @@ func (x *GPUHistoryResponse) String() string {
 func (*GPUHistoryResponse) ProtoMessage() {}
 
 func (x *GPUHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[46]
+	mi := &file_gpuctl_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4799,7 +4862,7 @@ func (x *GPUHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHistoryResponse.ProtoReflect.Descriptor instead.
 func (*GPUHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{46}
+	return file_gpuctl_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GPUHistoryResponse) GetSamples() []*GPUSample {
@@ -4827,7 +4890,7 @@ type ObserveFilter struct {
 
 func (x *ObserveFilter) Reset() {
 	*x = ObserveFilter{}
-	mi := &file_gpuctl_proto_msgTypes[47]
+	mi := &file_gpuctl_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4839,7 +4902,7 @@ func (x *ObserveFilter) String() string {
 func (*ObserveFilter) ProtoMessage() {}
 
 func (x *ObserveFilter) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[47]
+	mi := &file_gpuctl_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4852,7 +4915,7 @@ func (x *ObserveFilter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveFilter.ProtoReflect.Descriptor instead.
 func (*ObserveFilter) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{47}
+	return file_gpuctl_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ObserveFilter) GetNode() string {
@@ -4938,7 +5001,7 @@ type ObserveRequest struct {
 
 func (x *ObserveRequest) Reset() {
 	*x = ObserveRequest{}
-	mi := &file_gpuctl_proto_msgTypes[48]
+	mi := &file_gpuctl_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4950,7 +5013,7 @@ func (x *ObserveRequest) String() string {
 func (*ObserveRequest) ProtoMessage() {}
 
 func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[48]
+	mi := &file_gpuctl_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4963,7 +5026,7 @@ func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveRequest.ProtoReflect.Descriptor instead.
 func (*ObserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{48}
+	return file_gpuctl_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ObserveRequest) GetFilter() *ObserveFilter {
@@ -5008,7 +5071,7 @@ type ObserveItem struct {
 
 func (x *ObserveItem) Reset() {
 	*x = ObserveItem{}
-	mi := &file_gpuctl_proto_msgTypes[49]
+	mi := &file_gpuctl_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5020,7 +5083,7 @@ func (x *ObserveItem) String() string {
 func (*ObserveItem) ProtoMessage() {}
 
 func (x *ObserveItem) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[49]
+	mi := &file_gpuctl_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5033,7 +5096,7 @@ func (x *ObserveItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveItem.ProtoReflect.Descriptor instead.
 func (*ObserveItem) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{49}
+	return file_gpuctl_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ObserveItem) GetNode() string {
@@ -5099,7 +5162,7 @@ type ObserveBatch struct {
 
 func (x *ObserveBatch) Reset() {
 	*x = ObserveBatch{}
-	mi := &file_gpuctl_proto_msgTypes[50]
+	mi := &file_gpuctl_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5111,7 +5174,7 @@ func (x *ObserveBatch) String() string {
 func (*ObserveBatch) ProtoMessage() {}
 
 func (x *ObserveBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[50]
+	mi := &file_gpuctl_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5124,7 +5187,7 @@ func (x *ObserveBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveBatch.ProtoReflect.Descriptor instead.
 func (*ObserveBatch) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{50}
+	return file_gpuctl_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ObserveBatch) GetItems() []*ObserveItem {
@@ -5165,7 +5228,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_gpuctl_proto_msgTypes[51]
+	mi := &file_gpuctl_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5177,7 +5240,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[51]
+	mi := &file_gpuctl_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5190,7 +5253,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{51}
+	return file_gpuctl_proto_rawDescGZIP(), []int{52}
 }
 
 type VersionResponse struct {
@@ -5205,7 +5268,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_gpuctl_proto_msgTypes[52]
+	mi := &file_gpuctl_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5217,7 +5280,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[52]
+	mi := &file_gpuctl_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5230,7 +5293,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{52}
+	return file_gpuctl_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *VersionResponse) GetSoftware() string {
@@ -5264,7 +5327,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_gpuctl_proto_msgTypes[53]
+	mi := &file_gpuctl_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5276,7 +5339,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[53]
+	mi := &file_gpuctl_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5289,7 +5352,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{53}
+	return file_gpuctl_proto_rawDescGZIP(), []int{54}
 }
 
 // ServerStatus is one gpuctl serve of a control plane.
@@ -5309,7 +5372,7 @@ type ServerStatus struct {
 
 func (x *ServerStatus) Reset() {
 	*x = ServerStatus{}
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5321,7 +5384,7 @@ func (x *ServerStatus) String() string {
 func (*ServerStatus) ProtoMessage() {}
 
 func (x *ServerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5334,7 +5397,7 @@ func (x *ServerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerStatus.ProtoReflect.Descriptor instead.
 func (*ServerStatus) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{54}
+	return file_gpuctl_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ServerStatus) GetName() string {
@@ -5380,7 +5443,7 @@ type StoreMember struct {
 
 func (x *StoreMember) Reset() {
 	*x = StoreMember{}
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5392,7 +5455,7 @@ func (x *StoreMember) String() string {
 func (*StoreMember) ProtoMessage() {}
 
 func (x *StoreMember) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5405,7 +5468,7 @@ func (x *StoreMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreMember.ProtoReflect.Descriptor instead.
 func (*StoreMember) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{55}
+	return file_gpuctl_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *StoreMember) GetName() string {
@@ -5473,7 +5536,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5485,7 +5548,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5498,7 +5561,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{56}
+	return file_gpuctl_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *StatusResponse) GetSelf() *ServerStatus {
@@ -5589,17 +5652,20 @@ func (x *StatusResponse) GetReadOnlySinceUnixNano() int64 {
 // GPU samples go first (the console's figures go stale), then whole
 // batches with their NCCL call records. The nodes stay up meanwhile.
 type TelemetryShed struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Batches       uint64                 `protobuf:"varint,1,opt,name=batches,proto3" json:"batches,omitempty"`
-	GpuSamples    uint64                 `protobuf:"varint,2,opt,name=gpu_samples,json=gpuSamples,proto3" json:"gpu_samples,omitempty"`
-	Collectives   uint64                 `protobuf:"varint,3,opt,name=collectives,proto3" json:"collectives,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Batches     uint64                 `protobuf:"varint,1,opt,name=batches,proto3" json:"batches,omitempty"`
+	GpuSamples  uint64                 `protobuf:"varint,2,opt,name=gpu_samples,json=gpuSamples,proto3" json:"gpu_samples,omitempty"`
+	Collectives uint64                 `protobuf:"varint,3,opt,name=collectives,proto3" json:"collectives,omitempty"`
+	// How many times slower than their own interval nodes are asked to
+	// send telemetry now (TelemetryPace); 0 or 1: their own pace.
+	Pace          uint32 `protobuf:"varint,4,opt,name=pace,proto3" json:"pace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TelemetryShed) Reset() {
 	*x = TelemetryShed{}
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5611,7 +5677,7 @@ func (x *TelemetryShed) String() string {
 func (*TelemetryShed) ProtoMessage() {}
 
 func (x *TelemetryShed) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5624,7 +5690,7 @@ func (x *TelemetryShed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TelemetryShed.ProtoReflect.Descriptor instead.
 func (*TelemetryShed) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{57}
+	return file_gpuctl_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *TelemetryShed) GetBatches() uint64 {
@@ -5648,6 +5714,13 @@ func (x *TelemetryShed) GetCollectives() uint64 {
 	return 0
 }
 
+func (x *TelemetryShed) GetPace() uint32 {
+	if x != nil {
+		return x.Pace
+	}
+	return 0
+}
+
 type InjectFaultRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -5658,7 +5731,7 @@ type InjectFaultRequest struct {
 
 func (x *InjectFaultRequest) Reset() {
 	*x = InjectFaultRequest{}
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5670,7 +5743,7 @@ func (x *InjectFaultRequest) String() string {
 func (*InjectFaultRequest) ProtoMessage() {}
 
 func (x *InjectFaultRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5683,7 +5756,7 @@ func (x *InjectFaultRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFaultRequest.ProtoReflect.Descriptor instead.
 func (*InjectFaultRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{58}
+	return file_gpuctl_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *InjectFaultRequest) GetNode() string {
@@ -5708,7 +5781,7 @@ type InjectFaultResponse struct {
 
 func (x *InjectFaultResponse) Reset() {
 	*x = InjectFaultResponse{}
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5720,7 +5793,7 @@ func (x *InjectFaultResponse) String() string {
 func (*InjectFaultResponse) ProtoMessage() {}
 
 func (x *InjectFaultResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5733,7 +5806,7 @@ func (x *InjectFaultResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFaultResponse.ProtoReflect.Descriptor instead.
 func (*InjectFaultResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{59}
+	return file_gpuctl_proto_rawDescGZIP(), []int{60}
 }
 
 type ClientRequest struct {
@@ -5774,7 +5847,7 @@ type ClientRequest struct {
 
 func (x *ClientRequest) Reset() {
 	*x = ClientRequest{}
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5786,7 +5859,7 @@ func (x *ClientRequest) String() string {
 func (*ClientRequest) ProtoMessage() {}
 
 func (x *ClientRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5799,7 +5872,7 @@ func (x *ClientRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientRequest.ProtoReflect.Descriptor instead.
 func (*ClientRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{60}
+	return file_gpuctl_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ClientRequest) GetBody() isClientRequest_Body {
@@ -6265,7 +6338,7 @@ type ClientResponse struct {
 
 func (x *ClientResponse) Reset() {
 	*x = ClientResponse{}
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6277,7 +6350,7 @@ func (x *ClientResponse) String() string {
 func (*ClientResponse) ProtoMessage() {}
 
 func (x *ClientResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6290,7 +6363,7 @@ func (x *ClientResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientResponse.ProtoReflect.Descriptor instead.
 func (*ClientResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{61}
+	return file_gpuctl_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ClientResponse) GetError() string {
@@ -6758,7 +6831,7 @@ type JobPlan struct {
 
 func (x *JobPlan) Reset() {
 	*x = JobPlan{}
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6770,7 +6843,7 @@ func (x *JobPlan) String() string {
 func (*JobPlan) ProtoMessage() {}
 
 func (x *JobPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6783,7 +6856,7 @@ func (x *JobPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobPlan.ProtoReflect.Descriptor instead.
 func (*JobPlan) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{62}
+	return file_gpuctl_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *JobPlan) GetTp() int32 {
@@ -6908,7 +6981,7 @@ type JobRank struct {
 
 func (x *JobRank) Reset() {
 	*x = JobRank{}
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6920,7 +6993,7 @@ func (x *JobRank) String() string {
 func (*JobRank) ProtoMessage() {}
 
 func (x *JobRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6933,7 +7006,7 @@ func (x *JobRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobRank.ProtoReflect.Descriptor instead.
 func (*JobRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{63}
+	return file_gpuctl_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *JobRank) GetRank() int32 {
@@ -6997,7 +7070,7 @@ type JobNode struct {
 
 func (x *JobNode) Reset() {
 	*x = JobNode{}
-	mi := &file_gpuctl_proto_msgTypes[64]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7009,7 +7082,7 @@ func (x *JobNode) String() string {
 func (*JobNode) ProtoMessage() {}
 
 func (x *JobNode) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[64]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7022,7 +7095,7 @@ func (x *JobNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobNode.ProtoReflect.Descriptor instead.
 func (*JobNode) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{64}
+	return file_gpuctl_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *JobNode) GetNode() string {
@@ -7134,7 +7207,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_gpuctl_proto_msgTypes[65]
+	mi := &file_gpuctl_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7146,7 +7219,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[65]
+	mi := &file_gpuctl_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7159,7 +7232,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{65}
+	return file_gpuctl_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *Job) GetId() string {
@@ -7517,7 +7590,7 @@ type JobAttempt struct {
 
 func (x *JobAttempt) Reset() {
 	*x = JobAttempt{}
-	mi := &file_gpuctl_proto_msgTypes[66]
+	mi := &file_gpuctl_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7529,7 +7602,7 @@ func (x *JobAttempt) String() string {
 func (*JobAttempt) ProtoMessage() {}
 
 func (x *JobAttempt) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[66]
+	mi := &file_gpuctl_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7542,7 +7615,7 @@ func (x *JobAttempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobAttempt.ProtoReflect.Descriptor instead.
 func (*JobAttempt) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{66}
+	return file_gpuctl_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *JobAttempt) GetAttempt() uint32 {
@@ -7646,7 +7719,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[67]
+	mi := &file_gpuctl_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7658,7 +7731,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[67]
+	mi := &file_gpuctl_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7671,7 +7744,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{67}
+	return file_gpuctl_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *SubmitJobRequest) GetSpecYaml() string {
@@ -7722,7 +7795,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7734,7 +7807,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7747,7 +7820,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{68}
+	return file_gpuctl_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *SubmitJobResponse) GetJob() *Job {
@@ -7774,7 +7847,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7786,7 +7859,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7799,7 +7872,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{69}
+	return file_gpuctl_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListJobsRequest) GetJob() string {
@@ -7818,7 +7891,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7830,7 +7903,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7843,7 +7916,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{70}
+	return file_gpuctl_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -7862,7 +7935,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7874,7 +7947,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7887,7 +7960,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{71}
+	return file_gpuctl_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *CancelJobRequest) GetJob() string {
@@ -7907,7 +7980,7 @@ type ReleaseJobRequest struct {
 
 func (x *ReleaseJobRequest) Reset() {
 	*x = ReleaseJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7919,7 +7992,7 @@ func (x *ReleaseJobRequest) String() string {
 func (*ReleaseJobRequest) ProtoMessage() {}
 
 func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7932,7 +8005,7 @@ func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseJobRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{72}
+	return file_gpuctl_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ReleaseJobRequest) GetJob() string {
@@ -7951,7 +8024,7 @@ type ReleaseJobResponse struct {
 
 func (x *ReleaseJobResponse) Reset() {
 	*x = ReleaseJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7963,7 +8036,7 @@ func (x *ReleaseJobResponse) String() string {
 func (*ReleaseJobResponse) ProtoMessage() {}
 
 func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7976,7 +8049,7 @@ func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseJobResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{73}
+	return file_gpuctl_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ReleaseJobResponse) GetJob() *Job {
@@ -7995,7 +8068,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8007,7 +8080,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8020,7 +8093,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{74}
+	return file_gpuctl_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -8040,7 +8113,7 @@ type AssignJobRequest struct {
 
 func (x *AssignJobRequest) Reset() {
 	*x = AssignJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8052,7 +8125,7 @@ func (x *AssignJobRequest) String() string {
 func (*AssignJobRequest) ProtoMessage() {}
 
 func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8065,7 +8138,7 @@ func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobRequest.ProtoReflect.Descriptor instead.
 func (*AssignJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{75}
+	return file_gpuctl_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *AssignJobRequest) GetJob() string {
@@ -8091,7 +8164,7 @@ type AssignJobResponse struct {
 
 func (x *AssignJobResponse) Reset() {
 	*x = AssignJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8103,7 +8176,7 @@ func (x *AssignJobResponse) String() string {
 func (*AssignJobResponse) ProtoMessage() {}
 
 func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8116,7 +8189,7 @@ func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobResponse.ProtoReflect.Descriptor instead.
 func (*AssignJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{76}
+	return file_gpuctl_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *AssignJobResponse) GetJob() *Job {
@@ -8138,7 +8211,7 @@ type Packing struct {
 
 func (x *Packing) Reset() {
 	*x = Packing{}
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8150,7 +8223,7 @@ func (x *Packing) String() string {
 func (*Packing) ProtoMessage() {}
 
 func (x *Packing) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8163,7 +8236,7 @@ func (x *Packing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Packing.ProtoReflect.Descriptor instead.
 func (*Packing) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{77}
+	return file_gpuctl_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *Packing) GetFragmentedNodes() int32 {
@@ -8207,7 +8280,7 @@ type RebalanceMove struct {
 
 func (x *RebalanceMove) Reset() {
 	*x = RebalanceMove{}
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8219,7 +8292,7 @@ func (x *RebalanceMove) String() string {
 func (*RebalanceMove) ProtoMessage() {}
 
 func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8232,7 +8305,7 @@ func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceMove.ProtoReflect.Descriptor instead.
 func (*RebalanceMove) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{78}
+	return file_gpuctl_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *RebalanceMove) GetJob() string {
@@ -8281,7 +8354,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_gpuctl_proto_msgTypes[79]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8293,7 +8366,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[79]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8306,7 +8379,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{79}
+	return file_gpuctl_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *RebalanceRequest) GetApply() bool {
@@ -8336,7 +8409,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_gpuctl_proto_msgTypes[80]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8348,7 +8421,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[80]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8361,7 +8434,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{80}
+	return file_gpuctl_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *RebalanceResponse) GetMoves() []*RebalanceMove {
@@ -8408,7 +8481,7 @@ type StalledRank struct {
 
 func (x *StalledRank) Reset() {
 	*x = StalledRank{}
-	mi := &file_gpuctl_proto_msgTypes[81]
+	mi := &file_gpuctl_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8420,7 +8493,7 @@ func (x *StalledRank) String() string {
 func (*StalledRank) ProtoMessage() {}
 
 func (x *StalledRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[81]
+	mi := &file_gpuctl_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8433,7 +8506,7 @@ func (x *StalledRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StalledRank.ProtoReflect.Descriptor instead.
 func (*StalledRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{81}
+	return file_gpuctl_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *StalledRank) GetRank() int32 {
@@ -8503,7 +8576,7 @@ type Stall struct {
 
 func (x *Stall) Reset() {
 	*x = Stall{}
-	mi := &file_gpuctl_proto_msgTypes[82]
+	mi := &file_gpuctl_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8515,7 +8588,7 @@ func (x *Stall) String() string {
 func (*Stall) ProtoMessage() {}
 
 func (x *Stall) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[82]
+	mi := &file_gpuctl_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8528,7 +8601,7 @@ func (x *Stall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stall.ProtoReflect.Descriptor instead.
 func (*Stall) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{82}
+	return file_gpuctl_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *Stall) GetJob() string {
@@ -8589,7 +8662,7 @@ type ListStallsRequest struct {
 
 func (x *ListStallsRequest) Reset() {
 	*x = ListStallsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[83]
+	mi := &file_gpuctl_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8601,7 +8674,7 @@ func (x *ListStallsRequest) String() string {
 func (*ListStallsRequest) ProtoMessage() {}
 
 func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[83]
+	mi := &file_gpuctl_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8614,7 +8687,7 @@ func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsRequest.ProtoReflect.Descriptor instead.
 func (*ListStallsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{83}
+	return file_gpuctl_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ListStallsRequest) GetJob() string {
@@ -8635,7 +8708,7 @@ type ListStallsResponse struct {
 
 func (x *ListStallsResponse) Reset() {
 	*x = ListStallsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[84]
+	mi := &file_gpuctl_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8647,7 +8720,7 @@ func (x *ListStallsResponse) String() string {
 func (*ListStallsResponse) ProtoMessage() {}
 
 func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[84]
+	mi := &file_gpuctl_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8660,7 +8733,7 @@ func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsResponse.ProtoReflect.Descriptor instead.
 func (*ListStallsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{84}
+	return file_gpuctl_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ListStallsResponse) GetStalls() []*Stall {
@@ -8701,7 +8774,7 @@ type SlowFinding struct {
 
 func (x *SlowFinding) Reset() {
 	*x = SlowFinding{}
-	mi := &file_gpuctl_proto_msgTypes[85]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8713,7 +8786,7 @@ func (x *SlowFinding) String() string {
 func (*SlowFinding) ProtoMessage() {}
 
 func (x *SlowFinding) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[85]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8726,7 +8799,7 @@ func (x *SlowFinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlowFinding.ProtoReflect.Descriptor instead.
 func (*SlowFinding) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{85}
+	return file_gpuctl_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *SlowFinding) GetJob() string {
@@ -8804,7 +8877,7 @@ type CordonRequest struct {
 
 func (x *CordonRequest) Reset() {
 	*x = CordonRequest{}
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8816,7 +8889,7 @@ func (x *CordonRequest) String() string {
 func (*CordonRequest) ProtoMessage() {}
 
 func (x *CordonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8829,7 +8902,7 @@ func (x *CordonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonRequest.ProtoReflect.Descriptor instead.
 func (*CordonRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{86}
+	return file_gpuctl_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *CordonRequest) GetNode() string {
@@ -8864,7 +8937,7 @@ type CordonResponse struct {
 
 func (x *CordonResponse) Reset() {
 	*x = CordonResponse{}
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8876,7 +8949,7 @@ func (x *CordonResponse) String() string {
 func (*CordonResponse) ProtoMessage() {}
 
 func (x *CordonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8889,7 +8962,7 @@ func (x *CordonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonResponse.ProtoReflect.Descriptor instead.
 func (*CordonResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{87}
+	return file_gpuctl_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *CordonResponse) GetNode() *NodeStatus {
@@ -8921,7 +8994,7 @@ type DrainedJob struct {
 
 func (x *DrainedJob) Reset() {
 	*x = DrainedJob{}
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8933,7 +9006,7 @@ func (x *DrainedJob) String() string {
 func (*DrainedJob) ProtoMessage() {}
 
 func (x *DrainedJob) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8946,7 +9019,7 @@ func (x *DrainedJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainedJob.ProtoReflect.Descriptor instead.
 func (*DrainedJob) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{88}
+	return file_gpuctl_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *DrainedJob) GetJob() string {
@@ -8986,7 +9059,7 @@ type CheckpointJobRequest struct {
 
 func (x *CheckpointJobRequest) Reset() {
 	*x = CheckpointJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8998,7 +9071,7 @@ func (x *CheckpointJobRequest) String() string {
 func (*CheckpointJobRequest) ProtoMessage() {}
 
 func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9011,7 +9084,7 @@ func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{89}
+	return file_gpuctl_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *CheckpointJobRequest) GetJob() string {
@@ -9030,7 +9103,7 @@ type CheckpointJobResponse struct {
 
 func (x *CheckpointJobResponse) Reset() {
 	*x = CheckpointJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9042,7 +9115,7 @@ func (x *CheckpointJobResponse) String() string {
 func (*CheckpointJobResponse) ProtoMessage() {}
 
 func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9055,7 +9128,7 @@ func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{90}
+	return file_gpuctl_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *CheckpointJobResponse) GetJob() *Job {
@@ -9077,7 +9150,7 @@ type RestartJobRequest struct {
 
 func (x *RestartJobRequest) Reset() {
 	*x = RestartJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9089,7 +9162,7 @@ func (x *RestartJobRequest) String() string {
 func (*RestartJobRequest) ProtoMessage() {}
 
 func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9102,7 +9175,7 @@ func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobRequest.ProtoReflect.Descriptor instead.
 func (*RestartJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{91}
+	return file_gpuctl_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RestartJobRequest) GetJob() string {
@@ -9135,7 +9208,7 @@ type RestartJobResponse struct {
 
 func (x *RestartJobResponse) Reset() {
 	*x = RestartJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9147,7 +9220,7 @@ func (x *RestartJobResponse) String() string {
 func (*RestartJobResponse) ProtoMessage() {}
 
 func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9160,7 +9233,7 @@ func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobResponse.ProtoReflect.Descriptor instead.
 func (*RestartJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{92}
+	return file_gpuctl_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RestartJobResponse) GetJob() *Job {
@@ -9183,7 +9256,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9195,7 +9268,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9208,7 +9281,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{93}
+	return file_gpuctl_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *LogsRequest) GetJob() string {
@@ -9249,7 +9322,7 @@ type LogsChunk struct {
 
 func (x *LogsChunk) Reset() {
 	*x = LogsChunk{}
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9261,7 +9334,7 @@ func (x *LogsChunk) String() string {
 func (*LogsChunk) ProtoMessage() {}
 
 func (x *LogsChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9274,7 +9347,7 @@ func (x *LogsChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsChunk.ProtoReflect.Descriptor instead.
 func (*LogsChunk) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{94}
+	return file_gpuctl_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *LogsChunk) GetData() []byte {
@@ -9313,7 +9386,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9325,7 +9398,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9338,7 +9411,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{95}
+	return file_gpuctl_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *WatchRequest) GetKinds() []WatchKind {
@@ -9390,7 +9463,7 @@ type WatchChange struct {
 
 func (x *WatchChange) Reset() {
 	*x = WatchChange{}
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9402,7 +9475,7 @@ func (x *WatchChange) String() string {
 func (*WatchChange) ProtoMessage() {}
 
 func (x *WatchChange) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9415,7 +9488,7 @@ func (x *WatchChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchChange.ProtoReflect.Descriptor instead.
 func (*WatchChange) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{96}
+	return file_gpuctl_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *WatchChange) GetRevision() uint64 {
@@ -9498,7 +9571,7 @@ type WatchBatch struct {
 
 func (x *WatchBatch) Reset() {
 	*x = WatchBatch{}
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9510,7 +9583,7 @@ func (x *WatchBatch) String() string {
 func (*WatchBatch) ProtoMessage() {}
 
 func (x *WatchBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9523,7 +9596,7 @@ func (x *WatchBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBatch.ProtoReflect.Descriptor instead.
 func (*WatchBatch) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{97}
+	return file_gpuctl_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *WatchBatch) GetEpoch() string {
@@ -9603,7 +9676,7 @@ type Identity struct {
 
 func (x *Identity) Reset() {
 	*x = Identity{}
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9615,7 +9688,7 @@ func (x *Identity) String() string {
 func (*Identity) ProtoMessage() {}
 
 func (x *Identity) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9628,7 +9701,7 @@ func (x *Identity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Identity.ProtoReflect.Descriptor instead.
 func (*Identity) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{98}
+	return file_gpuctl_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *Identity) GetKind() IdentityKind {
@@ -9731,7 +9804,7 @@ type Revocation struct {
 
 func (x *Revocation) Reset() {
 	*x = Revocation{}
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9743,7 +9816,7 @@ func (x *Revocation) String() string {
 func (*Revocation) ProtoMessage() {}
 
 func (x *Revocation) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9756,7 +9829,7 @@ func (x *Revocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revocation.ProtoReflect.Descriptor instead.
 func (*Revocation) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{99}
+	return file_gpuctl_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *Revocation) GetSerial() string {
@@ -9812,7 +9885,7 @@ type JoinTokenUse struct {
 
 func (x *JoinTokenUse) Reset() {
 	*x = JoinTokenUse{}
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9824,7 +9897,7 @@ func (x *JoinTokenUse) String() string {
 func (*JoinTokenUse) ProtoMessage() {}
 
 func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9837,7 +9910,7 @@ func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinTokenUse.ProtoReflect.Descriptor instead.
 func (*JoinTokenUse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{100}
+	return file_gpuctl_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *JoinTokenUse) GetNode() string {
@@ -9874,7 +9947,7 @@ type JoinToken struct {
 
 func (x *JoinToken) Reset() {
 	*x = JoinToken{}
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9886,7 +9959,7 @@ func (x *JoinToken) String() string {
 func (*JoinToken) ProtoMessage() {}
 
 func (x *JoinToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9899,7 +9972,7 @@ func (x *JoinToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
 func (*JoinToken) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{101}
+	return file_gpuctl_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *JoinToken) GetId() string {
@@ -9978,7 +10051,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9990,7 +10063,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10003,7 +10076,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{102}
+	return file_gpuctl_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *CreateJoinTokenRequest) GetTtlSeconds() int64 {
@@ -10037,7 +10110,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10049,7 +10122,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10062,7 +10135,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{103}
+	return file_gpuctl_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *CreateJoinTokenResponse) GetToken() string {
@@ -10087,7 +10160,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10099,7 +10172,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10112,7 +10185,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{104}
+	return file_gpuctl_proto_rawDescGZIP(), []int{105}
 }
 
 type ListTokensResponse struct {
@@ -10124,7 +10197,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10136,7 +10209,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10149,7 +10222,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{105}
+	return file_gpuctl_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *ListTokensResponse) GetTokens() []*JoinToken {
@@ -10169,7 +10242,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[106]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10181,7 +10254,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[106]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10194,7 +10267,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{106}
+	return file_gpuctl_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -10213,7 +10286,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[107]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10225,7 +10298,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[107]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10238,7 +10311,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{107}
+	return file_gpuctl_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *RevokeTokenResponse) GetToken() *JoinToken {
@@ -10263,7 +10336,7 @@ type AddUserRequest struct {
 
 func (x *AddUserRequest) Reset() {
 	*x = AddUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[108]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10275,7 +10348,7 @@ func (x *AddUserRequest) String() string {
 func (*AddUserRequest) ProtoMessage() {}
 
 func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[108]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10288,7 +10361,7 @@ func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserRequest.ProtoReflect.Descriptor instead.
 func (*AddUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{108}
+	return file_gpuctl_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *AddUserRequest) GetName() string {
@@ -10323,7 +10396,7 @@ type AddUserResponse struct {
 
 func (x *AddUserResponse) Reset() {
 	*x = AddUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[109]
+	mi := &file_gpuctl_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10335,7 +10408,7 @@ func (x *AddUserResponse) String() string {
 func (*AddUserResponse) ProtoMessage() {}
 
 func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[109]
+	mi := &file_gpuctl_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10348,7 +10421,7 @@ func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserResponse.ProtoReflect.Descriptor instead.
 func (*AddUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{109}
+	return file_gpuctl_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *AddUserResponse) GetUser() *Identity {
@@ -10382,7 +10455,7 @@ type ListIdentitiesRequest struct {
 
 func (x *ListIdentitiesRequest) Reset() {
 	*x = ListIdentitiesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[110]
+	mi := &file_gpuctl_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10394,7 +10467,7 @@ func (x *ListIdentitiesRequest) String() string {
 func (*ListIdentitiesRequest) ProtoMessage() {}
 
 func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[110]
+	mi := &file_gpuctl_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10407,7 +10480,7 @@ func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesRequest.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{110}
+	return file_gpuctl_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *ListIdentitiesRequest) GetKind() IdentityKind {
@@ -10432,7 +10505,7 @@ type ListIdentitiesResponse struct {
 
 func (x *ListIdentitiesResponse) Reset() {
 	*x = ListIdentitiesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[111]
+	mi := &file_gpuctl_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10444,7 +10517,7 @@ func (x *ListIdentitiesResponse) String() string {
 func (*ListIdentitiesResponse) ProtoMessage() {}
 
 func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[111]
+	mi := &file_gpuctl_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10457,7 +10530,7 @@ func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesResponse.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{111}
+	return file_gpuctl_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *ListIdentitiesResponse) GetIdentities() []*Identity {
@@ -10503,7 +10576,7 @@ type SSHKey struct {
 
 func (x *SSHKey) Reset() {
 	*x = SSHKey{}
-	mi := &file_gpuctl_proto_msgTypes[112]
+	mi := &file_gpuctl_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10515,7 +10588,7 @@ func (x *SSHKey) String() string {
 func (*SSHKey) ProtoMessage() {}
 
 func (x *SSHKey) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[112]
+	mi := &file_gpuctl_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10528,7 +10601,7 @@ func (x *SSHKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SSHKey.ProtoReflect.Descriptor instead.
 func (*SSHKey) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{112}
+	return file_gpuctl_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *SSHKey) GetName() string {
@@ -10569,7 +10642,7 @@ type RevokeUserRequest struct {
 
 func (x *RevokeUserRequest) Reset() {
 	*x = RevokeUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[113]
+	mi := &file_gpuctl_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10581,7 +10654,7 @@ func (x *RevokeUserRequest) String() string {
 func (*RevokeUserRequest) ProtoMessage() {}
 
 func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[113]
+	mi := &file_gpuctl_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10594,7 +10667,7 @@ func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserRequest.ProtoReflect.Descriptor instead.
 func (*RevokeUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{113}
+	return file_gpuctl_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *RevokeUserRequest) GetName() string {
@@ -10623,7 +10696,7 @@ type RevokeUserResponse struct {
 
 func (x *RevokeUserResponse) Reset() {
 	*x = RevokeUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[114]
+	mi := &file_gpuctl_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10635,7 +10708,7 @@ func (x *RevokeUserResponse) String() string {
 func (*RevokeUserResponse) ProtoMessage() {}
 
 func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[114]
+	mi := &file_gpuctl_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10648,7 +10721,7 @@ func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserResponse.ProtoReflect.Descriptor instead.
 func (*RevokeUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{114}
+	return file_gpuctl_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *RevokeUserResponse) GetRevoked() []*Identity {
@@ -10675,7 +10748,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_gpuctl_proto_msgTypes[115]
+	mi := &file_gpuctl_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10687,7 +10760,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[115]
+	mi := &file_gpuctl_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10700,7 +10773,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{115}
+	return file_gpuctl_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *RemoveNodeRequest) GetName() string {
@@ -10728,7 +10801,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_gpuctl_proto_msgTypes[116]
+	mi := &file_gpuctl_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10740,7 +10813,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[116]
+	mi := &file_gpuctl_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10753,7 +10826,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{116}
+	return file_gpuctl_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *RemoveNodeResponse) GetRevoked() []*Identity {
@@ -11079,13 +11152,16 @@ const file_gpuctl_proto_rawDesc = "" +
 	"commandAck\x12(\n" +
 	"\x05event\x18\x05 \x01(\v2\x10.gpuctl.v1.EventH\x00R\x05event\x124\n" +
 	"\ttelemetry\x18\x06 \x01(\v2\x14.gpuctl.v1.TelemetryH\x00R\ttelemetryB\x06\n" +
-	"\x04body\"\xdc\x01\n" +
+	"\x04body\"\x8c\x02\n" +
 	"\rServerMessage\x12.\n" +
 	"\awelcome\x18\x01 \x01(\v2\x12.gpuctl.v1.WelcomeH\x00R\awelcome\x12.\n" +
 	"\acommand\x18\x02 \x01(\v2\x12.gpuctl.v1.CommandH\x00R\acommand\x122\n" +
 	"\tevent_ack\x18\x03 \x01(\v2\x13.gpuctl.v1.EventAckH\x00R\beventAck\x12/\n" +
-	"\x05lease\x18\x04 \x01(\v2\x17.gpuctl.v1.LeaseRenewalH\x00R\x05leaseB\x06\n" +
-	"\x04body\"\xa2\x01\n" +
+	"\x05lease\x18\x04 \x01(\v2\x17.gpuctl.v1.LeaseRenewalH\x00R\x05lease\x12.\n" +
+	"\x04pace\x18\x05 \x01(\v2\x18.gpuctl.v1.TelemetryPaceH\x00R\x04paceB\x06\n" +
+	"\x04body\"'\n" +
+	"\rTelemetryPace\x12\x16\n" +
+	"\x06factor\x18\x01 \x01(\rR\x06factor\"\xa2\x01\n" +
 	"\tGPUStatus\x12&\n" +
 	"\x04info\x18\x01 \x01(\v2\x12.gpuctl.v1.GPUInfoR\x04info\x12(\n" +
 	"\x04last\x18\x02 \x01(\v2\x14.gpuctl.v1.GPUSampleR\x04last\x12\x18\n" +
@@ -11208,12 +11284,13 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\tread_only\x18\n" +
 	" \x01(\bR\breadOnly\x12(\n" +
 	"\x10read_only_reason\x18\v \x01(\tR\x0ereadOnlyReason\x128\n" +
-	"\x19read_only_since_unix_nano\x18\f \x01(\x03R\x15readOnlySinceUnixNano\"l\n" +
+	"\x19read_only_since_unix_nano\x18\f \x01(\x03R\x15readOnlySinceUnixNano\"\x80\x01\n" +
 	"\rTelemetryShed\x12\x18\n" +
 	"\abatches\x18\x01 \x01(\x04R\abatches\x12\x1f\n" +
 	"\vgpu_samples\x18\x02 \x01(\x04R\n" +
 	"gpuSamples\x12 \n" +
-	"\vcollectives\x18\x03 \x01(\x04R\vcollectives\"V\n" +
+	"\vcollectives\x18\x03 \x01(\x04R\vcollectives\x12\x12\n" +
+	"\x04pace\x18\x04 \x01(\rR\x04pace\"V\n" +
 	"\x12InjectFaultRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
 	"\x05fault\x18\x02 \x01(\v2\x16.gpuctl.v1.InjectFaultR\x05fault\"\x15\n" +
@@ -11734,7 +11811,7 @@ func file_gpuctl_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 121)
+var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 122)
 var file_gpuctl_proto_goTypes = []any{
 	(NCCLOp)(0),                     // 0: gpuctl.v1.NCCLOp
 	(EventKind)(0),                  // 1: gpuctl.v1.EventKind
@@ -11782,91 +11859,92 @@ var file_gpuctl_proto_goTypes = []any{
 	(*RankStatus)(nil),              // 43: gpuctl.v1.RankStatus
 	(*AgentMessage)(nil),            // 44: gpuctl.v1.AgentMessage
 	(*ServerMessage)(nil),           // 45: gpuctl.v1.ServerMessage
-	(*GPUStatus)(nil),               // 46: gpuctl.v1.GPUStatus
-	(*NodeStatus)(nil),              // 47: gpuctl.v1.NodeStatus
-	(*CollectiveStat)(nil),          // 48: gpuctl.v1.CollectiveStat
-	(*ListNodesRequest)(nil),        // 49: gpuctl.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),       // 50: gpuctl.v1.ListNodesResponse
-	(*ListEventsRequest)(nil),       // 51: gpuctl.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),      // 52: gpuctl.v1.ListEventsResponse
-	(*ListCollectivesRequest)(nil),  // 53: gpuctl.v1.ListCollectivesRequest
-	(*ListCollectivesResponse)(nil), // 54: gpuctl.v1.ListCollectivesResponse
-	(*GPUHistoryRequest)(nil),       // 55: gpuctl.v1.GPUHistoryRequest
-	(*GPUHistoryResponse)(nil),      // 56: gpuctl.v1.GPUHistoryResponse
-	(*ObserveFilter)(nil),           // 57: gpuctl.v1.ObserveFilter
-	(*ObserveRequest)(nil),          // 58: gpuctl.v1.ObserveRequest
-	(*ObserveItem)(nil),             // 59: gpuctl.v1.ObserveItem
-	(*ObserveBatch)(nil),            // 60: gpuctl.v1.ObserveBatch
-	(*VersionRequest)(nil),          // 61: gpuctl.v1.VersionRequest
-	(*VersionResponse)(nil),         // 62: gpuctl.v1.VersionResponse
-	(*StatusRequest)(nil),           // 63: gpuctl.v1.StatusRequest
-	(*ServerStatus)(nil),            // 64: gpuctl.v1.ServerStatus
-	(*StoreMember)(nil),             // 65: gpuctl.v1.StoreMember
-	(*StatusResponse)(nil),          // 66: gpuctl.v1.StatusResponse
-	(*TelemetryShed)(nil),           // 67: gpuctl.v1.TelemetryShed
-	(*InjectFaultRequest)(nil),      // 68: gpuctl.v1.InjectFaultRequest
-	(*InjectFaultResponse)(nil),     // 69: gpuctl.v1.InjectFaultResponse
-	(*ClientRequest)(nil),           // 70: gpuctl.v1.ClientRequest
-	(*ClientResponse)(nil),          // 71: gpuctl.v1.ClientResponse
-	(*JobPlan)(nil),                 // 72: gpuctl.v1.JobPlan
-	(*JobRank)(nil),                 // 73: gpuctl.v1.JobRank
-	(*JobNode)(nil),                 // 74: gpuctl.v1.JobNode
-	(*Job)(nil),                     // 75: gpuctl.v1.Job
-	(*JobAttempt)(nil),              // 76: gpuctl.v1.JobAttempt
-	(*SubmitJobRequest)(nil),        // 77: gpuctl.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),       // 78: gpuctl.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 79: gpuctl.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 80: gpuctl.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),        // 81: gpuctl.v1.CancelJobRequest
-	(*ReleaseJobRequest)(nil),       // 82: gpuctl.v1.ReleaseJobRequest
-	(*ReleaseJobResponse)(nil),      // 83: gpuctl.v1.ReleaseJobResponse
-	(*CancelJobResponse)(nil),       // 84: gpuctl.v1.CancelJobResponse
-	(*AssignJobRequest)(nil),        // 85: gpuctl.v1.AssignJobRequest
-	(*AssignJobResponse)(nil),       // 86: gpuctl.v1.AssignJobResponse
-	(*Packing)(nil),                 // 87: gpuctl.v1.Packing
-	(*RebalanceMove)(nil),           // 88: gpuctl.v1.RebalanceMove
-	(*RebalanceRequest)(nil),        // 89: gpuctl.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),       // 90: gpuctl.v1.RebalanceResponse
-	(*StalledRank)(nil),             // 91: gpuctl.v1.StalledRank
-	(*Stall)(nil),                   // 92: gpuctl.v1.Stall
-	(*ListStallsRequest)(nil),       // 93: gpuctl.v1.ListStallsRequest
-	(*ListStallsResponse)(nil),      // 94: gpuctl.v1.ListStallsResponse
-	(*SlowFinding)(nil),             // 95: gpuctl.v1.SlowFinding
-	(*CordonRequest)(nil),           // 96: gpuctl.v1.CordonRequest
-	(*CordonResponse)(nil),          // 97: gpuctl.v1.CordonResponse
-	(*DrainedJob)(nil),              // 98: gpuctl.v1.DrainedJob
-	(*CheckpointJobRequest)(nil),    // 99: gpuctl.v1.CheckpointJobRequest
-	(*CheckpointJobResponse)(nil),   // 100: gpuctl.v1.CheckpointJobResponse
-	(*RestartJobRequest)(nil),       // 101: gpuctl.v1.RestartJobRequest
-	(*RestartJobResponse)(nil),      // 102: gpuctl.v1.RestartJobResponse
-	(*LogsRequest)(nil),             // 103: gpuctl.v1.LogsRequest
-	(*LogsChunk)(nil),               // 104: gpuctl.v1.LogsChunk
-	(*WatchRequest)(nil),            // 105: gpuctl.v1.WatchRequest
-	(*WatchChange)(nil),             // 106: gpuctl.v1.WatchChange
-	(*WatchBatch)(nil),              // 107: gpuctl.v1.WatchBatch
-	(*Identity)(nil),                // 108: gpuctl.v1.Identity
-	(*Revocation)(nil),              // 109: gpuctl.v1.Revocation
-	(*JoinTokenUse)(nil),            // 110: gpuctl.v1.JoinTokenUse
-	(*JoinToken)(nil),               // 111: gpuctl.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),  // 112: gpuctl.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil), // 113: gpuctl.v1.CreateJoinTokenResponse
-	(*ListTokensRequest)(nil),       // 114: gpuctl.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),      // 115: gpuctl.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),      // 116: gpuctl.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),     // 117: gpuctl.v1.RevokeTokenResponse
-	(*AddUserRequest)(nil),          // 118: gpuctl.v1.AddUserRequest
-	(*AddUserResponse)(nil),         // 119: gpuctl.v1.AddUserResponse
-	(*ListIdentitiesRequest)(nil),   // 120: gpuctl.v1.ListIdentitiesRequest
-	(*ListIdentitiesResponse)(nil),  // 121: gpuctl.v1.ListIdentitiesResponse
-	(*SSHKey)(nil),                  // 122: gpuctl.v1.SSHKey
-	(*RevokeUserRequest)(nil),       // 123: gpuctl.v1.RevokeUserRequest
-	(*RevokeUserResponse)(nil),      // 124: gpuctl.v1.RevokeUserResponse
-	(*RemoveNodeRequest)(nil),       // 125: gpuctl.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),      // 126: gpuctl.v1.RemoveNodeResponse
-	nil,                             // 127: gpuctl.v1.NodeRegistration.LabelsEntry
-	nil,                             // 128: gpuctl.v1.RDMAPortSample.CountersEntry
-	nil,                             // 129: gpuctl.v1.Event.AttrsEntry
-	nil,                             // 130: gpuctl.v1.LaunchRanks.EnvEntry
+	(*TelemetryPace)(nil),           // 46: gpuctl.v1.TelemetryPace
+	(*GPUStatus)(nil),               // 47: gpuctl.v1.GPUStatus
+	(*NodeStatus)(nil),              // 48: gpuctl.v1.NodeStatus
+	(*CollectiveStat)(nil),          // 49: gpuctl.v1.CollectiveStat
+	(*ListNodesRequest)(nil),        // 50: gpuctl.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),       // 51: gpuctl.v1.ListNodesResponse
+	(*ListEventsRequest)(nil),       // 52: gpuctl.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),      // 53: gpuctl.v1.ListEventsResponse
+	(*ListCollectivesRequest)(nil),  // 54: gpuctl.v1.ListCollectivesRequest
+	(*ListCollectivesResponse)(nil), // 55: gpuctl.v1.ListCollectivesResponse
+	(*GPUHistoryRequest)(nil),       // 56: gpuctl.v1.GPUHistoryRequest
+	(*GPUHistoryResponse)(nil),      // 57: gpuctl.v1.GPUHistoryResponse
+	(*ObserveFilter)(nil),           // 58: gpuctl.v1.ObserveFilter
+	(*ObserveRequest)(nil),          // 59: gpuctl.v1.ObserveRequest
+	(*ObserveItem)(nil),             // 60: gpuctl.v1.ObserveItem
+	(*ObserveBatch)(nil),            // 61: gpuctl.v1.ObserveBatch
+	(*VersionRequest)(nil),          // 62: gpuctl.v1.VersionRequest
+	(*VersionResponse)(nil),         // 63: gpuctl.v1.VersionResponse
+	(*StatusRequest)(nil),           // 64: gpuctl.v1.StatusRequest
+	(*ServerStatus)(nil),            // 65: gpuctl.v1.ServerStatus
+	(*StoreMember)(nil),             // 66: gpuctl.v1.StoreMember
+	(*StatusResponse)(nil),          // 67: gpuctl.v1.StatusResponse
+	(*TelemetryShed)(nil),           // 68: gpuctl.v1.TelemetryShed
+	(*InjectFaultRequest)(nil),      // 69: gpuctl.v1.InjectFaultRequest
+	(*InjectFaultResponse)(nil),     // 70: gpuctl.v1.InjectFaultResponse
+	(*ClientRequest)(nil),           // 71: gpuctl.v1.ClientRequest
+	(*ClientResponse)(nil),          // 72: gpuctl.v1.ClientResponse
+	(*JobPlan)(nil),                 // 73: gpuctl.v1.JobPlan
+	(*JobRank)(nil),                 // 74: gpuctl.v1.JobRank
+	(*JobNode)(nil),                 // 75: gpuctl.v1.JobNode
+	(*Job)(nil),                     // 76: gpuctl.v1.Job
+	(*JobAttempt)(nil),              // 77: gpuctl.v1.JobAttempt
+	(*SubmitJobRequest)(nil),        // 78: gpuctl.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),       // 79: gpuctl.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 80: gpuctl.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 81: gpuctl.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),        // 82: gpuctl.v1.CancelJobRequest
+	(*ReleaseJobRequest)(nil),       // 83: gpuctl.v1.ReleaseJobRequest
+	(*ReleaseJobResponse)(nil),      // 84: gpuctl.v1.ReleaseJobResponse
+	(*CancelJobResponse)(nil),       // 85: gpuctl.v1.CancelJobResponse
+	(*AssignJobRequest)(nil),        // 86: gpuctl.v1.AssignJobRequest
+	(*AssignJobResponse)(nil),       // 87: gpuctl.v1.AssignJobResponse
+	(*Packing)(nil),                 // 88: gpuctl.v1.Packing
+	(*RebalanceMove)(nil),           // 89: gpuctl.v1.RebalanceMove
+	(*RebalanceRequest)(nil),        // 90: gpuctl.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),       // 91: gpuctl.v1.RebalanceResponse
+	(*StalledRank)(nil),             // 92: gpuctl.v1.StalledRank
+	(*Stall)(nil),                   // 93: gpuctl.v1.Stall
+	(*ListStallsRequest)(nil),       // 94: gpuctl.v1.ListStallsRequest
+	(*ListStallsResponse)(nil),      // 95: gpuctl.v1.ListStallsResponse
+	(*SlowFinding)(nil),             // 96: gpuctl.v1.SlowFinding
+	(*CordonRequest)(nil),           // 97: gpuctl.v1.CordonRequest
+	(*CordonResponse)(nil),          // 98: gpuctl.v1.CordonResponse
+	(*DrainedJob)(nil),              // 99: gpuctl.v1.DrainedJob
+	(*CheckpointJobRequest)(nil),    // 100: gpuctl.v1.CheckpointJobRequest
+	(*CheckpointJobResponse)(nil),   // 101: gpuctl.v1.CheckpointJobResponse
+	(*RestartJobRequest)(nil),       // 102: gpuctl.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),      // 103: gpuctl.v1.RestartJobResponse
+	(*LogsRequest)(nil),             // 104: gpuctl.v1.LogsRequest
+	(*LogsChunk)(nil),               // 105: gpuctl.v1.LogsChunk
+	(*WatchRequest)(nil),            // 106: gpuctl.v1.WatchRequest
+	(*WatchChange)(nil),             // 107: gpuctl.v1.WatchChange
+	(*WatchBatch)(nil),              // 108: gpuctl.v1.WatchBatch
+	(*Identity)(nil),                // 109: gpuctl.v1.Identity
+	(*Revocation)(nil),              // 110: gpuctl.v1.Revocation
+	(*JoinTokenUse)(nil),            // 111: gpuctl.v1.JoinTokenUse
+	(*JoinToken)(nil),               // 112: gpuctl.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),  // 113: gpuctl.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil), // 114: gpuctl.v1.CreateJoinTokenResponse
+	(*ListTokensRequest)(nil),       // 115: gpuctl.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),      // 116: gpuctl.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),      // 117: gpuctl.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),     // 118: gpuctl.v1.RevokeTokenResponse
+	(*AddUserRequest)(nil),          // 119: gpuctl.v1.AddUserRequest
+	(*AddUserResponse)(nil),         // 120: gpuctl.v1.AddUserResponse
+	(*ListIdentitiesRequest)(nil),   // 121: gpuctl.v1.ListIdentitiesRequest
+	(*ListIdentitiesResponse)(nil),  // 122: gpuctl.v1.ListIdentitiesResponse
+	(*SSHKey)(nil),                  // 123: gpuctl.v1.SSHKey
+	(*RevokeUserRequest)(nil),       // 124: gpuctl.v1.RevokeUserRequest
+	(*RevokeUserResponse)(nil),      // 125: gpuctl.v1.RevokeUserResponse
+	(*RemoveNodeRequest)(nil),       // 126: gpuctl.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),      // 127: gpuctl.v1.RemoveNodeResponse
+	nil,                             // 128: gpuctl.v1.NodeRegistration.LabelsEntry
+	nil,                             // 129: gpuctl.v1.RDMAPortSample.CountersEntry
+	nil,                             // 130: gpuctl.v1.Event.AttrsEntry
+	nil,                             // 131: gpuctl.v1.LaunchRanks.EnvEntry
 }
 var file_gpuctl_proto_depIdxs = []int32{
 	10,  // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
@@ -11875,12 +11953,12 @@ var file_gpuctl_proto_depIdxs = []int32{
 	15,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
 	16,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
 	17,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
-	127, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
+	128, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
 	43,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
 	19,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
 	20,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
 	0,   // 10: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
-	128, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
+	129, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
 	21,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
 	22,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
 	23,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
@@ -11890,9 +11968,9 @@ var file_gpuctl_proto_depIdxs = []int32{
 	1,   // 18: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
 	2,   // 19: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
 	3,   // 20: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
-	129, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
+	130, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
 	4,   // 22: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
-	130, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
+	131, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
 	31,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
 	33,  // 25: gpuctl.v1.LaunchRanks.witnesses:type_name -> gpuctl.v1.Witness
 	36,  // 26: gpuctl.v1.VouchRequest.attempts:type_name -> gpuctl.v1.JobAttemptRef
@@ -11913,136 +11991,137 @@ var file_gpuctl_proto_depIdxs = []int32{
 	41,  // 41: gpuctl.v1.ServerMessage.command:type_name -> gpuctl.v1.Command
 	27,  // 42: gpuctl.v1.ServerMessage.event_ack:type_name -> gpuctl.v1.EventAck
 	29,  // 43: gpuctl.v1.ServerMessage.lease:type_name -> gpuctl.v1.LeaseRenewal
-	16,  // 44: gpuctl.v1.GPUStatus.info:type_name -> gpuctl.v1.GPUInfo
-	21,  // 45: gpuctl.v1.GPUStatus.last:type_name -> gpuctl.v1.GPUSample
-	18,  // 46: gpuctl.v1.NodeStatus.registration:type_name -> gpuctl.v1.NodeRegistration
-	5,   // 47: gpuctl.v1.NodeStatus.state:type_name -> gpuctl.v1.NodeState
-	46,  // 48: gpuctl.v1.NodeStatus.gpus:type_name -> gpuctl.v1.GPUStatus
-	0,   // 49: gpuctl.v1.CollectiveStat.op:type_name -> gpuctl.v1.NCCLOp
-	47,  // 50: gpuctl.v1.ListNodesResponse.nodes:type_name -> gpuctl.v1.NodeStatus
-	26,  // 51: gpuctl.v1.ListEventsResponse.events:type_name -> gpuctl.v1.Event
-	48,  // 52: gpuctl.v1.ListCollectivesResponse.collectives:type_name -> gpuctl.v1.CollectiveStat
-	21,  // 53: gpuctl.v1.GPUHistoryResponse.samples:type_name -> gpuctl.v1.GPUSample
-	0,   // 54: gpuctl.v1.ObserveFilter.op:type_name -> gpuctl.v1.NCCLOp
-	57,  // 55: gpuctl.v1.ObserveRequest.filter:type_name -> gpuctl.v1.ObserveFilter
-	22,  // 56: gpuctl.v1.ObserveItem.collective:type_name -> gpuctl.v1.CollectiveRecord
-	23,  // 57: gpuctl.v1.ObserveItem.flow:type_name -> gpuctl.v1.NetFlowSample
-	59,  // 58: gpuctl.v1.ObserveBatch.items:type_name -> gpuctl.v1.ObserveItem
-	10,  // 59: gpuctl.v1.VersionResponse.protocol:type_name -> gpuctl.v1.Version
-	64,  // 60: gpuctl.v1.StatusResponse.self:type_name -> gpuctl.v1.ServerStatus
-	64,  // 61: gpuctl.v1.StatusResponse.leader:type_name -> gpuctl.v1.ServerStatus
-	64,  // 62: gpuctl.v1.StatusResponse.servers:type_name -> gpuctl.v1.ServerStatus
-	65,  // 63: gpuctl.v1.StatusResponse.store_members:type_name -> gpuctl.v1.StoreMember
-	26,  // 64: gpuctl.v1.StatusResponse.leadership:type_name -> gpuctl.v1.Event
-	67,  // 65: gpuctl.v1.StatusResponse.telemetry_shed:type_name -> gpuctl.v1.TelemetryShed
-	30,  // 66: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
-	49,  // 67: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
-	51,  // 68: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
-	53,  // 69: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
-	55,  // 70: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
-	58,  // 71: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
-	68,  // 72: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
-	77,  // 73: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
-	79,  // 74: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
-	81,  // 75: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
-	85,  // 76: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
-	89,  // 77: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
-	93,  // 78: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
-	96,  // 79: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
-	99,  // 80: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
-	101, // 81: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
-	103, // 82: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
-	105, // 83: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
-	82,  // 84: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
-	112, // 85: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
-	114, // 86: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
-	116, // 87: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
-	118, // 88: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
-	120, // 89: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
-	123, // 90: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
-	125, // 91: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
-	61,  // 92: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
-	63,  // 93: gpuctl.v1.ClientRequest.status:type_name -> gpuctl.v1.StatusRequest
-	50,  // 94: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
-	52,  // 95: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
-	54,  // 96: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
-	56,  // 97: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
-	60,  // 98: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
-	69,  // 99: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
-	78,  // 100: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
-	80,  // 101: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
-	84,  // 102: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
-	86,  // 103: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
-	90,  // 104: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
-	94,  // 105: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
-	97,  // 106: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
-	100, // 107: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
-	102, // 108: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
-	104, // 109: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
-	107, // 110: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
-	83,  // 111: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
-	62,  // 112: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
-	113, // 113: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
-	115, // 114: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
-	117, // 115: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
-	119, // 116: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
-	121, // 117: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
-	124, // 118: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
-	126, // 119: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
-	66,  // 120: gpuctl.v1.ClientResponse.status:type_name -> gpuctl.v1.StatusResponse
-	73,  // 121: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
-	72,  // 122: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
-	6,   // 123: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
-	74,  // 124: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
-	7,   // 125: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
-	74,  // 126: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
-	76,  // 127: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
-	75,  // 128: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
-	75,  // 129: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
-	75,  // 130: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
-	75,  // 131: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
-	75,  // 132: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
-	74,  // 133: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
-	74,  // 134: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
-	87,  // 135: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
-	87,  // 136: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
-	88,  // 137: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
-	87,  // 138: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
-	87,  // 139: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
-	0,   // 140: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
-	91,  // 141: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
-	91,  // 142: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
-	92,  // 143: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
-	95,  // 144: gpuctl.v1.ListStallsResponse.slow:type_name -> gpuctl.v1.SlowFinding
-	47,  // 145: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
-	98,  // 146: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
-	75,  // 147: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
-	75,  // 148: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
-	8,   // 149: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
-	8,   // 150: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
-	47,  // 151: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
-	75,  // 152: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
-	26,  // 153: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
-	92,  // 154: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
-	8,   // 155: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
-	106, // 156: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
-	9,   // 157: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
-	9,   // 158: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
-	110, // 159: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
-	111, // 160: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
-	111, // 161: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
-	111, // 162: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
-	108, // 163: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
-	9,   // 164: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
-	108, // 165: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
-	122, // 166: gpuctl.v1.ListIdentitiesResponse.ssh_keys:type_name -> gpuctl.v1.SSHKey
-	108, // 167: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
-	108, // 168: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
-	169, // [169:169] is the sub-list for method output_type
-	169, // [169:169] is the sub-list for method input_type
-	169, // [169:169] is the sub-list for extension type_name
-	169, // [169:169] is the sub-list for extension extendee
-	0,   // [0:169] is the sub-list for field type_name
+	46,  // 44: gpuctl.v1.ServerMessage.pace:type_name -> gpuctl.v1.TelemetryPace
+	16,  // 45: gpuctl.v1.GPUStatus.info:type_name -> gpuctl.v1.GPUInfo
+	21,  // 46: gpuctl.v1.GPUStatus.last:type_name -> gpuctl.v1.GPUSample
+	18,  // 47: gpuctl.v1.NodeStatus.registration:type_name -> gpuctl.v1.NodeRegistration
+	5,   // 48: gpuctl.v1.NodeStatus.state:type_name -> gpuctl.v1.NodeState
+	47,  // 49: gpuctl.v1.NodeStatus.gpus:type_name -> gpuctl.v1.GPUStatus
+	0,   // 50: gpuctl.v1.CollectiveStat.op:type_name -> gpuctl.v1.NCCLOp
+	48,  // 51: gpuctl.v1.ListNodesResponse.nodes:type_name -> gpuctl.v1.NodeStatus
+	26,  // 52: gpuctl.v1.ListEventsResponse.events:type_name -> gpuctl.v1.Event
+	49,  // 53: gpuctl.v1.ListCollectivesResponse.collectives:type_name -> gpuctl.v1.CollectiveStat
+	21,  // 54: gpuctl.v1.GPUHistoryResponse.samples:type_name -> gpuctl.v1.GPUSample
+	0,   // 55: gpuctl.v1.ObserveFilter.op:type_name -> gpuctl.v1.NCCLOp
+	58,  // 56: gpuctl.v1.ObserveRequest.filter:type_name -> gpuctl.v1.ObserveFilter
+	22,  // 57: gpuctl.v1.ObserveItem.collective:type_name -> gpuctl.v1.CollectiveRecord
+	23,  // 58: gpuctl.v1.ObserveItem.flow:type_name -> gpuctl.v1.NetFlowSample
+	60,  // 59: gpuctl.v1.ObserveBatch.items:type_name -> gpuctl.v1.ObserveItem
+	10,  // 60: gpuctl.v1.VersionResponse.protocol:type_name -> gpuctl.v1.Version
+	65,  // 61: gpuctl.v1.StatusResponse.self:type_name -> gpuctl.v1.ServerStatus
+	65,  // 62: gpuctl.v1.StatusResponse.leader:type_name -> gpuctl.v1.ServerStatus
+	65,  // 63: gpuctl.v1.StatusResponse.servers:type_name -> gpuctl.v1.ServerStatus
+	66,  // 64: gpuctl.v1.StatusResponse.store_members:type_name -> gpuctl.v1.StoreMember
+	26,  // 65: gpuctl.v1.StatusResponse.leadership:type_name -> gpuctl.v1.Event
+	68,  // 66: gpuctl.v1.StatusResponse.telemetry_shed:type_name -> gpuctl.v1.TelemetryShed
+	30,  // 67: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
+	50,  // 68: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
+	52,  // 69: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
+	54,  // 70: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
+	56,  // 71: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
+	59,  // 72: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
+	69,  // 73: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
+	78,  // 74: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
+	80,  // 75: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
+	82,  // 76: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
+	86,  // 77: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
+	90,  // 78: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
+	94,  // 79: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
+	97,  // 80: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
+	100, // 81: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
+	102, // 82: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
+	104, // 83: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
+	106, // 84: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
+	83,  // 85: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
+	113, // 86: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
+	115, // 87: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
+	117, // 88: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
+	119, // 89: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
+	121, // 90: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
+	124, // 91: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
+	126, // 92: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
+	62,  // 93: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
+	64,  // 94: gpuctl.v1.ClientRequest.status:type_name -> gpuctl.v1.StatusRequest
+	51,  // 95: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
+	53,  // 96: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
+	55,  // 97: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
+	57,  // 98: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
+	61,  // 99: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
+	70,  // 100: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
+	79,  // 101: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
+	81,  // 102: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
+	85,  // 103: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
+	87,  // 104: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
+	91,  // 105: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
+	95,  // 106: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
+	98,  // 107: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
+	101, // 108: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
+	103, // 109: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
+	105, // 110: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
+	108, // 111: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
+	84,  // 112: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
+	63,  // 113: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
+	114, // 114: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
+	116, // 115: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
+	118, // 116: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
+	120, // 117: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
+	122, // 118: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
+	125, // 119: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
+	127, // 120: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
+	67,  // 121: gpuctl.v1.ClientResponse.status:type_name -> gpuctl.v1.StatusResponse
+	74,  // 122: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
+	73,  // 123: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
+	6,   // 124: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
+	75,  // 125: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
+	7,   // 126: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
+	75,  // 127: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
+	77,  // 128: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
+	76,  // 129: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
+	76,  // 130: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
+	76,  // 131: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
+	76,  // 132: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
+	76,  // 133: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
+	75,  // 134: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
+	75,  // 135: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
+	88,  // 136: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
+	88,  // 137: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
+	89,  // 138: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
+	88,  // 139: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
+	88,  // 140: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
+	0,   // 141: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
+	92,  // 142: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
+	92,  // 143: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
+	93,  // 144: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
+	96,  // 145: gpuctl.v1.ListStallsResponse.slow:type_name -> gpuctl.v1.SlowFinding
+	48,  // 146: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
+	99,  // 147: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
+	76,  // 148: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
+	76,  // 149: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
+	8,   // 150: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
+	8,   // 151: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
+	48,  // 152: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
+	76,  // 153: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
+	26,  // 154: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
+	93,  // 155: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
+	8,   // 156: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
+	107, // 157: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
+	9,   // 158: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
+	9,   // 159: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
+	111, // 160: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
+	112, // 161: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
+	112, // 162: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
+	112, // 163: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
+	109, // 164: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
+	9,   // 165: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
+	109, // 166: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
+	123, // 167: gpuctl.v1.ListIdentitiesResponse.ssh_keys:type_name -> gpuctl.v1.SSHKey
+	109, // 168: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
+	109, // 169: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
+	170, // [170:170] is the sub-list for method output_type
+	170, // [170:170] is the sub-list for method input_type
+	170, // [170:170] is the sub-list for extension type_name
+	170, // [170:170] is the sub-list for extension extendee
+	0,   // [0:170] is the sub-list for field type_name
 }
 
 func init() { file_gpuctl_proto_init() }
@@ -12070,12 +12149,13 @@ func file_gpuctl_proto_init() {
 		(*ServerMessage_Command)(nil),
 		(*ServerMessage_EventAck)(nil),
 		(*ServerMessage_Lease)(nil),
+		(*ServerMessage_Pace)(nil),
 	}
-	file_gpuctl_proto_msgTypes[49].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[50].OneofWrappers = []any{
 		(*ObserveItem_Collective)(nil),
 		(*ObserveItem_Flow)(nil),
 	}
-	file_gpuctl_proto_msgTypes[60].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[61].OneofWrappers = []any{
 		(*ClientRequest_ListNodes)(nil),
 		(*ClientRequest_ListEvents)(nil),
 		(*ClientRequest_ListCollectives)(nil),
@@ -12104,7 +12184,7 @@ func file_gpuctl_proto_init() {
 		(*ClientRequest_Version)(nil),
 		(*ClientRequest_Status)(nil),
 	}
-	file_gpuctl_proto_msgTypes[61].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[62].OneofWrappers = []any{
 		(*ClientResponse_ListNodes)(nil),
 		(*ClientResponse_ListEvents)(nil),
 		(*ClientResponse_ListCollectives)(nil),
@@ -12139,7 +12219,7 @@ func file_gpuctl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuctl_proto_rawDesc), len(file_gpuctl_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   121,
+			NumMessages:   122,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

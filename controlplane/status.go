@@ -20,7 +20,7 @@ func (s *Server) status(ctx context.Context, c *call) error {
 // its ingest fell behind.
 func (s *Server) TelemetryShed() *api.TelemetryShed {
 	sh := s.nodes.Shed()
-	return &api.TelemetryShed{Batches: sh.Batches, GpuSamples: sh.GPUSamples, Collectives: sh.Collectives}
+	return &api.TelemetryShed{Batches: sh.Batches, GpuSamples: sh.GPUSamples, Collectives: sh.Collectives, Pace: s.nodes.Pace()}
 }
 
 // statusOf is cfg.Status's answer, or, for a server on its own bbolt

@@ -36,6 +36,9 @@ type TelemetryShedJSON struct {
 	Batches     uint64 `json:"batches"`
 	GPUSamples  uint64 `json:"gpu_samples"`
 	Collectives uint64 `json:"collectives"`
+	// Pace is how many times less often than their own interval nodes
+	// are asked to send telemetry now; 1 is their own pace.
+	Pace uint32 `json:"pace"`
 }
 
 // ServerJSON is one gpuctl serve.
@@ -92,7 +95,8 @@ func StatusFromAPI(r *api.StatusResponse) StatusJSON {
 		out.ReadOnly = &ReadOnlyJSON{Since: optTime(r.GetReadOnlySinceUnixNano()), Reason: r.GetReadOnlyReason()}
 	}
 	if s := r.GetTelemetryShed(); s != nil {
-		out.TelemetryShed = &TelemetryShedJSON{Batches: s.GetBatches(), GPUSamples: s.GetGpuSamples(), Collectives: s.GetCollectives()}
+		out.TelemetryShed = &TelemetryShedJSON{Batches: s.GetBatches(), GPUSamples: s.GetGpuSamples(), Collectives: s.GetCollectives(),
+			Pace: max(s.GetPace(), 1)}
 	}
 	return out
 }
@@ -153,6 +157,12 @@ func Status(w io.Writer, o Options, r *api.StatusResponse) error {
 		// The server kept its nodes up by dropping their figures.
 		if _, err := fmt.Fprintf(w, "telemetry shed: %d GPU samples, %d batches (%d NCCL calls)\n",
 			s.GPUSamples, s.Batches, s.Collectives); err != nil {
+			return err
+		}
+	}
+	if s := st.TelemetryShed; s != nil && s.Pace > 1 {
+		// Overloaded now: the nodes were asked to send less often.
+		if _, err := fmt.Fprintf(w, "telemetry paced: nodes send %d times less often while ingest is behind\n", s.Pace); err != nil {
 			return err
 		}
 	}

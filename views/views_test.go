@@ -160,7 +160,7 @@ func sampleStatus() *api.StatusResponse {
 		Leadership: []*api.Event{
 			{TimeUnixNano: at(90 * time.Second), Message: "server head-2 leads the control plane at 10.0.0.2:7443", Attrs: map[string]string{"server": "head-2"}},
 			{TimeUnixNano: at(48 * time.Hour), Message: "server head-1 leads the control plane at 10.0.0.1:7443", Attrs: map[string]string{"server": "head-1"}}},
-		TelemetryShed: &api.TelemetryShed{Batches: 120, GpuSamples: 4960, Collectives: 960}}
+		TelemetryShed: &api.TelemetryShed{Batches: 120, GpuSamples: 4960, Collectives: 960, Pace: 4}}
 }
 
 func TestGolden(t *testing.T) {

@@ -34,6 +34,15 @@ type node struct {
 	energyMJ  uint64
 	sent      *atomic.Int64 // GPU samples sent, shared by the swarm
 	telemetry *atomic.Bool  // whether batches flow, shared by the swarm
+	// beatGap is the longest time (ns) between two of its heartbeats
+	// leaving, once telemetry flows: on a machine the generator shares
+	// with the server, a node it starves is silent by its own doing.
+	beatGap atomic.Int64
+	// pace is the server's TelemetryPace factor (0 or 1: batchEvery).
+	pace atomic.Uint32
+	// paced counts the batches the node left out at the server's pace,
+	// shared by the swarm.
+	paced *atomic.Int64
 }
 
 // registration is what the node tells the server about itself: 8 H100s
@@ -68,7 +77,8 @@ func (n *node) connect(ctx context.Context, d *transport.Dialer, addr string, in
 	}
 	control.SetDeadline(time.Now().Add(20 * time.Second))
 	if err := control.Send(&api.AgentMessage{Body: &api.AgentMessage_Hello{Hello: &api.Hello{
-		Version: api.CurrentVersion(), Role: "node", Software: "gpuctl bench swarm"}}}); err != nil {
+		Version: api.CurrentVersion(), Role: "node", Software: "gpuctl bench swarm",
+		Features: []string{api.FeatureTelemetryPace}}}}); err != nil {
 		conn.Close()
 		return fmt.Errorf("send hello: %w", err)
 	}
@@ -130,6 +140,7 @@ func (n *node) run(ctx context.Context, interval, batchEvery time.Duration) erro
 	beats := time.NewTicker(interval)
 	defer beats.Stop()
 	datagrams := n.conn.Datagrams()
+	var last time.Time
 	for beat := uint64(1); ; beat++ {
 		// As nodemon: by datagram, then on the control stream.
 		m := &api.AgentMessage{Body: &api.AgentMessage_Heartbeat{Heartbeat: &api.Heartbeat{
@@ -139,6 +150,12 @@ func (n *node) run(ctx context.Context, interval, batchEvery time.Duration) erro
 		}
 		if err := n.sendControl(m); err != nil {
 			return fmt.Errorf("heartbeat: %w", err)
+		}
+		if now := time.Now(); n.telemetry.Load() {
+			if !last.IsZero() && int64(now.Sub(last)) > n.beatGap.Load() {
+				n.beatGap.Store(int64(now.Sub(last)))
+			}
+			last = now
 		}
 		select {
 		case <-ctx.Done():
@@ -150,15 +167,23 @@ func (n *node) run(ctx context.Context, interval, batchEvery time.Duration) erro
 	}
 }
 
-// stream sends a batch every batchEvery while the swarm's telemetry is on.
+// stream sends a batch every batchEvery while the swarm's telemetry is on,
+// or factor times less often at the server's pace (as nodemon does: the
+// ticks between are batches it does not make).
 func (n *node) stream(ctx context.Context, batchEvery time.Duration) error {
 	t := time.NewTicker(batchEvery)
 	defer t.Stop()
-	for {
+	for tick := uint64(0); ; tick++ {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		}
+		if k := uint64(max(n.pace.Load(), 1)); tick%k != 0 {
+			if n.telemetry.Load() {
+				n.paced.Add(1)
+			}
+			continue
 		}
 		if n.telemetry.Load() {
 			if err := n.sendBatch(); err != nil {
@@ -176,6 +201,10 @@ func (n *node) answer() error {
 		var m api.ServerMessage
 		if err := n.control.Recv(&m); err != nil {
 			return fmt.Errorf("control stream: %w", err)
+		}
+		if p := m.GetPace(); p != nil {
+			n.pace.Store(p.GetFactor())
+			continue
 		}
 		if c := m.GetCommand(); c != nil {
 			if err := n.sendControl(&api.AgentMessage{Body: &api.AgentMessage_CommandAck{CommandAck: &api.CommandAck{Id: c.GetId()}}}); err != nil {

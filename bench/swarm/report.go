@@ -37,11 +37,15 @@ func (r *Report) WriteTable(out io.Writer) error {
 		{"command RTT, loaded", lat(r.CommandLoaded)},
 		{"API RTT, loaded", lat(r.APILoaded)},
 		{"nodes down, node errors", fmt.Sprintf("%d, %d", r.NodesDown, r.NodeErrors)},
+		{"generator's own silences", fmt.Sprintf("%d nodes beat > 2 intervals apart (longest gap %.1f s)", r.SelfSilent, r.SelfSilentMaxSeconds)},
 		{"watch resyncs", fmt.Sprint(r.WatchResyncs)},
 		{"UDP receive drops", drops(r.UDPReceiveDrops)},
 	}
 	if s := r.Shed; s != nil {
 		rows = append(rows, [2]string{"telemetry shed", fmt.Sprintf("%d GPU samples, %d batches (%d NCCL calls)", s.GPUSamples, s.Batches, s.Collectives)})
+	}
+	if r.Pace > 1 || r.PacedBatches > 0 {
+		rows = append(rows, [2]string{"telemetry paced", fmt.Sprintf("%d batches not sent in the window at the server's pace; %d times less often at its end", r.PacedBatches, r.Pace)})
 	}
 	if r.Store != "" {
 		rows = append(rows, [2]string{"store", r.Store})

@@ -137,8 +137,18 @@ type Report struct {
 	CommandLoaded Latency `json:"command_rtt_loaded"`
 	APILoaded     Latency `json:"api_rtt_loaded"`
 	NodesDown     int     `json:"nodes_down"`
-	NodeErrors    int     `json:"node_errors"`
-	WatchResyncs  int     `json:"watch_resyncs"`
+	// SelfSilent is how many nodes the generator itself left without a
+	// heartbeat for more than twice the interval once telemetry flowed
+	// (its CPU starved), and SelfSilentMaxSeconds the longest such gap:
+	// a node down for that is the machine's, not the server's.
+	SelfSilent int `json:"self_silent_nodes"`
+	// PacedBatches is the batches the nodes did not send in the window at
+	// the server's telemetry pace, and Pace the factor at its end.
+	PacedBatches         int64   `json:"paced_batches"`
+	Pace                 uint32  `json:"pace"`
+	SelfSilentMaxSeconds float64 `json:"self_silent_max_seconds"`
+	NodeErrors           int     `json:"node_errors"`
+	WatchResyncs         int     `json:"watch_resyncs"`
 	// UDPReceiveDrops is the machine's UDP datagrams dropped for a full
 	// receive buffer during the window (the server's socket and the
 	// swarm's); null where /proc/net/snmp cannot be read.
@@ -247,13 +257,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	defer d.Close()
 	rng := rand.New(rand.NewPCG(o.Seed, 0x5157a3))
-	var sent atomic.Int64
+	var sent, paced atomic.Int64
 	var telemetry atomic.Bool
 	nodes := make([]*node, o.Nodes)
 	run := fmt.Sprintf("%04x", rng.IntN(1<<16))
 	for i := range nodes {
 		nodes[i] = &node{name: fmt.Sprintf("swarm-%s-%05d", run, i), gpus: o.GPUs, colls: o.Collectives,
-			rng: rand.New(rand.NewPCG(o.Seed, uint64(i))), sent: &sent, telemetry: &telemetry}
+			rng: rand.New(rand.NewPCG(o.Seed, uint64(i))), sent: &sent, telemetry: &telemetry, paced: &paced}
 	}
 	if err := joinAll(ctx, d, addr, token, filepath.Join(o.Dir, "nodes"), nodes); err != nil {
 		return nil, err
@@ -330,7 +340,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, fmt.Errorf("swarm: server: %w", err)
 	}
 	self0, _ := readUsage(os.Getpid())
-	sent0 := sent.Load()
+	sent0, paced0 := sent.Load(), paced.Load()
 	drops0, dropsErr := udpReceiveDrops()
 	w.measure(true)
 	rep.CommandLoaded, rep.APILoaded = probe(ctx, cl, nodes, o.Duration)
@@ -340,7 +350,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, fmt.Errorf("swarm: server: %w", err)
 	}
 	self1, _ := readUsage(os.Getpid())
-	sent1 := sent.Load()
+	sent1, paced1 := sent.Load(), paced.Load()
+	rep.PacedBatches = paced1 - paced0
 	if drops1, err := udpReceiveDrops(); err == nil && dropsErr == nil {
 		d := drops1 - min(drops1, drops0)
 		rep.UDPReceiveDrops = &d
@@ -361,9 +372,17 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep.Visibility = summarize(lat)
 	rep.SamplesVisiblePerSec = float64(visible*o.GPUs) / window
 	rep.NodesDown, rep.WatchResyncs = down, resyncs
+	for _, n := range nodes {
+		g := time.Duration(n.beatGap.Load())
+		if g > 2*o.Interval {
+			rep.SelfSilent++
+		}
+		rep.SelfSilentMaxSeconds = max(rep.SelfSilentMaxSeconds, g.Seconds())
+	}
 	if st, err := cl.Status(ctx); err == nil && st.GetTelemetryShed() != nil {
 		sh := st.GetTelemetryShed()
 		rep.Shed = &Shed{Batches: sh.GetBatches(), GPUSamples: sh.GetGpuSamples(), Collectives: sh.GetCollectives()}
+		rep.Pace = max(sh.GetPace(), 1)
 	}
 
 	if o.Failover {

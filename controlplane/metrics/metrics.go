@@ -177,6 +177,7 @@ var (
 	jobsDesc          = prometheus.NewDesc("gpuctl_jobs", "Jobs by state.", []string{"state"}, nil)
 	stallsDesc        = prometheus.NewDesc("gpuctl_stalls", "NCCL stalls declared now (one per stalled communicator).", nil, nil)
 	readOnlyDesc      = prometheus.NewDesc("gpuctl_store_readonly", "1 while the control plane refuses every change because it cannot write its store (etcd unreachable, or its election key lost and campaigning again); running jobs and node sessions go on.", nil, nil)
+	paceDesc          = prometheus.NewDesc("gpuctl_telemetry_pace", "How many times less often than their own interval nodes are asked to send telemetry while the server's ingest is behind (1: their own pace).", nil, nil)
 	shedDesc          = prometheus.NewDesc("gpuctl_telemetry_shed_total", "Telemetry the server dropped unapplied because its ingest fell behind: GPU samples first, then whole batches (with their NCCL call records); its nodes stay up.", []string{"kind"}, nil)
 
 	jobInfoDesc      = prometheus.NewDesc("gpuctl_job_info", "1 for every job not finished, with its name, tenant and state.", []string{"hpc_job", "job_name", "tenant", "state"}, nil)
@@ -201,7 +202,7 @@ var (
 	jobSlowdownDesc  = prometheus.NewDesc("gpuctl_job_slowdown_ratio", "The job's step time (the cadence of its busiest communicator) over its baseline.", jobLabels, nil)
 
 	stateDescs = []*prometheus.Desc{nodesDesc, nodesCordonedDesc, nodesDrainingDesc, nodeReadyDesc, nodeCordonedDesc, gpusDesc, jobsDesc,
-		stallsDesc, readOnlyDesc, shedDesc, jobInfoDesc, jobGPUsDesc, jobStepDesc, jobRateDesc, jobMeasuredDesc, jobPredictedDesc, jobGoodputDesc,
+		stallsDesc, readOnlyDesc, shedDesc, paceDesc, jobInfoDesc, jobGPUsDesc, jobStepDesc, jobRateDesc, jobMeasuredDesc, jobPredictedDesc, jobGoodputDesc,
 		jobRestartsDesc, jobPreemptDesc, jobLostDesc, jobDowntimeDesc, jobEnergyDesc, jobCkptsDesc, jobCkptAgeDesc, jobCkptTimeDesc,
 		jobAdvisedDesc, jobStalledDesc, slowFindingsDesc, rankLatenessDesc, jobSlowdownDesc}
 )
@@ -296,6 +297,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	counter(shedDesc, float64(shed.GetBatches()), "batches")
 	counter(shedDesc, float64(shed.GetGpuSamples()), "gpu_samples")
 	counter(shedDesc, float64(shed.GetCollectives()), "collectives")
+	gauge(paceDesc, float64(max(shed.GetPace(), 1)))
 
 	stalls, err := m.src.Stalls("")
 	if err != nil {

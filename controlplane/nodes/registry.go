@@ -111,6 +111,10 @@ type Registry struct {
 	queue ingestQueue
 	// late is how late heartbeats are heard now.
 	late lateness
+	// pacing asks nodes to send telemetry less often while ingest is
+	// behind (judgePace); paceFactor is the factor asked for now.
+	pacing     pacing
+	paceFactor atomic.Uint32
 	// held are the registry's own events (a node down, up, cordoned) the
 	// store refused (etcd away), oldest first, at most HeldEvents: the
 	// detector stores them once it takes them (storeHeld).
@@ -601,6 +605,7 @@ func (r *Registry) CheckHeartbeats() []string {
 		lag = max(lag, r.cfg.ReceiveLag())
 	}
 	lag = min(lag, MaxLagCredit)
+	r.judgePace(now, lag)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var down []string

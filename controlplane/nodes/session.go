@@ -119,6 +119,9 @@ func (r *Registry) Serve(ctx context.Context, conn *transport.Conn) {
 		return
 	}
 	log.Info("node connected")
+	if f := r.Pace(); f > 1 && ns.uses(api.FeatureTelemetryPace) {
+		go ns.sendPace(f)
+	}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {

@@ -1,0 +1,57 @@
+package pace
+
+import (
+	"testing"
+	"time"
+)
+
+func TestPacer(t *testing.T) {
+	busy := Signals{Late: 300 * time.Millisecond}
+	shed := Signals{Shed: 12}
+	full := Signals{QueueFill: 0.6}
+	calm := Signals{Late: 10 * time.Millisecond}
+	between := Signals{Late: 100 * time.Millisecond}
+	type step struct {
+		at     time.Duration
+		in     Signals
+		factor uint32
+		change bool
+	}
+	cases := []struct {
+		name  string
+		steps []step
+	}{
+		{"calm stays at its own pace", []step{{0, calm, 1, false}, {time.Minute, calm, 1, false}}},
+		{"behind doubles, then waits for the nodes to follow", []step{
+			{0, busy, 2, true}, {time.Second, busy, 2, false}, {5 * time.Second, busy, 4, true}, {6 * time.Second, shed, 4, false},
+			{10 * time.Second, full, 8, true}}},
+		{"never past the bound", []step{
+			{0, busy, 2, true}, {5 * time.Second, busy, 4, true}, {10 * time.Second, busy, 8, true}, {15 * time.Second, busy, 16, true},
+			{20 * time.Second, busy, 16, false}}},
+		{"halves after 30 s of room, not before", []step{
+			{0, busy, 2, true}, {5 * time.Second, busy, 4, true}, {6 * time.Second, calm, 4, false},
+			{35 * time.Second, calm, 4, false}, {36 * time.Second, calm, 2, true}, {40 * time.Second, calm, 2, false},
+			{66 * time.Second, calm, 1, true}, {120 * time.Second, calm, 1, false}}},
+		{"a moment between calm and behind starts the calm over", []step{
+			{0, busy, 2, true}, {time.Second, calm, 2, false}, {20 * time.Second, between, 2, false},
+			{31 * time.Second, calm, 2, false}, {60 * time.Second, calm, 2, false}, {61 * time.Second, calm, 1, true}}},
+		{"behind again while calming keeps the factor", []step{
+			{0, busy, 2, true}, {time.Second, calm, 2, false}, {25 * time.Second, shed, 4, true}, {40 * time.Second, calm, 4, false},
+			{70 * time.Second, calm, 2, true}}},
+	}
+	t0 := time.Unix(1000, 0)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := New(Rule{})
+			for _, s := range c.steps {
+				f, changed, why := p.Update(t0.Add(s.at), s.in)
+				if f != s.factor || changed != s.change {
+					t.Fatalf("at %s with %+v: factor %d changed %v (%s), want %d %v", s.at, s.in, f, changed, why, s.factor, s.change)
+				}
+				if changed && why == "" {
+					t.Errorf("at %s: a change without a reason", s.at)
+				}
+			}
+		})
+	}
+}
