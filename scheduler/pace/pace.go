@@ -43,7 +43,8 @@ type Rule struct {
 }
 
 // Default: at most 16 times slower, doubling at most every 5 s (a server
-// that fell behind needs seconds to drain its backlog); behind at 250 ms
+// that fell behind needs seconds to drain its backlog) unless heartbeats
+// are a second late or the queue is full; behind at 250 ms
 // of lateness, half a queue or any shedding; room under 50 ms and a tenth
 // of a queue for 30 s.
 var Default = Rule{Max: 16, Busy: 250 * time.Millisecond, Calm: 50 * time.Millisecond, QueueBusy: 0.5, QueueCalm: 0.1,
@@ -74,11 +75,14 @@ func (p *Pacer) Factor() uint32 { return p.factor }
 func (p *Pacer) Update(now time.Time, s Signals) (factor uint32, changed bool, why string) {
 	r := p.rule
 	busy := s.Late >= r.Busy || s.QueueFill >= r.QueueBusy || s.Shed > 0
+	// Far behind (heartbeats four times the busy lateness late, or the
+	// queue full), nodes are about to be declared down: no settling.
+	severe := s.Late >= 4*r.Busy || s.QueueFill >= 1
 	calm := s.Late < r.Calm && s.QueueFill < r.QueueCalm && s.Shed == 0
 	switch {
 	case busy:
 		p.calmSince = time.Time{}
-		if p.factor < r.Max && (p.changed.IsZero() || now.Sub(p.changed) >= r.Settle) {
+		if p.factor < r.Max && (severe || p.changed.IsZero() || now.Sub(p.changed) >= r.Settle) {
 			p.factor = min(2*p.factor, r.Max)
 			p.changed = now
 			return p.factor, true, fmt.Sprintf("ingest behind (heartbeats %s late, queue %.0f%% full, %d shed)",
