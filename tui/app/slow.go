@@ -76,9 +76,9 @@ func FindingText(f *api.SlowFinding) SlowText {
 			t.Size = Late(time.Duration(f.GetLateNs())) + " late"
 		}
 	case "communication-slow":
-		t.Kind, t.Who = "slow link", fmt.Sprintf("comm %d", f.GetComm())
+		t.Kind, t.Who = "slow link", fmt.Sprintf("comm #%d", f.GetComm())
 		if f.GetNode() != "" {
-			t.Who = fmt.Sprintf("%s comm %d", f.GetNode(), f.GetComm())
+			t.Who = fmt.Sprintf("%s comm #%d", f.GetNode(), f.GetComm())
 		}
 	case "job-wide":
 		t.Kind = "slow job"

@@ -337,7 +337,8 @@ func slowCell(st *styles.Styles, now time.Time, _ *api.Stall, f *api.SlowFinding
 		if f.GetComm() < 0 {
 			return table.Cell{Text: "-"}
 		}
-		return table.Cell{Text: fmt.Sprint(f.GetComm())}
+		// A creation index, where a stall shows the handle.
+		return table.Cell{Text: fmt.Sprintf("#%d", f.GetComm())}
 	case "FOR":
 		return table.Cell{Text: app.Age(now, f.GetSinceUnixNano())}
 	case "WHO":
