@@ -399,15 +399,21 @@ func (s *Server) listJobs(_ context.Context, c *call) error {
 }
 
 func (s *Server) listStalls(_ context.Context, c *call) error {
-	st, err := s.Stalls(c.req.GetListStalls().GetJob())
+	job := c.req.GetListStalls().GetJob()
+	st, err := s.Stalls(job)
 	if err != nil {
 		return c.fail("%v", err)
 	}
-	slow, err := s.SlowFindings(c.req.GetListStalls().GetJob())
+	slow, err := s.SlowFindings(job)
 	if err != nil {
 		return c.fail("%v", err)
 	}
-	return c.send(&api.ClientResponse{Body: &api.ClientResponse_ListStalls{ListStalls: &api.ListStallsResponse{Stalls: st, Slow: slow}}})
+	late, err := s.RankLateness(job)
+	if err != nil {
+		return c.fail("%v", err)
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_ListStalls{ListStalls: &api.ListStallsResponse{Stalls: st, Slow: slow,
+		Lateness: late}}})
 }
 
 func (s *Server) watch(ctx context.Context, c *call) error {

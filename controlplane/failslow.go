@@ -1,6 +1,9 @@
 package controlplane
 
 import (
+	"cmp"
+	"slices"
+
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane/metrics"
 	"github.com/gpuctl/gpuctl/scheduler/failslow"
@@ -29,13 +32,9 @@ func (s *Server) Slowness() metrics.Slowness {
 // SlowFindings returns the fail-slow findings standing now, of one job (id
 // or name) or of every job when job is "".
 func (s *Server) SlowFindings(job string) ([]*api.SlowFinding, error) {
-	id := ""
-	if job != "" {
-		j, err := s.jobs.Lookup(job)
-		if err != nil {
-			return nil, err
-		}
-		id = j.GetId()
+	id, err := s.slowJobID(job)
+	if err != nil {
+		return nil, err
 	}
 	var out []*api.SlowFinding
 	for _, f := range s.slow.Findings() {
@@ -46,4 +45,38 @@ func (s *Server) SlowFindings(job string) ([]*api.SlowFinding, error) {
 			SinceUnixNano: f.Since, LateNs: int64(f.Late), Slowdown: f.Slowdown, Evidence: f.Evidence})
 	}
 	return out, nil
+}
+
+// RankLateness returns every running rank's rolling lateness, of one job
+// (id or name) or of every job when job is "", by job then rank.
+func (s *Server) RankLateness(job string) ([]*api.RankLateness, error) {
+	id, err := s.slowJobID(job)
+	if err != nil {
+		return nil, err
+	}
+	var out []*api.RankLateness
+	for j, ranks := range s.slow.Lateness() {
+		if id != "" && j != id {
+			continue
+		}
+		for r, d := range ranks {
+			out = append(out, &api.RankLateness{Job: j, Rank: r, LateNs: int64(d)})
+		}
+	}
+	slices.SortFunc(out, func(a, b *api.RankLateness) int {
+		return cmp.Or(cmp.Compare(a.GetJob(), b.GetJob()), cmp.Compare(a.GetRank(), b.GetRank()))
+	})
+	return out, nil
+}
+
+// slowJobID is the id of the job key names, "" for every job.
+func (s *Server) slowJobID(key string) (string, error) {
+	if key == "" {
+		return "", nil
+	}
+	j, err := s.jobs.Lookup(key)
+	if err != nil {
+		return "", err
+	}
+	return j.GetId(), nil
 }

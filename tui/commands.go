@@ -23,7 +23,7 @@ import (
 )
 
 // commandNames are the `:` commands, for help and completion.
-var commandNames = []string{"overview", "nodes", "node", "gpu", "jobs", "job", "stalls", "events", "observe", "plan",
+var commandNames = []string{"overview", "nodes", "node", "gpu", "jobs", "job", "stalls", "events", "observe", "flows", "plan",
 	"submit", "rebalance", "help", "quit"}
 
 // aliases map short forms to commands, k9s style.
@@ -63,7 +63,7 @@ func (m *Model) run(line string) tea.Cmd {
 		return nil
 	}
 	// A top-level list replaces the stack above the overview, as k9s does.
-	if name != "node" && name != "gpu" && name != "job" {
+	if name != "node" && name != "gpu" && name != "job" && name != "flows" {
 		for len(m.stack) > 1 {
 			m.pop()
 		}
@@ -140,6 +140,11 @@ func (m *Model) open(line string) (app.View, error) {
 			v.SetFilter(strings.Join(args, " "))
 		}
 		return v, nil
+	case "flows":
+		if len(args) != 1 {
+			return nil, fmt.Errorf(":flows NODE — tab completes the names")
+		}
+		return observe.Flows(m.ctx, args[0]), nil
 	case "plan":
 		return plan.New(m.ctx, args), nil
 	}
@@ -170,7 +175,7 @@ func (m *Model) complete(prefix string) []string {
 	}
 	var pool []string
 	switch f[0] {
-	case "node", "n", "gpu":
+	case "node", "n", "gpu", "flows":
 		if len(f) > 2 || (len(f) == 2 && trailing) {
 			return nil
 		}

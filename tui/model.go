@@ -85,7 +85,7 @@ type Model struct {
 }
 
 type globalKeys struct {
-	Command, Filter, Help, Back, Quit, Wide, Stall, Overview key.Binding
+	Command, Filter, Help, Back, Quit, Wide, Stall, Slow, Overview key.Binding
 }
 
 func newGlobalKeys() globalKeys {
@@ -97,6 +97,7 @@ func newGlobalKeys() globalKeys {
 		Quit:     app.Bind("q", "quit", "q", "ctrl+c"),
 		Wide:     app.Bind("ctrl+w", "wide", "ctrl+w"),
 		Stall:    app.Bind("!", "jump to stall", "!"),
+		Slow:     app.Bind("@", "jump to the slow GPU", "@"),
 		Overview: app.Bind("0", "overview", "0"),
 	}
 }
@@ -155,7 +156,7 @@ func (m *Model) Flash() (string, bool) { return m.flash, m.flashErr }
 
 // Init starts the first view and asks the terminal for its background.
 func (m *Model) Init() tea.Cmd {
-	cmds := []tea.Cmd{m.Top().Init()}
+	cmds := []tea.Cmd{m.Top().Init(), m.fetchSlow()}
 	if !m.fixed {
 		cmds = append(cmds, tea.RequestBackgroundColor)
 	}
@@ -206,6 +207,18 @@ func (m *Model) update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		}
 		m.layout()
 		return m, m.broadcast(msg)
+	case app.SlowMsg:
+		if msg.Err != nil {
+			// An older server or a lost connection: keep what was shown; the
+			// connection banner speaks of the connection.
+			m.ctx.Log.Debug("fail-slow findings", "err", msg.Err)
+		} else {
+			m.ctx.Slow = app.NewSlow(msg.Resp)
+		}
+		m.layout()
+		return m, tea.Batch(m.broadcast(msg), m.ctx.Tick(app.SlowRefresh, func(time.Time) tea.Msg { return slowTickMsg{} }))
+	case slowTickMsg:
+		return m, m.fetchSlow()
 	case app.ConnMsg:
 		if msg.Err == nil {
 			m.conn = nil
@@ -346,6 +359,8 @@ func (m *Model) key(k tea.KeyPressMsg) tea.Cmd {
 		return nil
 	case key.Matches(k, m.keys.Stall):
 		return m.jumpToStall()
+	case key.Matches(k, m.keys.Slow):
+		return m.jumpToSlow()
 	case key.Matches(k, m.keys.Back):
 		if f, ok := m.Top().(app.Filterer); ok && f.Filter() != "" {
 			f.SetFilter("")
@@ -424,6 +439,30 @@ func (m *Model) jumpToStall() tea.Cmd {
 	return m.run(cmd)
 }
 
+type slowTickMsg struct{}
+
+// fetchSlow asks for the fail-slow findings and the ranks' lateness.
+func (m *Model) fetchSlow() tea.Cmd {
+	cl := m.ctx.Client
+	return m.ctx.Task(func() tea.Msg {
+		c, cancel := app.Request()
+		defer cancel()
+		r, err := cl.ListFindings(c, "")
+		return app.SlowMsg{Resp: r, Err: err}
+	})
+}
+
+// jumpToSlow opens where the first standing finding points: the slow
+// rank's GPU (its clocks and throttle reasons), the slow link's flows.
+func (m *Model) jumpToSlow() tea.Cmd {
+	fs := m.ctx.Slow.Findings
+	if len(fs) == 0 {
+		m.flash, m.flashErr = "no slow rank or link stands", false
+		return nil
+	}
+	return m.run(app.SlowJump(m.ctx.Snap.Job(fs[0].GetJob()), fs[0]))
+}
+
 func (m *Model) banners() []string {
 	var out []string
 	if m.conn != nil && m.conn.Err != nil {
@@ -434,6 +473,9 @@ func (m *Model) banners() []string {
 	}
 	if len(m.ctx.Snap.Stalls) > 0 {
 		out = append(out, "banner-stall")
+	}
+	if len(m.ctx.Slow.Findings) > 0 {
+		out = append(out, "banner-slow")
 	}
 	return out
 }
@@ -476,6 +518,18 @@ func (m *Model) renderBanners() []string {
 		}
 		since := app.Age(m.ctx.Now(), s.GetSinceUnixNano())
 		txt := fmt.Sprintf(" ⚠ STALL %s for %s: %s%s — ! jumps to the lagging rank ", s.GetJob(), since, s.GetDiagnosis(), more)
+		out = append(out, st.Banner.Width(m.width).MaxWidth(m.width).Render(app.Trunc(txt, m.width)))
+	}
+	if fs := m.ctx.Slow.Findings; len(fs) > 0 {
+		f := fs[0]
+		t := app.FindingText(f)
+		more := ""
+		if len(fs) > 1 {
+			more = fmt.Sprintf(" (+%d more, :stalls)", len(fs)-1)
+		}
+		since := app.Age(m.ctx.Now(), f.GetSinceUnixNano())
+		// The key before the evidence, which is long and may be cut.
+		txt := fmt.Sprintf(" ▼ %s %s of %s for %s: %s — @ opens it%s · %s ", strings.ToUpper(t.Kind), t.Who, f.GetJob(), since, t.Size, more, t.Evidence)
 		out = append(out, st.Banner.Width(m.width).MaxWidth(m.width).Render(app.Trunc(txt, m.width)))
 	}
 	return out
@@ -600,7 +654,7 @@ func (m *Model) renderHelp() string {
 	b.WriteString(st.Header.Render("keys of "+m.Top().Title()) + "\n\n")
 	groups := m.Top().KeyMap().FullHelp()
 	groups = append(groups, []key.Binding{m.keys.Command, m.keys.Filter, m.keys.Help, m.keys.Back, m.keys.Wide,
-		m.keys.Stall, m.keys.Overview, m.keys.Quit})
+		m.keys.Stall, m.keys.Slow, m.keys.Overview, m.keys.Quit})
 	for _, g := range groups {
 		for _, kb := range g {
 			if !kb.Enabled() {

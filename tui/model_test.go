@@ -138,6 +138,14 @@ func (hs *harness) confirm() {
 
 func (hs *harness) screen() string { return ansi.Strip(hs.m.Render()) }
 
+// slow delivers the fixture's fail-slow findings and lateness, as the
+// console's poll would.
+func (hs *harness) slow() {
+	hs.t.Helper()
+	hs.send(app.SnapshotMsg{Snap: fixture.SlowCluster(40, 8)})
+	hs.send(app.SlowMsg{Resp: fixture.Slow()})
+}
+
 func (hs *harness) calls(method string) []fixture.Call {
 	var out []fixture.Call
 	for _, c := range hs.cl.Calls() {
@@ -195,6 +203,13 @@ func TestViewsGolden(t *testing.T) {
 		{"help-jobs", func(hs *harness) { hs.command("jobs"); hs.keys("?") }},
 		{"confirm-cordon", func(hs *harness) { hs.command("nodes"); hs.keys("c") }},
 		{"confirm-restart", func(hs *harness) { hs.command("job j-0a1b2c"); hs.keys("R") }},
+		{"slow-overview", func(hs *harness) { hs.slow() }},
+		{"slow-stalls", func(hs *harness) { hs.slow(); hs.command("stalls"); hs.keys("j") }},
+		{"slow-stalls-link", func(hs *harness) { hs.slow(); hs.command("stalls"); hs.keys("j", "j") }},
+		{"slow-job-ranks", func(hs *harness) { hs.slow(); hs.command("job j-0a1b2c") }},
+		{"slow-job-grid", func(hs *harness) { hs.slow(); hs.command("job j-0a1b2c"); hs.keys("3") }},
+		{"slow-gpu", func(hs *harness) { hs.slow(); hs.keys("@") }},
+		{"slow-flows", func(hs *harness) { hs.slow(); hs.keys("@", "w") }},
 	}
 	for _, size := range [][2]int{{80, 24}, {160, 48}} {
 		for _, v := range views {
@@ -523,5 +538,61 @@ func TestReadOnlyBanner(t *testing.T) {
 	hs.send(app.SnapshotMsg{Snap: snap})
 	if s := hs.screen(); strings.Contains(s, "READ-ONLY") {
 		t.Errorf("the banner stays once the control plane is writable again:\n%s", s)
+	}
+}
+
+// TestSlowFindings: the console asks for the fail-slow findings when it
+// starts, shows the first in a banner, and @ opens the slow rank's GPU
+// (its clocks and throttle reasons), w from there its node's flows; in
+// the Stalls view enter on a finding does the same and esc returns.
+func TestSlowFindings(t *testing.T) {
+	hs := newHarness(t, transport.RoleOperator, 120, 40)
+	if s := hs.screen(); strings.Contains(s, "SLOW") {
+		t.Fatalf("a slow banner before any finding:\n%s", s)
+	}
+	hs.run(hs.m.Init(), 0)
+	if c := hs.calls("ListFindings"); len(c) != 1 || c[0].Args[0] != "" {
+		t.Fatalf("the console asked %v, want ListFindings of every job once", c)
+	}
+	if s := hs.screen(); !strings.Contains(s, "SLOW RANK r3@node-0000 of j-0a1b2c for 1m35s: 38ms late — @ opens it (+1 more, :stalls) · enters") {
+		t.Fatalf("no banner for the slow rank:\n%s", s)
+	}
+	hs.keys("@")
+	if v := hs.m.Top(); v.Name() != "gpu" || v.Title() != "GPU 3" || !strings.Contains(hs.screen(), "node-0000 GPU 3") {
+		t.Fatalf("@ opened %s %q, want node-0000 GPU 3:\n%s", v.Name(), v.Title(), hs.screen())
+	}
+	hs.keys("w")
+	if v := hs.m.Top(); v.Name() != "observe" || !strings.Contains(hs.screen(), `GPU 3 › flows of node-0000`) ||
+		!strings.Contains(hs.screen(), `flows · ended (enter restarts) · filter ""`) {
+		t.Fatalf("w on the GPU opened %s:\n%s", v.Name(), hs.screen())
+	}
+	if c := hs.calls("Observe"); len(c) == 0 || c[len(c)-1].Args[0] != "node-0000" {
+		t.Errorf("flows asked %v, want node-0000's", c)
+	}
+	hs.keys("esc")
+	if v := hs.m.Top(); v.Name() != "gpu" {
+		t.Errorf("esc from the flows went to %s, want back to the GPU", v.Name())
+	}
+
+	hs.command("stalls")
+	hs.keys("j", "enter")
+	if v := hs.m.Top(); v.Name() != "gpu" || v.Title() != "GPU 3" {
+		t.Errorf("enter on the slow rank opened %s %q, want GPU 3", v.Name(), v.Title())
+	}
+	hs.command("stalls")
+	hs.keys("j", "j", "enter")
+	if v := hs.m.Top(); v.Title() != "flows of node-0001" {
+		t.Errorf("enter on the slow link opened %s:\n%s", v.Name(), hs.screen())
+	}
+
+	// The findings clear: the banner goes, and @ says so.
+	hs.send(app.SlowMsg{Resp: &api.ListStallsResponse{}})
+	hs.keys("0")
+	if s := hs.screen(); strings.Contains(s, "SLOW") {
+		t.Errorf("the banner stays once no finding stands:\n%s", s)
+	}
+	hs.keys("@")
+	if f, _ := hs.m.Flash(); f != "no slow rank or link stands" {
+		t.Errorf("@ with no finding: flash %q", f)
 	}
 }

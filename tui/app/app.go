@@ -35,6 +35,7 @@ type Client interface {
 	Observe(ctx context.Context, req *api.ObserveRequest, fn func(*api.ObserveBatch) error) error
 	GPUHistory(ctx context.Context, node string, gpu int) ([]*api.GPUSample, error)
 	Collectives(ctx context.Context, job, node string) ([]*api.CollectiveStat, error)
+	ListFindings(ctx context.Context, job string) (*api.ListStallsResponse, error)
 }
 
 var _ Client = (*client.Client)(nil)
@@ -53,8 +54,10 @@ type Context struct {
 	// Snap is the latest cluster snapshot, History what earlier ones said.
 	Snap    client.Snapshot
 	History *History
-	Client  Client
-	Log     *slog.Logger
+	// Slow is the fail-slow findings and lateness last fetched.
+	Slow   Slow
+	Client Client
+	Log    *slog.Logger
 	// Now is the clock; tests fix it.
 	Now func() time.Time
 	// Wide is ctrl-w's toggle: tables show every column.

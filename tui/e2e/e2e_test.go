@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuctl/gpuctl/internal/needs"
 	"github.com/gpuctl/gpuctl/internal/testbin"
 )
 
@@ -208,4 +209,61 @@ func TestConsoleEndToEnd(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestSlowGPUInConsole: `gpuctl fault NODE slow --gpu N --factor 0.7` on
+// the GPU of the demo job's rank 3 shows as a banner naming the rank; the
+// Stalls view lists it, and @ opens that GPU with its clock and the
+// hw_slowdown throttle reason, and the job's ranks table marks rank 3
+// slow with its lateness. The finding needs the ranks' NCCL calls
+// traced (eBPF, root).
+func TestSlowGPUInConsole(t *testing.T) {
+	need(t, "tmux")
+	bin := testbin.Dir(t)
+	dir := t.TempDir()
+	_, cfg := startDemo(t, filepath.Join(dir, "demo"), "--nodes", "2")
+	gpuctl := func(args ...string) string {
+		cmd := exec.Command(filepath.Join(bin, "gpuctl"), args...)
+		cmd.Env = append(os.Environ(), "GPUCTL_CONFIG="+cfg)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("gpuctl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	// Rank 3 of the demo job runs on node-01's GPU 1 (2 ranks per node).
+	traced := time.Now().Add(30 * time.Second)
+	for !strings.Contains(gpuctl("collectives", "--job", "demo-ringtrain"), "allreduce") {
+		if time.Now().After(traced) {
+			needs.EBPF.Skip(t, "no NCCL calls traced in 30 s: the fail-slow analysis has nothing to read")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	m := &tmux{t: t, socket: filepath.Join(dir, "tmux.sock")}
+	t.Cleanup(func() { exec.Command("tmux", "-S", m.socket, "kill-server").Run() })
+	m.start("console", fmt.Sprintf("env GPUCTL_CONFIG=%s TERM=xterm-256color %s --log-file %s", cfg, filepath.Join(bin, "gpuctl"),
+		filepath.Join(dir, "console.log")))
+	m.waitText("console", "GPUs 16:", 30*time.Second)
+	m.waitText("console", "every node is ready", 10*time.Second)
+	if s := m.screen("console"); strings.Contains(s, "SLOW") {
+		t.Fatalf("a slow finding before any fault:\n%s", s)
+	}
+	gpuctl("fault", "node-01", "slow", "--gpu", "1", "--factor", "0.7")
+	m.waitText("console", "SLOW RANK r3@node-01 of", 45*time.Second)
+	m.keys("console", ":stalls", "Enter")
+	m.waitFor("console", "the slow rank's row", 10*time.Second, func(s string) bool {
+		for _, l := range strings.Split(s, "\n") {
+			if strings.HasPrefix(l, "slow rank") && strings.Contains(l, "r3@node-01") && strings.Contains(l, "late") {
+				return true
+			}
+		}
+		return false
+	})
+	m.keys("console", "@")
+	m.waitText("console", "node-01 GPU 1 ·", 10*time.Second)
+	m.waitText("console", "throttle hw_slowdown", 10*time.Second)
+	// The ranks table's lateness column, from the server's per-rank figure.
+	m.keys("console", ":job demo-ringtrain", "Enter")
+	late := regexp.MustCompile(`(?m)^\s+3\s.*node-01.*\sslow \d+ms\s`)
+	m.waitFor("console", "rank 3 marked slow with its lateness", 10*time.Second, late.MatchString)
 }

@@ -20,13 +20,13 @@ import (
 const Refresh = 3 * time.Second
 
 // KeyMap is the GPU view's keys.
-type KeyMap struct{ Reload key.Binding }
+type KeyMap struct{ Reload, Flows key.Binding }
 
 // ShortHelp implements help.KeyMap.
-func (k KeyMap) ShortHelp() []key.Binding { return []key.Binding{k.Reload} }
+func (k KeyMap) ShortHelp() []key.Binding { return []key.Binding{k.Reload, k.Flows} }
 
 // FullHelp implements help.KeyMap.
-func (k KeyMap) FullHelp() [][]key.Binding { return [][]key.Binding{{k.Reload}} }
+func (k KeyMap) FullHelp() [][]key.Binding { return [][]key.Binding{{k.Reload, k.Flows}} }
 
 // Model is the GPU view.
 type Model struct {
@@ -50,7 +50,8 @@ type tickMsg struct{ gen uint64 }
 
 // New returns the view of GPU index of node.
 func New(ctx *app.Context, node string, index int) *Model {
-	return &Model{ctx: ctx, node: node, index: index, keys: KeyMap{Reload: app.Bind("r", "reload", "r")}}
+	return &Model{ctx: ctx, node: node, index: index, keys: KeyMap{Reload: app.Bind("r", "reload", "r"),
+		Flows: app.Bind("w", "the node's flows", "w")}}
 }
 
 // Name implements app.View.
@@ -91,8 +92,12 @@ func (m *Model) Update(msg tea.Msg) (app.View, tea.Cmd) {
 			return m, m.fetch()
 		}
 	case tea.KeyPressMsg:
-		if key.Matches(msg, m.keys.Reload) {
+		switch {
+		case key.Matches(msg, m.keys.Reload):
 			return m, m.fetch()
+		case key.Matches(msg, m.keys.Flows):
+			node := m.node
+			return m, func() tea.Msg { return app.JumpMsg{Command: "flows " + node} }
 		}
 	}
 	return m, nil
@@ -118,9 +123,15 @@ func (m *Model) Render() string {
 		health = st.Crit.Render("unhealthy: " + g.GetUnhealthyReason())
 	}
 	e := l.GetEcc()
-	fmt.Fprintf(&b, "%s · util %d%% · mem %s of %s · %d W · %d°C · SM %d MHz mem %d MHz · throttle %s\n", health,
-		l.GetUtilGpuPercent(), app.Bytes(l.GetMemUsedBytes()), app.Bytes(l.GetMemTotalBytes()), l.GetPowerMw()/1000, l.GetTempC(),
-		l.GetSmClockMhz(), l.GetMemClockMhz(), orDash(strings.Join(l.GetThrottleNames(), ",")))
+	fmt.Fprintf(&b, "%s · util %d%% · mem %s of %s · %d W · %d°C\n", health,
+		l.GetUtilGpuPercent(), app.Bytes(l.GetMemUsedBytes()), app.Bytes(l.GetMemTotalBytes()), l.GetPowerMw()/1000, l.GetTempC())
+	// Clocks and throttle reasons on a line of their own: they are what a
+	// slow rank's evidence points at, so 80 columns must not cut them.
+	throttle := orDash(strings.Join(l.GetThrottleNames(), ","))
+	if len(l.GetThrottleNames()) > 0 {
+		throttle = st.Warn.Render(throttle)
+	}
+	fmt.Fprintf(&b, "SM %d MHz · mem %d MHz · throttle %s\n", l.GetSmClockMhz(), l.GetMemClockMhz(), throttle)
 	fmt.Fprintf(&b, "ECC volatile %d corrected / %d uncorrected · retired pages %d/%d · remapped rows %d/%d · NVLink %s · PCIe %s\n",
 		e.GetVolatileCorrected(), e.GetVolatileUncorrected(), l.GetRetiredPagesSbe(), l.GetRetiredPagesDbe(),
 		l.GetRemappedRowsCorrectable(), l.GetRemappedRowsUncorrectable(),

@@ -1,8 +1,9 @@
 // Package job is one job of the console: its placement and ranks with
-// their collective state, an x-ray of its parallel groups (data-parallel
-// replicas, pipeline stages, tensor groups, ranks), a stage × replica grid
-// coloured by the time ranks spend inside collectives so the straggler
-// stands out, and the tail of a rank's log.
+// their collective state and lateness, an x-ray of its parallel groups
+// (data-parallel replicas, pipeline stages, tensor groups, ranks), a stage
+// × replica grid coloured by how late ranks enter collectives (or, before
+// the server has measured that, by the time they spend inside them) so
+// the straggler stands out, and the tail of a rank's log.
 package job
 
 import (
@@ -68,6 +69,11 @@ type RankState struct {
 	// previous fetch (0..1), -1 before two fetches.
 	InCall  float64
 	Lagging bool
+	// Late is how far after the median of its peers the rank enters
+	// collectives (the server's rolling figure), -1 unknown; Slow is set
+	// when a compute-slow finding names the rank.
+	Late time.Duration
+	Slow bool
 }
 
 // Coords places rank r of a tp·pp·dp job in its groups, by the rule the
@@ -130,12 +136,17 @@ func New(ctx *app.Context, key string, rank int) *Model {
 	return m
 }
 
+// rankColumns: PID and SEQ show from wideFrom cells (or with ctrl-w), so
+// the lateness fits at 80.
 var rankColumns = []table.Column{
 	{Title: "RANK", Width: 5, Right: true}, {Title: "TP", Width: 3, Right: true}, {Title: "PP", Width: 3, Right: true},
 	{Title: "DP", Width: 4, Right: true}, {Title: "NODE", Width: 14}, {Title: "GPU", Width: 3, Right: true},
-	{Title: "PID", Width: 8, Right: true}, {Title: "STATE", Width: 8}, {Title: "OP", Width: 13}, {Title: "SEQ", Width: 8, Right: true},
-	{Title: "IN NCCL", Width: 0},
+	{Title: "PID", Width: 8, Right: true, Wide: true}, {Title: "STATE", Width: 8}, {Title: "OP", Width: 13},
+	{Title: "SEQ", Width: 8, Right: true, Wide: true}, {Title: "LATE", Width: 9, Right: true}, {Title: "IN NCCL", Width: 0},
 }
+
+// wideFrom is the width from which every rank column shows.
+const wideFrom = 100
 
 // Job returns the job as the latest snapshot has it, or nil.
 func (m *Model) Job() *api.Job { return m.ctx.Snap.Job(m.key) }
@@ -222,7 +233,11 @@ func (m *Model) Ranks() []RankState {
 		for _, r := range pn.GetRanks() {
 			t, d, pp := Coords(int(r.GetRank()), int(p.GetTp()), int(p.GetDp()))
 			rs := RankState{Rank: int(r.GetRank()), TP: t, PP: pp, DP: d, Node: pn.GetNode(), GPU: r.GetGpu(), PID: r.GetPid(),
-				Exited: r.GetExited(), ExitCode: r.GetExitCode(), InCall: -1, Lagging: lag[r.GetRank()]}
+				Exited: r.GetExited(), ExitCode: r.GetExitCode(), InCall: -1, Lagging: lag[r.GetRank()], Late: -1,
+				Slow: m.ctx.Slow.SlowRank(j.GetId(), r.GetRank()) != nil}
+			if l, ok := m.ctx.Slow.Lateness(j.GetId(), r.GetRank()); ok {
+				rs.Late = l
+			}
 			if l, ok := lastOp[r.GetRank()]; ok {
 				rs.Op, rs.Seq = l.op, l.seq
 			}
@@ -464,7 +479,7 @@ func orDash(s string) string {
 func (m *Model) renderRanks(h int) string {
 	st := m.ctx.Styles
 	rs := m.Ranks()
-	out := m.tbl.Render(st, m.ctx.Width, h, m.ctx.Wide, nil, func(i, c int) table.Cell {
+	out := m.tbl.Render(st, m.ctx.Width, h, m.ctx.Wide || m.ctx.Width >= wideFrom, nil, func(i, c int) table.Cell {
 		r := rs[i]
 		switch c {
 		case 0:
@@ -500,6 +515,8 @@ func (m *Model) renderRanks(h int) string {
 		case 9:
 			return table.Cell{Text: fmt.Sprint(r.Seq)}
 		case 10:
+			return lateCell(st, r)
+		case 11:
 			if r.InCall < 0 {
 				return table.Cell{Text: "-"}
 			}
@@ -511,6 +528,18 @@ func (m *Model) renderRanks(h int) string {
 		out += "\n" + st.FlashErr.Render("collectives: "+m.collErr.Error())
 	}
 	return out
+}
+
+// lateCell is a rank's lateness; a slow-rank finding says "slow" too, as
+// colour alone does not carry.
+func lateCell(st *styles.Styles, r RankState) table.Cell {
+	switch {
+	case r.Late < 0:
+		return table.Cell{Text: "-"}
+	case r.Slow:
+		return table.Cell{Text: "slow " + app.Late(r.Late), Style: &st.Warn}
+	}
+	return table.Cell{Text: app.Late(r.Late)}
 }
 
 // Xray returns the job's parallel groups as an indented tree: replicas,
@@ -559,69 +588,108 @@ func (m *Model) renderXray(h int) string {
 	return strings.Join(out, "\n")
 }
 
-// Grid returns, per pipeline stage and data-parallel replica, the largest
-// share of wall time a rank of that tensor group spent inside collectives
-// (-1 unknown), and whether the group holds a lagging rank.
-func (m *Model) Grid() (share [][]float64, lag [][]bool) {
+// LateScale is the lateness the grid's hottest colour stands for.
+const LateScale = 50 * time.Millisecond
+
+// GroupCell is one tensor group of the grid: the largest share of wall
+// time a rank spent inside collectives and the largest lateness (-1
+// unknown), and whether a rank of it lags (a stall) or is slow (a
+// finding).
+type GroupCell struct {
+	Share     float64
+	Late      time.Duration
+	Lag, Slow bool
+}
+
+// Grid returns the tensor groups by pipeline stage and data-parallel
+// replica.
+func (m *Model) Grid() [][]GroupCell {
 	p := m.Job().GetPlan()
 	pp, dp := max(int(p.GetPp()), 1), max(int(p.GetDp()), 1)
-	share = make([][]float64, pp)
-	lag = make([][]bool, pp)
+	g := make([][]GroupCell, pp)
 	for s := range pp {
-		share[s] = make([]float64, dp)
-		lag[s] = make([]bool, dp)
+		g[s] = make([]GroupCell, dp)
 		for d := range dp {
-			share[s][d] = -1
+			g[s][d] = GroupCell{Share: -1, Late: -1}
 		}
 	}
 	for _, r := range m.Ranks() {
 		if r.PP >= pp || r.DP >= dp {
 			continue
 		}
-		share[r.PP][r.DP] = max(share[r.PP][r.DP], r.InCall)
-		lag[r.PP][r.DP] = lag[r.PP][r.DP] || r.Lagging
+		c := &g[r.PP][r.DP]
+		c.Share, c.Late = max(c.Share, r.InCall), max(c.Late, r.Late)
+		c.Lag, c.Slow = c.Lag || r.Lagging, c.Slow || r.Slow
 	}
-	return share, lag
+	return g
+}
+
+// byLate reports whether any group has a lateness, so the grid shows
+// lateness rather than the time inside collectives.
+func byLate(g [][]GroupCell) bool {
+	for _, row := range g {
+		for _, c := range row {
+			if c.Late >= 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (m *Model) renderGrid(h int) string {
 	st := m.ctx.Styles
-	share, lag := m.Grid()
+	g := m.Grid()
+	late := byLate(g)
 	var b strings.Builder
-	b.WriteString(st.Dim.Render("time inside NCCL collectives per tensor group (stage × replica): the ranks the others wait for spend least; L = lagging") + "\n")
+	if late {
+		b.WriteString(st.Dim.Render(fmt.Sprintf("ms after the median entry into collectives, worst rank per tensor group (stage × replica); colour to %s; S = slow rank, L = lagging", app.Late(LateScale))) + "\n")
+	} else {
+		b.WriteString(st.Dim.Render("time inside NCCL collectives per tensor group (stage × replica): the ranks the others wait for spend least; L = lagging") + "\n")
+	}
 	b.WriteString("       ")
-	cols := min(len(share[0]), max((m.ctx.Width-8)/5, 1))
+	cols := min(len(g[0]), max((m.ctx.Width-8)/5, 1))
 	for d := range cols {
 		fmt.Fprintf(&b, "%5s", fmt.Sprintf("dp%d", d))
 	}
-	if cols < len(share[0]) {
-		fmt.Fprintf(&b, "  +%d replicas", len(share[0])-cols)
+	if cols < len(g[0]) {
+		fmt.Fprintf(&b, "  +%d replicas", len(g[0])-cols)
 	}
-	for s := range min(len(share), max(h-3, 1)) {
+	for s := range min(len(g), max(h-3, 1)) {
 		fmt.Fprintf(&b, "\n%-7s", fmt.Sprintf("pp%d", s))
 		for d := range cols {
-			v := share[s][d]
-			txt := "   ? "
-			if v >= 0 {
-				txt = fmt.Sprintf(" %3.0f ", v*100)
-			}
-			if lag[s][d] {
-				txt = "  L  "
-			}
+			txt, lv := gridCell(g[s][d], late)
 			if st.Color {
-				lv := styles.HeatEmpty
-				if v >= 0 {
-					lv = styles.Level(v)
-				}
-				if lag[s][d] {
-					lv = styles.HeatFaulty
-				}
 				txt = bgSeq(lv) + txt + styles.Reset
 			}
 			b.WriteString(txt)
 		}
 	}
 	return b.String()
+}
+
+// gridCell is a group's five cells and heat level: its lateness in ms
+// (or its share inside collectives in %), marked S when slow, L when
+// lagging.
+func gridCell(c GroupCell, late bool) (string, int) {
+	v, known := c.Share, c.Share >= 0
+	txt := fmt.Sprintf(" %3.0f ", v*100)
+	if late {
+		v, known = float64(c.Late)/float64(LateScale), c.Late >= 0
+		ms := min(float64(c.Late)/float64(time.Millisecond), 999)
+		txt = fmt.Sprintf(" %3.0f ", ms)
+		if c.Slow {
+			txt = fmt.Sprintf("S%3.0f ", ms)
+		}
+	}
+	lv := styles.Level(v)
+	switch {
+	case c.Lag:
+		return "  L  ", styles.HeatFaulty
+	case !known:
+		return "   ? ", styles.HeatEmpty
+	}
+	return txt, lv
 }
 
 // bgSeq is the 256-colour background of a heat level.

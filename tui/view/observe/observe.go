@@ -50,6 +50,8 @@ type Model struct {
 	lost        [2]uint64
 	err         error
 	colls, flow bool
+	// node fixes the stream to one node's (:flows), beside the filter.
+	node string
 }
 
 // New returns the observe view; Init starts the stream.
@@ -65,11 +67,24 @@ func New(ctx *app.Context) *Model {
 	return &Model{ctx: ctx, keys: k, colls: true, flow: true}
 }
 
+// Flows returns the observe view of one node's flows only (:flows NODE),
+// where a slow link or a slow rank's host is looked at.
+func Flows(ctx *app.Context, node string) *Model {
+	m := New(ctx)
+	m.colls, m.node = false, node
+	return m
+}
+
 // Name implements app.View.
 func (m *Model) Name() string { return "observe" }
 
 // Title implements app.View.
-func (m *Model) Title() string { return "observe" }
+func (m *Model) Title() string {
+	if m.node != "" {
+		return "flows of " + m.node
+	}
+	return "observe"
+}
 
 // KeyMap implements app.View.
 func (m *Model) KeyMap() help.KeyMap { return m.keys }
@@ -153,6 +168,9 @@ func (m *Model) restart() tea.Cmd {
 	if err != nil {
 		m.err = err
 		return nil
+	}
+	if m.node != "" {
+		req.Filter.Node = m.node
 	}
 	m.req, m.err = req, nil
 	m.gen = m.ctx.NextGen()
