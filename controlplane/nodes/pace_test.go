@@ -2,6 +2,7 @@ package nodes
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -93,5 +94,42 @@ func TestIngestBehindPacesTheNodes(t *testing.T) {
 	case f := <-oldCh:
 		t.Fatalf("a node without the telemetry-pace feature was sent pace %d", f)
 	default:
+	}
+}
+
+// While the telemetry pace is raised (ingest behind), a silent node is
+// given up to four times as many heartbeats before it is declared down,
+// and the reason says so; at its own pace, two.
+func TestPacedServerWaitsLongerForHeartbeats(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	c := &clock{t: t0}
+	sink := &recSink{}
+	r := newRegistry(t, newStore(t), c, sink)
+	l := newLoopback(t, r)
+	l.connect(reg("a", 1, 1000))
+	l.connect(reg("b", 1, 1000))
+	r.pacing.judged = t0.Add(time.Hour) // no judgment moves the pace here
+	r.paceFactor.Store(8)
+	c.set(t0.Add(7 * time.Second))
+	if down := r.CheckHeartbeats(); len(down) != 0 {
+		t.Fatalf("down %v after 7 s of silence while paced 8x, want none before 8 heartbeats", down)
+	}
+	c.set(t0.Add(8100 * time.Millisecond))
+	down := r.CheckHeartbeats()
+	if len(down) != 2 {
+		t.Fatalf("down %v after 8.1 s of silence while paced, want both", down)
+	}
+	if n := statusOf(t, r, "a"); !strings.Contains(n.GetDownReason(), "8 heartbeats allowed: ingest is behind, telemetry paced 8×") {
+		t.Errorf("down reason %q does not say why it waited", n.GetDownReason())
+	}
+
+	r2 := newRegistry(t, newStore(t), c, sink)
+	l2 := newLoopback(t, r2)
+	c.set(t0)
+	l2.connect(reg("c", 1, 1000))
+	r2.pacing.judged = t0.Add(time.Hour)
+	c.set(t0.Add(2100 * time.Millisecond))
+	if down := r2.CheckHeartbeats(); len(down) != 1 {
+		t.Fatalf("down %v after 2.1 s at its own pace, want c", down)
 	}
 }

@@ -595,9 +595,9 @@ func (r *Registry) markDownLocked(name string, e *entry, reason string, persist 
 const MaxLagCredit = 15 * time.Second
 
 // CheckHeartbeats declares down every node silent for more than twice its
-// heartbeat interval, past how far behind the server is (its receive lag,
-// or how late it hears the other nodes' heartbeats), and returns their
-// names.
+// heartbeat interval (up to eight times while the telemetry pace is
+// raised), past how far behind the server is (its receive lag, or how
+// late it hears the other nodes' heartbeats), and returns their names.
 func (r *Registry) CheckHeartbeats() []string {
 	now := r.now()
 	lag := r.late.median(now)
@@ -606,6 +606,12 @@ func (r *Registry) CheckHeartbeats() []string {
 	}
 	lag = min(lag, MaxLagCredit)
 	r.judgePace(now, lag)
+	// While ingest is behind (the telemetry pace raised), the median
+	// lateness says how late most heartbeats are heard, not the slowest:
+	// a node is given up to four times as many heartbeats before it is
+	// judged. Its ranks' lease is far longer, so this delays only the
+	// verdict on a node really lost.
+	beats := time.Duration(2 * min(r.Pace(), 4))
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var down []string
@@ -613,13 +619,16 @@ func (r *Registry) CheckHeartbeats() []string {
 		if e.down() || e.lastBeat.IsZero() {
 			continue
 		}
-		if silent := now.Sub(e.lastContact()); silent-lag > 2*e.heartbeat {
+		if silent := now.Sub(e.lastContact()); silent-lag > beats*e.heartbeat {
 			reason := fmt.Sprintf("no heartbeat for %s", silent.Round(time.Millisecond))
 			if e.session == nil && e.closed != "" {
 				reason = fmt.Sprintf("connection closed (%s) and not back for %s", e.closed, silent.Round(time.Millisecond))
 			}
 			if lag > 0 {
 				reason += fmt.Sprintf(" (the server %s behind)", lag.Round(time.Millisecond))
+			}
+			if beats > 2 {
+				reason += fmt.Sprintf(" (%d heartbeats allowed: ingest is behind, telemetry paced %d×)", beats, r.Pace())
 			}
 			r.downLocked(name, e, reason)
 			down = append(down, name)
