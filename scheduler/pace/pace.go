@@ -44,10 +44,10 @@ type Rule struct {
 
 // Default: at most 16 times slower, doubling at most every 5 s (a server
 // that fell behind needs seconds to drain its backlog) unless heartbeats
-// are a second late or the queue is full; behind at 250 ms
+// are two seconds late or the queue is full; behind at 500 ms
 // of lateness, half a queue or any shedding; room under 50 ms and a tenth
 // of a queue for 30 s.
-var Default = Rule{Max: 16, Busy: 250 * time.Millisecond, Calm: 50 * time.Millisecond, QueueBusy: 0.5, QueueCalm: 0.1,
+var Default = Rule{Max: 16, Busy: 500 * time.Millisecond, Calm: 50 * time.Millisecond, QueueBusy: 0.5, QueueCalm: 0.1,
 	Settle: 5 * time.Second, CalmFor: 30 * time.Second}
 
 // Pacer is the factor now and what it remembers between updates. It is not

@@ -6,11 +6,11 @@ import (
 )
 
 func TestPacer(t *testing.T) {
-	busy := Signals{Late: 300 * time.Millisecond}
+	busy := Signals{Late: 600 * time.Millisecond}
 	shed := Signals{Shed: 12}
 	full := Signals{QueueFill: 0.6}
 	calm := Signals{Late: 10 * time.Millisecond}
-	between := Signals{Late: 100 * time.Millisecond}
+	between := Signals{Late: 200 * time.Millisecond}
 	type step struct {
 		at     time.Duration
 		in     Signals
@@ -26,8 +26,8 @@ func TestPacer(t *testing.T) {
 			{0, busy, 2, true}, {time.Second, busy, 2, false}, {5 * time.Second, busy, 4, true}, {6 * time.Second, shed, 4, false},
 			{10 * time.Second, full, 8, true}}},
 		{"far behind doubles at every update", []step{
-			{0, Signals{Late: time.Second}, 2, true}, {time.Second, Signals{QueueFill: 1}, 4, true},
-			{2 * time.Second, Signals{Late: 2 * time.Second}, 8, true}, {3 * time.Second, busy, 8, false}}},
+			{0, Signals{Late: 2 * time.Second}, 2, true}, {time.Second, Signals{QueueFill: 1}, 4, true},
+			{2 * time.Second, Signals{Late: 3 * time.Second}, 8, true}, {3 * time.Second, busy, 8, false}}},
 		{"never past the bound", []step{
 			{0, busy, 2, true}, {5 * time.Second, busy, 4, true}, {10 * time.Second, busy, 8, true}, {15 * time.Second, busy, 16, true},
 			{20 * time.Second, busy, 16, false}}},
