@@ -7127,9 +7127,13 @@ type Job struct {
 	// The current attempt's witnesses (LaunchRanks.witnesses): its nodes and
 	// the others that vouch for them. A lost node of the job is fenced only
 	// once enough of the others have acknowledged a Supersede.
-	Witnesses     []string `protobuf:"bytes,47,rep,name=witnesses,proto3" json:"witnesses,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Witnesses []string `protobuf:"bytes,47,rep,name=witnesses,proto3" json:"witnesses,omitempty"`
+	// When gpuctl restarted the job on its own without a node a fail-slow
+	// finding blamed (slow_recovery auto), for the bound on such restarts
+	// (scheduler.SlowRule). Stored with the job, so a new leader keeps it.
+	SlowExclusionsUnixNano []int64 `protobuf:"varint,48,rep,packed,name=slow_exclusions_unix_nano,json=slowExclusionsUnixNano,proto3" json:"slow_exclusions_unix_nano,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -7487,6 +7491,13 @@ func (x *Job) GetFencedNodes() []string {
 func (x *Job) GetWitnesses() []string {
 	if x != nil {
 		return x.Witnesses
+	}
+	return nil
+}
+
+func (x *Job) GetSlowExclusionsUnixNano() []int64 {
+	if x != nil {
+		return x.SlowExclusionsUnixNano
 	}
 	return nil
 }
@@ -11333,7 +11344,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\aJobNode\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12(\n" +
-	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xd6\r\n" +
+	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\x91\x0e\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -11388,7 +11399,8 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x10checkpoint_steps\x18, \x03(\x03R\x0fcheckpointSteps\x12'\n" +
 	"\x0fidempotency_key\x18- \x01(\tR\x0eidempotencyKey\x12!\n" +
 	"\ffenced_nodes\x18. \x03(\tR\vfencedNodes\x12\x1c\n" +
-	"\twitnesses\x18/ \x03(\tR\twitnesses\"\xee\x02\n" +
+	"\twitnesses\x18/ \x03(\tR\twitnesses\x129\n" +
+	"\x19slow_exclusions_unix_nano\x180 \x03(\x03R\x16slowExclusionsUnixNano\"\xee\x02\n" +
 	"\n" +
 	"JobAttempt\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\rR\aattempt\x12&\n" +

@@ -114,7 +114,7 @@ type Spec struct {
 	// StallRecovery is manual (default) or auto.
 	StallRecovery StallRecovery `yaml:"stall_recovery,omitempty" json:"stall_recovery,omitempty"`
 	// SlowRecovery is alert (default) or auto.
-	SlowRecovery SlowRecovery `yaml:"slow_recovery,omitempty" json:"slow_recovery,omitempty"`
+	SlowRecovery  SlowRecovery  `yaml:"slow_recovery,omitempty" json:"slow_recovery,omitempty"`
 	RestartPolicy RestartPolicy `yaml:"restart_policy,omitempty" json:"restart_policy,omitempty"`
 	// MaxRestarts bounds automatic restarts; nil means DefaultMaxRestarts.
 	MaxRestarts *int         `yaml:"max_restarts,omitempty" json:"max_restarts,omitempty"`

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/failslow"
 )
 
 // StallTarget is a job the stall detector watches: running, not being
@@ -37,12 +39,12 @@ func (m *Manager) stallTargets() []StallTarget {
 }
 
 // Stalls hands the owner one pass of the stall detector: the stalls it
-// declared, the jobs stalled now, and the events to store. It returns once
-// they are applied and stored, so that a listing never shows a stall
-// before its event and its job's flag.
-func (m *Manager) Stalls(ctx context.Context, declared []*api.Stall, stalled map[string]bool, events []*api.Event) error {
+// declared, the jobs stalled now, the events to store and the fail-slow
+// findings standing now. It returns once they are applied and stored, so
+// that a listing never shows a stall before its event and its job's flag.
+func (m *Manager) Stalls(ctx context.Context, declared []*api.Stall, stalled map[string]bool, events []*api.Event, slow []failslow.Finding) error {
 	done := make(chan struct{})
-	m.in.post(msgStalls{declared: declared, stalled: stalled, events: events, done: done})
+	m.in.post(msgStalls{declared: declared, stalled: stalled, events: events, slow: slow, done: done})
 	select {
 	case <-done:
 		return nil
@@ -66,6 +68,7 @@ func (m *Manager) stalls(msg msgStalls) {
 	for _, st := range msg.declared {
 		m.stalledJob(st)
 	}
+	m.slowFindings(msg.slow, m.now())
 	if err := m.commit(m.pass); err != nil {
 		m.log.Error("commit stall changes; retrying on the next pass", "err", err)
 	}
@@ -97,4 +100,84 @@ func (m *Manager) stalledJob(st *api.Stall) {
 	}
 	reason := fmt.Sprintf("NCCL stall on communicator %#x, lagging nodes %s: %s", st.GetComm(), strings.Join(lagging, ","), st.GetDiagnosis())
 	m.fail(en, scheduler.Failure{Kind: scheduler.FailStall, Nodes: lagging}, reason, m.now())
+}
+
+// slowFindings acts on the fail-slow findings standing now, under each
+// job's slow_recovery and the bound (scheduler.DecideSlow): a finding of a
+// job with slow_recovery auto that has stood for the hold restarts the job
+// from its last checkpoint without the slow node, when the restart plan
+// swaps it for a spare; otherwise, or past the bound, the finding only
+// alerts, with an event saying why, once per finding and outcome.
+func (m *Manager) slowFindings(fs []failslow.Finding, now time.Time) {
+	standing := make(map[string]bool, len(fs))
+	for i := range fs {
+		f := &fs[i]
+		key := f.Key()
+		standing[key] = true
+		seen, ok := m.slowSeen[key]
+		if !ok {
+			seen = now
+			m.slowSeen[key] = now
+		}
+		en := m.jobs[f.Job]
+		if en == nil || en.spec == nil || !active(en.job) || m.recs[f.Job] != nil {
+			continue
+		}
+		j := en.job
+		d := scheduler.DecideSlow(m.cfg.SlowRule, scheduler.SlowCase{Auto: en.spec.SlowRecovery == jobspec.SlowAuto,
+			Class: string(f.Class), Node: f.Node, Since: seen.UnixNano(), Now: now.UnixNano(), Past: j.GetSlowExclusionsUnixNano()})
+		switch d.Verdict {
+		case scheduler.SlowBound:
+			m.slowSay(key, f, "bound", api.Severity_SEVERITY_WARNING, "%s: not acted on: %s; `gpuctl restart %s --exclude %s` moves it now",
+				f.Class, d.Reason, j.GetId(), f.Node)
+		case scheduler.SlowExclude:
+			m.slowExclude(en, f, d, now)
+		}
+	}
+	for k := range m.slowSeen {
+		if !standing[k] {
+			delete(m.slowSeen, k)
+			delete(m.slowSaid, k)
+		}
+	}
+}
+
+// slowExclude restarts a job without the node a fail-slow finding blames,
+// through the recovery every failure takes, when the plan puts a spare in
+// its place; a slow node is still a working one, so the job is never
+// shrunk or given up for it.
+func (m *Manager) slowExclude(en *entry, f *failslow.Finding, d scheduler.SlowDecision, now time.Time) {
+	j := en.job
+	fail := scheduler.Failure{Kind: scheduler.FailSlow, Nodes: []string{d.Node}}
+	snap := m.snapshot(now)
+	req := m.recoverRequest(en, fail)
+	plan := scheduler.Recover(&snap, &req)
+	if plan.Action != scheduler.ReplaceNodes && plan.Action != scheduler.Replan {
+		m.slowSay(f.Key(), f, "no-spare", api.Severity_SEVERITY_WARNING, "%s: not acted on: no spare to take %s's place (%s: %s); the job keeps running there",
+			f.Class, d.Node, plan.Action, plan.Reason)
+		return
+	}
+	j.SlowExclusionsUnixNano = append(j.SlowExclusionsUnixNano, now.UnixNano())
+	rule := m.cfg.SlowRule
+	m.slowSay(f.Key(), f, "exclude", api.Severity_SEVERITY_WARNING, "%s: restarting from the last checkpoint without %s (automatic slow exclusion %d of at most %d in %s)",
+		d.Reason, d.Node, len(j.SlowExclusionsUnixNano), rule.Max, rule.Window)
+	m.fail(en, fail, "fail-slow: "+d.Reason, now)
+}
+
+// slowSay raises an event about what was done with a fail-slow finding
+// (attrs.action: exclude, bound or no-spare), once per finding and
+// action.
+func (m *Manager) slowSay(key string, f *failslow.Finding, action string, sev api.Severity, format string, args ...any) {
+	if m.slowSaid[key] == action {
+		return
+	}
+	m.slowSaid[key] = action
+	e := &api.Event{Kind: api.EventKind_EVENT_KIND_SLOW, Severity: sev, Job: f.Job, Node: f.Node,
+		Message: fmt.Sprintf(format, args...), Attrs: map[string]string{"class": string(f.Class), "action": action}}
+	if f.Rank >= 0 {
+		e.Rank = f.Rank
+		e.Attrs["rank"] = strconv.Itoa(int(f.Rank))
+	}
+	m.log.Warn("fail-slow finding", "job", f.Job, "action", action, "msg", e.Message)
+	m.raise(e)
 }

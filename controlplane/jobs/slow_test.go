@@ -1,0 +1,136 @@
+package jobs
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/failslow"
+)
+
+// slowPass hands the owner a detector pass whose only news is the
+// fail-slow findings standing now.
+func (h *harness) slowPass(fs ...failslow.Finding) {
+	h.t.Helper()
+	if _, err := h.call(func(ctx context.Context) (any, error) {
+		return nil, h.m.Stalls(ctx, nil, map[string]bool{}, nil, fs)
+	}); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// slowActions lists the actions the owner announced on the job's
+// fail-slow findings (attrs.action of its SLOW events).
+func (h *harness) slowActions(id string) []string {
+	var out []string
+	for _, e := range h.jobEvents(id, api.EventKind_EVENT_KIND_SLOW) {
+		if a := e.GetAttrs()["action"]; a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// slowRank is a compute-slow finding of the job's rank on node.
+func slowRank(t *testing.T, j *api.Job, node string) failslow.Finding {
+	t.Helper()
+	for _, jn := range j.GetPlacement() {
+		if jn.GetNode() == node {
+			return failslow.Finding{Job: j.GetId(), Class: failslow.ComputeSlow, Rank: jn.GetRanks()[0].GetRank(), Node: node, Comm: 0, Evidence: "SM clock 0.70 of the median"}
+		}
+	}
+	t.Fatalf("job %s has no rank on %s (placement %v)", j.GetId(), node, j.GetPlacement())
+	return failslow.Finding{}
+}
+
+// TestSlowAutoRecovery: a job with slow_recovery auto is restarted
+// without its slow node once the finding has stood for the hold, on the
+// spare; the bound then keeps a second finding to an alert, and with no
+// spare a finding is never acted on. slow_recovery alert never acts.
+func TestSlowAutoRecovery(t *testing.T) {
+	rule := scheduler.SlowRule{Hold: time.Minute, Max: 1, Window: time.Hour}
+	t.Run("auto", func(t *testing.T) {
+		h := newHarness(t, "fifo", threeNodes()...)
+		h.m.cfg.SlowRule = rule
+		id := h.submit(ringSpec("ring", 2, 2, "restart_policy: replace-node\nslow_recovery: auto\n"), false)
+		h.reconcile()
+		h.started(id)
+		h.nodes.take()
+		old := h.job(id)
+		slow := old.GetPlacement()[1].GetNode()
+		f := slowRank(t, old, slow)
+		h.slowPass(f)
+		h.clock.add(59 * time.Second)
+		h.slowPass(f)
+		if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RUNNING || len(h.slowActions(id)) != 0 {
+			t.Fatalf("inside the hold: %s, actions %v; want running, none", stateName(j.GetState()), h.slowActions(id))
+		}
+		h.clock.add(time.Second)
+		h.slowPass(f)
+		j := h.job(id)
+		if j.GetState() != api.JobState_JOB_STATE_RECOVERING || !slices.Equal(j.GetExclude(), []string{slow}) ||
+			len(j.GetSlowExclusionsUnixNano()) != 1 || !slices.Equal(h.slowActions(id), []string{"exclude"}) {
+			t.Fatalf("after the hold: %s exclude %v, exclusions %v, actions %v; want recovering without %s",
+				stateName(j.GetState()), j.GetExclude(), j.GetSlowExclusionsUnixNano(), h.slowActions(id), slow)
+		}
+		h.exitAll(id, -1)
+		h.reconcile()
+		cmds := launches(h.nodes.take())
+		h.started(id)
+		j = h.job(id)
+		if j.GetState() != api.JobState_JOB_STATE_RUNNING || slices.Contains(nodeNames(j), slow) || !slices.Contains(nodeNames(j), "n2") {
+			t.Fatalf("attempt %d %s on %v (launches %v); want running on the spare n2, not %s", j.GetAttempt(), stateName(j.GetState()), nodeNames(j), cmds, slow)
+		}
+		// A second slow node within the window: the bound (1) is reached.
+		f2 := slowRank(t, j, "n2")
+		h.slowPass(f2)
+		h.clock.add(2 * time.Minute)
+		h.slowPass(f2)
+		h.slowPass(f2)
+		if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RUNNING || !slices.Equal(h.slowActions(id), []string{"exclude", "bound"}) {
+			t.Fatalf("past the bound: %s, actions %v; want running, [exclude bound]", stateName(j.GetState()), h.slowActions(id))
+		}
+		// The bound and the exclusions are the job's stored state: a
+		// restarted owner still holds it.
+		h.restart("fifo")
+		if j := h.job(id); len(j.GetSlowExclusionsUnixNano()) != 1 {
+			t.Errorf("after a restart of the owner: exclusions %v, want 1", j.GetSlowExclusionsUnixNano())
+		}
+	})
+	for _, tc := range []struct {
+		name, spec string
+		nodes      []*api.NodeStatus
+		want       []string
+	}{
+		{"no spare", "restart_policy: replace-node\nslow_recovery: auto\n", threeNodes()[:2], []string{"no-spare"}},
+		{"alert", "restart_policy: replace-node\n", threeNodes(), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, "fifo", tc.nodes...)
+			h.m.cfg.SlowRule = rule
+			id := h.submit(ringSpec("ring", 2, 2, tc.spec), false)
+			h.reconcile()
+			h.started(id)
+			j := h.job(id)
+			f := slowRank(t, j, j.GetPlacement()[0].GetNode())
+			h.slowPass(f)
+			h.clock.add(time.Hour)
+			h.slowPass(f)
+			h.slowPass(f)
+			if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RUNNING || len(j.GetExclude()) != 0 || !slices.Equal(h.slowActions(id), tc.want) {
+				t.Fatalf("%s exclude %v, actions %v; want running, nothing excluded, %v", stateName(j.GetState()), j.GetExclude(), h.slowActions(id), tc.want)
+			}
+		})
+	}
+}
+
+func nodeNames(j *api.Job) []string {
+	var out []string
+	for _, jn := range j.GetPlacement() {
+		out = append(out, jn.GetNode())
+	}
+	return out
+}
