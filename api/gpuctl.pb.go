@@ -5758,6 +5758,7 @@ type ClientRequest struct {
 	//	*ClientRequest_Logs
 	//	*ClientRequest_Watch
 	//	*ClientRequest_ReleaseJob
+	//	*ClientRequest_QuietSlow
 	//	*ClientRequest_CreateJoinToken
 	//	*ClientRequest_ListTokens
 	//	*ClientRequest_RevokeToken
@@ -5971,6 +5972,15 @@ func (x *ClientRequest) GetReleaseJob() *ReleaseJobRequest {
 	return nil
 }
 
+func (x *ClientRequest) GetQuietSlow() *QuietSlowRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_QuietSlow); ok {
+			return x.QuietSlow
+		}
+	}
+	return nil
+}
+
 func (x *ClientRequest) GetCreateJoinToken() *CreateJoinTokenRequest {
 	if x != nil {
 		if x, ok := x.Body.(*ClientRequest_CreateJoinToken); ok {
@@ -6129,6 +6139,10 @@ type ClientRequest_ReleaseJob struct {
 	ReleaseJob *ReleaseJobRequest `protobuf:"bytes,31,opt,name=release_job,json=releaseJob,proto3,oneof"`
 }
 
+type ClientRequest_QuietSlow struct {
+	QuietSlow *QuietSlowRequest `protobuf:"bytes,32,opt,name=quiet_slow,json=quietSlow,proto3,oneof"`
+}
+
 type ClientRequest_CreateJoinToken struct {
 	// 40-49: identities and tokens.
 	CreateJoinToken *CreateJoinTokenRequest `protobuf:"bytes,40,opt,name=create_join_token,json=createJoinToken,proto3,oneof"`
@@ -6204,6 +6218,8 @@ func (*ClientRequest_Watch) isClientRequest_Body() {}
 
 func (*ClientRequest_ReleaseJob) isClientRequest_Body() {}
 
+func (*ClientRequest_QuietSlow) isClientRequest_Body() {}
+
 func (*ClientRequest_CreateJoinToken) isClientRequest_Body() {}
 
 func (*ClientRequest_ListTokens) isClientRequest_Body() {}
@@ -6246,6 +6262,7 @@ type ClientResponse struct {
 	//	*ClientResponse_Logs
 	//	*ClientResponse_Watch
 	//	*ClientResponse_ReleaseJob
+	//	*ClientResponse_QuietSlow
 	//	*ClientResponse_Version
 	//	*ClientResponse_CreateJoinToken
 	//	*ClientResponse_ListTokens
@@ -6469,6 +6486,15 @@ func (x *ClientResponse) GetReleaseJob() *ReleaseJobResponse {
 	return nil
 }
 
+func (x *ClientResponse) GetQuietSlow() *QuietSlowResponse {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_QuietSlow); ok {
+			return x.QuietSlow
+		}
+	}
+	return nil
+}
+
 func (x *ClientResponse) GetVersion() *VersionResponse {
 	if x != nil {
 		if x, ok := x.Body.(*ClientResponse_Version); ok {
@@ -6633,6 +6659,10 @@ type ClientResponse_ReleaseJob struct {
 	ReleaseJob *ReleaseJobResponse `protobuf:"bytes,31,opt,name=release_job,json=releaseJob,proto3,oneof"`
 }
 
+type ClientResponse_QuietSlow struct {
+	QuietSlow *QuietSlowResponse `protobuf:"bytes,32,opt,name=quiet_slow,json=quietSlow,proto3,oneof"`
+}
+
 type ClientResponse_Version struct {
 	Version *VersionResponse `protobuf:"bytes,50,opt,name=version,proto3,oneof"`
 }
@@ -6704,6 +6734,8 @@ func (*ClientResponse_Logs) isClientResponse_Body() {}
 func (*ClientResponse_Watch) isClientResponse_Body() {}
 
 func (*ClientResponse_ReleaseJob) isClientResponse_Body() {}
+
+func (*ClientResponse_QuietSlow) isClientResponse_Body() {}
 
 func (*ClientResponse_Version) isClientResponse_Body() {}
 
@@ -7132,8 +7164,11 @@ type Job struct {
 	// finding blamed (slow_recovery auto), for the bound on such restarts
 	// (scheduler.SlowRule). Stored with the job, so a new leader keeps it.
 	SlowExclusionsUnixNano []int64 `protobuf:"varint,48,rep,packed,name=slow_exclusions_unix_nano,json=slowExclusionsUnixNano,proto3" json:"slow_exclusions_unix_nano,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// Operators' acknowledgements and silences of the job's fail-slow
+	// findings (gpuctl stalls ack|silence); expired silences are dropped.
+	SlowQuiet     []*SlowQuiet `protobuf:"bytes,49,rep,name=slow_quiet,json=slowQuiet,proto3" json:"slow_quiet,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -7498,6 +7533,13 @@ func (x *Job) GetWitnesses() []string {
 func (x *Job) GetSlowExclusionsUnixNano() []int64 {
 	if x != nil {
 		return x.SlowExclusionsUnixNano
+	}
+	return nil
+}
+
+func (x *Job) GetSlowQuiet() []*SlowQuiet {
+	if x != nil {
+		return x.SlowQuiet
 	}
 	return nil
 }
@@ -8704,10 +8746,14 @@ type SlowFinding struct {
 	// How late the rank enters collectives, on the median (compute-slow).
 	LateNs int64 `protobuf:"varint,7,opt,name=late_ns,json=lateNs,proto3" json:"late_ns,omitempty"`
 	// How much longer it takes than it should.
-	Slowdown      float64 `protobuf:"fixed64,8,opt,name=slowdown,proto3" json:"slowdown,omitempty"`
-	Evidence      string  `protobuf:"bytes,9,opt,name=evidence,proto3" json:"evidence,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Slowdown float64 `protobuf:"fixed64,8,opt,name=slowdown,proto3" json:"slowdown,omitempty"`
+	Evidence string  `protobuf:"bytes,9,opt,name=evidence,proto3" json:"evidence,omitempty"`
+	// An operator acknowledged it (for the job's attempt).
+	Acked bool `protobuf:"varint,10,opt,name=acked,proto3" json:"acked,omitempty"`
+	// An operator silenced it until then (unix ns); 0 when not silenced.
+	SilencedUntilUnixNano int64 `protobuf:"varint,11,opt,name=silenced_until_unix_nano,json=silencedUntilUnixNano,proto3" json:"silenced_until_unix_nano,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *SlowFinding) Reset() {
@@ -8803,6 +8849,251 @@ func (x *SlowFinding) GetEvidence() string {
 	return ""
 }
 
+func (x *SlowFinding) GetAcked() bool {
+	if x != nil {
+		return x.Acked
+	}
+	return false
+}
+
+func (x *SlowFinding) GetSilencedUntilUnixNano() int64 {
+	if x != nil {
+		return x.SilencedUntilUnixNano
+	}
+	return 0
+}
+
+// SlowQuiet is an operator's acknowledgement or silence of fail-slow
+// findings of one job. Acknowledged or silenced findings are listed, but
+// trigger no automatic action and do not count in gpuctl_slow_findings.
+type SlowQuiet struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// An acknowledgement: the findings (failslow keys) standing when it was
+	// given, for the attempt then running. Empty for a silence.
+	Keys    []string `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	Attempt uint32   `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// A silence: every finding of the job on this rank (-1: any) and node
+	// ("" any) until then (unix ns).
+	Rank          int32  `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	Node          string `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	UntilUnixNano int64  `protobuf:"varint,5,opt,name=until_unix_nano,json=untilUnixNano,proto3" json:"until_unix_nano,omitempty"`
+	By            string `protobuf:"bytes,6,opt,name=by,proto3" json:"by,omitempty"`
+	AtUnixNano    int64  `protobuf:"varint,7,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SlowQuiet) Reset() {
+	*x = SlowQuiet{}
+	mi := &file_gpuctl_proto_msgTypes[86]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SlowQuiet) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SlowQuiet) ProtoMessage() {}
+
+func (x *SlowQuiet) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[86]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SlowQuiet.ProtoReflect.Descriptor instead.
+func (*SlowQuiet) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{86}
+}
+
+func (x *SlowQuiet) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *SlowQuiet) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *SlowQuiet) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *SlowQuiet) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *SlowQuiet) GetUntilUnixNano() int64 {
+	if x != nil {
+		return x.UntilUnixNano
+	}
+	return 0
+}
+
+func (x *SlowQuiet) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *SlowQuiet) GetAtUnixNano() int64 {
+	if x != nil {
+		return x.AtUnixNano
+	}
+	return 0
+}
+
+// QuietSlowRequest acknowledges a job's standing fail-slow findings
+// (for_ns 0), or silences its findings for a while, narrowed to a rank or
+// a node when given.
+type QuietSlowRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	HasRank       bool                   `protobuf:"varint,2,opt,name=has_rank,json=hasRank,proto3" json:"has_rank,omitempty"`
+	Rank          int32                  `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	Node          string                 `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	ForNs         int64                  `protobuf:"varint,5,opt,name=for_ns,json=forNs,proto3" json:"for_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuietSlowRequest) Reset() {
+	*x = QuietSlowRequest{}
+	mi := &file_gpuctl_proto_msgTypes[87]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuietSlowRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuietSlowRequest) ProtoMessage() {}
+
+func (x *QuietSlowRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[87]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuietSlowRequest.ProtoReflect.Descriptor instead.
+func (*QuietSlowRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{87}
+}
+
+func (x *QuietSlowRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *QuietSlowRequest) GetHasRank() bool {
+	if x != nil {
+		return x.HasRank
+	}
+	return false
+}
+
+func (x *QuietSlowRequest) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *QuietSlowRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *QuietSlowRequest) GetForNs() int64 {
+	if x != nil {
+		return x.ForNs
+	}
+	return 0
+}
+
+type QuietSlowResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   *Job                   `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// The findings standing now that it covers.
+	Covered       []*SlowFinding `protobuf:"bytes,2,rep,name=covered,proto3" json:"covered,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuietSlowResponse) Reset() {
+	*x = QuietSlowResponse{}
+	mi := &file_gpuctl_proto_msgTypes[88]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuietSlowResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuietSlowResponse) ProtoMessage() {}
+
+func (x *QuietSlowResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[88]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuietSlowResponse.ProtoReflect.Descriptor instead.
+func (*QuietSlowResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{88}
+}
+
+func (x *QuietSlowResponse) GetJob() *Job {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+func (x *QuietSlowResponse) GetCovered() []*SlowFinding {
+	if x != nil {
+		return x.Covered
+	}
+	return nil
+}
+
 type CordonRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -8815,7 +9106,7 @@ type CordonRequest struct {
 
 func (x *CordonRequest) Reset() {
 	*x = CordonRequest{}
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8827,7 +9118,7 @@ func (x *CordonRequest) String() string {
 func (*CordonRequest) ProtoMessage() {}
 
 func (x *CordonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8840,7 +9131,7 @@ func (x *CordonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonRequest.ProtoReflect.Descriptor instead.
 func (*CordonRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{86}
+	return file_gpuctl_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *CordonRequest) GetNode() string {
@@ -8875,7 +9166,7 @@ type CordonResponse struct {
 
 func (x *CordonResponse) Reset() {
 	*x = CordonResponse{}
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8887,7 +9178,7 @@ func (x *CordonResponse) String() string {
 func (*CordonResponse) ProtoMessage() {}
 
 func (x *CordonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8900,7 +9191,7 @@ func (x *CordonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonResponse.ProtoReflect.Descriptor instead.
 func (*CordonResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{87}
+	return file_gpuctl_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *CordonResponse) GetNode() *NodeStatus {
@@ -8932,7 +9223,7 @@ type DrainedJob struct {
 
 func (x *DrainedJob) Reset() {
 	*x = DrainedJob{}
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8944,7 +9235,7 @@ func (x *DrainedJob) String() string {
 func (*DrainedJob) ProtoMessage() {}
 
 func (x *DrainedJob) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8957,7 +9248,7 @@ func (x *DrainedJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainedJob.ProtoReflect.Descriptor instead.
 func (*DrainedJob) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{88}
+	return file_gpuctl_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *DrainedJob) GetJob() string {
@@ -8997,7 +9288,7 @@ type CheckpointJobRequest struct {
 
 func (x *CheckpointJobRequest) Reset() {
 	*x = CheckpointJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9009,7 +9300,7 @@ func (x *CheckpointJobRequest) String() string {
 func (*CheckpointJobRequest) ProtoMessage() {}
 
 func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9022,7 +9313,7 @@ func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{89}
+	return file_gpuctl_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *CheckpointJobRequest) GetJob() string {
@@ -9041,7 +9332,7 @@ type CheckpointJobResponse struct {
 
 func (x *CheckpointJobResponse) Reset() {
 	*x = CheckpointJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9053,7 +9344,7 @@ func (x *CheckpointJobResponse) String() string {
 func (*CheckpointJobResponse) ProtoMessage() {}
 
 func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9066,7 +9357,7 @@ func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{90}
+	return file_gpuctl_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *CheckpointJobResponse) GetJob() *Job {
@@ -9088,7 +9379,7 @@ type RestartJobRequest struct {
 
 func (x *RestartJobRequest) Reset() {
 	*x = RestartJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9100,7 +9391,7 @@ func (x *RestartJobRequest) String() string {
 func (*RestartJobRequest) ProtoMessage() {}
 
 func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9113,7 +9404,7 @@ func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobRequest.ProtoReflect.Descriptor instead.
 func (*RestartJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{91}
+	return file_gpuctl_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *RestartJobRequest) GetJob() string {
@@ -9146,7 +9437,7 @@ type RestartJobResponse struct {
 
 func (x *RestartJobResponse) Reset() {
 	*x = RestartJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9158,7 +9449,7 @@ func (x *RestartJobResponse) String() string {
 func (*RestartJobResponse) ProtoMessage() {}
 
 func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9171,7 +9462,7 @@ func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobResponse.ProtoReflect.Descriptor instead.
 func (*RestartJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{92}
+	return file_gpuctl_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *RestartJobResponse) GetJob() *Job {
@@ -9194,7 +9485,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9206,7 +9497,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9219,7 +9510,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{93}
+	return file_gpuctl_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *LogsRequest) GetJob() string {
@@ -9260,7 +9551,7 @@ type LogsChunk struct {
 
 func (x *LogsChunk) Reset() {
 	*x = LogsChunk{}
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9272,7 +9563,7 @@ func (x *LogsChunk) String() string {
 func (*LogsChunk) ProtoMessage() {}
 
 func (x *LogsChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9285,7 +9576,7 @@ func (x *LogsChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsChunk.ProtoReflect.Descriptor instead.
 func (*LogsChunk) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{94}
+	return file_gpuctl_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *LogsChunk) GetData() []byte {
@@ -9324,7 +9615,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9336,7 +9627,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9349,7 +9640,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{95}
+	return file_gpuctl_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *WatchRequest) GetKinds() []WatchKind {
@@ -9401,7 +9692,7 @@ type WatchChange struct {
 
 func (x *WatchChange) Reset() {
 	*x = WatchChange{}
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9413,7 +9704,7 @@ func (x *WatchChange) String() string {
 func (*WatchChange) ProtoMessage() {}
 
 func (x *WatchChange) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9426,7 +9717,7 @@ func (x *WatchChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchChange.ProtoReflect.Descriptor instead.
 func (*WatchChange) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{96}
+	return file_gpuctl_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *WatchChange) GetRevision() uint64 {
@@ -9509,7 +9800,7 @@ type WatchBatch struct {
 
 func (x *WatchBatch) Reset() {
 	*x = WatchBatch{}
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9521,7 +9812,7 @@ func (x *WatchBatch) String() string {
 func (*WatchBatch) ProtoMessage() {}
 
 func (x *WatchBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9534,7 +9825,7 @@ func (x *WatchBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBatch.ProtoReflect.Descriptor instead.
 func (*WatchBatch) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{97}
+	return file_gpuctl_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *WatchBatch) GetEpoch() string {
@@ -9614,7 +9905,7 @@ type Identity struct {
 
 func (x *Identity) Reset() {
 	*x = Identity{}
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9626,7 +9917,7 @@ func (x *Identity) String() string {
 func (*Identity) ProtoMessage() {}
 
 func (x *Identity) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9639,7 +9930,7 @@ func (x *Identity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Identity.ProtoReflect.Descriptor instead.
 func (*Identity) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{98}
+	return file_gpuctl_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *Identity) GetKind() IdentityKind {
@@ -9742,7 +10033,7 @@ type Revocation struct {
 
 func (x *Revocation) Reset() {
 	*x = Revocation{}
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9754,7 +10045,7 @@ func (x *Revocation) String() string {
 func (*Revocation) ProtoMessage() {}
 
 func (x *Revocation) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9767,7 +10058,7 @@ func (x *Revocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revocation.ProtoReflect.Descriptor instead.
 func (*Revocation) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{99}
+	return file_gpuctl_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *Revocation) GetSerial() string {
@@ -9823,7 +10114,7 @@ type JoinTokenUse struct {
 
 func (x *JoinTokenUse) Reset() {
 	*x = JoinTokenUse{}
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9835,7 +10126,7 @@ func (x *JoinTokenUse) String() string {
 func (*JoinTokenUse) ProtoMessage() {}
 
 func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9848,7 +10139,7 @@ func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinTokenUse.ProtoReflect.Descriptor instead.
 func (*JoinTokenUse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{100}
+	return file_gpuctl_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *JoinTokenUse) GetNode() string {
@@ -9885,7 +10176,7 @@ type JoinToken struct {
 
 func (x *JoinToken) Reset() {
 	*x = JoinToken{}
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9897,7 +10188,7 @@ func (x *JoinToken) String() string {
 func (*JoinToken) ProtoMessage() {}
 
 func (x *JoinToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9910,7 +10201,7 @@ func (x *JoinToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
 func (*JoinToken) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{101}
+	return file_gpuctl_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *JoinToken) GetId() string {
@@ -9989,7 +10280,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10001,7 +10292,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10014,7 +10305,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{102}
+	return file_gpuctl_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *CreateJoinTokenRequest) GetTtlSeconds() int64 {
@@ -10048,7 +10339,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10060,7 +10351,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10073,7 +10364,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{103}
+	return file_gpuctl_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *CreateJoinTokenResponse) GetToken() string {
@@ -10098,7 +10389,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10110,7 +10401,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10123,7 +10414,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{104}
+	return file_gpuctl_proto_rawDescGZIP(), []int{107}
 }
 
 type ListTokensResponse struct {
@@ -10135,7 +10426,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10147,7 +10438,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10160,7 +10451,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{105}
+	return file_gpuctl_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *ListTokensResponse) GetTokens() []*JoinToken {
@@ -10180,7 +10471,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[106]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10192,7 +10483,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[106]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10205,7 +10496,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{106}
+	return file_gpuctl_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -10224,7 +10515,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[107]
+	mi := &file_gpuctl_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10236,7 +10527,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[107]
+	mi := &file_gpuctl_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10249,7 +10540,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{107}
+	return file_gpuctl_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *RevokeTokenResponse) GetToken() *JoinToken {
@@ -10274,7 +10565,7 @@ type AddUserRequest struct {
 
 func (x *AddUserRequest) Reset() {
 	*x = AddUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[108]
+	mi := &file_gpuctl_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10286,7 +10577,7 @@ func (x *AddUserRequest) String() string {
 func (*AddUserRequest) ProtoMessage() {}
 
 func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[108]
+	mi := &file_gpuctl_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10299,7 +10590,7 @@ func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserRequest.ProtoReflect.Descriptor instead.
 func (*AddUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{108}
+	return file_gpuctl_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *AddUserRequest) GetName() string {
@@ -10334,7 +10625,7 @@ type AddUserResponse struct {
 
 func (x *AddUserResponse) Reset() {
 	*x = AddUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[109]
+	mi := &file_gpuctl_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10346,7 +10637,7 @@ func (x *AddUserResponse) String() string {
 func (*AddUserResponse) ProtoMessage() {}
 
 func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[109]
+	mi := &file_gpuctl_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10359,7 +10650,7 @@ func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserResponse.ProtoReflect.Descriptor instead.
 func (*AddUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{109}
+	return file_gpuctl_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *AddUserResponse) GetUser() *Identity {
@@ -10393,7 +10684,7 @@ type ListIdentitiesRequest struct {
 
 func (x *ListIdentitiesRequest) Reset() {
 	*x = ListIdentitiesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[110]
+	mi := &file_gpuctl_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10405,7 +10696,7 @@ func (x *ListIdentitiesRequest) String() string {
 func (*ListIdentitiesRequest) ProtoMessage() {}
 
 func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[110]
+	mi := &file_gpuctl_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10418,7 +10709,7 @@ func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesRequest.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{110}
+	return file_gpuctl_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *ListIdentitiesRequest) GetKind() IdentityKind {
@@ -10443,7 +10734,7 @@ type ListIdentitiesResponse struct {
 
 func (x *ListIdentitiesResponse) Reset() {
 	*x = ListIdentitiesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[111]
+	mi := &file_gpuctl_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10455,7 +10746,7 @@ func (x *ListIdentitiesResponse) String() string {
 func (*ListIdentitiesResponse) ProtoMessage() {}
 
 func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[111]
+	mi := &file_gpuctl_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10468,7 +10759,7 @@ func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesResponse.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{111}
+	return file_gpuctl_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *ListIdentitiesResponse) GetIdentities() []*Identity {
@@ -10514,7 +10805,7 @@ type SSHKey struct {
 
 func (x *SSHKey) Reset() {
 	*x = SSHKey{}
-	mi := &file_gpuctl_proto_msgTypes[112]
+	mi := &file_gpuctl_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10526,7 +10817,7 @@ func (x *SSHKey) String() string {
 func (*SSHKey) ProtoMessage() {}
 
 func (x *SSHKey) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[112]
+	mi := &file_gpuctl_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10539,7 +10830,7 @@ func (x *SSHKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SSHKey.ProtoReflect.Descriptor instead.
 func (*SSHKey) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{112}
+	return file_gpuctl_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *SSHKey) GetName() string {
@@ -10580,7 +10871,7 @@ type RevokeUserRequest struct {
 
 func (x *RevokeUserRequest) Reset() {
 	*x = RevokeUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[113]
+	mi := &file_gpuctl_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10592,7 +10883,7 @@ func (x *RevokeUserRequest) String() string {
 func (*RevokeUserRequest) ProtoMessage() {}
 
 func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[113]
+	mi := &file_gpuctl_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10605,7 +10896,7 @@ func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserRequest.ProtoReflect.Descriptor instead.
 func (*RevokeUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{113}
+	return file_gpuctl_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *RevokeUserRequest) GetName() string {
@@ -10634,7 +10925,7 @@ type RevokeUserResponse struct {
 
 func (x *RevokeUserResponse) Reset() {
 	*x = RevokeUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[114]
+	mi := &file_gpuctl_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10646,7 +10937,7 @@ func (x *RevokeUserResponse) String() string {
 func (*RevokeUserResponse) ProtoMessage() {}
 
 func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[114]
+	mi := &file_gpuctl_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10659,7 +10950,7 @@ func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserResponse.ProtoReflect.Descriptor instead.
 func (*RevokeUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{114}
+	return file_gpuctl_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *RevokeUserResponse) GetRevoked() []*Identity {
@@ -10686,7 +10977,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_gpuctl_proto_msgTypes[115]
+	mi := &file_gpuctl_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10698,7 +10989,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[115]
+	mi := &file_gpuctl_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10711,7 +11002,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{115}
+	return file_gpuctl_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *RemoveNodeRequest) GetName() string {
@@ -10739,7 +11030,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_gpuctl_proto_msgTypes[116]
+	mi := &file_gpuctl_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10751,7 +11042,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[116]
+	mi := &file_gpuctl_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10764,7 +11055,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{116}
+	return file_gpuctl_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *RemoveNodeResponse) GetRevoked() []*Identity {
@@ -11228,7 +11519,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x12InjectFaultRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
 	"\x05fault\x18\x02 \x01(\v2\x16.gpuctl.v1.InjectFaultR\x05fault\"\x15\n" +
-	"\x13InjectFaultResponse\"\xd0\r\n" +
+	"\x13InjectFaultResponse\"\x8e\x0e\n" +
 	"\rClientRequest\x12<\n" +
 	"\n" +
 	"list_nodes\x18\x01 \x01(\v2\x1b.gpuctl.v1.ListNodesRequestH\x00R\tlistNodes\x12?\n" +
@@ -11256,7 +11547,9 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04logs\x18\x1d \x01(\v2\x16.gpuctl.v1.LogsRequestH\x00R\x04logs\x12/\n" +
 	"\x05watch\x18\x1e \x01(\v2\x17.gpuctl.v1.WatchRequestH\x00R\x05watch\x12?\n" +
 	"\vrelease_job\x18\x1f \x01(\v2\x1c.gpuctl.v1.ReleaseJobRequestH\x00R\n" +
-	"releaseJob\x12O\n" +
+	"releaseJob\x12<\n" +
+	"\n" +
+	"quiet_slow\x18  \x01(\v2\x1b.gpuctl.v1.QuietSlowRequestH\x00R\tquietSlow\x12O\n" +
 	"\x11create_join_token\x18( \x01(\v2!.gpuctl.v1.CreateJoinTokenRequestH\x00R\x0fcreateJoinToken\x12?\n" +
 	"\vlist_tokens\x18) \x01(\v2\x1c.gpuctl.v1.ListTokensRequestH\x00R\n" +
 	"listTokens\x12B\n" +
@@ -11269,7 +11562,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"removeNode\x125\n" +
 	"\aversion\x182 \x01(\v2\x19.gpuctl.v1.VersionRequestH\x00R\aversion\x122\n" +
 	"\x06status\x18< \x01(\v2\x18.gpuctl.v1.StatusRequestH\x00R\x06statusB\x06\n" +
-	"\x04bodyJ\x04\b\x06\x10\aR\fcreate_token\"\x9a\x0e\n" +
+	"\x04bodyJ\x04\b\x06\x10\aR\fcreate_token\"\xd9\x0e\n" +
 	"\x0eClientResponse\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error\x12=\n" +
 	"\n" +
@@ -11298,7 +11591,9 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04logs\x18\x1d \x01(\v2\x14.gpuctl.v1.LogsChunkH\x00R\x04logs\x12-\n" +
 	"\x05watch\x18\x1e \x01(\v2\x15.gpuctl.v1.WatchBatchH\x00R\x05watch\x12@\n" +
 	"\vrelease_job\x18\x1f \x01(\v2\x1d.gpuctl.v1.ReleaseJobResponseH\x00R\n" +
-	"releaseJob\x126\n" +
+	"releaseJob\x12=\n" +
+	"\n" +
+	"quiet_slow\x18  \x01(\v2\x1c.gpuctl.v1.QuietSlowResponseH\x00R\tquietSlow\x126\n" +
 	"\aversion\x182 \x01(\v2\x1a.gpuctl.v1.VersionResponseH\x00R\aversion\x12P\n" +
 	"\x11create_join_token\x18( \x01(\v2\".gpuctl.v1.CreateJoinTokenResponseH\x00R\x0fcreateJoinToken\x12@\n" +
 	"\vlist_tokens\x18) \x01(\v2\x1d.gpuctl.v1.ListTokensResponseH\x00R\n" +
@@ -11344,7 +11639,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\aJobNode\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12(\n" +
-	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\x91\x0e\n" +
+	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xc6\x0e\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -11400,7 +11695,9 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x0fidempotency_key\x18- \x01(\tR\x0eidempotencyKey\x12!\n" +
 	"\ffenced_nodes\x18. \x03(\tR\vfencedNodes\x12\x1c\n" +
 	"\twitnesses\x18/ \x03(\tR\twitnesses\x129\n" +
-	"\x19slow_exclusions_unix_nano\x180 \x03(\x03R\x16slowExclusionsUnixNano\"\xee\x02\n" +
+	"\x19slow_exclusions_unix_nano\x180 \x03(\x03R\x16slowExclusionsUnixNano\x123\n" +
+	"\n" +
+	"slow_quiet\x181 \x03(\v2\x14.gpuctl.v1.SlowQuietR\tslowQuiet\"\xee\x02\n" +
 	"\n" +
 	"JobAttempt\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\rR\aattempt\x12&\n" +
@@ -11487,7 +11784,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x03job\x18\x01 \x01(\tR\x03job\"j\n" +
 	"\x12ListStallsResponse\x12(\n" +
 	"\x06stalls\x18\x01 \x03(\v2\x10.gpuctl.v1.StallR\x06stalls\x12*\n" +
-	"\x04slow\x18\x02 \x03(\v2\x16.gpuctl.v1.SlowFindingR\x04slow\"\xea\x01\n" +
+	"\x04slow\x18\x02 \x03(\v2\x16.gpuctl.v1.SlowFindingR\x04slow\"\xb9\x02\n" +
 	"\vSlowFinding\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x14\n" +
 	"\x05class\x18\x02 \x01(\tR\x05class\x12\x12\n" +
@@ -11497,7 +11794,28 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x0fsince_unix_nano\x18\x06 \x01(\x03R\rsinceUnixNano\x12\x17\n" +
 	"\alate_ns\x18\a \x01(\x03R\x06lateNs\x12\x1a\n" +
 	"\bslowdown\x18\b \x01(\x01R\bslowdown\x12\x1a\n" +
-	"\bevidence\x18\t \x01(\tR\bevidence\"S\n" +
+	"\bevidence\x18\t \x01(\tR\bevidence\x12\x14\n" +
+	"\x05acked\x18\n" +
+	" \x01(\bR\x05acked\x127\n" +
+	"\x18silenced_until_unix_nano\x18\v \x01(\x03R\x15silencedUntilUnixNano\"\xbb\x01\n" +
+	"\tSlowQuiet\x12\x12\n" +
+	"\x04keys\x18\x01 \x03(\tR\x04keys\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\x05R\x04rank\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12&\n" +
+	"\x0funtil_unix_nano\x18\x05 \x01(\x03R\runtilUnixNano\x12\x0e\n" +
+	"\x02by\x18\x06 \x01(\tR\x02by\x12 \n" +
+	"\fat_unix_nano\x18\a \x01(\x03R\n" +
+	"atUnixNano\"~\n" +
+	"\x10QuietSlowRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x19\n" +
+	"\bhas_rank\x18\x02 \x01(\bR\ahasRank\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\x05R\x04rank\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12\x15\n" +
+	"\x06for_ns\x18\x05 \x01(\x03R\x05forNs\"g\n" +
+	"\x11QuietSlowResponse\x12 \n" +
+	"\x03job\x18\x01 \x01(\v2\x0e.gpuctl.v1.JobR\x03job\x120\n" +
+	"\acovered\x18\x02 \x03(\v2\x16.gpuctl.v1.SlowFindingR\acovered\"S\n" +
 	"\rCordonRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12\x16\n" +
@@ -11746,7 +12064,7 @@ func file_gpuctl_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 121)
+var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 124)
 var file_gpuctl_proto_goTypes = []any{
 	(NCCLOp)(0),                     // 0: gpuctl.v1.NCCLOp
 	(EventKind)(0),                  // 1: gpuctl.v1.EventKind
@@ -11844,41 +12162,44 @@ var file_gpuctl_proto_goTypes = []any{
 	(*ListStallsRequest)(nil),       // 93: gpuctl.v1.ListStallsRequest
 	(*ListStallsResponse)(nil),      // 94: gpuctl.v1.ListStallsResponse
 	(*SlowFinding)(nil),             // 95: gpuctl.v1.SlowFinding
-	(*CordonRequest)(nil),           // 96: gpuctl.v1.CordonRequest
-	(*CordonResponse)(nil),          // 97: gpuctl.v1.CordonResponse
-	(*DrainedJob)(nil),              // 98: gpuctl.v1.DrainedJob
-	(*CheckpointJobRequest)(nil),    // 99: gpuctl.v1.CheckpointJobRequest
-	(*CheckpointJobResponse)(nil),   // 100: gpuctl.v1.CheckpointJobResponse
-	(*RestartJobRequest)(nil),       // 101: gpuctl.v1.RestartJobRequest
-	(*RestartJobResponse)(nil),      // 102: gpuctl.v1.RestartJobResponse
-	(*LogsRequest)(nil),             // 103: gpuctl.v1.LogsRequest
-	(*LogsChunk)(nil),               // 104: gpuctl.v1.LogsChunk
-	(*WatchRequest)(nil),            // 105: gpuctl.v1.WatchRequest
-	(*WatchChange)(nil),             // 106: gpuctl.v1.WatchChange
-	(*WatchBatch)(nil),              // 107: gpuctl.v1.WatchBatch
-	(*Identity)(nil),                // 108: gpuctl.v1.Identity
-	(*Revocation)(nil),              // 109: gpuctl.v1.Revocation
-	(*JoinTokenUse)(nil),            // 110: gpuctl.v1.JoinTokenUse
-	(*JoinToken)(nil),               // 111: gpuctl.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),  // 112: gpuctl.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil), // 113: gpuctl.v1.CreateJoinTokenResponse
-	(*ListTokensRequest)(nil),       // 114: gpuctl.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),      // 115: gpuctl.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),      // 116: gpuctl.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),     // 117: gpuctl.v1.RevokeTokenResponse
-	(*AddUserRequest)(nil),          // 118: gpuctl.v1.AddUserRequest
-	(*AddUserResponse)(nil),         // 119: gpuctl.v1.AddUserResponse
-	(*ListIdentitiesRequest)(nil),   // 120: gpuctl.v1.ListIdentitiesRequest
-	(*ListIdentitiesResponse)(nil),  // 121: gpuctl.v1.ListIdentitiesResponse
-	(*SSHKey)(nil),                  // 122: gpuctl.v1.SSHKey
-	(*RevokeUserRequest)(nil),       // 123: gpuctl.v1.RevokeUserRequest
-	(*RevokeUserResponse)(nil),      // 124: gpuctl.v1.RevokeUserResponse
-	(*RemoveNodeRequest)(nil),       // 125: gpuctl.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),      // 126: gpuctl.v1.RemoveNodeResponse
-	nil,                             // 127: gpuctl.v1.NodeRegistration.LabelsEntry
-	nil,                             // 128: gpuctl.v1.RDMAPortSample.CountersEntry
-	nil,                             // 129: gpuctl.v1.Event.AttrsEntry
-	nil,                             // 130: gpuctl.v1.LaunchRanks.EnvEntry
+	(*SlowQuiet)(nil),               // 96: gpuctl.v1.SlowQuiet
+	(*QuietSlowRequest)(nil),        // 97: gpuctl.v1.QuietSlowRequest
+	(*QuietSlowResponse)(nil),       // 98: gpuctl.v1.QuietSlowResponse
+	(*CordonRequest)(nil),           // 99: gpuctl.v1.CordonRequest
+	(*CordonResponse)(nil),          // 100: gpuctl.v1.CordonResponse
+	(*DrainedJob)(nil),              // 101: gpuctl.v1.DrainedJob
+	(*CheckpointJobRequest)(nil),    // 102: gpuctl.v1.CheckpointJobRequest
+	(*CheckpointJobResponse)(nil),   // 103: gpuctl.v1.CheckpointJobResponse
+	(*RestartJobRequest)(nil),       // 104: gpuctl.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),      // 105: gpuctl.v1.RestartJobResponse
+	(*LogsRequest)(nil),             // 106: gpuctl.v1.LogsRequest
+	(*LogsChunk)(nil),               // 107: gpuctl.v1.LogsChunk
+	(*WatchRequest)(nil),            // 108: gpuctl.v1.WatchRequest
+	(*WatchChange)(nil),             // 109: gpuctl.v1.WatchChange
+	(*WatchBatch)(nil),              // 110: gpuctl.v1.WatchBatch
+	(*Identity)(nil),                // 111: gpuctl.v1.Identity
+	(*Revocation)(nil),              // 112: gpuctl.v1.Revocation
+	(*JoinTokenUse)(nil),            // 113: gpuctl.v1.JoinTokenUse
+	(*JoinToken)(nil),               // 114: gpuctl.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),  // 115: gpuctl.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil), // 116: gpuctl.v1.CreateJoinTokenResponse
+	(*ListTokensRequest)(nil),       // 117: gpuctl.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),      // 118: gpuctl.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),      // 119: gpuctl.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),     // 120: gpuctl.v1.RevokeTokenResponse
+	(*AddUserRequest)(nil),          // 121: gpuctl.v1.AddUserRequest
+	(*AddUserResponse)(nil),         // 122: gpuctl.v1.AddUserResponse
+	(*ListIdentitiesRequest)(nil),   // 123: gpuctl.v1.ListIdentitiesRequest
+	(*ListIdentitiesResponse)(nil),  // 124: gpuctl.v1.ListIdentitiesResponse
+	(*SSHKey)(nil),                  // 125: gpuctl.v1.SSHKey
+	(*RevokeUserRequest)(nil),       // 126: gpuctl.v1.RevokeUserRequest
+	(*RevokeUserResponse)(nil),      // 127: gpuctl.v1.RevokeUserResponse
+	(*RemoveNodeRequest)(nil),       // 128: gpuctl.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),      // 129: gpuctl.v1.RemoveNodeResponse
+	nil,                             // 130: gpuctl.v1.NodeRegistration.LabelsEntry
+	nil,                             // 131: gpuctl.v1.RDMAPortSample.CountersEntry
+	nil,                             // 132: gpuctl.v1.Event.AttrsEntry
+	nil,                             // 133: gpuctl.v1.LaunchRanks.EnvEntry
 }
 var file_gpuctl_proto_depIdxs = []int32{
 	10,  // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
@@ -11887,12 +12208,12 @@ var file_gpuctl_proto_depIdxs = []int32{
 	15,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
 	16,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
 	17,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
-	127, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
+	130, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
 	43,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
 	19,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
 	20,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
 	0,   // 10: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
-	128, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
+	131, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
 	21,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
 	22,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
 	23,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
@@ -11902,9 +12223,9 @@ var file_gpuctl_proto_depIdxs = []int32{
 	1,   // 18: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
 	2,   // 19: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
 	3,   // 20: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
-	129, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
+	132, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
 	4,   // 22: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
-	130, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
+	133, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
 	31,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
 	33,  // 25: gpuctl.v1.LaunchRanks.witnesses:type_name -> gpuctl.v1.Witness
 	36,  // 26: gpuctl.v1.VouchRequest.attempts:type_name -> gpuctl.v1.JobAttemptRef
@@ -11960,101 +12281,106 @@ var file_gpuctl_proto_depIdxs = []int32{
 	85,  // 76: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
 	89,  // 77: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
 	93,  // 78: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
-	96,  // 79: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
-	99,  // 80: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
-	101, // 81: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
-	103, // 82: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
-	105, // 83: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
+	99,  // 79: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
+	102, // 80: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
+	104, // 81: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
+	106, // 82: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
+	108, // 83: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
 	82,  // 84: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
-	112, // 85: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
-	114, // 86: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
-	116, // 87: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
-	118, // 88: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
-	120, // 89: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
-	123, // 90: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
-	125, // 91: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
-	61,  // 92: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
-	63,  // 93: gpuctl.v1.ClientRequest.status:type_name -> gpuctl.v1.StatusRequest
-	50,  // 94: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
-	52,  // 95: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
-	54,  // 96: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
-	56,  // 97: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
-	60,  // 98: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
-	69,  // 99: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
-	78,  // 100: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
-	80,  // 101: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
-	84,  // 102: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
-	86,  // 103: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
-	90,  // 104: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
-	94,  // 105: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
-	97,  // 106: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
-	100, // 107: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
-	102, // 108: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
-	104, // 109: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
-	107, // 110: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
-	83,  // 111: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
-	62,  // 112: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
-	113, // 113: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
-	115, // 114: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
-	117, // 115: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
-	119, // 116: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
-	121, // 117: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
-	124, // 118: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
-	126, // 119: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
-	66,  // 120: gpuctl.v1.ClientResponse.status:type_name -> gpuctl.v1.StatusResponse
-	73,  // 121: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
-	72,  // 122: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
-	6,   // 123: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
-	74,  // 124: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
-	7,   // 125: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
-	74,  // 126: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
-	76,  // 127: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
-	75,  // 128: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
-	75,  // 129: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
-	75,  // 130: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
-	75,  // 131: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
-	75,  // 132: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
-	74,  // 133: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
-	74,  // 134: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
-	87,  // 135: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
-	87,  // 136: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
-	88,  // 137: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
-	87,  // 138: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
-	87,  // 139: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
-	0,   // 140: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
-	91,  // 141: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
-	91,  // 142: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
-	92,  // 143: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
-	95,  // 144: gpuctl.v1.ListStallsResponse.slow:type_name -> gpuctl.v1.SlowFinding
-	47,  // 145: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
-	98,  // 146: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
-	75,  // 147: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
-	75,  // 148: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
-	8,   // 149: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
-	8,   // 150: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
-	47,  // 151: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
-	75,  // 152: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
-	26,  // 153: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
-	92,  // 154: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
-	8,   // 155: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
-	106, // 156: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
-	9,   // 157: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
-	9,   // 158: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
-	110, // 159: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
-	111, // 160: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
-	111, // 161: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
-	111, // 162: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
-	108, // 163: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
-	9,   // 164: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
-	108, // 165: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
-	122, // 166: gpuctl.v1.ListIdentitiesResponse.ssh_keys:type_name -> gpuctl.v1.SSHKey
-	108, // 167: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
-	108, // 168: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
-	169, // [169:169] is the sub-list for method output_type
-	169, // [169:169] is the sub-list for method input_type
-	169, // [169:169] is the sub-list for extension type_name
-	169, // [169:169] is the sub-list for extension extendee
-	0,   // [0:169] is the sub-list for field type_name
+	97,  // 85: gpuctl.v1.ClientRequest.quiet_slow:type_name -> gpuctl.v1.QuietSlowRequest
+	115, // 86: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
+	117, // 87: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
+	119, // 88: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
+	121, // 89: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
+	123, // 90: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
+	126, // 91: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
+	128, // 92: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
+	61,  // 93: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
+	63,  // 94: gpuctl.v1.ClientRequest.status:type_name -> gpuctl.v1.StatusRequest
+	50,  // 95: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
+	52,  // 96: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
+	54,  // 97: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
+	56,  // 98: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
+	60,  // 99: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
+	69,  // 100: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
+	78,  // 101: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
+	80,  // 102: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
+	84,  // 103: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
+	86,  // 104: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
+	90,  // 105: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
+	94,  // 106: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
+	100, // 107: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
+	103, // 108: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
+	105, // 109: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
+	107, // 110: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
+	110, // 111: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
+	83,  // 112: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
+	98,  // 113: gpuctl.v1.ClientResponse.quiet_slow:type_name -> gpuctl.v1.QuietSlowResponse
+	62,  // 114: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
+	116, // 115: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
+	118, // 116: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
+	120, // 117: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
+	122, // 118: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
+	124, // 119: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
+	127, // 120: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
+	129, // 121: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
+	66,  // 122: gpuctl.v1.ClientResponse.status:type_name -> gpuctl.v1.StatusResponse
+	73,  // 123: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
+	72,  // 124: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
+	6,   // 125: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
+	74,  // 126: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
+	7,   // 127: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
+	74,  // 128: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
+	76,  // 129: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
+	96,  // 130: gpuctl.v1.Job.slow_quiet:type_name -> gpuctl.v1.SlowQuiet
+	75,  // 131: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
+	75,  // 132: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
+	75,  // 133: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
+	75,  // 134: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
+	75,  // 135: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
+	74,  // 136: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
+	74,  // 137: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
+	87,  // 138: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
+	87,  // 139: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
+	88,  // 140: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
+	87,  // 141: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
+	87,  // 142: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
+	0,   // 143: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
+	91,  // 144: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
+	91,  // 145: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
+	92,  // 146: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
+	95,  // 147: gpuctl.v1.ListStallsResponse.slow:type_name -> gpuctl.v1.SlowFinding
+	75,  // 148: gpuctl.v1.QuietSlowResponse.job:type_name -> gpuctl.v1.Job
+	95,  // 149: gpuctl.v1.QuietSlowResponse.covered:type_name -> gpuctl.v1.SlowFinding
+	47,  // 150: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
+	101, // 151: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
+	75,  // 152: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
+	75,  // 153: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
+	8,   // 154: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
+	8,   // 155: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
+	47,  // 156: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
+	75,  // 157: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
+	26,  // 158: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
+	92,  // 159: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
+	8,   // 160: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
+	109, // 161: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
+	9,   // 162: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
+	9,   // 163: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
+	113, // 164: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
+	114, // 165: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
+	114, // 166: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
+	114, // 167: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
+	111, // 168: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
+	9,   // 169: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
+	111, // 170: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
+	125, // 171: gpuctl.v1.ListIdentitiesResponse.ssh_keys:type_name -> gpuctl.v1.SSHKey
+	111, // 172: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
+	111, // 173: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
+	174, // [174:174] is the sub-list for method output_type
+	174, // [174:174] is the sub-list for method input_type
+	174, // [174:174] is the sub-list for extension type_name
+	174, // [174:174] is the sub-list for extension extendee
+	0,   // [0:174] is the sub-list for field type_name
 }
 
 func init() { file_gpuctl_proto_init() }
@@ -12106,6 +12432,7 @@ func file_gpuctl_proto_init() {
 		(*ClientRequest_Logs)(nil),
 		(*ClientRequest_Watch)(nil),
 		(*ClientRequest_ReleaseJob)(nil),
+		(*ClientRequest_QuietSlow)(nil),
 		(*ClientRequest_CreateJoinToken)(nil),
 		(*ClientRequest_ListTokens)(nil),
 		(*ClientRequest_RevokeToken)(nil),
@@ -12135,6 +12462,7 @@ func file_gpuctl_proto_init() {
 		(*ClientResponse_Logs)(nil),
 		(*ClientResponse_Watch)(nil),
 		(*ClientResponse_ReleaseJob)(nil),
+		(*ClientResponse_QuietSlow)(nil),
 		(*ClientResponse_Version)(nil),
 		(*ClientResponse_CreateJoinToken)(nil),
 		(*ClientResponse_ListTokens)(nil),
@@ -12151,7 +12479,7 @@ func file_gpuctl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuctl_proto_rawDesc), len(file_gpuctl_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   121,
+			NumMessages:   124,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

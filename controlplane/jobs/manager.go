@@ -246,6 +246,9 @@ type Manager struct {
 	// announcement is made once per finding and outcome.
 	slowSeen map[string]time.Time
 	slowSaid map[string]string
+	// slowStanding are the findings of the detector's last pass, which an
+	// acknowledgement covers.
+	slowStanding []failslow.Finding
 	// startedAt is when the server started (the owner's loop began; New
 	// until then): nodes holding ranks must reconnect within their
 	// reconnect bound of it.

@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -133,4 +134,75 @@ func nodeNames(j *api.Job) []string {
 		out = append(out, jn.GetNode())
 	}
 	return out
+}
+
+// TestSlowQuiet: an acknowledged finding is not acted on for the attempt;
+// a silence holds action off until it ends; both are stored with the job,
+// and bad requests say what was wrong.
+func TestSlowQuiet(t *testing.T) {
+	h := newHarness(t, "fifo", threeNodes()...)
+	h.m.cfg.SlowRule = scheduler.SlowRule{Hold: time.Minute, Max: 2, Window: time.Hour}
+	id := h.submit(ringSpec("ring", 2, 2, "restart_policy: replace-node\nslow_recovery: auto\n"), false)
+	h.reconcile()
+	h.started(id)
+	j := h.job(id)
+	slow := j.GetPlacement()[1].GetNode()
+	f := slowRank(t, j, slow)
+	quiet := func(r *api.QuietSlowRequest) (*api.Job, []failslow.Finding, error) {
+		var cov []failslow.Finding
+		v, err := h.call(func(ctx context.Context) (any, error) {
+			j, c, err := h.m.QuietSlow(ctx, r, "ops")
+			cov = c
+			return j, err
+		})
+		j, _ := v.(*api.Job)
+		return j, cov, err
+	}
+	for _, bad := range []struct {
+		r    *api.QuietSlowRequest
+		want string
+	}{
+		{&api.QuietSlowRequest{Job: id}, "has no standing fail-slow finding to acknowledge"},
+		{&api.QuietSlowRequest{Job: id, HasRank: true, Rank: 9, ForNs: int64(time.Minute)}, "--rank 9: job " + id + " has no such rank"},
+		{&api.QuietSlowRequest{Job: id, Node: "n9", ForNs: int64(time.Minute)}, "--node n9 runs no rank of job " + id},
+		{&api.QuietSlowRequest{Job: id, ForNs: -1}, "is negative"},
+		{&api.QuietSlowRequest{Job: "nope"}, "nope"},
+	} {
+		if _, _, err := quiet(bad.r); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%v: %v, want %q", bad.r, err, bad.want)
+		}
+	}
+	h.slowPass(f)
+	if _, cov, err := quiet(&api.QuietSlowRequest{Job: id, Node: slow}); err != nil || len(cov) != 1 {
+		t.Fatalf("ack: %v, covered %v", err, cov)
+	}
+	h.clock.add(2 * time.Minute)
+	h.slowPass(f)
+	if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RUNNING || len(h.slowActions(id)) != 1 {
+		t.Fatalf("acknowledged: %s, actions %v; want running and only the ack", stateName(j.GetState()), h.slowActions(id))
+	}
+	if acked, _ := SlowQuieted(h.job(id), &f, h.clock.now()); !acked {
+		t.Error("the acknowledged finding is not listed as acked")
+	}
+	// A silence of another node's findings for 10 minutes: a finding
+	// there waits it out, then is acted on.
+	other := j.GetPlacement()[0].GetNode()
+	f2 := slowRank(t, j, other)
+	if _, _, err := quiet(&api.QuietSlowRequest{Job: id, Node: other, ForNs: int64(10 * time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	// Both are stored: a restarted owner keeps them.
+	h.restart("fifo")
+	h.m.cfg.SlowRule = scheduler.SlowRule{Hold: time.Minute, Max: 2, Window: time.Hour}
+	h.slowPass(f, f2)
+	h.clock.add(9 * time.Minute)
+	h.slowPass(f, f2)
+	if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RUNNING || len(j.GetSlowQuiet()) != 2 {
+		t.Fatalf("silenced: %s, quiet %v; want running, the ack and the silence kept", stateName(j.GetState()), j.GetSlowQuiet())
+	}
+	h.clock.add(time.Minute)
+	h.slowPass(f, f2)
+	if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RECOVERING || !slices.Equal(j.GetExclude(), []string{other}) {
+		t.Fatalf("after the silence: %s exclude %v; want recovering without %s", stateName(j.GetState()), j.GetExclude(), other)
+	}
 }

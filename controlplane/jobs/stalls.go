@@ -109,6 +109,7 @@ func (m *Manager) stalledJob(st *api.Stall) {
 // swaps it for a spare; otherwise, or past the bound, the finding only
 // alerts, with an event saying why, once per finding and outcome.
 func (m *Manager) slowFindings(fs []failslow.Finding, now time.Time) {
+	m.slowStanding = fs
 	standing := make(map[string]bool, len(fs))
 	for i := range fs {
 		f := &fs[i]
@@ -124,8 +125,10 @@ func (m *Manager) slowFindings(fs []failslow.Finding, now time.Time) {
 			continue
 		}
 		j := en.job
+		acked, until := SlowQuieted(j, f, now)
 		d := scheduler.DecideSlow(m.cfg.SlowRule, scheduler.SlowCase{Auto: en.spec.SlowRecovery == jobspec.SlowAuto,
-			Class: string(f.Class), Node: f.Node, Since: seen.UnixNano(), Now: now.UnixNano(), Past: j.GetSlowExclusionsUnixNano()})
+			Class: string(f.Class), Node: f.Node, Quiet: acked || until > 0,
+			Since: seen.UnixNano(), Now: now.UnixNano(), Past: j.GetSlowExclusionsUnixNano()})
 		switch d.Verdict {
 		case scheduler.SlowBound:
 			m.slowSay(key, f, "bound", api.Severity_SEVERITY_WARNING, "%s: not acted on: %s; `gpuctl restart %s --exclude %s` moves it now",
