@@ -88,8 +88,11 @@ func newQuietSlowCmd(what string) *cobra.Command {
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: fail-slow findings %s; %d standing now\n", r.GetJob().GetId(), done, len(r.GetCovered()))
 				for _, f := range r.GetCovered() {
-					v := views.SlowFromAPI(f, time.Now())
-					fmt.Fprintf(cmd.OutOrStdout(), "  %s %s\n", v.Class, api.EscapeText(v.Evidence))
+					who := f.GetNode()
+					if f.GetClass() == "compute-slow" {
+						who = fmt.Sprintf("rank %d@%s", f.GetRank(), f.GetNode())
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "  %s %s: %s\n", f.GetClass(), who, api.EscapeText(f.GetEvidence()))
 				}
 				return nil
 			})
