@@ -240,12 +240,9 @@ type Manager struct {
 	waiting map[launchKey][]chan reply
 	// stalled is the set of jobs the stall detector last declared.
 	stalled map[string]bool
-	// slowSeen is when the owner first saw each standing fail-slow
-	// finding (by key): the hold is timed on its own clock, not the
-	// nodes'. slowSaid is what it last announced about each, so an
-	// announcement is made once per finding and outcome.
-	slowSeen map[string]time.Time
-	slowSaid map[string]string
+	// slow is what the owner keeps of each standing fail-slow finding,
+	// by key.
+	slow map[string]*slowState
 	// slowStanding are the findings of the detector's last pass, which an
 	// acknowledgement covers.
 	slowStanding []failslow.Finding
@@ -267,7 +264,7 @@ func New(cfg Config) (*Manager, error) {
 	m := &Manager{cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, recs: map[string]*recovery{},
 		vals: map[string]*validation{}, prog: map[string]*progress{}, idem: map[string]string{},
 		waiting: map[launchKey][]chan reply{}, stalled: map[string]bool{}, pass: &txn{}, startedAt: cfg.Now(),
-		slowSeen: map[string]time.Time{}, slowSaid: map[string]string{}}
+		slow: map[string]*slowState{}}
 	m.in.sig = make(chan struct{}, 1)
 	m.disp = newDispatcher(cfg.Nodes.Command, cfg.Log)
 	m.disp.exec = cfg.Executor

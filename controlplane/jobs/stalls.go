@@ -115,10 +115,10 @@ func (m *Manager) slowFindings(fs []failslow.Finding, now time.Time) {
 		f := &fs[i]
 		key := f.Key()
 		standing[key] = true
-		seen, ok := m.slowSeen[key]
-		if !ok {
-			seen = now
-			m.slowSeen[key] = now
+		st := m.slow[key]
+		if st == nil {
+			st = &slowState{seen: now}
+			m.slow[key] = st
 		}
 		en := m.jobs[f.Job]
 		if en == nil || en.spec == nil || !active(en.job) || m.recs[f.Job] != nil {
@@ -128,41 +128,58 @@ func (m *Manager) slowFindings(fs []failslow.Finding, now time.Time) {
 		acked, until := SlowQuieted(j, f, now)
 		d := scheduler.DecideSlow(m.cfg.SlowRule, scheduler.SlowCase{Auto: en.spec.SlowRecovery == jobspec.SlowAuto,
 			Class: string(f.Class), Node: f.Node, Quiet: acked || until > 0,
-			Since: seen.UnixNano(), Now: now.UnixNano(), Past: j.GetSlowExclusionsUnixNano()})
+			Since: st.seen.UnixNano(), Now: now.UnixNano(), Past: j.GetSlowExclusionsUnixNano()})
 		switch d.Verdict {
 		case scheduler.SlowBound:
-			m.slowSay(key, f, "bound", api.Severity_SEVERITY_WARNING, "%s: not acted on: %s; `gpuctl restart %s --exclude %s` moves it now",
+			m.slowSay(st, f, "bound", api.Severity_SEVERITY_WARNING, "%s: not acted on: %s; `gpuctl restart %s --exclude %s` moves it now",
 				f.Class, d.Reason, j.GetId(), f.Node)
 		case scheduler.SlowExclude:
-			m.slowExclude(en, f, d, now)
+			// With no spare, a plan is tried again at most every
+			// slowRetry, not on every pass.
+			if st.said != "no-spare" || now.Sub(st.tried) >= slowRetry {
+				st.tried = now
+				m.slowExclude(en, st, f, d, now)
+			}
 		}
 	}
-	for k := range m.slowSeen {
+	for k := range m.slow {
 		if !standing[k] {
-			delete(m.slowSeen, k)
-			delete(m.slowSaid, k)
+			delete(m.slow, k)
 		}
 	}
 }
+
+// slowState is what the owner keeps of a standing fail-slow finding: when
+// it first saw it (the hold is timed on the owner's clock, not the
+// nodes'), when it last planned a restart for it, and what it last
+// announced, so that each outcome is announced once.
+type slowState struct {
+	seen, tried time.Time
+	said        string
+}
+
+// slowRetry is how often a finding with no spare for its node is planned
+// again.
+const slowRetry = 5 * time.Second
 
 // slowExclude restarts a job without the node a fail-slow finding blames,
 // through the recovery every failure takes, when the plan puts a spare in
 // its place; a slow node is still a working one, so the job is never
 // shrunk or given up for it.
-func (m *Manager) slowExclude(en *entry, f *failslow.Finding, d scheduler.SlowDecision, now time.Time) {
+func (m *Manager) slowExclude(en *entry, st *slowState, f *failslow.Finding, d scheduler.SlowDecision, now time.Time) {
 	j := en.job
 	fail := scheduler.Failure{Kind: scheduler.FailSlow, Nodes: []string{d.Node}}
 	snap := m.snapshot(now)
 	req := m.recoverRequest(en, fail)
 	plan := scheduler.Recover(&snap, &req)
 	if plan.Action != scheduler.ReplaceNodes && plan.Action != scheduler.Replan {
-		m.slowSay(f.Key(), f, "no-spare", api.Severity_SEVERITY_WARNING, "%s: not acted on: no spare to take %s's place (%s: %s); the job keeps running there",
+		m.slowSay(st, f, "no-spare", api.Severity_SEVERITY_WARNING, "%s: not acted on: no spare to take %s's place (%s: %s); the job keeps running there",
 			f.Class, d.Node, plan.Action, plan.Reason)
 		return
 	}
 	j.SlowExclusionsUnixNano = append(j.SlowExclusionsUnixNano, now.UnixNano())
 	rule := m.cfg.SlowRule
-	m.slowSay(f.Key(), f, "exclude", api.Severity_SEVERITY_WARNING, "%s: restarting from the last checkpoint without %s (automatic slow exclusion %d of at most %d in %s)",
+	m.slowSay(st, f, "exclude", api.Severity_SEVERITY_WARNING, "%s: restarting from the last checkpoint without %s (automatic slow exclusion %d of at most %d in %s)",
 		d.Reason, d.Node, len(j.SlowExclusionsUnixNano), rule.Max, rule.Window)
 	m.fail(en, fail, "fail-slow: "+d.Reason, now)
 }
@@ -170,11 +187,11 @@ func (m *Manager) slowExclude(en *entry, f *failslow.Finding, d scheduler.SlowDe
 // slowSay raises an event about what was done with a fail-slow finding
 // (attrs.action: exclude, bound or no-spare), once per finding and
 // action.
-func (m *Manager) slowSay(key string, f *failslow.Finding, action string, sev api.Severity, format string, args ...any) {
-	if m.slowSaid[key] == action {
+func (m *Manager) slowSay(st *slowState, f *failslow.Finding, action string, sev api.Severity, format string, args ...any) {
+	if st.said == action {
 		return
 	}
-	m.slowSaid[key] = action
+	st.said = action
 	e := &api.Event{Kind: api.EventKind_EVENT_KIND_SLOW, Severity: sev, Job: f.Job, Node: f.Node,
 		Message: fmt.Sprintf(format, args...), Attrs: map[string]string{"class": string(f.Class), "action": action}}
 	if f.Rank >= 0 {
