@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,8 +18,8 @@ import (
 // TestSlowAutoRecovery runs a job with slow_recovery auto on 2 of 4 nodes
 // (2 ranks each, traced with eBPF) and slows one rank's GPU (`gpuctl fault
 // NODE slow --factor 0.7`): once the compute-slow finding has stood for
-// the hold, the job restarts from its checkpoint without that node, on a
-// spare. Then another of its GPUs is slowed while a spare is still free:
+// the hold, the job is asked to checkpoint, then restarts from that
+// checkpoint without that node, on a spare. Then another of its GPUs is slowed while a spare is still free:
 // the bound (one automatic slow exclusion an hour here) keeps it to an
 // alert, and the job stays on its attempt.
 func TestSlowAutoRecovery(t *testing.T) {
@@ -62,6 +63,16 @@ slow_recovery: auto
 	}
 	if acted.GetNode() != node {
 		t.Errorf("excluded %s (%s), want %s", acted.GetNode(), acted.GetMessage(), node)
+	}
+	evs, err := cl.Events(ctx, &api.ListEventsRequest{SinceUnixNano: injected.UnixNano()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := slices.ContainsFunc(evs, func(e *api.Event) bool {
+		return e.GetJob() == id && e.GetKind() == api.EventKind_EVENT_KIND_CHECKPOINT && strings.Contains(e.GetMessage(), "before restarting without "+node)
+	})
+	if !asked {
+		t.Errorf("no checkpoint was asked for before the restart: %v", evs)
 	}
 	now := waitFor(t, cl, id, 60*time.Second, "attempt 2 running", func(j *api.Job) error { return runningWith(j, 2, 4) })
 	back := time.Since(injected)

@@ -56,9 +56,10 @@ const (
 	// SlowAlert reports the finding (an event, `gpuctl stalls`, metrics)
 	// and leaves the job to the operator.
 	SlowAlert SlowRecovery = "alert"
-	// SlowAuto restarts the job from its last checkpoint without the slow
-	// node, on a spare, once the finding has stood for the hold, within
-	// the bound on automatic exclusions (scheduler.DefaultSlowRule).
+	// SlowAuto checkpoints the job and restarts it from that checkpoint
+	// without the slow node, on a spare, once the finding has stood for
+	// the hold, within the bound on automatic exclusions
+	// (scheduler.DefaultSlowRule).
 	SlowAuto SlowRecovery = "auto"
 )
 

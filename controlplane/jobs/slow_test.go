@@ -69,7 +69,19 @@ func TestSlowAutoRecovery(t *testing.T) {
 		if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RUNNING || len(h.slowActions(id)) != 0 {
 			t.Fatalf("inside the hold: %s, actions %v; want running, none", stateName(j.GetState()), h.slowActions(id))
 		}
+		// Past the hold it first asks for a checkpoint, and runs on.
 		h.clock.add(time.Second)
+		h.slowPass(f)
+		if got := signals(h.nodes.take()); len(got) != 2 || !strings.HasSuffix(got[0], ":SIGUSR1") || h.job(id).GetState() != api.JobState_JOB_STATE_RUNNING {
+			t.Fatalf("after the hold: signals %v, %s; want SIGUSR1 to both nodes, running", got, stateName(h.job(id).GetState()))
+		}
+		h.clock.add(10 * time.Second)
+		h.slowPass(f)
+		if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RUNNING {
+			t.Fatalf("waiting for the checkpoint: %s", stateName(j.GetState()))
+		}
+		// The checkpoint is reported: the restart goes ahead from it.
+		h.checkpointed(id, 7)
 		h.slowPass(f)
 		j := h.job(id)
 		if j.GetState() != api.JobState_JOB_STATE_RECOVERING || !slices.Equal(j.GetExclude(), []string{slow}) ||
@@ -77,9 +89,13 @@ func TestSlowAutoRecovery(t *testing.T) {
 			t.Fatalf("after the hold: %s exclude %v, exclusions %v, actions %v; want recovering without %s",
 				stateName(j.GetState()), j.GetExclude(), j.GetSlowExclusionsUnixNano(), h.slowActions(id), slow)
 		}
+		h.nodes.take()
 		h.exitAll(id, -1)
 		h.reconcile()
 		cmds := launches(h.nodes.take())
+		if len(cmds) == 0 || cmds[0].cmd.GetLaunch().GetResumeStep() != 7 {
+			t.Fatalf("relaunch %v, want it to resume from the checkpoint of step 7", cmds)
+		}
 		h.started(id)
 		j = h.job(id)
 		if j.GetState() != api.JobState_JOB_STATE_RUNNING || slices.Contains(nodeNames(j), slow) || !slices.Contains(nodeNames(j), "n2") {
@@ -201,6 +217,10 @@ func TestSlowQuiet(t *testing.T) {
 		t.Fatalf("silenced: %s, quiet %v; want running, the ack and the silence kept", stateName(j.GetState()), j.GetSlowQuiet())
 	}
 	h.clock.add(time.Minute)
+	h.slowPass(f, f2)
+	// No checkpoint comes: the restart goes ahead after the wait, from
+	// the last one.
+	h.clock.add(slowCheckpointWait)
 	h.slowPass(f, f2)
 	if j := h.job(id); j.GetState() != api.JobState_JOB_STATE_RECOVERING || !slices.Equal(j.GetExclude(), []string{other}) {
 		t.Fatalf("after the silence: %s exclude %v; want recovering without %s", stateName(j.GetState()), j.GetExclude(), other)

@@ -156,18 +156,39 @@ func (m *Manager) slowFindings(fs []failslow.Finding, now time.Time) {
 type slowState struct {
 	seen, tried time.Time
 	said        string
+	// ckptAsked is when the job was asked to checkpoint before the
+	// restart, and ckptFrom its latest checkpoint step then.
+	ckptAsked time.Time
+	ckptFrom  int64
 }
 
-// slowRetry is how often a finding with no spare for its node is planned
-// again.
-const slowRetry = 5 * time.Second
+// checkpointing says whether the restart still waits for the checkpoint
+// it asked for: until a newer checkpoint is reported or slowCheckpointWait
+// has passed (then the last one serves).
+func (st *slowState) checkpointing(j *api.Job, now time.Time) bool {
+	return !st.ckptAsked.IsZero() && j.GetLastCheckpointStep() <= st.ckptFrom && now.Sub(st.ckptAsked) < slowCheckpointWait
+}
+
+const (
+	// slowRetry is how often a finding with no spare for its node is
+	// planned again.
+	slowRetry = 5 * time.Second
+	// slowCheckpointWait bounds the wait for the checkpoint asked for
+	// before a slow node is excluded.
+	slowCheckpointWait = 2 * time.Minute
+)
 
 // slowExclude restarts a job without the node a fail-slow finding blames,
 // through the recovery every failure takes, when the plan puts a spare in
 // its place; a slow node is still a working one, so the job is never
-// shrunk or given up for it.
+// shrunk or given up for it. A job with a checkpoint dir is asked to
+// checkpoint first, and restarted once that checkpoint is reported (or
+// after slowCheckpointWait, from its last one).
 func (m *Manager) slowExclude(en *entry, st *slowState, f *failslow.Finding, d scheduler.SlowDecision, now time.Time) {
 	j := en.job
+	if st.checkpointing(j, now) {
+		return
+	}
 	fail := scheduler.Failure{Kind: scheduler.FailSlow, Nodes: []string{d.Node}}
 	snap := m.snapshot(now)
 	req := m.recoverRequest(en, fail)
@@ -175,6 +196,16 @@ func (m *Manager) slowExclude(en *entry, st *slowState, f *failslow.Finding, d s
 	if plan.Action != scheduler.ReplaceNodes && plan.Action != scheduler.Replan {
 		m.slowSay(st, f, "no-spare", api.Severity_SEVERITY_WARNING, "%s: not acted on: no spare to take %s's place (%s: %s); the job keeps running there",
 			f.Class, d.Node, plan.Action, plan.Reason)
+		return
+	}
+	if j.GetCheckpointDir() != "" && st.ckptAsked.IsZero() {
+		// Checkpoint first, so the restart loses as little as it can;
+		// the job runs on, slowly, meanwhile.
+		st.ckptAsked, st.ckptFrom = now, j.GetLastCheckpointStep()
+		m.progressOf(j.GetId()).CheckpointAt = now
+		m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_CHECKPOINT, Job: j.GetId(), Step: j.GetStep(),
+			Message: fmt.Sprintf("checkpoint requested (SIGUSR1 to every rank) before restarting without %s: %s", d.Node, d.Reason)})
+		m.signal(j, "SIGUSR1")
 		return
 	}
 	j.SlowExclusionsUnixNano = append(j.SlowExclusionsUnixNano, now.UnixNano())
