@@ -5831,6 +5831,7 @@ type ClientRequest struct {
 	//	*ClientRequest_Logs
 	//	*ClientRequest_Watch
 	//	*ClientRequest_ReleaseJob
+	//	*ClientRequest_QuietSlow
 	//	*ClientRequest_CreateJoinToken
 	//	*ClientRequest_ListTokens
 	//	*ClientRequest_RevokeToken
@@ -6044,6 +6045,15 @@ func (x *ClientRequest) GetReleaseJob() *ReleaseJobRequest {
 	return nil
 }
 
+func (x *ClientRequest) GetQuietSlow() *QuietSlowRequest {
+	if x != nil {
+		if x, ok := x.Body.(*ClientRequest_QuietSlow); ok {
+			return x.QuietSlow
+		}
+	}
+	return nil
+}
+
 func (x *ClientRequest) GetCreateJoinToken() *CreateJoinTokenRequest {
 	if x != nil {
 		if x, ok := x.Body.(*ClientRequest_CreateJoinToken); ok {
@@ -6202,6 +6212,10 @@ type ClientRequest_ReleaseJob struct {
 	ReleaseJob *ReleaseJobRequest `protobuf:"bytes,31,opt,name=release_job,json=releaseJob,proto3,oneof"`
 }
 
+type ClientRequest_QuietSlow struct {
+	QuietSlow *QuietSlowRequest `protobuf:"bytes,32,opt,name=quiet_slow,json=quietSlow,proto3,oneof"`
+}
+
 type ClientRequest_CreateJoinToken struct {
 	// 40-49: identities and tokens.
 	CreateJoinToken *CreateJoinTokenRequest `protobuf:"bytes,40,opt,name=create_join_token,json=createJoinToken,proto3,oneof"`
@@ -6277,6 +6291,8 @@ func (*ClientRequest_Watch) isClientRequest_Body() {}
 
 func (*ClientRequest_ReleaseJob) isClientRequest_Body() {}
 
+func (*ClientRequest_QuietSlow) isClientRequest_Body() {}
+
 func (*ClientRequest_CreateJoinToken) isClientRequest_Body() {}
 
 func (*ClientRequest_ListTokens) isClientRequest_Body() {}
@@ -6319,6 +6335,7 @@ type ClientResponse struct {
 	//	*ClientResponse_Logs
 	//	*ClientResponse_Watch
 	//	*ClientResponse_ReleaseJob
+	//	*ClientResponse_QuietSlow
 	//	*ClientResponse_Version
 	//	*ClientResponse_CreateJoinToken
 	//	*ClientResponse_ListTokens
@@ -6542,6 +6559,15 @@ func (x *ClientResponse) GetReleaseJob() *ReleaseJobResponse {
 	return nil
 }
 
+func (x *ClientResponse) GetQuietSlow() *QuietSlowResponse {
+	if x != nil {
+		if x, ok := x.Body.(*ClientResponse_QuietSlow); ok {
+			return x.QuietSlow
+		}
+	}
+	return nil
+}
+
 func (x *ClientResponse) GetVersion() *VersionResponse {
 	if x != nil {
 		if x, ok := x.Body.(*ClientResponse_Version); ok {
@@ -6706,6 +6732,10 @@ type ClientResponse_ReleaseJob struct {
 	ReleaseJob *ReleaseJobResponse `protobuf:"bytes,31,opt,name=release_job,json=releaseJob,proto3,oneof"`
 }
 
+type ClientResponse_QuietSlow struct {
+	QuietSlow *QuietSlowResponse `protobuf:"bytes,32,opt,name=quiet_slow,json=quietSlow,proto3,oneof"`
+}
+
 type ClientResponse_Version struct {
 	Version *VersionResponse `protobuf:"bytes,50,opt,name=version,proto3,oneof"`
 }
@@ -6777,6 +6807,8 @@ func (*ClientResponse_Logs) isClientResponse_Body() {}
 func (*ClientResponse_Watch) isClientResponse_Body() {}
 
 func (*ClientResponse_ReleaseJob) isClientResponse_Body() {}
+
+func (*ClientResponse_QuietSlow) isClientResponse_Body() {}
 
 func (*ClientResponse_Version) isClientResponse_Body() {}
 
@@ -7200,7 +7232,14 @@ type Job struct {
 	// The current attempt's witnesses (LaunchRanks.witnesses): its nodes and
 	// the others that vouch for them. A lost node of the job is fenced only
 	// once enough of the others have acknowledged a Supersede.
-	Witnesses     []string `protobuf:"bytes,47,rep,name=witnesses,proto3" json:"witnesses,omitempty"`
+	Witnesses []string `protobuf:"bytes,47,rep,name=witnesses,proto3" json:"witnesses,omitempty"`
+	// When gpuctl restarted the job on its own without a node a fail-slow
+	// finding blamed (slow_recovery auto), for the bound on such restarts
+	// (scheduler.SlowRule). Stored with the job, so a new leader keeps it.
+	SlowExclusionsUnixNano []int64 `protobuf:"varint,48,rep,packed,name=slow_exclusions_unix_nano,json=slowExclusionsUnixNano,proto3" json:"slow_exclusions_unix_nano,omitempty"`
+	// Operators' acknowledgements and silences of the job's fail-slow
+	// findings (gpuctl stalls ack|silence); expired silences are dropped.
+	SlowQuiet     []*SlowQuiet `protobuf:"bytes,49,rep,name=slow_quiet,json=slowQuiet,proto3" json:"slow_quiet,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -7560,6 +7599,20 @@ func (x *Job) GetFencedNodes() []string {
 func (x *Job) GetWitnesses() []string {
 	if x != nil {
 		return x.Witnesses
+	}
+	return nil
+}
+
+func (x *Job) GetSlowExclusionsUnixNano() []int64 {
+	if x != nil {
+		return x.SlowExclusionsUnixNano
+	}
+	return nil
+}
+
+func (x *Job) GetSlowQuiet() []*SlowQuiet {
+	if x != nil {
+		return x.SlowQuiet
 	}
 	return nil
 }
@@ -8837,10 +8890,14 @@ type SlowFinding struct {
 	// How late the rank enters collectives, on the median (compute-slow).
 	LateNs int64 `protobuf:"varint,7,opt,name=late_ns,json=lateNs,proto3" json:"late_ns,omitempty"`
 	// How much longer it takes than it should.
-	Slowdown      float64 `protobuf:"fixed64,8,opt,name=slowdown,proto3" json:"slowdown,omitempty"`
-	Evidence      string  `protobuf:"bytes,9,opt,name=evidence,proto3" json:"evidence,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Slowdown float64 `protobuf:"fixed64,8,opt,name=slowdown,proto3" json:"slowdown,omitempty"`
+	Evidence string  `protobuf:"bytes,9,opt,name=evidence,proto3" json:"evidence,omitempty"`
+	// An operator acknowledged it (for the job's attempt).
+	Acked bool `protobuf:"varint,10,opt,name=acked,proto3" json:"acked,omitempty"`
+	// An operator silenced it until then (unix ns); 0 when not silenced.
+	SilencedUntilUnixNano int64 `protobuf:"varint,11,opt,name=silenced_until_unix_nano,json=silencedUntilUnixNano,proto3" json:"silenced_until_unix_nano,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *SlowFinding) Reset() {
@@ -8936,6 +8993,251 @@ func (x *SlowFinding) GetEvidence() string {
 	return ""
 }
 
+func (x *SlowFinding) GetAcked() bool {
+	if x != nil {
+		return x.Acked
+	}
+	return false
+}
+
+func (x *SlowFinding) GetSilencedUntilUnixNano() int64 {
+	if x != nil {
+		return x.SilencedUntilUnixNano
+	}
+	return 0
+}
+
+// SlowQuiet is an operator's acknowledgement or silence of fail-slow
+// findings of one job. Acknowledged or silenced findings are listed, but
+// trigger no automatic action and do not count in gpuctl_slow_findings.
+type SlowQuiet struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// An acknowledgement: the findings (failslow keys) standing when it was
+	// given, for the attempt then running. Empty for a silence.
+	Keys    []string `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	Attempt uint32   `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// A silence: every finding of the job on this rank (-1: any) and node
+	// ("" any) until then (unix ns).
+	Rank          int32  `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	Node          string `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	UntilUnixNano int64  `protobuf:"varint,5,opt,name=until_unix_nano,json=untilUnixNano,proto3" json:"until_unix_nano,omitempty"`
+	By            string `protobuf:"bytes,6,opt,name=by,proto3" json:"by,omitempty"`
+	AtUnixNano    int64  `protobuf:"varint,7,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SlowQuiet) Reset() {
+	*x = SlowQuiet{}
+	mi := &file_gpuctl_proto_msgTypes[88]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SlowQuiet) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SlowQuiet) ProtoMessage() {}
+
+func (x *SlowQuiet) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[88]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SlowQuiet.ProtoReflect.Descriptor instead.
+func (*SlowQuiet) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{88}
+}
+
+func (x *SlowQuiet) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *SlowQuiet) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *SlowQuiet) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *SlowQuiet) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *SlowQuiet) GetUntilUnixNano() int64 {
+	if x != nil {
+		return x.UntilUnixNano
+	}
+	return 0
+}
+
+func (x *SlowQuiet) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *SlowQuiet) GetAtUnixNano() int64 {
+	if x != nil {
+		return x.AtUnixNano
+	}
+	return 0
+}
+
+// QuietSlowRequest acknowledges a job's standing fail-slow findings
+// (for_ns 0), or silences its findings for a while, narrowed to a rank or
+// a node when given.
+type QuietSlowRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	HasRank       bool                   `protobuf:"varint,2,opt,name=has_rank,json=hasRank,proto3" json:"has_rank,omitempty"`
+	Rank          int32                  `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	Node          string                 `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	ForNs         int64                  `protobuf:"varint,5,opt,name=for_ns,json=forNs,proto3" json:"for_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuietSlowRequest) Reset() {
+	*x = QuietSlowRequest{}
+	mi := &file_gpuctl_proto_msgTypes[89]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuietSlowRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuietSlowRequest) ProtoMessage() {}
+
+func (x *QuietSlowRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[89]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuietSlowRequest.ProtoReflect.Descriptor instead.
+func (*QuietSlowRequest) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{89}
+}
+
+func (x *QuietSlowRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *QuietSlowRequest) GetHasRank() bool {
+	if x != nil {
+		return x.HasRank
+	}
+	return false
+}
+
+func (x *QuietSlowRequest) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *QuietSlowRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *QuietSlowRequest) GetForNs() int64 {
+	if x != nil {
+		return x.ForNs
+	}
+	return 0
+}
+
+type QuietSlowResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   *Job                   `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// The findings standing now that it covers.
+	Covered       []*SlowFinding `protobuf:"bytes,2,rep,name=covered,proto3" json:"covered,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuietSlowResponse) Reset() {
+	*x = QuietSlowResponse{}
+	mi := &file_gpuctl_proto_msgTypes[90]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuietSlowResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuietSlowResponse) ProtoMessage() {}
+
+func (x *QuietSlowResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[90]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuietSlowResponse.ProtoReflect.Descriptor instead.
+func (*QuietSlowResponse) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{90}
+}
+
+func (x *QuietSlowResponse) GetJob() *Job {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+func (x *QuietSlowResponse) GetCovered() []*SlowFinding {
+	if x != nil {
+		return x.Covered
+	}
+	return nil
+}
+
 type CordonRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -8948,7 +9250,7 @@ type CordonRequest struct {
 
 func (x *CordonRequest) Reset() {
 	*x = CordonRequest{}
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8960,7 +9262,7 @@ func (x *CordonRequest) String() string {
 func (*CordonRequest) ProtoMessage() {}
 
 func (x *CordonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8973,7 +9275,7 @@ func (x *CordonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonRequest.ProtoReflect.Descriptor instead.
 func (*CordonRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{88}
+	return file_gpuctl_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *CordonRequest) GetNode() string {
@@ -9008,7 +9310,7 @@ type CordonResponse struct {
 
 func (x *CordonResponse) Reset() {
 	*x = CordonResponse{}
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9020,7 +9322,7 @@ func (x *CordonResponse) String() string {
 func (*CordonResponse) ProtoMessage() {}
 
 func (x *CordonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9033,7 +9335,7 @@ func (x *CordonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonResponse.ProtoReflect.Descriptor instead.
 func (*CordonResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{89}
+	return file_gpuctl_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *CordonResponse) GetNode() *NodeStatus {
@@ -9065,7 +9367,7 @@ type DrainedJob struct {
 
 func (x *DrainedJob) Reset() {
 	*x = DrainedJob{}
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9077,7 +9379,7 @@ func (x *DrainedJob) String() string {
 func (*DrainedJob) ProtoMessage() {}
 
 func (x *DrainedJob) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9090,7 +9392,7 @@ func (x *DrainedJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainedJob.ProtoReflect.Descriptor instead.
 func (*DrainedJob) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{90}
+	return file_gpuctl_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *DrainedJob) GetJob() string {
@@ -9130,7 +9432,7 @@ type CheckpointJobRequest struct {
 
 func (x *CheckpointJobRequest) Reset() {
 	*x = CheckpointJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9142,7 +9444,7 @@ func (x *CheckpointJobRequest) String() string {
 func (*CheckpointJobRequest) ProtoMessage() {}
 
 func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9155,7 +9457,7 @@ func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{91}
+	return file_gpuctl_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *CheckpointJobRequest) GetJob() string {
@@ -9174,7 +9476,7 @@ type CheckpointJobResponse struct {
 
 func (x *CheckpointJobResponse) Reset() {
 	*x = CheckpointJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9186,7 +9488,7 @@ func (x *CheckpointJobResponse) String() string {
 func (*CheckpointJobResponse) ProtoMessage() {}
 
 func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9199,7 +9501,7 @@ func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{92}
+	return file_gpuctl_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *CheckpointJobResponse) GetJob() *Job {
@@ -9221,7 +9523,7 @@ type RestartJobRequest struct {
 
 func (x *RestartJobRequest) Reset() {
 	*x = RestartJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9233,7 +9535,7 @@ func (x *RestartJobRequest) String() string {
 func (*RestartJobRequest) ProtoMessage() {}
 
 func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9246,7 +9548,7 @@ func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobRequest.ProtoReflect.Descriptor instead.
 func (*RestartJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{93}
+	return file_gpuctl_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RestartJobRequest) GetJob() string {
@@ -9279,7 +9581,7 @@ type RestartJobResponse struct {
 
 func (x *RestartJobResponse) Reset() {
 	*x = RestartJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9291,7 +9593,7 @@ func (x *RestartJobResponse) String() string {
 func (*RestartJobResponse) ProtoMessage() {}
 
 func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9304,7 +9606,7 @@ func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobResponse.ProtoReflect.Descriptor instead.
 func (*RestartJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{94}
+	return file_gpuctl_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *RestartJobResponse) GetJob() *Job {
@@ -9327,7 +9629,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9339,7 +9641,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9352,7 +9654,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{95}
+	return file_gpuctl_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *LogsRequest) GetJob() string {
@@ -9393,7 +9695,7 @@ type LogsChunk struct {
 
 func (x *LogsChunk) Reset() {
 	*x = LogsChunk{}
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9405,7 +9707,7 @@ func (x *LogsChunk) String() string {
 func (*LogsChunk) ProtoMessage() {}
 
 func (x *LogsChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9418,7 +9720,7 @@ func (x *LogsChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsChunk.ProtoReflect.Descriptor instead.
 func (*LogsChunk) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{96}
+	return file_gpuctl_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *LogsChunk) GetData() []byte {
@@ -9457,7 +9759,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9469,7 +9771,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9482,7 +9784,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{97}
+	return file_gpuctl_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *WatchRequest) GetKinds() []WatchKind {
@@ -9534,7 +9836,7 @@ type WatchChange struct {
 
 func (x *WatchChange) Reset() {
 	*x = WatchChange{}
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9546,7 +9848,7 @@ func (x *WatchChange) String() string {
 func (*WatchChange) ProtoMessage() {}
 
 func (x *WatchChange) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9559,7 +9861,7 @@ func (x *WatchChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchChange.ProtoReflect.Descriptor instead.
 func (*WatchChange) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{98}
+	return file_gpuctl_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *WatchChange) GetRevision() uint64 {
@@ -9642,7 +9944,7 @@ type WatchBatch struct {
 
 func (x *WatchBatch) Reset() {
 	*x = WatchBatch{}
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9654,7 +9956,7 @@ func (x *WatchBatch) String() string {
 func (*WatchBatch) ProtoMessage() {}
 
 func (x *WatchBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9667,7 +9969,7 @@ func (x *WatchBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBatch.ProtoReflect.Descriptor instead.
 func (*WatchBatch) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{99}
+	return file_gpuctl_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *WatchBatch) GetEpoch() string {
@@ -9747,7 +10049,7 @@ type Identity struct {
 
 func (x *Identity) Reset() {
 	*x = Identity{}
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9759,7 +10061,7 @@ func (x *Identity) String() string {
 func (*Identity) ProtoMessage() {}
 
 func (x *Identity) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9772,7 +10074,7 @@ func (x *Identity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Identity.ProtoReflect.Descriptor instead.
 func (*Identity) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{100}
+	return file_gpuctl_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *Identity) GetKind() IdentityKind {
@@ -9875,7 +10177,7 @@ type Revocation struct {
 
 func (x *Revocation) Reset() {
 	*x = Revocation{}
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9887,7 +10189,7 @@ func (x *Revocation) String() string {
 func (*Revocation) ProtoMessage() {}
 
 func (x *Revocation) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9900,7 +10202,7 @@ func (x *Revocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revocation.ProtoReflect.Descriptor instead.
 func (*Revocation) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{101}
+	return file_gpuctl_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *Revocation) GetSerial() string {
@@ -9956,7 +10258,7 @@ type JoinTokenUse struct {
 
 func (x *JoinTokenUse) Reset() {
 	*x = JoinTokenUse{}
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9968,7 +10270,7 @@ func (x *JoinTokenUse) String() string {
 func (*JoinTokenUse) ProtoMessage() {}
 
 func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9981,7 +10283,7 @@ func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinTokenUse.ProtoReflect.Descriptor instead.
 func (*JoinTokenUse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{102}
+	return file_gpuctl_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *JoinTokenUse) GetNode() string {
@@ -10018,7 +10320,7 @@ type JoinToken struct {
 
 func (x *JoinToken) Reset() {
 	*x = JoinToken{}
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10030,7 +10332,7 @@ func (x *JoinToken) String() string {
 func (*JoinToken) ProtoMessage() {}
 
 func (x *JoinToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10043,7 +10345,7 @@ func (x *JoinToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
 func (*JoinToken) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{103}
+	return file_gpuctl_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *JoinToken) GetId() string {
@@ -10122,7 +10424,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10134,7 +10436,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10147,7 +10449,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{104}
+	return file_gpuctl_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *CreateJoinTokenRequest) GetTtlSeconds() int64 {
@@ -10181,7 +10483,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10193,7 +10495,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10206,7 +10508,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{105}
+	return file_gpuctl_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *CreateJoinTokenResponse) GetToken() string {
@@ -10231,7 +10533,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_gpuctl_proto_msgTypes[106]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10243,7 +10545,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[106]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10256,7 +10558,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{106}
+	return file_gpuctl_proto_rawDescGZIP(), []int{109}
 }
 
 type ListTokensResponse struct {
@@ -10268,7 +10570,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_gpuctl_proto_msgTypes[107]
+	mi := &file_gpuctl_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10280,7 +10582,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[107]
+	mi := &file_gpuctl_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10293,7 +10595,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{107}
+	return file_gpuctl_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *ListTokensResponse) GetTokens() []*JoinToken {
@@ -10313,7 +10615,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[108]
+	mi := &file_gpuctl_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10325,7 +10627,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[108]
+	mi := &file_gpuctl_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10338,7 +10640,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{108}
+	return file_gpuctl_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -10357,7 +10659,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[109]
+	mi := &file_gpuctl_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10369,7 +10671,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[109]
+	mi := &file_gpuctl_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10382,7 +10684,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{109}
+	return file_gpuctl_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *RevokeTokenResponse) GetToken() *JoinToken {
@@ -10407,7 +10709,7 @@ type AddUserRequest struct {
 
 func (x *AddUserRequest) Reset() {
 	*x = AddUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[110]
+	mi := &file_gpuctl_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10419,7 +10721,7 @@ func (x *AddUserRequest) String() string {
 func (*AddUserRequest) ProtoMessage() {}
 
 func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[110]
+	mi := &file_gpuctl_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10432,7 +10734,7 @@ func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserRequest.ProtoReflect.Descriptor instead.
 func (*AddUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{110}
+	return file_gpuctl_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *AddUserRequest) GetName() string {
@@ -10467,7 +10769,7 @@ type AddUserResponse struct {
 
 func (x *AddUserResponse) Reset() {
 	*x = AddUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[111]
+	mi := &file_gpuctl_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10479,7 +10781,7 @@ func (x *AddUserResponse) String() string {
 func (*AddUserResponse) ProtoMessage() {}
 
 func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[111]
+	mi := &file_gpuctl_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10492,7 +10794,7 @@ func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserResponse.ProtoReflect.Descriptor instead.
 func (*AddUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{111}
+	return file_gpuctl_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *AddUserResponse) GetUser() *Identity {
@@ -10526,7 +10828,7 @@ type ListIdentitiesRequest struct {
 
 func (x *ListIdentitiesRequest) Reset() {
 	*x = ListIdentitiesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[112]
+	mi := &file_gpuctl_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10538,7 +10840,7 @@ func (x *ListIdentitiesRequest) String() string {
 func (*ListIdentitiesRequest) ProtoMessage() {}
 
 func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[112]
+	mi := &file_gpuctl_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10551,7 +10853,7 @@ func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesRequest.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{112}
+	return file_gpuctl_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *ListIdentitiesRequest) GetKind() IdentityKind {
@@ -10576,7 +10878,7 @@ type ListIdentitiesResponse struct {
 
 func (x *ListIdentitiesResponse) Reset() {
 	*x = ListIdentitiesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[113]
+	mi := &file_gpuctl_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10588,7 +10890,7 @@ func (x *ListIdentitiesResponse) String() string {
 func (*ListIdentitiesResponse) ProtoMessage() {}
 
 func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[113]
+	mi := &file_gpuctl_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10601,7 +10903,7 @@ func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesResponse.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{113}
+	return file_gpuctl_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *ListIdentitiesResponse) GetIdentities() []*Identity {
@@ -10647,7 +10949,7 @@ type SSHKey struct {
 
 func (x *SSHKey) Reset() {
 	*x = SSHKey{}
-	mi := &file_gpuctl_proto_msgTypes[114]
+	mi := &file_gpuctl_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10659,7 +10961,7 @@ func (x *SSHKey) String() string {
 func (*SSHKey) ProtoMessage() {}
 
 func (x *SSHKey) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[114]
+	mi := &file_gpuctl_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10672,7 +10974,7 @@ func (x *SSHKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SSHKey.ProtoReflect.Descriptor instead.
 func (*SSHKey) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{114}
+	return file_gpuctl_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *SSHKey) GetName() string {
@@ -10713,7 +11015,7 @@ type RevokeUserRequest struct {
 
 func (x *RevokeUserRequest) Reset() {
 	*x = RevokeUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[115]
+	mi := &file_gpuctl_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10725,7 +11027,7 @@ func (x *RevokeUserRequest) String() string {
 func (*RevokeUserRequest) ProtoMessage() {}
 
 func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[115]
+	mi := &file_gpuctl_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10738,7 +11040,7 @@ func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserRequest.ProtoReflect.Descriptor instead.
 func (*RevokeUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{115}
+	return file_gpuctl_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *RevokeUserRequest) GetName() string {
@@ -10767,7 +11069,7 @@ type RevokeUserResponse struct {
 
 func (x *RevokeUserResponse) Reset() {
 	*x = RevokeUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[116]
+	mi := &file_gpuctl_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10779,7 +11081,7 @@ func (x *RevokeUserResponse) String() string {
 func (*RevokeUserResponse) ProtoMessage() {}
 
 func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[116]
+	mi := &file_gpuctl_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10792,7 +11094,7 @@ func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserResponse.ProtoReflect.Descriptor instead.
 func (*RevokeUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{116}
+	return file_gpuctl_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *RevokeUserResponse) GetRevoked() []*Identity {
@@ -10819,7 +11121,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_gpuctl_proto_msgTypes[117]
+	mi := &file_gpuctl_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10831,7 +11133,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[117]
+	mi := &file_gpuctl_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10844,7 +11146,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{117}
+	return file_gpuctl_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *RemoveNodeRequest) GetName() string {
@@ -10872,7 +11174,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_gpuctl_proto_msgTypes[118]
+	mi := &file_gpuctl_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10884,7 +11186,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[118]
+	mi := &file_gpuctl_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10897,7 +11199,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{118}
+	return file_gpuctl_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *RemoveNodeResponse) GetRevoked() []*Identity {
@@ -11365,7 +11667,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x12InjectFaultRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12,\n" +
 	"\x05fault\x18\x02 \x01(\v2\x16.gpuctl.v1.InjectFaultR\x05fault\"\x15\n" +
-	"\x13InjectFaultResponse\"\xd0\r\n" +
+	"\x13InjectFaultResponse\"\x8e\x0e\n" +
 	"\rClientRequest\x12<\n" +
 	"\n" +
 	"list_nodes\x18\x01 \x01(\v2\x1b.gpuctl.v1.ListNodesRequestH\x00R\tlistNodes\x12?\n" +
@@ -11393,7 +11695,9 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04logs\x18\x1d \x01(\v2\x16.gpuctl.v1.LogsRequestH\x00R\x04logs\x12/\n" +
 	"\x05watch\x18\x1e \x01(\v2\x17.gpuctl.v1.WatchRequestH\x00R\x05watch\x12?\n" +
 	"\vrelease_job\x18\x1f \x01(\v2\x1c.gpuctl.v1.ReleaseJobRequestH\x00R\n" +
-	"releaseJob\x12O\n" +
+	"releaseJob\x12<\n" +
+	"\n" +
+	"quiet_slow\x18  \x01(\v2\x1b.gpuctl.v1.QuietSlowRequestH\x00R\tquietSlow\x12O\n" +
 	"\x11create_join_token\x18( \x01(\v2!.gpuctl.v1.CreateJoinTokenRequestH\x00R\x0fcreateJoinToken\x12?\n" +
 	"\vlist_tokens\x18) \x01(\v2\x1c.gpuctl.v1.ListTokensRequestH\x00R\n" +
 	"listTokens\x12B\n" +
@@ -11406,7 +11710,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"removeNode\x125\n" +
 	"\aversion\x182 \x01(\v2\x19.gpuctl.v1.VersionRequestH\x00R\aversion\x122\n" +
 	"\x06status\x18< \x01(\v2\x18.gpuctl.v1.StatusRequestH\x00R\x06statusB\x06\n" +
-	"\x04bodyJ\x04\b\x06\x10\aR\fcreate_token\"\x9a\x0e\n" +
+	"\x04bodyJ\x04\b\x06\x10\aR\fcreate_token\"\xd9\x0e\n" +
 	"\x0eClientResponse\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error\x12=\n" +
 	"\n" +
@@ -11435,7 +11739,9 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x04logs\x18\x1d \x01(\v2\x14.gpuctl.v1.LogsChunkH\x00R\x04logs\x12-\n" +
 	"\x05watch\x18\x1e \x01(\v2\x15.gpuctl.v1.WatchBatchH\x00R\x05watch\x12@\n" +
 	"\vrelease_job\x18\x1f \x01(\v2\x1d.gpuctl.v1.ReleaseJobResponseH\x00R\n" +
-	"releaseJob\x126\n" +
+	"releaseJob\x12=\n" +
+	"\n" +
+	"quiet_slow\x18  \x01(\v2\x1c.gpuctl.v1.QuietSlowResponseH\x00R\tquietSlow\x126\n" +
 	"\aversion\x182 \x01(\v2\x1a.gpuctl.v1.VersionResponseH\x00R\aversion\x12P\n" +
 	"\x11create_join_token\x18( \x01(\v2\".gpuctl.v1.CreateJoinTokenResponseH\x00R\x0fcreateJoinToken\x12@\n" +
 	"\vlist_tokens\x18) \x01(\v2\x1d.gpuctl.v1.ListTokensResponseH\x00R\n" +
@@ -11481,7 +11787,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\aJobNode\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12(\n" +
-	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xd6\r\n" +
+	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xc6\x0e\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -11536,7 +11842,10 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x10checkpoint_steps\x18, \x03(\x03R\x0fcheckpointSteps\x12'\n" +
 	"\x0fidempotency_key\x18- \x01(\tR\x0eidempotencyKey\x12!\n" +
 	"\ffenced_nodes\x18. \x03(\tR\vfencedNodes\x12\x1c\n" +
-	"\twitnesses\x18/ \x03(\tR\twitnesses\"\xee\x02\n" +
+	"\twitnesses\x18/ \x03(\tR\twitnesses\x129\n" +
+	"\x19slow_exclusions_unix_nano\x180 \x03(\x03R\x16slowExclusionsUnixNano\x123\n" +
+	"\n" +
+	"slow_quiet\x181 \x03(\v2\x14.gpuctl.v1.SlowQuietR\tslowQuiet\"\xee\x02\n" +
 	"\n" +
 	"JobAttempt\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\rR\aattempt\x12&\n" +
@@ -11628,7 +11937,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\fRankLateness\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x17\n" +
-	"\alate_ns\x18\x03 \x01(\x03R\x06lateNs\"\xea\x01\n" +
+	"\alate_ns\x18\x03 \x01(\x03R\x06lateNs\"\xb9\x02\n" +
 	"\vSlowFinding\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x14\n" +
 	"\x05class\x18\x02 \x01(\tR\x05class\x12\x12\n" +
@@ -11638,7 +11947,28 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x0fsince_unix_nano\x18\x06 \x01(\x03R\rsinceUnixNano\x12\x17\n" +
 	"\alate_ns\x18\a \x01(\x03R\x06lateNs\x12\x1a\n" +
 	"\bslowdown\x18\b \x01(\x01R\bslowdown\x12\x1a\n" +
-	"\bevidence\x18\t \x01(\tR\bevidence\"S\n" +
+	"\bevidence\x18\t \x01(\tR\bevidence\x12\x14\n" +
+	"\x05acked\x18\n" +
+	" \x01(\bR\x05acked\x127\n" +
+	"\x18silenced_until_unix_nano\x18\v \x01(\x03R\x15silencedUntilUnixNano\"\xbb\x01\n" +
+	"\tSlowQuiet\x12\x12\n" +
+	"\x04keys\x18\x01 \x03(\tR\x04keys\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\x05R\x04rank\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12&\n" +
+	"\x0funtil_unix_nano\x18\x05 \x01(\x03R\runtilUnixNano\x12\x0e\n" +
+	"\x02by\x18\x06 \x01(\tR\x02by\x12 \n" +
+	"\fat_unix_nano\x18\a \x01(\x03R\n" +
+	"atUnixNano\"~\n" +
+	"\x10QuietSlowRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x19\n" +
+	"\bhas_rank\x18\x02 \x01(\bR\ahasRank\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\x05R\x04rank\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12\x15\n" +
+	"\x06for_ns\x18\x05 \x01(\x03R\x05forNs\"g\n" +
+	"\x11QuietSlowResponse\x12 \n" +
+	"\x03job\x18\x01 \x01(\v2\x0e.gpuctl.v1.JobR\x03job\x120\n" +
+	"\acovered\x18\x02 \x03(\v2\x16.gpuctl.v1.SlowFindingR\acovered\"S\n" +
 	"\rCordonRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12\x16\n" +
@@ -11887,7 +12217,7 @@ func file_gpuctl_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 123)
+var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 126)
 var file_gpuctl_proto_goTypes = []any{
 	(NCCLOp)(0),                     // 0: gpuctl.v1.NCCLOp
 	(EventKind)(0),                  // 1: gpuctl.v1.EventKind
@@ -11987,41 +12317,44 @@ var file_gpuctl_proto_goTypes = []any{
 	(*ListStallsResponse)(nil),      // 95: gpuctl.v1.ListStallsResponse
 	(*RankLateness)(nil),            // 96: gpuctl.v1.RankLateness
 	(*SlowFinding)(nil),             // 97: gpuctl.v1.SlowFinding
-	(*CordonRequest)(nil),           // 98: gpuctl.v1.CordonRequest
-	(*CordonResponse)(nil),          // 99: gpuctl.v1.CordonResponse
-	(*DrainedJob)(nil),              // 100: gpuctl.v1.DrainedJob
-	(*CheckpointJobRequest)(nil),    // 101: gpuctl.v1.CheckpointJobRequest
-	(*CheckpointJobResponse)(nil),   // 102: gpuctl.v1.CheckpointJobResponse
-	(*RestartJobRequest)(nil),       // 103: gpuctl.v1.RestartJobRequest
-	(*RestartJobResponse)(nil),      // 104: gpuctl.v1.RestartJobResponse
-	(*LogsRequest)(nil),             // 105: gpuctl.v1.LogsRequest
-	(*LogsChunk)(nil),               // 106: gpuctl.v1.LogsChunk
-	(*WatchRequest)(nil),            // 107: gpuctl.v1.WatchRequest
-	(*WatchChange)(nil),             // 108: gpuctl.v1.WatchChange
-	(*WatchBatch)(nil),              // 109: gpuctl.v1.WatchBatch
-	(*Identity)(nil),                // 110: gpuctl.v1.Identity
-	(*Revocation)(nil),              // 111: gpuctl.v1.Revocation
-	(*JoinTokenUse)(nil),            // 112: gpuctl.v1.JoinTokenUse
-	(*JoinToken)(nil),               // 113: gpuctl.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),  // 114: gpuctl.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil), // 115: gpuctl.v1.CreateJoinTokenResponse
-	(*ListTokensRequest)(nil),       // 116: gpuctl.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),      // 117: gpuctl.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),      // 118: gpuctl.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),     // 119: gpuctl.v1.RevokeTokenResponse
-	(*AddUserRequest)(nil),          // 120: gpuctl.v1.AddUserRequest
-	(*AddUserResponse)(nil),         // 121: gpuctl.v1.AddUserResponse
-	(*ListIdentitiesRequest)(nil),   // 122: gpuctl.v1.ListIdentitiesRequest
-	(*ListIdentitiesResponse)(nil),  // 123: gpuctl.v1.ListIdentitiesResponse
-	(*SSHKey)(nil),                  // 124: gpuctl.v1.SSHKey
-	(*RevokeUserRequest)(nil),       // 125: gpuctl.v1.RevokeUserRequest
-	(*RevokeUserResponse)(nil),      // 126: gpuctl.v1.RevokeUserResponse
-	(*RemoveNodeRequest)(nil),       // 127: gpuctl.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),      // 128: gpuctl.v1.RemoveNodeResponse
-	nil,                             // 129: gpuctl.v1.NodeRegistration.LabelsEntry
-	nil,                             // 130: gpuctl.v1.RDMAPortSample.CountersEntry
-	nil,                             // 131: gpuctl.v1.Event.AttrsEntry
-	nil,                             // 132: gpuctl.v1.LaunchRanks.EnvEntry
+	(*SlowQuiet)(nil),               // 98: gpuctl.v1.SlowQuiet
+	(*QuietSlowRequest)(nil),        // 99: gpuctl.v1.QuietSlowRequest
+	(*QuietSlowResponse)(nil),       // 100: gpuctl.v1.QuietSlowResponse
+	(*CordonRequest)(nil),           // 101: gpuctl.v1.CordonRequest
+	(*CordonResponse)(nil),          // 102: gpuctl.v1.CordonResponse
+	(*DrainedJob)(nil),              // 103: gpuctl.v1.DrainedJob
+	(*CheckpointJobRequest)(nil),    // 104: gpuctl.v1.CheckpointJobRequest
+	(*CheckpointJobResponse)(nil),   // 105: gpuctl.v1.CheckpointJobResponse
+	(*RestartJobRequest)(nil),       // 106: gpuctl.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),      // 107: gpuctl.v1.RestartJobResponse
+	(*LogsRequest)(nil),             // 108: gpuctl.v1.LogsRequest
+	(*LogsChunk)(nil),               // 109: gpuctl.v1.LogsChunk
+	(*WatchRequest)(nil),            // 110: gpuctl.v1.WatchRequest
+	(*WatchChange)(nil),             // 111: gpuctl.v1.WatchChange
+	(*WatchBatch)(nil),              // 112: gpuctl.v1.WatchBatch
+	(*Identity)(nil),                // 113: gpuctl.v1.Identity
+	(*Revocation)(nil),              // 114: gpuctl.v1.Revocation
+	(*JoinTokenUse)(nil),            // 115: gpuctl.v1.JoinTokenUse
+	(*JoinToken)(nil),               // 116: gpuctl.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),  // 117: gpuctl.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil), // 118: gpuctl.v1.CreateJoinTokenResponse
+	(*ListTokensRequest)(nil),       // 119: gpuctl.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),      // 120: gpuctl.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),      // 121: gpuctl.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),     // 122: gpuctl.v1.RevokeTokenResponse
+	(*AddUserRequest)(nil),          // 123: gpuctl.v1.AddUserRequest
+	(*AddUserResponse)(nil),         // 124: gpuctl.v1.AddUserResponse
+	(*ListIdentitiesRequest)(nil),   // 125: gpuctl.v1.ListIdentitiesRequest
+	(*ListIdentitiesResponse)(nil),  // 126: gpuctl.v1.ListIdentitiesResponse
+	(*SSHKey)(nil),                  // 127: gpuctl.v1.SSHKey
+	(*RevokeUserRequest)(nil),       // 128: gpuctl.v1.RevokeUserRequest
+	(*RevokeUserResponse)(nil),      // 129: gpuctl.v1.RevokeUserResponse
+	(*RemoveNodeRequest)(nil),       // 130: gpuctl.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),      // 131: gpuctl.v1.RemoveNodeResponse
+	nil,                             // 132: gpuctl.v1.NodeRegistration.LabelsEntry
+	nil,                             // 133: gpuctl.v1.RDMAPortSample.CountersEntry
+	nil,                             // 134: gpuctl.v1.Event.AttrsEntry
+	nil,                             // 135: gpuctl.v1.LaunchRanks.EnvEntry
 }
 var file_gpuctl_proto_depIdxs = []int32{
 	10,  // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
@@ -12030,12 +12363,12 @@ var file_gpuctl_proto_depIdxs = []int32{
 	15,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
 	16,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
 	17,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
-	129, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
+	132, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
 	43,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
 	19,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
 	20,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
 	0,   // 10: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
-	130, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
+	133, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
 	21,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
 	22,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
 	23,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
@@ -12045,9 +12378,9 @@ var file_gpuctl_proto_depIdxs = []int32{
 	1,   // 18: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
 	2,   // 19: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
 	3,   // 20: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
-	131, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
+	134, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
 	4,   // 22: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
-	132, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
+	135, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
 	31,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
 	33,  // 25: gpuctl.v1.LaunchRanks.witnesses:type_name -> gpuctl.v1.Witness
 	36,  // 26: gpuctl.v1.VouchRequest.attempts:type_name -> gpuctl.v1.JobAttemptRef
@@ -12104,102 +12437,107 @@ var file_gpuctl_proto_depIdxs = []int32{
 	86,  // 77: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
 	90,  // 78: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
 	94,  // 79: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
-	98,  // 80: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
-	101, // 81: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
-	103, // 82: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
-	105, // 83: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
-	107, // 84: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
+	101, // 80: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
+	104, // 81: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
+	106, // 82: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
+	108, // 83: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
+	110, // 84: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
 	83,  // 85: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
-	114, // 86: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
-	116, // 87: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
-	118, // 88: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
-	120, // 89: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
-	122, // 90: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
-	125, // 91: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
-	127, // 92: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
-	62,  // 93: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
-	64,  // 94: gpuctl.v1.ClientRequest.status:type_name -> gpuctl.v1.StatusRequest
-	51,  // 95: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
-	53,  // 96: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
-	55,  // 97: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
-	57,  // 98: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
-	61,  // 99: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
-	70,  // 100: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
-	79,  // 101: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
-	81,  // 102: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
-	85,  // 103: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
-	87,  // 104: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
-	91,  // 105: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
-	95,  // 106: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
-	99,  // 107: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
-	102, // 108: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
-	104, // 109: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
-	106, // 110: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
-	109, // 111: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
-	84,  // 112: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
-	63,  // 113: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
-	115, // 114: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
-	117, // 115: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
-	119, // 116: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
-	121, // 117: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
-	123, // 118: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
-	126, // 119: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
-	128, // 120: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
-	67,  // 121: gpuctl.v1.ClientResponse.status:type_name -> gpuctl.v1.StatusResponse
-	74,  // 122: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
-	73,  // 123: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
-	6,   // 124: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
-	75,  // 125: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
-	7,   // 126: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
-	75,  // 127: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
-	77,  // 128: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
-	76,  // 129: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
-	76,  // 130: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
-	76,  // 131: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
-	76,  // 132: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
-	76,  // 133: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
-	75,  // 134: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
-	75,  // 135: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
-	88,  // 136: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
-	88,  // 137: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
-	89,  // 138: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
-	88,  // 139: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
-	88,  // 140: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
-	0,   // 141: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
-	92,  // 142: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
-	92,  // 143: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
-	93,  // 144: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
-	97,  // 145: gpuctl.v1.ListStallsResponse.slow:type_name -> gpuctl.v1.SlowFinding
-	96,  // 146: gpuctl.v1.ListStallsResponse.lateness:type_name -> gpuctl.v1.RankLateness
-	48,  // 147: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
-	100, // 148: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
-	76,  // 149: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
-	76,  // 150: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
-	8,   // 151: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
-	8,   // 152: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
-	48,  // 153: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
-	76,  // 154: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
-	26,  // 155: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
-	93,  // 156: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
-	8,   // 157: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
-	108, // 158: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
-	9,   // 159: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
-	9,   // 160: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
-	112, // 161: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
-	113, // 162: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
-	113, // 163: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
-	113, // 164: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
-	110, // 165: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
-	9,   // 166: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
-	110, // 167: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
-	124, // 168: gpuctl.v1.ListIdentitiesResponse.ssh_keys:type_name -> gpuctl.v1.SSHKey
-	110, // 169: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
-	110, // 170: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
-	171, // [171:171] is the sub-list for method output_type
-	171, // [171:171] is the sub-list for method input_type
-	171, // [171:171] is the sub-list for extension type_name
-	171, // [171:171] is the sub-list for extension extendee
-	0,   // [0:171] is the sub-list for field type_name
+	99,  // 86: gpuctl.v1.ClientRequest.quiet_slow:type_name -> gpuctl.v1.QuietSlowRequest
+	117, // 87: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
+	119, // 88: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
+	121, // 89: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
+	123, // 90: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
+	125, // 91: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
+	128, // 92: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
+	130, // 93: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
+	62,  // 94: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
+	64,  // 95: gpuctl.v1.ClientRequest.status:type_name -> gpuctl.v1.StatusRequest
+	51,  // 96: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
+	53,  // 97: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
+	55,  // 98: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
+	57,  // 99: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
+	61,  // 100: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
+	70,  // 101: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
+	79,  // 102: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
+	81,  // 103: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
+	85,  // 104: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
+	87,  // 105: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
+	91,  // 106: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
+	95,  // 107: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
+	102, // 108: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
+	105, // 109: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
+	107, // 110: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
+	109, // 111: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
+	112, // 112: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
+	84,  // 113: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
+	100, // 114: gpuctl.v1.ClientResponse.quiet_slow:type_name -> gpuctl.v1.QuietSlowResponse
+	63,  // 115: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
+	118, // 116: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
+	120, // 117: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
+	122, // 118: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
+	124, // 119: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
+	126, // 120: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
+	129, // 121: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
+	131, // 122: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
+	67,  // 123: gpuctl.v1.ClientResponse.status:type_name -> gpuctl.v1.StatusResponse
+	74,  // 124: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
+	73,  // 125: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
+	6,   // 126: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
+	75,  // 127: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
+	7,   // 128: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
+	75,  // 129: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
+	77,  // 130: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
+	98,  // 131: gpuctl.v1.Job.slow_quiet:type_name -> gpuctl.v1.SlowQuiet
+	76,  // 132: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
+	76,  // 133: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
+	76,  // 134: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
+	76,  // 135: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
+	76,  // 136: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
+	75,  // 137: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
+	75,  // 138: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
+	88,  // 139: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
+	88,  // 140: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
+	89,  // 141: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
+	88,  // 142: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
+	88,  // 143: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
+	0,   // 144: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
+	92,  // 145: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
+	92,  // 146: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
+	93,  // 147: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
+	97,  // 148: gpuctl.v1.ListStallsResponse.slow:type_name -> gpuctl.v1.SlowFinding
+	96,  // 149: gpuctl.v1.ListStallsResponse.lateness:type_name -> gpuctl.v1.RankLateness
+	76,  // 150: gpuctl.v1.QuietSlowResponse.job:type_name -> gpuctl.v1.Job
+	97,  // 151: gpuctl.v1.QuietSlowResponse.covered:type_name -> gpuctl.v1.SlowFinding
+	48,  // 152: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
+	103, // 153: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
+	76,  // 154: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
+	76,  // 155: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
+	8,   // 156: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
+	8,   // 157: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
+	48,  // 158: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
+	76,  // 159: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
+	26,  // 160: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
+	93,  // 161: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
+	8,   // 162: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
+	111, // 163: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
+	9,   // 164: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
+	9,   // 165: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
+	115, // 166: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
+	116, // 167: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
+	116, // 168: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
+	116, // 169: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
+	113, // 170: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
+	9,   // 171: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
+	113, // 172: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
+	127, // 173: gpuctl.v1.ListIdentitiesResponse.ssh_keys:type_name -> gpuctl.v1.SSHKey
+	113, // 174: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
+	113, // 175: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
+	176, // [176:176] is the sub-list for method output_type
+	176, // [176:176] is the sub-list for method input_type
+	176, // [176:176] is the sub-list for extension type_name
+	176, // [176:176] is the sub-list for extension extendee
+	0,   // [0:176] is the sub-list for field type_name
 }
 
 func init() { file_gpuctl_proto_init() }
@@ -12252,6 +12590,7 @@ func file_gpuctl_proto_init() {
 		(*ClientRequest_Logs)(nil),
 		(*ClientRequest_Watch)(nil),
 		(*ClientRequest_ReleaseJob)(nil),
+		(*ClientRequest_QuietSlow)(nil),
 		(*ClientRequest_CreateJoinToken)(nil),
 		(*ClientRequest_ListTokens)(nil),
 		(*ClientRequest_RevokeToken)(nil),
@@ -12281,6 +12620,7 @@ func file_gpuctl_proto_init() {
 		(*ClientResponse_Logs)(nil),
 		(*ClientResponse_Watch)(nil),
 		(*ClientResponse_ReleaseJob)(nil),
+		(*ClientResponse_QuietSlow)(nil),
 		(*ClientResponse_Version)(nil),
 		(*ClientResponse_CreateJoinToken)(nil),
 		(*ClientResponse_ListTokens)(nil),
@@ -12297,7 +12637,7 @@ func file_gpuctl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuctl_proto_rawDesc), len(file_gpuctl_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   123,
+			NumMessages:   126,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

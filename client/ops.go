@@ -24,6 +24,17 @@ func (c *Client) ListFindings(ctx context.Context, job string) (*api.ListStallsR
 	return r.GetListStalls(), nil
 }
 
+// QuietSlow acknowledges a job's standing fail-slow findings (ForNs 0) or
+// silences its findings for a while, narrowed to a rank or node when
+// the request names one.
+func (c *Client) QuietSlow(ctx context.Context, req *api.QuietSlowRequest) (*api.QuietSlowResponse, error) {
+	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_QuietSlow{QuietSlow: req}})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetQuietSlow(), nil
+}
+
 // Cordon applies action (cordon, uncordon or drain) to node with reason,
 // and returns the node's new status and, for a drain, its jobs' fate.
 func (c *Client) Cordon(ctx context.Context, node, action, reason string) (*api.CordonResponse, error) {

@@ -38,6 +38,7 @@ func TestEveryRequestTypeHasItsRow(t *testing.T) {
 		"checkpoint_job":    {transport.RoleOperator, true},
 		"restart_job":       {transport.RoleOperator, true},
 		"release_job":       {transport.RoleOperator, true},
+		"quiet_slow":        {transport.RoleOperator, true},
 		"cordon":            {transport.RoleOperator, true},
 		"create_join_token": {transport.RoleAdmin, true},
 		"list_tokens":       {transport.RoleAdmin, false},

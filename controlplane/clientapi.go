@@ -127,6 +127,7 @@ var routes = map[protoreflect.Name]route{
 	"checkpoint_job":    {role: transport.RoleOperator, mutates: true, handle: (*Server).checkpointJob},
 	"restart_job":       {role: transport.RoleOperator, mutates: true, handle: (*Server).restartJob},
 	"release_job":       {role: transport.RoleOperator, mutates: true, handle: (*Server).releaseJob},
+	"quiet_slow":        {role: transport.RoleOperator, mutates: true, handle: (*Server).quietSlow},
 	"cordon":            {role: transport.RoleOperator, mutates: true, handle: (*Server).cordon},
 	"create_join_token": {role: transport.RoleAdmin, mutates: true, handle: (*Server).createJoinToken},
 	"list_tokens":       {role: transport.RoleAdmin, handle: (*Server).listTokens},

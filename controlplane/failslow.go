@@ -2,9 +2,11 @@ package controlplane
 
 import (
 	"cmp"
+	"context"
 	"slices"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/controlplane/jobs"
 	"github.com/gpuctl/gpuctl/controlplane/metrics"
 	"github.com/gpuctl/gpuctl/scheduler/failslow"
 )
@@ -12,11 +14,19 @@ import (
 // Slowness is what the fail-slow analysis says now, for the exporter
 // (metrics.SlowSource).
 func (s *Server) Slowness() metrics.Slowness {
-	out := metrics.Slowness{Findings: map[string]int{}, Lateness: map[string]map[int32]float64{}, Slowdown: s.slow.Slowdown()}
+	out := metrics.Slowness{Findings: map[string]int{}, Quiet: map[string]int{}, Lateness: map[string]map[int32]float64{}, Slowdown: s.slow.Slowdown()}
 	for _, c := range failslow.Classes {
 		out.Findings[string(c)] = 0
 	}
+	now := s.cfg.Now()
+	v := s.jobs.View()
 	for _, f := range s.slow.Findings() {
+		if j, err := v.Find(f.Job); err == nil {
+			if acked, until := jobs.SlowQuieted(j, &f, now); acked || until > 0 {
+				out.Quiet[string(f.Class)]++
+				continue
+			}
+		}
 		out.Findings[string(f.Class)]++
 	}
 	for job, ranks := range s.slow.Lateness() {
@@ -41,8 +51,7 @@ func (s *Server) SlowFindings(job string) ([]*api.SlowFinding, error) {
 		if id != "" && f.Job != id {
 			continue
 		}
-		out = append(out, &api.SlowFinding{Job: f.Job, Class: string(f.Class), Rank: f.Rank, Node: f.Node, Comm: int32(f.Comm),
-			SinceUnixNano: f.Since, LateNs: int64(f.Late), Slowdown: f.Slowdown, Evidence: f.Evidence})
+		out = append(out, s.slowFinding(&f))
 	}
 	return out, nil
 }
@@ -79,4 +88,28 @@ func (s *Server) slowJobID(key string) (string, error) {
 		return "", err
 	}
 	return j.GetId(), nil
+}
+
+// slowFinding is a finding as the API lists it, with its job's
+// acknowledgement and silence.
+func (s *Server) slowFinding(f *failslow.Finding) *api.SlowFinding {
+	out := &api.SlowFinding{Job: f.Job, Class: string(f.Class), Rank: f.Rank, Node: f.Node, Comm: int32(f.Comm),
+		SinceUnixNano: f.Since, LateNs: int64(f.Late), Slowdown: f.Slowdown, Evidence: f.Evidence}
+	if j, err := s.jobs.View().Find(f.Job); err == nil {
+		out.Acked, out.SilencedUntilUnixNano = jobs.SlowQuieted(j, f, s.cfg.Now())
+	}
+	return out
+}
+
+// quietSlow answers gpuctl stalls ack and silence.
+func (s *Server) quietSlow(ctx context.Context, c *call) error {
+	j, covered, err := s.jobs.QuietSlow(ctx, c.req.GetQuietSlow(), c.caller.Name)
+	if err != nil {
+		return c.fail("%v", err)
+	}
+	r := &api.QuietSlowResponse{Job: j}
+	for i := range covered {
+		r.Covered = append(r.Covered, s.slowFinding(&covered[i]))
+	}
+	return c.send(&api.ClientResponse{Body: &api.ClientResponse_QuietSlow{QuietSlow: r}})
 }

@@ -49,6 +49,7 @@ func TestOpsRoles(t *testing.T) {
 		{&api.ClientRequest{Body: &api.ClientRequest_ListStalls{ListStalls: &api.ListStallsRequest{}}}, transport.RoleViewer},
 		{&api.ClientRequest{Body: &api.ClientRequest_Logs{Logs: &api.LogsRequest{}}}, transport.RoleViewer},
 		{&api.ClientRequest{Body: &api.ClientRequest_Cordon{Cordon: &api.CordonRequest{Action: "cordon"}}}, transport.RoleOperator},
+		{&api.ClientRequest{Body: &api.ClientRequest_QuietSlow{QuietSlow: &api.QuietSlowRequest{Job: "j", ForNs: 1}}}, transport.RoleOperator},
 	}
 	roles := []transport.Role{transport.RoleViewer, transport.RoleOperator, transport.RoleAdmin}
 	for _, tc := range cases {

@@ -23,8 +23,10 @@ import (
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/controlplane"
+	"github.com/gpuctl/gpuctl/controlplane/jobs"
 	"github.com/gpuctl/gpuctl/controlplane/metrics"
 	"github.com/gpuctl/gpuctl/jobspec"
+	"github.com/gpuctl/gpuctl/scheduler"
 )
 
 // Options configures a demo cluster.
@@ -60,7 +62,10 @@ type Options struct {
 	// MetricsBasePort, when set, gives the server's Prometheus endpoint
 	// 127.0.0.1:MetricsBasePort and node i's 127.0.0.1:MetricsBasePort+1+i.
 	MetricsBasePort int
-	Log             *slog.Logger
+	// SlowRule bounds automatic action on fail-slow findings (zero:
+	// scheduler.DefaultSlowRule).
+	SlowRule scheduler.SlowRule
+	Log      *slog.Logger
 }
 
 // DefaultOptions returns the options of `gpuctl demo`.
@@ -138,6 +143,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		// the demo (its nodemons allow that to be root).
 		RunAs: jobspec.RunAsPolicy{NodemonUser: true},
 		Lease: opts.Lease,
+		Jobs:  jobs.Config{SlowRule: opts.SlowRule},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("demo: %w", err)

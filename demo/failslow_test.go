@@ -95,10 +95,19 @@ func TestSlowGPUNamed(t *testing.T) {
 // severity (and class, unless ""), up to limit.
 func awaitSlow(t *testing.T, cl *client.Client, job string, since time.Time, sev api.Severity, class string, limit time.Duration) (*api.Event, error) {
 	t.Helper()
+	return awaitSlowEvent(t, cl, job, since, limit, func(e *api.Event) bool {
+		return e.GetSeverity() == sev && (class == "" || e.GetAttrs()["class"] == class)
+	})
+}
+
+// awaitSlowEvent waits for the job's first fail-slow event since a time
+// that matches, up to limit.
+func awaitSlowEvent(t *testing.T, cl *client.Client, job string, since time.Time, limit time.Duration, match func(*api.Event) bool) (*api.Event, error) {
+	t.Helper()
 	var found *api.Event
 	err := waitUntil(limit, func() error {
 		for _, e := range slowEvents(t, cl, job, since) {
-			if e.GetSeverity() == sev && (class == "" || e.GetAttrs()["class"] == class) {
+			if match(e) {
 				found = e
 				return nil
 			}

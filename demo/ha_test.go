@@ -45,6 +45,14 @@ func serverName(i int) string { return fmt.Sprintf("head-%d", i+1) }
 
 func newHACluster(t *testing.T, nodes int, serverArgs ...string) *haCluster {
 	t.Helper()
+	c := newHAServers(t, serverArgs...)
+	c.joinNodes(nodes)
+	return c
+}
+
+// newHAServers starts etcd and both servers, server 0 leading; no nodes.
+func newHAServers(t *testing.T, serverArgs ...string) *haCluster {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts etcd, real servers, nodemons and ringtrain")
 	}
@@ -62,17 +70,24 @@ func newHACluster(t *testing.T, nodes int, serverArgs ...string) *haCluster {
 	c.waitLeader(cl, serverName(0), 20*time.Second)
 	c.startServer(1)
 	c.waitRole(cl, serverName(1), "standby", 20*time.Second)
-	token, _, err := cl.CreateJoinToken(context.Background(), client.TokenOptions{TTL: time.Hour, Uses: nodes})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.token = token
-	for i := 0; i < nodes; i++ {
-		c.startNode(NodeName(i))
-	}
-	c.waitNodes(cl, 30*time.Second, nodes)
 	cl.Close()
 	return c
+}
+
+// joinNodes starts n nodemons and waits until they are ready.
+func (c *haCluster) joinNodes(n int) {
+	c.t.Helper()
+	cl := c.dial(10 * time.Second)
+	defer cl.Close()
+	token, _, err := cl.CreateJoinToken(context.Background(), client.TokenOptions{TTL: time.Hour, Uses: n})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.token = token
+	for i := 0; i < n; i++ {
+		c.startNode(NodeName(i))
+	}
+	c.waitNodes(cl, 30*time.Second, n)
 }
 
 // startServer starts server i. Server 0's data dir is the one

@@ -37,6 +37,8 @@ type procCluster struct {
 	token         string
 	nodes         map[string]*proc
 	nodeStarts    map[string]int
+	// ebpf is the nodemons' --ebpf, default off.
+	ebpf string
 }
 
 // newProcCluster starts a server process (with serveArgs added) and n
@@ -117,10 +119,14 @@ func (c *procCluster) dial(limit time.Duration) *client.Client {
 // startNode starts (or starts again) nodemon name on its own data dir.
 func (c *procCluster) startNode(name string) {
 	c.t.Helper()
+	ebpf := c.ebpf
+	if ebpf == "" {
+		ebpf = "off"
+	}
 	c.nodeStarts[name]++
 	c.nodes[name] = startProcess(c.t, filepath.Join(c.dir, fmt.Sprintf("%s-%d.log", name, c.nodeStarts[name])), c.nodemon,
 		"--server", c.addr, "--token", c.token, "--name", name, "--data-dir", filepath.Join(c.dir, "nodes", name),
-		"--sim", "dgx-h100", "--ebpf", "off", "--trace-scope", "node", "--allow-root-ranks")
+		"--sim", "dgx-h100", "--ebpf", ebpf, "--trace-scope", "node", "--allow-root-ranks")
 }
 
 // waitNodes waits until n nodes are ready and connected.

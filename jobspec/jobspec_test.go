@@ -18,7 +18,7 @@ func TestExampleParses(t *testing.T) {
 	}
 	if s.Name != "gpt3-pretrain" || s.TotalGPUs() != 1024 || s.GPUModel != "h100" || s.Restarts() != 5 ||
 		s.Checkpoint.Interval != 30*time.Minute || s.Checkpoint.IntervalAuto || s.EstimatedRuntime != 72*time.Hour || s.RestartPolicy != ReplaceNode ||
-		s.StallRecovery != StallAuto {
+		s.StallRecovery != StallAuto || s.SlowRecovery != SlowAuto {
 		t.Fatalf("example parsed to %+v", s)
 	}
 	m, tr, ok, err := s.CostModel()
@@ -44,7 +44,7 @@ func TestDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Checkpoint.Interval != DefaultCheckpointInterval || !s.Checkpoint.IntervalAuto || s.Restarts() != 0 || s.StallRecovery != StallManual {
+	if s.Checkpoint.Interval != DefaultCheckpointInterval || !s.Checkpoint.IntervalAuto || s.Restarts() != 0 || s.StallRecovery != StallManual || s.SlowRecovery != SlowAlert {
 		t.Fatalf("checkpoint interval %s, restarts %d", s.Checkpoint.Interval, s.Restarts())
 	}
 }
@@ -117,6 +117,8 @@ func TestValidationRules(t *testing.T) {
 		{"stall tiny", base + "stall_threshold: 10ms\n", "job.yaml:4: stall_threshold: 10ms is under a second"},
 		{"stall recovery", base + "stall_recovery: sometimes\n", `job.yaml:4: stall_recovery: "sometimes": use manual or auto`},
 		{"stall recovery without restarts", base + "restart_policy: none\nstall_recovery: auto\n", "job.yaml:5: stall_recovery: auto contradicts restart_policy none"},
+		{"slow recovery", base + "slow_recovery: manual\n", `job.yaml:4: slow_recovery: "manual": use alert or auto`},
+		{"slow recovery in place", base + "slow_recovery: auto\n", "job.yaml:4: slow_recovery: auto needs restart_policy replace-node or shrink"},
 		{"restart policy", base + "restart_policy: pray\n", `job.yaml:4: restart_policy: "pray": use one of restart-in-place, replace-node, shrink, none`},
 		{"max restarts negative", base + "max_restarts: -1\n", "job.yaml:4: max_restarts: -1 is negative"},
 		{"max restarts with none", base + "restart_policy: none\nmax_restarts: 2\n", "job.yaml:5: max_restarts: 2 contradicts restart_policy none"},

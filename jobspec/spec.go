@@ -45,6 +45,27 @@ const (
 // StallRecoveries lists the accepted stall recovery modes.
 var StallRecoveries = []StallRecovery{StallManual, StallAuto}
 
+// SlowRecovery says what gpuctl does about a fail-slow finding of the job.
+// It is a field of its own, not stall_recovery: a hang stops training, a
+// slow rank only costs time and may pass, so a job may well restart on a
+// hang by itself and still want a person to decide about a slow node.
+type SlowRecovery string
+
+// Slow recovery modes.
+const (
+	// SlowAlert reports the finding (an event, `gpuctl stalls`, metrics)
+	// and leaves the job to the operator.
+	SlowAlert SlowRecovery = "alert"
+	// SlowAuto checkpoints the job and restarts it from that checkpoint
+	// without the slow node, on a spare, once the finding has stood for
+	// the hold, within the bound on automatic exclusions
+	// (scheduler.DefaultSlowRule).
+	SlowAuto SlowRecovery = "auto"
+)
+
+// SlowRecoveries lists the accepted slow recovery modes.
+var SlowRecoveries = []SlowRecovery{SlowAlert, SlowAuto}
+
 // Defaults applied to fields a job leaves out.
 const (
 	DefaultGPUsPerNode        = 8
@@ -93,6 +114,8 @@ type Spec struct {
 	StallThreshold time.Duration `yaml:"stall_threshold,omitempty" json:"stall_threshold,omitempty"`
 	// StallRecovery is manual (default) or auto.
 	StallRecovery StallRecovery `yaml:"stall_recovery,omitempty" json:"stall_recovery,omitempty"`
+	// SlowRecovery is alert (default) or auto.
+	SlowRecovery  SlowRecovery  `yaml:"slow_recovery,omitempty" json:"slow_recovery,omitempty"`
 	RestartPolicy RestartPolicy `yaml:"restart_policy,omitempty" json:"restart_policy,omitempty"`
 	// MaxRestarts bounds automatic restarts; nil means DefaultMaxRestarts.
 	MaxRestarts *int         `yaml:"max_restarts,omitempty" json:"max_restarts,omitempty"`
@@ -188,6 +211,9 @@ func (s *Spec) ApplyDefaults() {
 	}
 	if s.StallRecovery == "" {
 		s.StallRecovery = StallManual
+	}
+	if s.SlowRecovery == "" {
+		s.SlowRecovery = SlowAlert
 	}
 }
 

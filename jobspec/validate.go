@@ -336,6 +336,12 @@ func (s *Spec) validateRecovery(c *checker, tr costmodel.Training, hasModel bool
 	if s.StallRecovery == StallAuto && s.RestartPolicy == NoRestart {
 		c.add("stall_recovery", "auto contradicts restart_policy none: a stalled job can only be restarted")
 	}
+	if !slices.Contains(SlowRecoveries, s.SlowRecovery) {
+		c.add("slow_recovery", "%q: use alert or auto", s.SlowRecovery)
+	}
+	if s.SlowRecovery == SlowAuto && s.RestartPolicy != ReplaceNode && s.RestartPolicy != Shrink {
+		c.add("slow_recovery", "auto needs restart_policy replace-node or shrink: the slow node is swapped for a spare")
+	}
 	if s.MaxRestarts != nil {
 		switch {
 		case *s.MaxRestarts < 0:

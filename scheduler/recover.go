@@ -31,9 +31,12 @@ const (
 	// (root ranks not allowed there): the job runs without them, and
 	// the nodes are fine for other jobs.
 	FailRefused
+	// FailSlow is a fail-slow finding acted on (slow_recovery auto);
+	// Nodes is the slow node.
+	FailSlow
 )
 
-var failureNames = [...]string{"rank exit", "node down", "GPU fault", "stall", "operator restart", "refused the launch"}
+var failureNames = [...]string{"rank exit", "node down", "GPU fault", "stall", "operator restart", "refused the launch", "fail-slow"}
 
 // String names the failure kind.
 func (k FailureKind) String() string {

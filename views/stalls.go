@@ -70,12 +70,20 @@ type SlowJSON struct {
 	LateSeconds *float64   `json:"late_seconds"`
 	Slowdown    float64    `json:"slowdown"`
 	Evidence    string     `json:"evidence"`
+	// Acked is an operator's acknowledgement (for the job's attempt);
+	// SilencedUntil the end of a silence, null when none. Either keeps
+	// the finding from automatic action and from alerting metrics.
+	Acked         bool       `json:"acked"`
+	SilencedUntil *time.Time `json:"silenced_until_time"`
 }
 
 // SlowFromAPI converts a finding to its JSON view; now gives its duration.
 func SlowFromAPI(f *api.SlowFinding, now time.Time) SlowJSON {
 	out := SlowJSON{Job: f.GetJob(), Class: f.GetClass(), Node: optString(f.GetNode()), Since: optTime(f.GetSinceUnixNano()),
-		Slowdown: math.Round(f.GetSlowdown()*100) / 100, Evidence: f.GetEvidence()}
+		Slowdown: math.Round(f.GetSlowdown()*100) / 100, Evidence: f.GetEvidence(), Acked: f.GetAcked()}
+	if until := f.GetSilencedUntilUnixNano(); until > now.UnixNano() {
+		out.SilencedUntil = optTime(until)
+	}
 	if f.GetRank() >= 0 && f.GetClass() == "compute-slow" {
 		out.Rank = ptr(f.GetRank())
 	}
@@ -165,10 +173,10 @@ func stallsAndSlow(w io.Writer, o Options, r *api.ListStallsResponse, withSlow b
 // how long, by how much, and the evidence.
 func slowTable(o Options, slow []*api.SlowFinding, now time.Time) tableData {
 	t := tableData{empty: "no slow ranks"}
-	t.cols = []column{{name: "JOB"}, {name: "SLOW"}, {name: "WHO"}, {name: "FOR"}, {name: "SLOWDOWN"}, {name: "EVIDENCE", flex: true}}
+	t.cols = []column{{name: "JOB"}, {name: "SLOW"}, {name: "WHO"}, {name: "FOR"}, {name: "SLOWDOWN"}, {name: "QUIET"}, {name: "EVIDENCE", flex: true}}
 	if o.Format == Wide {
 		t.cols = []column{{name: "JOB"}, {name: "SLOW"}, {name: "WHO"}, {name: "COMM"}, {name: "FOR"}, {name: "SLOWDOWN"}, {name: "LATE"},
-			{name: "SINCE"}, {name: "EVIDENCE", flex: true}}
+			{name: "SINCE"}, {name: "QUIET"}, {name: "EVIDENCE", flex: true}}
 	}
 	for _, f := range slow {
 		v := SlowFromAPI(f, now)
@@ -184,6 +192,13 @@ func slowTable(o Options, slow []*api.SlowFinding, now time.Time) tableData {
 		since := timeOrZero(v.Since)
 		forCell := num(age(now, since), deref0(v.SlowSeconds))
 		sd := num(fmt.Sprintf("%.2fx", v.Slowdown), v.Slowdown)
+		quiet := "-"
+		switch {
+		case v.Acked:
+			quiet = "acked"
+		case v.SilencedUntil != nil:
+			quiet = "silenced " + age(*v.SilencedUntil, now)
+		}
 		if o.Format == Wide {
 			comm, late := "-", "-"
 			if v.Comm != nil {
@@ -193,10 +208,10 @@ func slowTable(o Options, slow []*api.SlowFinding, now time.Time) tableData {
 				late = time.Duration(*v.LateSeconds * 1e9).String()
 			}
 			t.add(txt(v.Job), txt(v.Class), txt(who), txt(comm), forCell, sd, num(late, deref0(v.LateSeconds)),
-				num(since.Format(time.RFC3339), float64(since.Unix())), txt(v.Evidence))
+				num(since.Format(time.RFC3339), float64(since.Unix())), txt(quiet), txt(v.Evidence))
 			continue
 		}
-		t.add(txt(v.Job), txt(v.Class), txt(who), forCell, sd, txt(v.Evidence))
+		t.add(txt(v.Job), txt(v.Class), txt(who), forCell, sd, txt(quiet), txt(v.Evidence))
 	}
 	return t
 }

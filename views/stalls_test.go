@@ -71,10 +71,10 @@ func TestStallsJSONContract(t *testing.T) {
 func sampleSlow() []*api.SlowFinding {
 	return []*api.SlowFinding{
 		{Job: "j-1a2b3c", Class: "compute-slow", Rank: 3, Node: "node-01", Comm: 0, SinceUnixNano: now.Add(-12 * time.Second).UnixNano(),
-			LateNs: int64(42 * time.Millisecond), Slowdown: 1.396,
+			LateNs: int64(42 * time.Millisecond), Slowdown: 1.396, Acked: true,
 			Evidence: "rank 3 entered last in 7 of the last 10 collectives on communicator 0, 42ms after the median of its peers; its GPU's SM clock is 70% of its peers' (hw_slowdown)"},
 		{Job: "j-4d5e6f", Class: "communication-slow", Rank: -1, Node: "node-02", Comm: 1, SinceUnixNano: now.Add(-40 * time.Second).UnixNano(),
-			Slowdown: 2.1, Evidence: "the ranks enter together but collectives on communicator 1 take 2.10× their baseline (bus bandwidth 310 MB/s, 48% of its own)"},
+			Slowdown: 2.1, SilencedUntilUnixNano: now.Add(29 * time.Minute).UnixNano(), Evidence: "the ranks enter together but collectives on communicator 1 take 2.10× their baseline (bus bandwidth 310 MB/s, 48% of its own)"},
 		{Job: "j-777777", Class: "job-wide", Rank: -1, Comm: -1, SinceUnixNano: now.Add(-3 * time.Minute).UnixNano(), Slowdown: 1.15,
 			Evidence: "every rank is slower: the step time is 1.15× its baseline of 110ms"},
 	}
@@ -98,10 +98,13 @@ func TestFindingsFormats(t *testing.T) {
 		t.Fatalf("stalls %v, %d slow findings", doc.Stalls, len(doc.Slow))
 	}
 	for k, want := range map[string]any{"job": "j-1a2b3c", "class": "compute-slow", "rank": 3.0, "node": "node-01", "comm": 0.0,
-		"slow_seconds": 12.0, "late_seconds": 0.042, "slowdown": 1.4} {
+		"slow_seconds": 12.0, "late_seconds": 0.042, "slowdown": 1.4, "acked": true, "silenced_until_time": nil} {
 		if got := doc.Slow[0][k]; got != want {
 			t.Errorf("slow[0].%s = %v, want %v", k, got, want)
 		}
+	}
+	if doc.Slow[1]["acked"] != false || doc.Slow[1]["silenced_until_time"] != now.Add(29*time.Minute).UTC().Format(time.RFC3339) {
+		t.Errorf("silenced: acked %v until %v", doc.Slow[1]["acked"], doc.Slow[1]["silenced_until_time"])
 	}
 	if doc.Slow[2]["rank"] != nil || doc.Slow[2]["node"] != nil || doc.Slow[2]["comm"] != nil || doc.Slow[2]["late_seconds"] != nil {
 		t.Errorf("job-wide: rank %v node %v comm %v late %v, want null", doc.Slow[2]["rank"], doc.Slow[2]["node"], doc.Slow[2]["comm"], doc.Slow[2]["late_seconds"])

@@ -32,7 +32,8 @@ func TestSubmitRequest(t *testing.T) {
 					Checkpoint:    jobspec.CheckpointSpec{Dir: "/ckpt/ring", Interval: 10 * 60e9},
 					Elastic:       &jobspec.ElasticSpec{DataParallel: []int{8, 4}},
 					RestartPolicy: jobspec.RestartInPlace,
-					StallRecovery: jobspec.StallManual}
+					StallRecovery: jobspec.StallManual,
+					SlowRecovery:  jobspec.SlowAlert}
 				if !reflect.DeepEqual(s, want) {
 					t.Errorf("got  %+v\nwant %+v", s, want)
 				}

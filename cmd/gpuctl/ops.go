@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -44,6 +45,65 @@ func newStallsCmd() *cobra.Command {
 	v.add(cmd)
 	v.kinds = []api.WatchKind{api.WatchKind_WATCH_KIND_STALLS, api.WatchKind_WATCH_KIND_JOBS}
 	cmd.Flags().StringVar(&job, "job", "", "only this job's stalls (id or name)")
+	cmd.AddCommand(newQuietSlowCmd("ack"), newQuietSlowCmd("silence"))
+	return cmd
+}
+
+// newQuietSlowCmd is gpuctl stalls ack and silence: an operator's word
+// that a job's fail-slow findings are known, so they trigger no automatic
+// action (slow_recovery auto) and do not count as alerting.
+func newQuietSlowCmd(what string) *cobra.Command {
+	var (
+		config, node string
+		rank         int32
+		forD         time.Duration
+	)
+	short := "Acknowledge a job's standing fail-slow findings (for its current attempt): no automatic action on them, no alert"
+	if what == "silence" {
+		short = "Silence a job's fail-slow findings for a while (--for): no automatic action on them, no alert, until it ends"
+	}
+	cmd := &cobra.Command{
+		Use:   what + " JOB",
+		Short: short,
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := &api.QuietSlowRequest{Job: args[0], Node: node, HasRank: cmd.Flags().Changed("rank"), Rank: rank}
+			if req.HasRank && node != "" {
+				return fmt.Errorf("give --rank or --node, not both")
+			}
+			if what == "silence" {
+				if forD <= 0 {
+					return fmt.Errorf("silence needs --for, a positive duration such as 30m")
+				}
+				req.ForNs = int64(forD)
+			}
+			return withClient(cmd, config, func(c *client.Client) error {
+				r, err := c.QuietSlow(cmd.Context(), req)
+				if err != nil {
+					return err
+				}
+				done := "acknowledged"
+				if what == "silence" {
+					done = "silenced for " + forD.String()
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: fail-slow findings %s; %d standing now\n", r.GetJob().GetId(), done, len(r.GetCovered()))
+				for _, f := range r.GetCovered() {
+					who := f.GetNode()
+					if f.GetClass() == "compute-slow" {
+						who = fmt.Sprintf("rank %d@%s", f.GetRank(), f.GetNode())
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "  %s %s: %s\n", f.GetClass(), who, api.EscapeText(f.GetEvidence()))
+				}
+				return nil
+			})
+		},
+	}
+	addConfigFlag(cmd, &config)
+	cmd.Flags().Int32Var(&rank, "rank", 0, "only this rank's findings")
+	cmd.Flags().StringVar(&node, "node", "", "only the findings on this node")
+	if what == "silence" {
+		cmd.Flags().DurationVar(&forD, "for", 0, "how long the silence lasts, e.g. 30m")
+	}
 	return cmd
 }
 

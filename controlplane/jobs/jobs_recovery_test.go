@@ -51,15 +51,24 @@ func (h *harness) finishGang(gang map[string]*api.LaunchRanks, codes map[string]
 }
 
 func (h *harness) recoveryEvents(id string) []string {
+	var out []string
+	for _, e := range h.jobEvents(id, api.EventKind_EVENT_KIND_RECOVERY) {
+		out = append(out, e.GetMessage())
+	}
+	return out
+}
+
+// jobEvents lists the stored events of a kind about the job.
+func (h *harness) jobEvents(id string, kind api.EventKind) []*api.Event {
 	h.t.Helper()
 	evs, err := h.st.Events(store.EventFilter{})
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	var out []string
+	var out []*api.Event
 	for _, e := range evs {
-		if e.GetKind() == api.EventKind_EVENT_KIND_RECOVERY && e.GetJob() == id {
-			out = append(out, e.GetMessage())
+		if e.GetKind() == kind && e.GetJob() == id {
+			out = append(out, e)
 		}
 	}
 	return out
@@ -444,7 +453,7 @@ func TestStallAutoRecovery(t *testing.T) {
 			st := &api.Stall{Job: id, Comm: 0xabc, Diagnosis: "rank 3 stopped (T)",
 				LaggingRanks: []*api.StalledRank{{Rank: 3, Node: "n1", ProcState: "T"}}}
 			if _, err := h.call(func(ctx context.Context) (any, error) {
-				return nil, h.m.Stalls(ctx, []*api.Stall{st}, map[string]bool{id: true}, nil)
+				return nil, h.m.Stalls(ctx, []*api.Stall{st}, map[string]bool{id: true}, nil, nil)
 			}); err != nil {
 				t.Fatal(err)
 			}

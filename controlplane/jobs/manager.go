@@ -24,6 +24,7 @@ import (
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/failslow"
 	"github.com/gpuctl/gpuctl/store"
 )
 
@@ -119,6 +120,9 @@ type Config struct {
 	// neither schedules nor tries to commit, keeping the step's writes and
 	// commands until it may; requests are refused with the reason.
 	ReadOnly func() error
+	// SlowRule bounds automatic action on fail-slow findings, default
+	// scheduler.DefaultSlowRule.
+	SlowRule scheduler.SlowRule
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -130,6 +134,9 @@ func (c *Config) defaults() {
 	}
 	if c.Every <= 0 {
 		c.Every = time.Second
+	}
+	if c.SlowRule == (scheduler.SlowRule{}) {
+		c.SlowRule = scheduler.DefaultSlowRule()
 	}
 	if c.PortBase <= 0 {
 		c.PortBase = 29500
@@ -233,6 +240,12 @@ type Manager struct {
 	waiting map[launchKey][]chan reply
 	// stalled is the set of jobs the stall detector last declared.
 	stalled map[string]bool
+	// slow is what the owner keeps of each standing fail-slow finding,
+	// by key.
+	slow map[string]*slowState
+	// slowStanding are the findings of the detector's last pass, which an
+	// acknowledgement covers.
+	slowStanding []failslow.Finding
 	// startedAt is when the server started (the owner's loop began; New
 	// until then): nodes holding ranks must reconnect within their
 	// reconnect bound of it.
@@ -250,7 +263,8 @@ func New(cfg Config) (*Manager, error) {
 	cfg.defaults()
 	m := &Manager{cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, recs: map[string]*recovery{},
 		vals: map[string]*validation{}, prog: map[string]*progress{}, idem: map[string]string{},
-		waiting: map[launchKey][]chan reply{}, stalled: map[string]bool{}, pass: &txn{}, startedAt: cfg.Now()}
+		waiting: map[launchKey][]chan reply{}, stalled: map[string]bool{}, pass: &txn{}, startedAt: cfg.Now(),
+		slow: map[string]*slowState{}}
 	m.in.sig = make(chan struct{}, 1)
 	m.disp = newDispatcher(cfg.Nodes.Command, cfg.Log)
 	m.disp.exec = cfg.Executor
@@ -413,6 +427,7 @@ type (
 		declared []*api.Stall
 		stalled  map[string]bool
 		events   []*api.Event
+		slow     []failslow.Finding
 		done     chan struct{}
 	}
 	msgCall struct {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/failslow"
 )
 
 // StallTarget is a job the stall detector watches: running, not being
@@ -37,12 +39,12 @@ func (m *Manager) stallTargets() []StallTarget {
 }
 
 // Stalls hands the owner one pass of the stall detector: the stalls it
-// declared, the jobs stalled now, and the events to store. It returns once
-// they are applied and stored, so that a listing never shows a stall
-// before its event and its job's flag.
-func (m *Manager) Stalls(ctx context.Context, declared []*api.Stall, stalled map[string]bool, events []*api.Event) error {
+// declared, the jobs stalled now, the events to store and the fail-slow
+// findings standing now. It returns once they are applied and stored, so
+// that a listing never shows a stall before its event and its job's flag.
+func (m *Manager) Stalls(ctx context.Context, declared []*api.Stall, stalled map[string]bool, events []*api.Event, slow []failslow.Finding) error {
 	done := make(chan struct{})
-	m.in.post(msgStalls{declared: declared, stalled: stalled, events: events, done: done})
+	m.in.post(msgStalls{declared: declared, stalled: stalled, events: events, slow: slow, done: done})
 	select {
 	case <-done:
 		return nil
@@ -66,6 +68,7 @@ func (m *Manager) stalls(msg msgStalls) {
 	for _, st := range msg.declared {
 		m.stalledJob(st)
 	}
+	m.slowFindings(msg.slow, m.now())
 	if err := m.commit(m.pass); err != nil {
 		m.log.Error("commit stall changes; retrying on the next pass", "err", err)
 	}
@@ -97,4 +100,135 @@ func (m *Manager) stalledJob(st *api.Stall) {
 	}
 	reason := fmt.Sprintf("NCCL stall on communicator %#x, lagging nodes %s: %s", st.GetComm(), strings.Join(lagging, ","), st.GetDiagnosis())
 	m.fail(en, scheduler.Failure{Kind: scheduler.FailStall, Nodes: lagging}, reason, m.now())
+}
+
+// slowFindings acts on the fail-slow findings standing now, under each
+// job's slow_recovery and the bound (scheduler.DecideSlow): a finding of a
+// job with slow_recovery auto that has stood for the hold restarts the job
+// from its last checkpoint without the slow node, when the restart plan
+// swaps it for a spare; otherwise, or past the bound, the finding only
+// alerts, with an event saying why, once per finding and outcome.
+func (m *Manager) slowFindings(fs []failslow.Finding, now time.Time) {
+	m.slowStanding = fs
+	standing := make(map[string]bool, len(fs))
+	for i := range fs {
+		f := &fs[i]
+		key := f.Key()
+		standing[key] = true
+		st := m.slow[key]
+		if st == nil {
+			st = &slowState{seen: now}
+			m.slow[key] = st
+		}
+		en := m.jobs[f.Job]
+		if en == nil || en.spec == nil || !active(en.job) || m.recs[f.Job] != nil {
+			continue
+		}
+		j := en.job
+		acked, until := SlowQuieted(j, f, now)
+		d := scheduler.DecideSlow(m.cfg.SlowRule, scheduler.SlowCase{Auto: en.spec.SlowRecovery == jobspec.SlowAuto,
+			Class: string(f.Class), Node: f.Node, Quiet: acked || until > 0,
+			Since: st.seen.UnixNano(), Now: now.UnixNano(), Past: j.GetSlowExclusionsUnixNano()})
+		switch d.Verdict {
+		case scheduler.SlowBound:
+			m.slowSay(st, f, "bound", api.Severity_SEVERITY_WARNING, "%s: not acted on: %s; `gpuctl restart %s --exclude %s` moves it now",
+				f.Class, d.Reason, j.GetId(), f.Node)
+		case scheduler.SlowExclude:
+			// With no spare, a plan is tried again at most every
+			// slowRetry, not on every pass.
+			if st.said != "no-spare" || now.Sub(st.tried) >= slowRetry {
+				st.tried = now
+				m.slowExclude(en, st, f, d, now)
+			}
+		}
+	}
+	for k := range m.slow {
+		if !standing[k] {
+			delete(m.slow, k)
+		}
+	}
+}
+
+// slowState is what the owner keeps of a standing fail-slow finding: when
+// it first saw it (the hold is timed on the owner's clock, not the
+// nodes'), when it last planned a restart for it, and what it last
+// announced, so that each outcome is announced once.
+type slowState struct {
+	seen, tried time.Time
+	said        string
+	// ckptAsked is when the job was asked to checkpoint before the
+	// restart, and ckptFrom its latest checkpoint step then.
+	ckptAsked time.Time
+	ckptFrom  int64
+}
+
+// checkpointing says whether the restart still waits for the checkpoint
+// it asked for: until a newer checkpoint is reported or slowCheckpointWait
+// has passed (then the last one serves).
+func (st *slowState) checkpointing(j *api.Job, now time.Time) bool {
+	return !st.ckptAsked.IsZero() && j.GetLastCheckpointStep() <= st.ckptFrom && now.Sub(st.ckptAsked) < slowCheckpointWait
+}
+
+const (
+	// slowRetry is how often a finding with no spare for its node is
+	// planned again.
+	slowRetry = 5 * time.Second
+	// slowCheckpointWait bounds the wait for the checkpoint asked for
+	// before a slow node is excluded.
+	slowCheckpointWait = 2 * time.Minute
+)
+
+// slowExclude restarts a job without the node a fail-slow finding blames,
+// through the recovery every failure takes, when the plan puts a spare in
+// its place; a slow node is still a working one, so the job is never
+// shrunk or given up for it. A job with a checkpoint dir is asked to
+// checkpoint first, and restarted once that checkpoint is reported (or
+// after slowCheckpointWait, from its last one).
+func (m *Manager) slowExclude(en *entry, st *slowState, f *failslow.Finding, d scheduler.SlowDecision, now time.Time) {
+	j := en.job
+	if st.checkpointing(j, now) {
+		return
+	}
+	fail := scheduler.Failure{Kind: scheduler.FailSlow, Nodes: []string{d.Node}}
+	snap := m.snapshot(now)
+	req := m.recoverRequest(en, fail)
+	plan := scheduler.Recover(&snap, &req)
+	if plan.Action != scheduler.ReplaceNodes && plan.Action != scheduler.Replan {
+		m.slowSay(st, f, "no-spare", api.Severity_SEVERITY_WARNING, "%s: not acted on: no spare to take %s's place (%s: %s); the job keeps running there",
+			f.Class, d.Node, plan.Action, plan.Reason)
+		return
+	}
+	if j.GetCheckpointDir() != "" && st.ckptAsked.IsZero() {
+		// Checkpoint first, so the restart loses as little as it can;
+		// the job runs on, slowly, meanwhile.
+		st.ckptAsked, st.ckptFrom = now, j.GetLastCheckpointStep()
+		m.progressOf(j.GetId()).CheckpointAt = now
+		m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_CHECKPOINT, Job: j.GetId(), Step: j.GetStep(),
+			Message: fmt.Sprintf("checkpoint requested (SIGUSR1 to every rank) before restarting without %s: %s", d.Node, d.Reason)})
+		m.signal(j, "SIGUSR1")
+		return
+	}
+	j.SlowExclusionsUnixNano = append(j.SlowExclusionsUnixNano, now.UnixNano())
+	rule := m.cfg.SlowRule
+	m.slowSay(st, f, "exclude", api.Severity_SEVERITY_WARNING, "%s: restarting from the last checkpoint without %s (automatic slow exclusion %d of at most %d in %s)",
+		d.Reason, d.Node, len(j.SlowExclusionsUnixNano), rule.Max, rule.Window)
+	m.fail(en, fail, "fail-slow: "+d.Reason, now)
+}
+
+// slowSay raises an event about what was done with a fail-slow finding
+// (attrs.action: exclude, bound or no-spare), once per finding and
+// action.
+func (m *Manager) slowSay(st *slowState, f *failslow.Finding, action string, sev api.Severity, format string, args ...any) {
+	if st.said == action {
+		return
+	}
+	st.said = action
+	e := &api.Event{Kind: api.EventKind_EVENT_KIND_SLOW, Severity: sev, Job: f.Job, Node: f.Node,
+		Message: fmt.Sprintf(format, args...), Attrs: map[string]string{"class": string(f.Class), "action": action}}
+	if f.Rank >= 0 {
+		e.Rank = f.Rank
+		e.Attrs["rank"] = strconv.Itoa(int(f.Rank))
+	}
+	m.log.Warn("fail-slow finding", "job", f.Job, "action", action, "msg", e.Message)
+	m.raise(e)
 }

@@ -44,6 +44,9 @@ type Slowness struct {
 	// Findings counts the findings standing now by class (every class
 	// present, zero included).
 	Findings map[string]int
+	// Quiet counts, by class, the findings standing now that an operator
+	// acknowledged or silenced (not in Findings).
+	Quiet map[string]int
 	// Lateness is each running job's ranks' rolling lateness in seconds:
 	// how far after the median of their peers they enter collectives.
 	Lateness map[string]map[int32]float64
@@ -188,6 +191,7 @@ var (
 	jobPredictedDesc = prometheus.NewDesc("gpuctl_job_predicted_step_seconds", "Seconds per step the cost model predicted for the job's plan.", jobLabels, nil)
 	jobGoodputDesc   = prometheus.NewDesc("gpuctl_job_goodput_ratio", "Useful step time over wall time since the job first started.", jobLabels, nil)
 	jobRestartsDesc  = prometheus.NewDesc("gpuctl_job_restarts_total", "Automatic restarts after failures.", jobLabels, nil)
+	jobSlowExclDesc  = prometheus.NewDesc("gpuctl_job_slow_exclusions_total", "Automatic restarts without a node a fail-slow finding blamed (slow_recovery auto).", jobLabels, nil)
 	jobPreemptDesc   = prometheus.NewDesc("gpuctl_job_preemptions_total", "Times the scheduler preempted the job.", jobLabels, nil)
 	jobLostDesc      = prometheus.NewDesc("gpuctl_job_lost_steps_total", "Steps redone after restarts (run past the checkpoint resumed from).", jobLabels, nil)
 	jobDowntimeDesc  = prometheus.NewDesc("gpuctl_job_downtime_seconds_total", "Seconds the job was not running since it first started.", jobLabels, nil)
@@ -197,14 +201,15 @@ var (
 	jobCkptTimeDesc  = prometheus.NewDesc("gpuctl_job_checkpoint_duration_seconds", "Mean seconds a checkpoint of the job takes.", jobLabels, nil)
 	jobAdvisedDesc   = prometheus.NewDesc("gpuctl_job_advised_checkpoint_interval_seconds", "Young–Daly checkpoint interval advised from checkpoint time and the cluster's failure rate.", jobLabels, nil)
 	jobStalledDesc   = prometheus.NewDesc("gpuctl_job_stalled_communicators", "The job's communicators with an NCCL stall declared now.", jobLabels, nil)
-	slowFindingsDesc = prometheus.NewDesc("gpuctl_slow_findings", "Fail-slow findings standing now, by class (compute-slow, communication-slow, job-wide).", []string{"class"}, nil)
+	slowFindingsDesc = prometheus.NewDesc("gpuctl_slow_findings", "Fail-slow findings standing now and alerting (neither acknowledged nor silenced), by class (compute-slow, communication-slow, job-wide).", []string{"class"}, nil)
+	slowQuietDesc    = prometheus.NewDesc("gpuctl_slow_findings_quiet", "Fail-slow findings standing now that an operator acknowledged or silenced, by class.", []string{"class"}, nil)
 	rankLatenessDesc = prometheus.NewDesc("gpuctl_rank_lateness_seconds", "How far after the median of its peers the rank enters collectives (a rolling average).", []string{"hpc_job", "rank"}, nil)
 	jobSlowdownDesc  = prometheus.NewDesc("gpuctl_job_slowdown_ratio", "The job's step time (the cadence of its busiest communicator) over its baseline.", jobLabels, nil)
 
 	stateDescs = []*prometheus.Desc{nodesDesc, nodesCordonedDesc, nodesDrainingDesc, nodeReadyDesc, nodeCordonedDesc, gpusDesc, jobsDesc,
 		stallsDesc, readOnlyDesc, shedDesc, paceDesc, jobInfoDesc, jobGPUsDesc, jobStepDesc, jobRateDesc, jobMeasuredDesc, jobPredictedDesc, jobGoodputDesc,
-		jobRestartsDesc, jobPreemptDesc, jobLostDesc, jobDowntimeDesc, jobEnergyDesc, jobCkptsDesc, jobCkptAgeDesc, jobCkptTimeDesc,
-		jobAdvisedDesc, jobStalledDesc, slowFindingsDesc, rankLatenessDesc, jobSlowdownDesc}
+		jobRestartsDesc, jobSlowExclDesc, jobPreemptDesc, jobLostDesc, jobDowntimeDesc, jobEnergyDesc, jobCkptsDesc, jobCkptAgeDesc, jobCkptTimeDesc,
+		jobAdvisedDesc, jobStalledDesc, slowFindingsDesc, slowQuietDesc, rankLatenessDesc, jobSlowdownDesc}
 )
 
 // Describe implements prometheus.Collector.
@@ -313,6 +318,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		sl := ss.Slowness()
 		for class, n := range sl.Findings {
 			gauge(slowFindingsDesc, float64(n), class)
+			gauge(slowQuietDesc, float64(sl.Quiet[class]), class)
 		}
 		for job, ranks := range sl.Lateness {
 			for r, sec := range ranks {
@@ -349,6 +355,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(jobGoodputDesc, j.GetGoodput(), id)
 		counter(jobRestartsDesc, float64(j.GetRestarts()), id)
+		counter(jobSlowExclDesc, float64(len(j.GetSlowExclusionsUnixNano())), id)
 		counter(jobPreemptDesc, float64(j.GetPreemptions()), id)
 		counter(jobLostDesc, float64(j.GetLostSteps()), id)
 		counter(jobDowntimeDesc, j.GetDowntimeSeconds(), id)

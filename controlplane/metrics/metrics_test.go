@@ -278,9 +278,11 @@ func TestSlownessMetrics(t *testing.T) {
 	c := &clock{t: t0}
 	src := slowSource{fakeSource: fixture(), sl: Slowness{
 		Findings: map[string]int{"compute-slow": 1, "communication-slow": 0, "job-wide": 0},
+		Quiet:    map[string]int{"communication-slow": 1},
 		Lateness: map[string]map[int32]float64{"j-1a2b3c": {0: 0.001, 3: 0.042}},
 		Slowdown: map[string]float64{"j-1a2b3c": 1.4},
 	}}
+	src.jobs[0].SlowExclusionsUnixNano = []int64{t0.UnixNano()}
 	fams := gather(t, New(src, Options{Now: c.now}))
 	for _, w := range []struct {
 		name   string
@@ -289,6 +291,9 @@ func TestSlownessMetrics(t *testing.T) {
 	}{
 		{"gpuctl_slow_findings", []string{"class", "compute-slow"}, 1},
 		{"gpuctl_slow_findings", []string{"class", "job-wide"}, 0},
+		{"gpuctl_slow_findings_quiet", []string{"class", "communication-slow"}, 1},
+		{"gpuctl_slow_findings_quiet", []string{"class", "compute-slow"}, 0},
+		{"gpuctl_job_slow_exclusions_total", []string{"hpc_job", "j-1a2b3c"}, 1},
 		{"gpuctl_rank_lateness_seconds", []string{"hpc_job", "j-1a2b3c", "rank", "3"}, 0.042},
 		{"gpuctl_rank_lateness_seconds", []string{"hpc_job", "j-1a2b3c", "rank", "0"}, 0.001},
 		{"gpuctl_job_slowdown_ratio", []string{"hpc_job", "j-1a2b3c"}, 1.4},

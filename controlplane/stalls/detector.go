@@ -14,13 +14,14 @@ import (
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane/jobs"
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
+	"github.com/gpuctl/gpuctl/scheduler/failslow"
 	"github.com/gpuctl/gpuctl/scheduler/stall"
 )
 
 // Jobs is what the detector needs of the job owner.
 type Jobs interface {
 	StallTargets() []jobs.StallTarget
-	Stalls(ctx context.Context, declared []*api.Stall, stalled map[string]bool, events []*api.Event) error
+	Stalls(ctx context.Context, declared []*api.Stall, stalled map[string]bool, events []*api.Event, slow []failslow.Finding) error
 }
 
 // Nodes is what the detector needs of the node registry.
@@ -147,10 +148,12 @@ func (d *Detector) Pass(ctx context.Context) error {
 		list = append(list, st)
 		keys[Key(&now2[i])] = true
 	}
+	var slow []failslow.Finding
 	if d.slow != nil {
 		events = append(events, d.slow.pass(now, targets, progress)...)
+		slow = d.slow.Findings()
 	}
-	if err := d.jobs.Stalls(ctx, declared, stalled, events); err != nil {
+	if err := d.jobs.Stalls(ctx, declared, stalled, events, slow); err != nil {
 		return err
 	}
 	d.mu.Lock()
