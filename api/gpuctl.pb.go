@@ -1838,10 +1838,17 @@ type CollectiveRecord struct {
 	// Still inside the call when sampled; duration_ns is the time so far.
 	InProgress bool `protobuf:"varint,15,opt,name=in_progress,json=inProgress,proto3" json:"in_progress,omitempty"`
 	// Communicator size and this rank's place in it (ncclCommInitRank).
-	CommNranks    int32 `protobuf:"varint,16,opt,name=comm_nranks,json=commNranks,proto3" json:"comm_nranks,omitempty"`
-	CommRank      int32 `protobuf:"varint,17,opt,name=comm_rank,json=commRank,proto3" json:"comm_rank,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CommNranks int32 `protobuf:"varint,16,opt,name=comm_nranks,json=commNranks,proto3" json:"comm_nranks,omitempty"`
+	CommRank   int32 `protobuf:"varint,17,opt,name=comm_rank,json=commRank,proto3" json:"comm_rank,omitempty"`
+	// A completion record, from gpuctl's NCCL profiler plugin: the
+	// collective (pid, comm, seq) entered at start_unix_nano had its work
+	// run on the GPU from gpu_start to gpu_end. A record without it is the
+	// call itself, whose return on a GPU is the enqueue.
+	Completion       bool  `protobuf:"varint,18,opt,name=completion,proto3" json:"completion,omitempty"`
+	GpuStartUnixNano int64 `protobuf:"varint,19,opt,name=gpu_start_unix_nano,json=gpuStartUnixNano,proto3" json:"gpu_start_unix_nano,omitempty"`
+	GpuEndUnixNano   int64 `protobuf:"varint,20,opt,name=gpu_end_unix_nano,json=gpuEndUnixNano,proto3" json:"gpu_end_unix_nano,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *CollectiveRecord) Reset() {
@@ -1989,6 +1996,27 @@ func (x *CollectiveRecord) GetCommNranks() int32 {
 func (x *CollectiveRecord) GetCommRank() int32 {
 	if x != nil {
 		return x.CommRank
+	}
+	return 0
+}
+
+func (x *CollectiveRecord) GetCompletion() bool {
+	if x != nil {
+		return x.Completion
+	}
+	return false
+}
+
+func (x *CollectiveRecord) GetGpuStartUnixNano() int64 {
+	if x != nil {
+		return x.GpuStartUnixNano
+	}
+	return 0
+}
+
+func (x *CollectiveRecord) GetGpuEndUnixNano() int64 {
+	if x != nil {
+		return x.GpuEndUnixNano
 	}
 	return 0
 }
@@ -10882,7 +10910,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x15pcie_tx_bytes_per_sec\x18\x18 \x01(\x04R\x11pcieTxBytesPerSec\x120\n" +
 	"\x15pcie_rx_bytes_per_sec\x18\x19 \x01(\x04R\x11pcieRxBytesPerSec\x123\n" +
 	"\tprocesses\x18\x1a \x03(\v2\x15.gpuctl.v1.GPUProcessR\tprocesses\x12\x12\n" +
-	"\x04lost\x18\x1b \x01(\bR\x04lost\"\xc1\x03\n" +
+	"\x04lost\x18\x1b \x01(\bR\x04lost\"\xbb\x04\n" +
 	"\x10CollectiveRecord\x12&\n" +
 	"\x0fstart_unix_nano\x18\x01 \x01(\x03R\rstartUnixNano\x12\x1f\n" +
 	"\vduration_ns\x18\x02 \x01(\x03R\n" +
@@ -10904,7 +10932,12 @@ const file_gpuctl_proto_rawDesc = "" +
 	"inProgress\x12\x1f\n" +
 	"\vcomm_nranks\x18\x10 \x01(\x05R\n" +
 	"commNranks\x12\x1b\n" +
-	"\tcomm_rank\x18\x11 \x01(\x05R\bcommRank\"\xa1\x02\n" +
+	"\tcomm_rank\x18\x11 \x01(\x05R\bcommRank\x12\x1e\n" +
+	"\n" +
+	"completion\x18\x12 \x01(\bR\n" +
+	"completion\x12-\n" +
+	"\x13gpu_start_unix_nano\x18\x13 \x01(\x03R\x10gpuStartUnixNano\x12)\n" +
+	"\x11gpu_end_unix_nano\x18\x14 \x01(\x03R\x0egpuEndUnixNano\"\xa1\x02\n" +
 	"\rNetFlowSample\x12$\n" +
 	"\x0etime_unix_nano\x18\x01 \x01(\x03R\ftimeUnixNano\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x1d\n" +

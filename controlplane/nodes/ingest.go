@@ -169,7 +169,7 @@ func (r *Registry) apply(name string, sess *session, t *api.Telemetry, sampled b
 		e.inFlight, e.ranks = t.GetInFlight(), t.GetRanks()
 	}
 	for _, c := range t.GetCollectives() {
-		if c.GetInProgress() {
+		if c.GetInProgress() || c.GetCompletion() {
 			continue
 		}
 		k := collKey{node: name, pid: c.GetPid(), comm: c.GetComm(), op: c.GetOp()}

@@ -70,7 +70,7 @@ func (f *FailSlow) Calls(node string, recs []*api.CollectiveRecord) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, r := range recs {
-		if r.GetInProgress() || r.GetSeq() == 0 || r.GetJob() == "" || !r.GetOp().Collective() {
+		if r.GetInProgress() || r.GetCompletion() || r.GetSeq() == 0 || r.GetJob() == "" || !r.GetOp().Collective() {
 			continue
 		}
 		if len(f.queue) >= FailSlowQueue {
