@@ -4350,6 +4350,13 @@ type CollectiveStat struct {
 	Calls         uint64                 `protobuf:"varint,9,opt,name=calls,proto3" json:"calls,omitempty"`
 	InCallSeconds float64                `protobuf:"fixed64,10,opt,name=in_call_seconds,json=inCallSeconds,proto3" json:"in_call_seconds,omitempty"`
 	LastUnixNano  int64                  `protobuf:"varint,11,opt,name=last_unix_nano,json=lastUnixNano,proto3" json:"last_unix_nano,omitempty"`
+	// From the completion records of gpuctl's NCCL profiler plugin: how many,
+	// the time the work took on the GPU, and the last collective whose work
+	// completed. All 0 without the plugin, where the calls' times (the
+	// enqueue, on a GPU) are all there is.
+	Completions   uint64  `protobuf:"varint,12,opt,name=completions,proto3" json:"completions,omitempty"`
+	GpuSeconds    float64 `protobuf:"fixed64,13,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	CompletedSeq  uint64  `protobuf:"varint,14,opt,name=completed_seq,json=completedSeq,proto3" json:"completed_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4457,6 +4464,27 @@ func (x *CollectiveStat) GetInCallSeconds() float64 {
 func (x *CollectiveStat) GetLastUnixNano() int64 {
 	if x != nil {
 		return x.LastUnixNano
+	}
+	return 0
+}
+
+func (x *CollectiveStat) GetCompletions() uint64 {
+	if x != nil {
+		return x.Completions
+	}
+	return 0
+}
+
+func (x *CollectiveStat) GetGpuSeconds() float64 {
+	if x != nil {
+		return x.GpuSeconds
+	}
+	return 0
+}
+
+func (x *CollectiveStat) GetCompletedSeq() uint64 {
+	if x != nil {
+		return x.CompletedSeq
 	}
 	return 0
 }
@@ -11146,7 +11174,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x15state_since_unix_nano\x18\x0f \x01(\x03R\x12stateSinceUnixNano\x125\n" +
 	"\x17suspect_until_unix_nano\x18\x10 \x01(\x03R\x14suspectUntilUnixNano\x12%\n" +
 	"\x0esuspect_reason\x18\x11 \x01(\tR\rsuspectReason\x12$\n" +
-	"\x0elost_unix_nano\x18\x12 \x03(\x03R\flostUnixNano\"\x9f\x02\n" +
+	"\x0elost_unix_nano\x18\x12 \x03(\x03R\flostUnixNano\"\x87\x03\n" +
 	"\x0eCollectiveStat\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x10\n" +
@@ -11159,7 +11187,11 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x05calls\x18\t \x01(\x04R\x05calls\x12&\n" +
 	"\x0fin_call_seconds\x18\n" +
 	" \x01(\x01R\rinCallSeconds\x12$\n" +
-	"\x0elast_unix_nano\x18\v \x01(\x03R\flastUnixNano\"\x12\n" +
+	"\x0elast_unix_nano\x18\v \x01(\x03R\flastUnixNano\x12 \n" +
+	"\vcompletions\x18\f \x01(\x04R\vcompletions\x12\x1f\n" +
+	"\vgpu_seconds\x18\r \x01(\x01R\n" +
+	"gpuSeconds\x12#\n" +
+	"\rcompleted_seq\x18\x0e \x01(\x04R\fcompletedSeq\"\x12\n" +
 	"\x10ListNodesRequest\"@\n" +
 	"\x11ListNodesResponse\x12+\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x15.gpuctl.v1.NodeStatusR\x05nodes\"e\n" +
