@@ -301,7 +301,7 @@ func TestRingTrainRanksAgree(t *testing.T) {
 	// As on a GPU: calls enqueue, the stream completes them, ringtrain
 	// synchronizes before it reads the result; with the profiler loaded.
 	t.Run("asynchronous with the profiler", func(t *testing.T) {
-		ringTrainRanksAgree(t, "GPUCTL_NCCL_ASYNC=1", "NCCL_PROFILER_PLUGIN="+arts.Profiler)
+		ringTrainRanksAgree(t, "REFNCCL_ASYNC=1", "NCCL_PROFILER_PLUGIN="+arts.Profiler)
 	})
 }
 

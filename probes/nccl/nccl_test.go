@@ -620,7 +620,7 @@ func TestCompletionTraced(t *testing.T) {
 	scanUntilAttached(t, tr, plugin)
 	kernels := t.TempDir()
 	ranks := startRanksEnv(t, job, world, func(r int) []string {
-		return []string{"GPUCTL_NCCL_ASYNC=1", "NCCL_PROFILER_PLUGIN=" + plugin,
+		return []string{"REFNCCL_ASYNC=1", "NCCL_PROFILER_PLUGIN=" + plugin,
 			"GPUCTL_SIM_KERNEL_DIR=" + kernels, "CUDA_VISIBLE_DEVICES=" + strconv.Itoa(r)}
 	}, "--steps", "0", "--compute-ms", "5", "--bytes", "64K")
 

@@ -10,7 +10,7 @@
  *   - Buffers are host memory and `stream` is ignored. Every call completes
  *     before it returns (except inside ncclGroupStart/ncclGroupEnd, where calls
  *     are queued and run at the outermost ncclGroupEnd), unless
- *     GPUCTL_NCCL_ASYNC=1: then a collective is enqueued on its communicator's
+ *     REFNCCL_ASYNC=1: then a collective is enqueued on its communicator's
  *     stream, a worker thread, and completes later, as on a GPU; wait for it
  *     with cudaStreamSynchronize (cudasync.h).
  *   - The profiler plugin named by NCCL_PROFILER_PLUGIN is loaded and called as

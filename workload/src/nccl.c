@@ -4,7 +4,7 @@
  * ncclGroupEnd, queues it. Entry points never call each other, so one call by
  * the application is exactly one hit on the symbol's uprobe.
  *
- * With GPUCTL_NCCL_ASYNC=1 a collective outside a group completes the way
+ * With REFNCCL_ASYNC=1 a collective outside a group completes the way
  * it does on a GPU: the call enqueues it on its communicator's stream (a
  * worker thread) and returns, and the application waits for it with
  * cudaStreamSynchronize, which this library provides for that (see
@@ -34,7 +34,7 @@ static long stream_pending;
 static int async_mode(void) {
   static int mode = -1;
   if (mode < 0) {
-    const char *v = getenv("GPUCTL_NCCL_ASYNC");
+    const char *v = getenv("REFNCCL_ASYNC");
     mode = v && strcmp(v, "1") == 0;
   }
   return mode;
