@@ -514,7 +514,7 @@ func TestAttachLibraryIdempotentAndValidated(t *testing.T) {
 func benchCopy(b *testing.B) (bench, lib string) {
 	b.Helper()
 	dir := b.TempDir()
-	for _, f := range []string{"ncclbench", "libnccl.so.2"} {
+	for _, f := range []string{"ncclbench", "libnccl.so.2", wl.ProfilerName} {
 		data, err := os.ReadFile(workload(b, f))
 		if err != nil {
 			b.Fatal(err)
@@ -527,9 +527,11 @@ func benchCopy(b *testing.B) (bench, lib string) {
 }
 
 // runBench runs ncclbench and returns its ns_per_call.
-func runBench(b *testing.B, bench string, calls int) float64 {
+func runBench(b *testing.B, bench string, calls int, env ...string) float64 {
 	b.Helper()
-	out, err := exec.Command(bench, "--calls", strconv.Itoa(calls), "--op", "allreduce").CombinedOutput()
+	cmd := exec.Command(bench, "--calls", strconv.Itoa(calls), "--op", "allreduce")
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		b.Fatalf("ncclbench: %v\n%s", err, out)
 	}
@@ -551,7 +553,9 @@ func runBench(b *testing.B, bench string, calls int) float64 {
 // (ncclbench's 1-rank ncclAllReduce): untraced; with an empty program on
 // the same uprobe and uretprobe, which is the kernel's trap cost alone;
 // and with the NCCL probe. ns/call-ebpf is the total cost of tracing a
-// call, ns/call-program the part that is the probe's own code.
+// call, ns/call-program the part that is the probe's own code;
+// ns/call-completion what gpuctl's profiler plugin and its two traced
+// hooks add to a traced call.
 func BenchmarkTracedCall(b *testing.B) {
 	calls := max(b.N, 1000)
 	bench, lib := benchCopy(b)
@@ -593,6 +597,11 @@ func BenchmarkTracedCall(b *testing.B) {
 		}
 	}()
 	traced := runBench(b, bench, calls)
+	plugin := filepath.Join(filepath.Dir(lib), wl.ProfilerName)
+	if err := tr.AttachLibrary(plugin); err != nil {
+		b.Fatal(err)
+	}
+	completion := runBench(b, bench, calls, "NCCL_PROFILER_PLUGIN="+plugin)
 	cancel()
 	<-drained
 
@@ -601,6 +610,7 @@ func BenchmarkTracedCall(b *testing.B) {
 	b.ReportMetric(traced, "ns/call-traced")
 	b.ReportMetric(traced-untraced, "ns/call-ebpf")
 	b.ReportMetric(traced-trapOnly, "ns/call-program")
+	b.ReportMetric(completion-traced, "ns/call-completion")
 	b.ReportMetric(float64(tr.Lost()), "lost")
 }
 
