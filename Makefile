@@ -11,9 +11,11 @@ PKGS      := ./...
 
 all: build
 
+# nodemon finds gpuctl's NCCL profiler plugin beside itself (--nccl-profiler auto).
 build: workload
 	$(GO) build -o bin/gpuctl ./cmd/gpuctl
 	$(GO) build -o bin/nodemon ./cmd/nodemon
+	cp workload/build/libnccl-profiler-gpuctl.so bin/
 
 workload:
 	$(MAKE) -C workload
@@ -36,6 +38,7 @@ test: build lint
 gpu-check-bundle: workload
 	$(GO) build -trimpath -ldflags='-s -w' -o bin/gpu-check/gpuctl ./cmd/gpuctl
 	$(GO) build -trimpath -ldflags='-s -w' -o bin/gpu-check/nodemon ./cmd/nodemon
+	cp workload/build/libnccl-profiler-gpuctl.so bin/gpu-check/
 	@du -ch bin/gpu-check/* workload/build/libnccl.so.2 workload/build/ringtrain | tail -1
 
 gpu-check:

@@ -210,7 +210,9 @@ func (m *metrics) observe(t *api.Telemetry) {
 		}
 	}
 	for _, c := range t.GetCollectives() {
-		if c.GetInProgress() {
+		// A completion is not another call; dcgm-style call counts stay
+		// the calls'.
+		if c.GetInProgress() || c.GetCompletion() {
 			continue
 		}
 		k := ncclKey{job: c.GetJob(), rank: c.GetRank(), op: c.GetOp().Short()}

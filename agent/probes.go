@@ -51,6 +51,12 @@ type ProbeOptions struct {
 	// simulated GPUs count as utilization (nvml.KernelDirEnv); created
 	// when missing. Empty: the GPUs follow the ranks' CPU time alone.
 	SimKernelDir string
+	// NCCLProfiler is gpuctl's NCCL profiler plugin
+	// (libnccl-profiler-gpuctl.so). With NCCL tracing on, its hooks are
+	// traced and every rank gets NCCL_PROFILER_PLUGIN naming it, unless
+	// nodemon's environment or the job sets its own: then the calls'
+	// times are the enqueue's alone on a GPU. Empty: none.
+	NCCLProfiler string
 }
 
 // Probes are nodemon's collectors.
@@ -60,9 +66,11 @@ type Probes struct {
 	sim     *nvmlprobe.Sim
 	// kernelDir is the simulated GPUs' kernel time directory, if any.
 	kernelDir string
-	nccl      *nccl.Tracer
-	net       *netflow.Tracer
-	rdma      string
+	// profiler is the NCCL profiler plugin the ranks are given, if any.
+	profiler string
+	nccl     *nccl.Tracer
+	net      *netflow.Tracer
+	rdma     string
 	// procs resolves a traced pid to its job and rank, and says whether
 	// it is this node's; nil without eBPF.
 	procs *nccl.ProcTable
@@ -83,13 +91,25 @@ type Probes struct {
 func (p *Probes) SetPace(factor uint32) { p.pace.Store(factor) }
 
 // rankEnv is what the probes add to every rank's environment: where to
-// report kernel time on simulated GPUs.
+// report kernel time on simulated GPUs, and the NCCL profiler plugin that
+// reports when collectives complete. A job's own environment comes after
+// it, so a job that names another plugin keeps it.
 func (p *Probes) rankEnv() []string {
-	if p == nil || p.kernelDir == "" {
+	if p == nil {
 		return nil
 	}
-	return []string{nvmlprobe.KernelDirEnv + "=" + p.kernelDir}
+	var env []string
+	if p.kernelDir != "" {
+		env = append(env, nvmlprobe.KernelDirEnv+"="+p.kernelDir)
+	}
+	if p.profiler != "" && os.Getenv(ProfilerEnv) == "" {
+		env = append(env, ProfilerEnv+"="+p.profiler)
+	}
+	return env
 }
+
+// ProfilerEnv is NCCL's variable naming the profiler plugin to load.
+const ProfilerEnv = "NCCL_PROFILER_PLUGIN"
 
 // OpenProbes opens NVML (real or simulated) and, as the mode allows, the
 // eBPF tracers.
@@ -136,6 +156,7 @@ func OpenProbes(opts ProbeOptions, log *slog.Logger) (*Probes, error) {
 		errs = append(errs, err)
 	} else {
 		p.nccl = t
+		p.attachProfiler(opts.NCCLProfiler)
 	}
 	// Flows are reported for ranks only: the host's other traffic
 	// (nodemon's own QUIC among it) is not the job's communication.
@@ -395,4 +416,19 @@ func (p *Probes) SetCluster(id string) {
 	if p != nil && p.procs != nil {
 		p.procs.SetCluster(id)
 	}
+}
+
+// attachProfiler traces the profiler plugin's hooks before any rank loads
+// it, so no collective's completion goes unseen, and only then gives it to
+// the ranks: a plugin nodemon cannot trace would cost them for nothing.
+func (p *Probes) attachProfiler(path string) {
+	if path == "" {
+		return
+	}
+	if err := p.nccl.AttachLibrary(path); err != nil {
+		p.log.Warn("NCCL profiler plugin not used: collective times stay the enqueue's on a GPU", "plugin", path, "err", err)
+		return
+	}
+	p.profiler = path
+	p.log.Info("NCCL profiler plugin given to ranks", "plugin", path)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -59,4 +61,37 @@ func TestSamplingBatchesCarryRankStatus(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// A rank is given the profiler plugin nodemon traces, unless nodemon's
+// environment names one; the job's own setting comes last and wins.
+func TestRankEnvProfiler(t *testing.T) {
+	p := &Probes{profiler: "/opt/gpuctl/libnccl-profiler-gpuctl.so"}
+	t.Setenv(ProfilerEnv, "")
+	if got, want := p.rankEnv(), []string{ProfilerEnv + "=/opt/gpuctl/libnccl-profiler-gpuctl.so"}; !slices.Equal(got, want) {
+		t.Errorf("rankEnv = %q, want %q", got, want)
+	}
+	l := &api.LaunchRanks{Job: "j", Env: map[string]string{ProfilerEnv: "theirs"}}
+	env := rankEnv("n", "c", p.rankEnv(), l, &api.RankSpec{})
+	if last := lastValue(env, ProfilerEnv); last != "theirs" {
+		t.Errorf("the job's %s is overridden: last value %q", ProfilerEnv, last)
+	}
+	t.Setenv(ProfilerEnv, "/host/plugin.so")
+	if got := p.rankEnv(); len(got) != 0 {
+		t.Errorf("rankEnv with nodemon's own %s = %q, want nothing", ProfilerEnv, got)
+	}
+	if got := (&Probes{}).rankEnv(); len(got) != 0 {
+		t.Errorf("rankEnv without a plugin = %q", got)
+	}
+}
+
+// lastValue is the value exec gives a process for key: the last one in env.
+func lastValue(env []string, key string) string {
+	v := ""
+	for _, kv := range env {
+		if k, val, ok := strings.Cut(kv, "="); ok && k == key {
+			v = val
+		}
+	}
+	return v
 }

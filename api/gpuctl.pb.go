@@ -1838,10 +1838,17 @@ type CollectiveRecord struct {
 	// Still inside the call when sampled; duration_ns is the time so far.
 	InProgress bool `protobuf:"varint,15,opt,name=in_progress,json=inProgress,proto3" json:"in_progress,omitempty"`
 	// Communicator size and this rank's place in it (ncclCommInitRank).
-	CommNranks    int32 `protobuf:"varint,16,opt,name=comm_nranks,json=commNranks,proto3" json:"comm_nranks,omitempty"`
-	CommRank      int32 `protobuf:"varint,17,opt,name=comm_rank,json=commRank,proto3" json:"comm_rank,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CommNranks int32 `protobuf:"varint,16,opt,name=comm_nranks,json=commNranks,proto3" json:"comm_nranks,omitempty"`
+	CommRank   int32 `protobuf:"varint,17,opt,name=comm_rank,json=commRank,proto3" json:"comm_rank,omitempty"`
+	// A completion record, from gpuctl's NCCL profiler plugin: the
+	// collective (pid, comm, seq) entered at start_unix_nano had its work
+	// run on the GPU from gpu_start to gpu_end. A record without it is the
+	// call itself, whose return on a GPU is the enqueue.
+	Completion       bool  `protobuf:"varint,18,opt,name=completion,proto3" json:"completion,omitempty"`
+	GpuStartUnixNano int64 `protobuf:"varint,19,opt,name=gpu_start_unix_nano,json=gpuStartUnixNano,proto3" json:"gpu_start_unix_nano,omitempty"`
+	GpuEndUnixNano   int64 `protobuf:"varint,20,opt,name=gpu_end_unix_nano,json=gpuEndUnixNano,proto3" json:"gpu_end_unix_nano,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *CollectiveRecord) Reset() {
@@ -1989,6 +1996,27 @@ func (x *CollectiveRecord) GetCommNranks() int32 {
 func (x *CollectiveRecord) GetCommRank() int32 {
 	if x != nil {
 		return x.CommRank
+	}
+	return 0
+}
+
+func (x *CollectiveRecord) GetCompletion() bool {
+	if x != nil {
+		return x.Completion
+	}
+	return false
+}
+
+func (x *CollectiveRecord) GetGpuStartUnixNano() int64 {
+	if x != nil {
+		return x.GpuStartUnixNano
+	}
+	return 0
+}
+
+func (x *CollectiveRecord) GetGpuEndUnixNano() int64 {
+	if x != nil {
+		return x.GpuEndUnixNano
 	}
 	return 0
 }
@@ -4385,6 +4413,13 @@ type CollectiveStat struct {
 	Calls         uint64                 `protobuf:"varint,9,opt,name=calls,proto3" json:"calls,omitempty"`
 	InCallSeconds float64                `protobuf:"fixed64,10,opt,name=in_call_seconds,json=inCallSeconds,proto3" json:"in_call_seconds,omitempty"`
 	LastUnixNano  int64                  `protobuf:"varint,11,opt,name=last_unix_nano,json=lastUnixNano,proto3" json:"last_unix_nano,omitempty"`
+	// From the completion records of gpuctl's NCCL profiler plugin: how many,
+	// the time the work took on the GPU, and the last collective whose work
+	// completed. All 0 without the plugin, where the calls' times (the
+	// enqueue, on a GPU) are all there is.
+	Completions   uint64  `protobuf:"varint,12,opt,name=completions,proto3" json:"completions,omitempty"`
+	GpuSeconds    float64 `protobuf:"fixed64,13,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	CompletedSeq  uint64  `protobuf:"varint,14,opt,name=completed_seq,json=completedSeq,proto3" json:"completed_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4492,6 +4527,27 @@ func (x *CollectiveStat) GetInCallSeconds() float64 {
 func (x *CollectiveStat) GetLastUnixNano() int64 {
 	if x != nil {
 		return x.LastUnixNano
+	}
+	return 0
+}
+
+func (x *CollectiveStat) GetCompletions() uint64 {
+	if x != nil {
+		return x.Completions
+	}
+	return 0
+}
+
+func (x *CollectiveStat) GetGpuSeconds() float64 {
+	if x != nil {
+		return x.GpuSeconds
+	}
+	return 0
+}
+
+func (x *CollectiveStat) GetCompletedSeq() uint64 {
+	if x != nil {
+		return x.CompletedSeq
 	}
 	return 0
 }
@@ -11328,7 +11384,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x15pcie_tx_bytes_per_sec\x18\x18 \x01(\x04R\x11pcieTxBytesPerSec\x120\n" +
 	"\x15pcie_rx_bytes_per_sec\x18\x19 \x01(\x04R\x11pcieRxBytesPerSec\x123\n" +
 	"\tprocesses\x18\x1a \x03(\v2\x15.gpuctl.v1.GPUProcessR\tprocesses\x12\x12\n" +
-	"\x04lost\x18\x1b \x01(\bR\x04lost\"\xc1\x03\n" +
+	"\x04lost\x18\x1b \x01(\bR\x04lost\"\xbb\x04\n" +
 	"\x10CollectiveRecord\x12&\n" +
 	"\x0fstart_unix_nano\x18\x01 \x01(\x03R\rstartUnixNano\x12\x1f\n" +
 	"\vduration_ns\x18\x02 \x01(\x03R\n" +
@@ -11350,7 +11406,12 @@ const file_gpuctl_proto_rawDesc = "" +
 	"inProgress\x12\x1f\n" +
 	"\vcomm_nranks\x18\x10 \x01(\x05R\n" +
 	"commNranks\x12\x1b\n" +
-	"\tcomm_rank\x18\x11 \x01(\x05R\bcommRank\"\xa1\x02\n" +
+	"\tcomm_rank\x18\x11 \x01(\x05R\bcommRank\x12\x1e\n" +
+	"\n" +
+	"completion\x18\x12 \x01(\bR\n" +
+	"completion\x12-\n" +
+	"\x13gpu_start_unix_nano\x18\x13 \x01(\x03R\x10gpuStartUnixNano\x12)\n" +
+	"\x11gpu_end_unix_nano\x18\x14 \x01(\x03R\x0egpuEndUnixNano\"\xa1\x02\n" +
 	"\rNetFlowSample\x12$\n" +
 	"\x0etime_unix_nano\x18\x01 \x01(\x03R\ftimeUnixNano\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x1d\n" +
@@ -11562,7 +11623,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x15state_since_unix_nano\x18\x0f \x01(\x03R\x12stateSinceUnixNano\x125\n" +
 	"\x17suspect_until_unix_nano\x18\x10 \x01(\x03R\x14suspectUntilUnixNano\x12%\n" +
 	"\x0esuspect_reason\x18\x11 \x01(\tR\rsuspectReason\x12$\n" +
-	"\x0elost_unix_nano\x18\x12 \x03(\x03R\flostUnixNano\"\x9f\x02\n" +
+	"\x0elost_unix_nano\x18\x12 \x03(\x03R\flostUnixNano\"\x87\x03\n" +
 	"\x0eCollectiveStat\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x10\n" +
@@ -11575,7 +11636,11 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x05calls\x18\t \x01(\x04R\x05calls\x12&\n" +
 	"\x0fin_call_seconds\x18\n" +
 	" \x01(\x01R\rinCallSeconds\x12$\n" +
-	"\x0elast_unix_nano\x18\v \x01(\x03R\flastUnixNano\"\x12\n" +
+	"\x0elast_unix_nano\x18\v \x01(\x03R\flastUnixNano\x12 \n" +
+	"\vcompletions\x18\f \x01(\x04R\vcompletions\x12\x1f\n" +
+	"\vgpu_seconds\x18\r \x01(\x01R\n" +
+	"gpuSeconds\x12#\n" +
+	"\rcompleted_seq\x18\x0e \x01(\x04R\fcompletedSeq\"\x12\n" +
 	"\x10ListNodesRequest\"@\n" +
 	"\x11ListNodesResponse\x12+\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x15.gpuctl.v1.NodeStatusR\x05nodes\"e\n" +

@@ -7,6 +7,12 @@
  * Calls still inside the library are visible to user space in nccl_inflight,
  * which is how a rank stuck in a collective is found.
  *
+ * On a GPU a collective's return is its enqueue. gpuctl's profiler plugin
+ * (workload/profiler) calls gpuctl_coll_enqueued from inside the NCCL call
+ * and gpuctl_coll_done when the collective's work has finished: the first
+ * pairs the plugin's event with the call in flight on that thread, the
+ * second sends a completion record for it with the work's start and end.
+ *
  * Argument passing is x86-64 SysV: integer args 1-6 in rdi, rsi, rdx, rcx,
  * r8, r9; the 7th and later on the stack above the return address.
  */
@@ -50,7 +56,9 @@ struct nccl_call {
 	__s32 comm_nranks; /* from ncclCommInitRank, 0 if unknown */
 	__s32 comm_rank;   /* from ncclCommInitRank, -1 if unknown */
 	__u32 depth;       /* nested traced calls while this one is in flight */
-	__u32 _pad;
+	__u32 done;        /* 1: a completion record from the profiler plugin */
+	__u64 gpu_start_ns; /* completion records: when the work began */
+	__u64 gpu_end_ns;   /* completion records: when it was done */
 };
 
 /* Sequence numbers are kept per kind so point-to-point traffic, which is
@@ -107,6 +115,21 @@ struct {
 	__type(key, struct comm_key);
 	__type(value, struct comm_info);
 } nccl_comms SEC(".maps");
+
+/* Collectives enqueued and not yet complete, by the plugin's event. LRU:
+ * a collective whose completion never comes ages out. */
+struct event_key {
+	__u64 event;
+	__u32 pid;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct event_key);
+	__type(value, struct nccl_call);
+} nccl_enqueued SEC(".maps");
 
 /* Records that could not be delivered: ring buffer full or in-flight map full. */
 struct {
@@ -296,6 +319,21 @@ int nccl_comm_init_rank(struct pt_regs *ctx)
 		     ctx->di);
 }
 
+/* reserve_copy puts a copy of c, ended now, in the ring buffer for the
+ * caller to finish and submit; NULL (counted lost) when the ring is full. */
+static __always_inline struct nccl_call *reserve_copy(const struct nccl_call *c)
+{
+	struct nccl_call *ev = bpf_ringbuf_reserve(&nccl_events, sizeof(*ev), 0);
+
+	if (!ev) {
+		count_lost();
+		return NULL;
+	}
+	__builtin_memcpy(ev, c, sizeof(*ev));
+	ev->end_ns = bpf_ktime_get_ns();
+	return ev;
+}
+
 /* nccl_return completes whichever traced call the thread is returning from. */
 SEC("uretprobe/nccl")
 int nccl_return(struct pt_regs *ctx)
@@ -310,15 +348,12 @@ int nccl_return(struct pt_regs *ctx)
 		return 0;
 	}
 
-	struct nccl_call *ev = bpf_ringbuf_reserve(&nccl_events, sizeof(*ev), 0);
+	struct nccl_call *ev = reserve_copy(c);
 
 	if (!ev) {
-		count_lost();
 		bpf_map_delete_elem(&nccl_inflight, &tid);
 		return 0;
 	}
-	__builtin_memcpy(ev, c, sizeof(*ev));
-	ev->end_ns = bpf_ktime_get_ns();
 	ev->result = (__s32)ctx->ax;
 
 	if (ev->op == NCCL_OP_COMM_INIT_RANK) {
@@ -348,5 +383,55 @@ int nccl_return(struct pt_regs *ctx)
 	}
 	bpf_ringbuf_submit(ev, 0);
 	bpf_map_delete_elem(&nccl_inflight, &tid);
+	return 0;
+}
+
+/*
+ * gpuctl_coll_enqueued(event, comm_hash, seq): the plugin's Coll event
+ * started, on the thread inside the NCCL call that enqueues it.
+ */
+SEC("uprobe/gpuctl_coll_enqueued")
+int gpuctl_coll_enqueued(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+	struct nccl_call *c = bpf_map_lookup_elem(&nccl_inflight, &tid);
+
+	if (!c || c->seq == 0)
+		return 0; /* not inside a traced collective */
+
+	struct event_key key = { .event = ctx->di, .pid = id >> 32 };
+
+	if (bpf_map_update_elem(&nccl_enqueued, &key, c, BPF_ANY))
+		count_lost();
+	return 0;
+}
+
+/*
+ * gpuctl_coll_done(event, comm_hash, seq, start_ns, end_ns): the
+ * collective's work ran from start_ns to end_ns (CLOCK_MONOTONIC), on
+ * whichever thread saw it end.
+ */
+SEC("uprobe/gpuctl_coll_done")
+int gpuctl_coll_done(struct pt_regs *ctx)
+{
+	struct event_key key = { .event = ctx->di,
+				 .pid = bpf_get_current_pid_tgid() >> 32 };
+	struct nccl_call *c = bpf_map_lookup_elem(&nccl_enqueued, &key);
+
+	if (!c)
+		return 0; /* enqueued before the probe was attached */
+
+	struct nccl_call *ev = reserve_copy(c);
+
+	if (!ev) {
+		bpf_map_delete_elem(&nccl_enqueued, &key);
+		return 0;
+	}
+	ev->done = 1;
+	ev->gpu_start_ns = ctx->cx;
+	ev->gpu_end_ns = ctx->r8;
+	bpf_ringbuf_submit(ev, 0);
+	bpf_map_delete_elem(&nccl_enqueued, &key);
 	return 0;
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,6 +48,11 @@ type Options struct {
 	Bytes     string
 	// CkptInterval is the job's checkpoint interval in steps.
 	CkptInterval int
+	// JobEnv is added to the demo job's environment (its job file's env).
+	JobEnv map[string]string
+	// NCCLProfiler is passed to nodemon's --nccl-profiler; empty leaves
+	// nodemon's default (the plugin beside it, if there).
+	NCCLProfiler string
 	// Heartbeat is the nodes' heartbeat interval.
 	Heartbeat time.Duration
 	// EBPF is passed to nodemon's --ebpf.
@@ -207,6 +213,9 @@ func (c *Cluster) StartNode(name, token string) error {
 		"--heartbeat", c.opts.Heartbeat.String(), "--ebpf", c.opts.EBPF, "--trace-scope", "node",
 		"--label", "rack=rack-" + strconv.Itoa(idx/2), "--label", "switch=leaf-" + strconv.Itoa(idx/4),
 		"--log-file", filepath.Join(dir, "nodemon.log")}
+	if c.opts.NCCLProfiler != "" {
+		args = append(args, "--nccl-profiler", c.opts.NCCLProfiler)
+	}
 	if !slices.Contains(c.opts.NoRootRanks, name) {
 		// The demo's ranks run as whoever runs it, root included.
 		args = append(args, "--allow-root-ranks")
@@ -325,6 +334,12 @@ checkpoint:
 restart_policy: replace-node
 `, JobName, c.opts.JobNodes, c.opts.RanksPerNode, c.opts.Ringtrain, c.opts.ComputeMS, c.opts.Bytes, c.opts.CkptInterval,
 		filepath.Join(c.opts.DataDir, "checkpoints", JobName))
+	if len(c.opts.JobEnv) > 0 {
+		spec += "env:\n"
+		for _, k := range slices.Sorted(maps.Keys(c.opts.JobEnv)) {
+			spec += fmt.Sprintf("  %s: %q\n", k, c.opts.JobEnv[k])
+		}
+	}
 	resp, err := cl.SubmitJob(ctx, &api.SubmitJobRequest{SpecYaml: spec, Source: "demo job"})
 	if err != nil {
 		return fmt.Errorf("demo: submit %s: %w", JobName, err)

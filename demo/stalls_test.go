@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,6 +16,8 @@ import (
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/internal/needs"
+	"github.com/gpuctl/gpuctl/internal/testbin"
+	wl "github.com/gpuctl/gpuctl/workload"
 )
 
 // stallRig is the demo job with its ranks traced, where faults are
@@ -117,7 +120,12 @@ func noStalls(r *stallRig) error {
 // defaults) and waits until the job's collectives are traced.
 func newStallRig(t *testing.T) *stallRig {
 	t.Helper()
-	opts := DefaultOptions()
+	return newStallRigWith(t, DefaultOptions())
+}
+
+// newStallRigWith is newStallRig on the demo opts describes.
+func newStallRigWith(t *testing.T, opts Options) *stallRig {
+	t.Helper()
 	opts.EBPF = ebpfMode()
 	c, cl := startCluster(t, opts)
 	job := waitFor(t, cl, c.JobID, 20*time.Second, "the demo job running", func(j *api.Job) error { return runningWith(j, 1, 4) })
@@ -216,6 +224,40 @@ func TestHangNamedInSeconds(t *testing.T) {
 	for _, f := range hangFaults {
 		took, diagnosis := r.timeFault(f, 5*time.Second)
 		t.Logf("%s: named after %.2fs: %s", f.name, took.Seconds(), diagnosis)
+	}
+}
+
+// TestHangNamedOnAsyncGPU: with the reference library completing its
+// collectives asynchronously, as NCCL does on a GPU, a rank returns from
+// a collective its hung GPU never completes; the profiler plugin's
+// completions show it inside that collective, and it is named as fast as
+// when the call itself hangs.
+func TestHangNamedOnAsyncGPU(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real nodemon and ringtrain processes")
+	}
+	opts := DefaultOptions()
+	opts.JobEnv = map[string]string{"REFNCCL_ASYNC": "1"}
+	opts.NCCLProfiler = filepath.Join(filepath.Dir(testbin.Ringtrain(t)), wl.ProfilerName)
+	r := newStallRigWith(t, opts)
+	// The stall rule learns the job's waits first; the GPU running behind
+	// the host must not look like a stall meanwhile.
+	if got := r.healthy(10 * time.Second); len(got) > 0 {
+		t.Errorf("a healthy asynchronous job declared %d stalls: %q", len(got), got)
+	}
+	f := hangFaults[0]
+	took, diagnosis := r.timeFault(f, 5*time.Second)
+	t.Logf("%s on an asynchronous library: named after %.2fs: %s", f.name, took.Seconds(), diagnosis)
+	cs, err := r.cl.Collectives(context.Background(), r.job.GetId(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	completions := uint64(0)
+	for _, c := range cs {
+		completions += c.GetCompletions()
+	}
+	if completions == 0 {
+		t.Errorf("no completion traced: the stall was found from the calls alone")
 	}
 }
 

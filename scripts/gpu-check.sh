@@ -2,14 +2,16 @@
 # gpu-check: on one GPU host, in one call, run nodemon with real NVML
 # against a `gpuctl serve` on loopback, compare its GPU counters with
 # nvidia-smi, run a small NCCL all-reduce loop as a gpuctl job and check
-# that nodemon traced its calls from the libnccl.so.2 the loop loaded, and
+# that nodemon traced its calls from the libnccl.so.2 the loop loaded and,
+# through gpuctl's NCCL profiler plugin (libnccl-profiler-gpuctl.so beside
+# nodemon; NCCL 2.25 or later), when their work completed, and
 # write one report (text and JSON) saying what passed, failed, or could
 # not run and why.
 #
 # Without a GPU (or with --simulate) it runs the same steps against
 # simulated GPUs (nodemon --sim dgx-h200) and the reference workload
-# (workload/build: ringtrain on its libnccl.so.2) in place of PyTorch, and
-# the report says so.
+# (workload/build: ringtrain on its libnccl.so.2, completing collectives
+# asynchronously as a GPU does) in place of PyTorch, and the report says so.
 #
 #   scripts/gpu-check.sh [--simulate] [--bin DIR] [--workload DIR] [--out DIR] [--seconds N]
 #
@@ -247,12 +249,40 @@ else
 	fi
 fi
 
+# check_completions: gpuctl's NCCL profiler plugin (beside nodemon, given
+# to the rank as NCCL_PROFILER_PLUGIN) reports when each all-reduce's work
+# completed, which on a GPU is later than the call's return (the enqueue).
+check_completions() {
+	local plugin
+	plugin=$(sed -n 's/.*NCCL profiler plugin given to ranks.*plugin=\([^ ]*\).*/\1/p' "$work/node/nodemon.log" | head -1)
+	if [ -z "$plugin" ]; then
+		record fail profiler "nodemon gave the ranks no NCCL profiler plugin: $(grep -m1 'NCCL profiler plugin' "$work/node/nodemon.log" || echo "no libnccl-profiler-gpuctl.so beside $bin/nodemon (make gpu-check-bundle puts it there)")"
+		return
+	fi
+	completed() {
+		"$gpuctl" collectives --job "$job" -o json >"$work/coll.json" &&
+			grep -q '"completions": *[1-9]' "$work/coll.json"
+	}
+	if wait_for 20 completed; then
+		cp "$work/coll.json" "$logs/collectives.json"
+		local n
+		n=$(grep -o '"completions": *[0-9]*' "$work/coll.json" | grep -o '[0-9]*$' | awk '{n += $1} END {print n + 0}')
+		record pass profiler "the profiler plugin ($plugin) reported $n completions: collectives are timed by when their work ended, not by the enqueue"
+	else
+		local v=""
+		[ -z "$simulate" ] && v=$("$py" -c 'import torch; print(".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null)
+		record fail profiler "no completion reported within 20s by $plugin (the plugin needs NCCL 2.25 or later${v:+; this NCCL is $v}; NCCL_DEBUG=INFO in the rank's log says whether it loaded): timing stays the enqueue's"
+	fi
+}
+
 # --- an NCCL all-reduce loop, traced ---------------------------------------
 expected=""
 if [ -n "$simulate" ]; then
 	expected="$workload/libnccl.so.2"
 	command=("$workload/ringtrain" --steps 0 --compute-ms 20 --bytes 64K)
-	what="ringtrain on the reference $expected"
+	# Completing asynchronously, as NCCL on a GPU does.
+	jobenv="REFNCCL_ASYNC"
+	what="ringtrain on the reference $expected (asynchronous)"
 	[ -x "$workload/ringtrain" ] || { record fail nccl "no $workload/ringtrain: run 'make workload'"; exit 1; }
 else
 	py=$(command -v python3 || true)
@@ -282,6 +312,7 @@ spec="$work/job.yaml"
 	sep=""
 	for a in "${command[@]}"; do printf '%s"%s"' "$sep" "$a"; sep=", "; done
 	echo "]"
+	[ -n "${jobenv:-}" ] && printf 'env:\n  %s: "1"\n' "$jobenv"
 } >"$spec"
 if ! job=$("$gpuctl" submit -f "$spec" 2>"$work/submit.err"); then
 	record fail nccl "submit: $(cat "$work/submit.err")"
@@ -314,6 +345,7 @@ elif wait_for $((seconds + 30)) traced; then
 	else
 		record pass nccl "nodemon traced $calls NCCL calls (allreduce) of job $job pid $pid: $what${mapped:+, mapped $mapped}"
 	fi
+	check_completions
 else
 	ranklog=$(find "$work/node" -name 'rank-0.log' -path "*$job*" -exec tail -n 3 {} + 2>/dev/null)
 	attach=$(grep -m 3 'NCCL probe\|NCCL libraries' "$work/node/nodemon.log" 2>/dev/null)

@@ -56,7 +56,8 @@ func (r report) step(name string) (status, detail string) {
 // gpu-check` would on a machine without a GPU: a real server and nodemon
 // on simulated GPUs, their counters compared with an nvidia-smi that
 // reports them, ringtrain's NCCL calls traced from the reference
-// libnccl.so.2; then the comparison must catch a GPU whose memory total
+// libnccl.so.2, completing asynchronously, and their completions reported
+// by gpuctl's profiler plugin; then the comparison must catch a GPU whose memory total
 // disagrees.
 func TestGPUCheckSimulated(t *testing.T) {
 	if testing.Short() {
@@ -93,7 +94,7 @@ func TestGPUCheckSimulated(t *testing.T) {
 	if !r.Simulated || !strings.Contains(r.Mode, "simulated GPUs") || !strings.Contains(r.Mode, "--simulate") {
 		t.Errorf("mode %q (simulated %v): the report must say the GPUs were simulated and why", r.Mode, r.Simulated)
 	}
-	want := map[string]string{"host": "pass", "binaries": "pass", "server": "pass", "node": "pass", "gpus": "pass", "ebpf": "pass", "nccl": "pass"}
+	want := map[string]string{"host": "pass", "binaries": "pass", "server": "pass", "node": "pass", "gpus": "pass", "ebpf": "pass", "nccl": "pass", "profiler": "pass"}
 	if status, detail := r.step("ebpf"); status == "skip" {
 		// Only where eBPF may be missing; the NCCL step then cannot run.
 		needs.EBPF.Skip(t, "gpu-check ran, but eBPF was refused: %s", detail)

@@ -151,6 +151,11 @@ type CollectiveJSON struct {
 	Calls         uint64     `json:"calls"`
 	InCallSeconds float64    `json:"in_call_seconds"`
 	LastCallTime  *time.Time `json:"last_call_time"`
+	// From gpuctl's NCCL profiler plugin: 0 without it, where the calls'
+	// times (on a GPU, the enqueue) are all there is.
+	Completions  uint64  `json:"completions"`
+	GPUSeconds   float64 `json:"gpu_seconds"`
+	CompletedSeq uint64  `json:"completed_seq"`
 }
 
 // CollectiveFromAPI converts an aggregate to its JSON view.
@@ -159,6 +164,7 @@ func CollectiveFromAPI(c *api.CollectiveStat) CollectiveJSON {
 		Node: c.GetNode(), PID: c.GetPid(), Job: optString(c.GetJob()), Rank: c.GetRank(), Op: c.GetOp().Short(),
 		Comm: fmt.Sprintf("%#x", c.GetComm()), Seq: c.GetSeq(), Bytes: c.GetBytes(), Calls: c.GetCalls(),
 		InCallSeconds: c.GetInCallSeconds(), LastCallTime: optTime(c.GetLastUnixNano()),
+		Completions: c.GetCompletions(), GPUSeconds: c.GetGpuSeconds(), CompletedSeq: c.GetCompletedSeq(),
 	}
 }
 
@@ -177,19 +183,24 @@ func Collectives(w io.Writer, o Options, cs []*api.CollectiveStat) error {
 	t := tableData{empty: "no collectives: no NCCL call traced (tracing needs nodemon's eBPF probes)"}
 	// Below -o wide, what a narrow terminal leaves out first: the pid (the
 	// node and rank name the process), then the totals that AVG sums up.
-	t.cols = []column{{name: "NODE"}, {name: "JOB"}, {name: "RANK"}, {name: "PID", drop: 5}, {name: "COMM"}, {name: "OP"}, {name: "SEQ"},
-		{name: "CALLS", drop: 4}, {name: "BYTES", drop: 3}, {name: "IN CALL", drop: 2}, {name: "AVG", drop: 1}, {name: "LAST"}}
+	// AVG is the time in the call (on a GPU, the enqueue); GPU AVG the
+	// time the work took, from the profiler plugin, "-" without it.
+	t.cols = []column{{name: "NODE"}, {name: "JOB"}, {name: "RANK"}, {name: "PID", drop: 6}, {name: "COMM"}, {name: "OP"}, {name: "SEQ"},
+		{name: "CALLS", drop: 5}, {name: "BYTES", drop: 4}, {name: "IN CALL", drop: 3}, {name: "AVG", drop: 2}, {name: "GPU AVG", drop: 1},
+		{name: "LAST"}}
+	avg := func(seconds float64, n uint64) cell {
+		if n == 0 {
+			return cell{text: "-"}
+		}
+		a := seconds / float64(n)
+		return num(fmtDuration(time.Duration(a*1e9)), a)
+	}
 	for _, c := range cs {
 		v := CollectiveFromAPI(c)
-		avg := cell{text: "-"}
-		if v.Calls > 0 {
-			a := v.InCallSeconds / float64(v.Calls)
-			avg = num(fmtDuration(time.Duration(a*1e9)), a)
-		}
 		last := timeOrZero(v.LastCallTime)
 		t.add(txt(v.Node), txt(dash(deref(v.Job))), count(v.Rank), count(v.PID), txt(v.Comm), txt(v.Op), count(v.Seq), count(v.Calls),
-			num(Bytes(v.Bytes), float64(v.Bytes)), num(fmtDuration(time.Duration(v.InCallSeconds*1e9)), v.InCallSeconds), avg,
-			num(age(now, last), now.Sub(last).Seconds()))
+			num(Bytes(v.Bytes), float64(v.Bytes)), num(fmtDuration(time.Duration(v.InCallSeconds*1e9)), v.InCallSeconds),
+			avg(v.InCallSeconds, v.Calls), avg(v.GPUSeconds, v.Completions), num(age(now, last), now.Sub(last).Seconds()))
 	}
 	return o.writeTable(w, t)
 }

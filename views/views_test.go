@@ -80,7 +80,8 @@ func sampleEvents() []*api.Event {
 
 func sampleCollectives() []*api.CollectiveStat {
 	return []*api.CollectiveStat{{Node: "node-00", Pid: 4242, Job: "j-1a2b3c", Rank: 1, Op: api.NCCLOp_NCCL_OP_ALL_REDUCE, Comm: 0x5555aaaa,
-		Seq: 120, Bytes: 120 << 22, Calls: 120, InCallSeconds: 1.5, LastUnixNano: now.Add(-time.Second).UnixNano()},
+		Seq: 120, Bytes: 120 << 22, Calls: 120, InCallSeconds: 1.5, LastUnixNano: now.Add(-time.Second).UnixNano(),
+		Completions: 119, GpuSeconds: 2.38, CompletedSeq: 119},
 		{Node: "node-01", Pid: 5150, Rank: 2, Op: api.NCCLOp_NCCL_OP_BROADCAST, Comm: 0x7f00, Seq: 1, Bytes: 4096, Calls: 1,
 			InCallSeconds: 0.0001, LastUnixNano: now.Add(-time.Minute).UnixNano()}}
 }
@@ -217,7 +218,7 @@ func TestCollectivesFitTerminal(t *testing.T) {
 		for i, op := range []api.NCCLOp{api.NCCLOp_NCCL_OP_ALL_REDUCE, api.NCCLOp_NCCL_OP_COMM_INIT_RANK} {
 			cs = append(cs, &api.CollectiveStat{Node: node, Pid: 1_234_567 + uint32(rank), Job: "demo-ringtrain-7f3a9c", Rank: rank, Op: op,
 				Comm: 0x55d0c0ffee00 + uint64(i)<<8, Seq: 123_456, Bytes: 123_456 << 22, Calls: 123_456, InCallSeconds: 4321.5,
-				LastUnixNano: now.Add(-time.Second).UnixNano()})
+				LastUnixNano: now.Add(-time.Second).UnixNano(), Completions: 123_455, GpuSeconds: 8642.9, CompletedSeq: 123_455})
 		}
 	}
 	for _, l := range []struct {

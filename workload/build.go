@@ -14,10 +14,16 @@ import (
 type Artifacts struct {
 	Dir       string // the build directory
 	Lib       string // libnccl.so.2
+	Profiler  string // libnccl-profiler-gpuctl.so, gpuctl's NCCL profiler plugin
 	RingTrain string
 	NCCLBench string
 	CollTest  string
 }
+
+// ProfilerName is the file name of gpuctl's NCCL profiler plugin, in NCCL's
+// libnccl-profiler-NAME.so pattern, so NCCL_PROFILER_PLUGIN=gpuctl finds it
+// on the library path too.
+const ProfilerName = "libnccl-profiler-gpuctl.so"
 
 // SourceDir returns the workload source folder of the tree this package was
 // compiled from, so tests anywhere in the module can build it.
@@ -54,11 +60,12 @@ func Build(ctx context.Context, dir string) (Artifacts, error) {
 	a := Artifacts{
 		Dir:       build,
 		Lib:       filepath.Join(build, "libnccl.so.2"),
+		Profiler:  filepath.Join(build, ProfilerName),
 		RingTrain: filepath.Join(build, "ringtrain"),
 		NCCLBench: filepath.Join(build, "ncclbench"),
 		CollTest:  filepath.Join(build, "colltest"),
 	}
-	for _, p := range []string{a.Lib, a.RingTrain, a.NCCLBench, a.CollTest} {
+	for _, p := range []string{a.Lib, a.Profiler, a.RingTrain, a.NCCLBench, a.CollTest} {
 		if _, err := os.Stat(p); err != nil {
 			return Artifacts{}, fmt.Errorf("build workload: make succeeded but %w", err)
 		}

@@ -265,7 +265,10 @@ func TestLibraryABI(t *testing.T) {
 		"ncclCommAbort", "ncclCommCount", "ncclCommUserRank", "ncclCommGetAsyncError",
 		"ncclGetErrorString", "ncclGetLastError", "ncclAllReduce", "ncclAllGather",
 		"ncclReduceScatter", "ncclBroadcast", "ncclReduce", "ncclSend", "ncclRecv",
-		"ncclGroupStart", "ncclGroupEnd"}
+		"ncclGroupStart", "ncclGroupEnd",
+		// The one CUDA runtime call a training loop waits on its
+		// collectives with (cudasync.h).
+		"cudaStreamSynchronize"}
 	for _, name := range api {
 		if !exported[name] {
 			t.Errorf("%s is not exported", name)
@@ -294,10 +297,19 @@ func TestLibraryABI(t *testing.T) {
 }
 
 func TestRingTrainRanksAgree(t *testing.T) {
+	t.Run("completing in the call", func(t *testing.T) { ringTrainRanksAgree(t) })
+	// As on a GPU: calls enqueue, the stream completes them, ringtrain
+	// synchronizes before it reads the result; with the profiler loaded.
+	t.Run("asynchronous with the profiler", func(t *testing.T) {
+		ringTrainRanksAgree(t, "REFNCCL_ASYNC=1", "NCCL_PROFILER_PLUGIN="+arts.Profiler)
+	})
+}
+
+func ringTrainRanksAgree(t *testing.T, env ...string) {
 	const n, last = 4, 6
 	ranks := startRanks(t, arts.RingTrain, n,
 		[]string{"--steps", strconv.Itoa(last), "--compute-ms", "5", "--bytes", "1M", "--state-bytes", "64K"},
-		"GPUCTL_JOB=agree")
+		append([]string{"GPUCTL_JOB=agree"}, env...)...)
 	requireExit(t, ranks, 40*time.Second, 0)
 	want := reference(t, last, "64K")
 	for r, p := range ranks {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/gpuctl/gpuctl/agent"
 	"github.com/gpuctl/gpuctl/logging"
+	"github.com/gpuctl/gpuctl/workload"
 )
 
 func main() {
@@ -38,7 +39,7 @@ type options struct {
 	cfg                agent.Config
 	token, tokenFile   string
 	sim, ebpf, metrics string
-	scope              string
+	scope, profiler    string
 	labels             []string
 	logLevel, logFile  string
 }
@@ -72,6 +73,7 @@ func rootCmd(run func(o *options) error) *cobra.Command {
 	f.DurationVar(&cfg.Heartbeat, "heartbeat", time.Second, "heartbeat interval; the server marks the node down after two missed")
 	f.StringSliceVar(&o.labels, "label", nil, "topology label KEY=VALUE (repeatable), e.g. --label rack=r1 --label switch=s1")
 	f.StringVar(&o.ebpf, "ebpf", "auto", "eBPF tracing: auto (use where the kernel allows), required, or off")
+	f.StringVar(&o.profiler, "nccl-profiler", "auto", "gpuctl's NCCL profiler plugin, which reports when each collective's work completes on the GPU (NCCL 2.25+):\na path, auto (libnccl-profiler-gpuctl.so beside nodemon, if there), or off; given to ranks as NCCL_PROFILER_PLUGIN unless they set their own")
 	f.StringVar(&o.scope, "trace-scope", "host", "trace every NCCL process on the host, or only the ranks nodemon launched for this node (node; for hosts shared by several nodemons)")
 	f.StringVar(&o.metrics, "metrics-addr", "", "serve Prometheus metrics on this TCP address, e.g. 127.0.0.1:9400")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -116,6 +118,9 @@ func runNodemon(o *options) error {
 		// Simulated GPUs are busy while the ranks report kernel time, so
 		// a rank waiting on its "kernel" need not spin a CPU.
 		popts.SimKernelDir = filepath.Join(cfg.DataDir, "sim-kernels")
+	}
+	if popts.NCCLProfiler, err = profilerPath(o.profiler); err != nil {
+		return err
 	}
 	probes, err := agent.OpenProbes(popts, log)
 	if err != nil {
@@ -228,4 +233,32 @@ func readToken(token, file string, stdin io.Reader) (string, error) {
 		return "", fmt.Errorf("join token: %s is empty: put the output of `gpuctl token create` there", src)
 	}
 	return t, nil
+}
+
+// profilerPath resolves --nccl-profiler: "" for off, the plugin beside
+// nodemon's executable for auto (none there is no error: tracing keeps to
+// the calls), else the path given, which must exist.
+func profilerPath(flag string) (string, error) {
+	switch flag {
+	case "off", "":
+		return "", nil
+	case "auto":
+		exe, err := os.Executable()
+		if err != nil {
+			return "", nil
+		}
+		p := filepath.Join(filepath.Dir(exe), workload.ProfilerName)
+		if _, err := os.Stat(p); err != nil {
+			return "", nil
+		}
+		return p, nil
+	}
+	p, err := filepath.Abs(flag)
+	if err == nil {
+		_, err = os.Stat(p)
+	}
+	if err != nil {
+		return "", fmt.Errorf("--nccl-profiler %s: %w (give the path of %s, built by `make workload`, or off)", flag, err, workload.ProfilerName)
+	}
+	return p, nil
 }

@@ -2,6 +2,7 @@ package nodes
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 
@@ -179,6 +180,21 @@ func (r *Registry) apply(name string, sess *session, t *api.Telemetry, sampled b
 			r.collectives[k] = st
 		}
 		st.Job, st.Rank = c.GetJob(), c.GetRank()
+		if c.GetCompletion() {
+			// Not another call: when one already counted finished its work.
+			st.Completions++
+			st.GpuSeconds += float64(c.GetDurationNs()) / 1e9
+			st.CompletedSeq = max(st.CompletedSeq, c.GetSeq())
+			r.enqueued[k] = slices.DeleteFunc(r.enqueued[k], func(e *api.CollectiveRecord) bool { return e.GetSeq() <= st.CompletedSeq })
+			continue
+		}
+		if st.Completions > 0 && c.GetSeq() > st.CompletedSeq {
+			q := r.enqueued[k]
+			if len(q) == maxEnqueued {
+				q = slices.Delete(q, 0, 1)
+			}
+			r.enqueued[k] = append(q, c)
+		}
 		st.Calls++
 		st.Bytes += c.GetBytes()
 		st.InCallSeconds += float64(c.GetDurationNs()) / 1e9
@@ -357,8 +373,15 @@ func (r *Registry) Ranks(job string) []NodeRanks {
 	return out
 }
 
+// maxEnqueued bounds the calls kept per rank, communicator and op while
+// their completion is awaited.
+const maxEnqueued = 64
+
 // CommProgress is one rank's progress on one communicator: the last
 // completed collective and the one in progress, from the traced calls.
+// Where the profiler plugin reports completions, done is the last whose
+// work completed and the one in progress may be one the rank enqueued and
+// returned from.
 type CommProgress struct {
 	Handle uint64
 	// Created is when ncclCommInitRank returned (unix ns), 0 if not traced.
@@ -392,6 +415,7 @@ func (r *Registry) Progress(attempts map[string]uint32) map[string][]RankProgres
 	}
 	out := map[string][]RankProgress{}
 	refs := map[pidKey]ref{}
+	pending := map[*CommProgress]*api.CollectiveRecord{}
 	comms := map[pidKey]map[uint64]*CommProgress{}
 	comm := func(k pidKey, handle uint64) *CommProgress {
 		m := comms[k]
@@ -441,8 +465,36 @@ func (r *Registry) Progress(attempts map[string]uint32) map[string][]RankProgres
 				comm(pk, k.comm).Created = st.GetLastUnixNano()
 			}
 		case k.op.Collective():
-			if cp := comm(pk, k.comm); st.GetSeq() > cp.Done {
-				cp.Done, cp.DoneOp = st.GetSeq(), k.op
+			cp := comm(pk, k.comm)
+			done := st.GetSeq()
+			if st.GetCompletions() > 0 {
+				// Completion-true: done is what finished, not what returned.
+				done = st.GetCompletedSeq()
+				if q := r.enqueued[k]; len(q) > 0 && (pending[cp] == nil || q[0].GetSeq() < pending[cp].GetSeq()) {
+					pending[cp] = q[0]
+				}
+			}
+			if done > cp.Done {
+				cp.Done, cp.DoneOp = done, k.op
+			}
+		}
+	}
+	for cp, e := range pending {
+		if e.GetSeq() <= cp.Done {
+			continue
+		}
+		// Enqueued and not complete: inside it, as far as the GPU goes,
+		// whatever the host thread does meanwhile.
+		if cp.In == nil || e.GetSeq() < cp.In.GetSeq() {
+			in := proto.Clone(e).(*api.CollectiveRecord)
+			in.InProgress = true
+			cp.In = in
+		}
+	}
+	for _, m := range comms {
+		for _, cp := range m {
+			if cp.In != nil && cp.In.GetSeq() <= cp.Done {
+				cp.In = nil // its work completed; the call is returning
 			}
 		}
 	}

@@ -102,6 +102,11 @@ type Registry struct {
 	mu          sync.RWMutex
 	nodes       map[string]*entry
 	collectives map[collKey]*api.CollectiveStat
+	// enqueued holds, where the profiler plugin reports completions, the
+	// calls whose work has not completed yet, oldest first (at most
+	// maxEnqueued): on a GPU a rank can have returned from a collective
+	// that still runs.
+	enqueued map[collKey][]*api.CollectiveRecord
 	// lostAtNodes is the sum of every node's lost-record counters.
 	lostAtNodes uint64
 	// lastCheck is when the detector last looked (Detect).
@@ -169,7 +174,8 @@ func New(cfg Config) (*Registry, error) {
 		cfg.IngestQueue = DefaultIngestQueue
 	}
 	cfg.Suspect.defaults()
-	r := &Registry{cfg: cfg, log: cfg.Log, nodes: map[string]*entry{}, collectives: map[collKey]*api.CollectiveStat{}}
+	r := &Registry{cfg: cfg, log: cfg.Log, nodes: map[string]*entry{}, collectives: map[collKey]*api.CollectiveStat{},
+		enqueued: map[collKey][]*api.CollectiveRecord{}}
 	known, err := cfg.Store.Nodes()
 	if err != nil {
 		return nil, fmt.Errorf("load nodes: %w", err)
@@ -827,6 +833,7 @@ func (r *Registry) Forget(name string) {
 	for k := range r.collectives {
 		if k.node == name {
 			delete(r.collectives, k)
+			delete(r.enqueued, k)
 		}
 	}
 	if r.cfg.Publish != nil {

@@ -607,3 +607,55 @@ func TestClosedConnectionIsDownOnlyIfItStaysAway(t *testing.T) {
 		t.Errorf("b down because %q", n.GetDownReason())
 	}
 }
+
+// TestProgressFollowsCompletion: where the profiler plugin reports
+// completions, a rank's progress is what completed, and a collective it
+// returned from (the enqueue, on a GPU) but whose work has not completed
+// is the one it is inside. Without completions the calls are the progress.
+func TestProgressFollowsCompletion(t *testing.T) {
+	r := newRegistry(t, newStore(t), &clock{t: time.Unix(2, 0)}, nil)
+	sess := registerIdle(t, r, reg("a", 1, 1000))
+	const comm = 0xc0
+	call := func(seq uint64, completion bool) *api.CollectiveRecord {
+		return &api.CollectiveRecord{Pid: 7, Job: "j", Rank: 1, Op: api.NCCLOp_NCCL_OP_ALL_REDUCE, Comm: comm, Seq: seq,
+			Bytes: 64, DurationNs: 1e6, StartUnixNano: int64(seq) * 1e9, Completion: completion}
+	}
+	send := func(inFlight []*api.CollectiveRecord, recs ...*api.CollectiveRecord) {
+		r.ingest("a", sess, &api.Telemetry{Gpus: []*api.GPUSample{{Index: 0}},
+			Ranks: []*api.RankStatus{{Pid: 7, Job: "j", Rank: 1}}, InFlight: inFlight, Collectives: recs})
+	}
+	progress := func() CommProgress {
+		t.Helper()
+		rps := r.Progress(map[string]uint32{"j": 0})["j"]
+		if len(rps) != 1 || len(rps[0].Comms) != 1 {
+			t.Fatalf("progress = %+v, want one rank with one communicator", rps)
+		}
+		return rps[0].Comms[0]
+	}
+	in := func(cp CommProgress) uint64 { return cp.In.GetSeq() }
+
+	send(nil, call(1, false), call(2, false))
+	if cp := progress(); cp.Done != 2 || cp.In != nil {
+		t.Fatalf("calls alone: done %d, in %d; want 2, none", cp.Done, in(cp))
+	}
+	// Completions arrive; calls 3 and 4 return before their work is done.
+	send(nil, call(2, true), call(3, false), call(4, false), call(3, true))
+	if cp := progress(); cp.Done != 3 || in(cp) != 4 || !cp.In.GetInProgress() || cp.In.GetBytes() != 64 {
+		t.Fatalf("4 enqueued, 3 complete: done %d, in %v; want 3, inside 4", cp.Done, cp.In)
+	}
+	// The host thread inside call 5 is ahead of the GPU, still on 4.
+	five := call(5, false)
+	five.InProgress = true
+	send([]*api.CollectiveRecord{five})
+	if cp := progress(); in(cp) != 4 {
+		t.Fatalf("inside call 5 with 4 not complete: in %d, want 4", in(cp))
+	}
+	// 4 and 5 complete while the thread is still returning from 5.
+	send([]*api.CollectiveRecord{five}, call(4, true), call(5, true))
+	if cp := progress(); cp.Done != 5 || cp.In != nil {
+		t.Fatalf("5 complete: done %d, in %d; want 5, none", cp.Done, in(cp))
+	}
+	if c := r.Collectives("j", "")[0]; c.Calls != 4 || c.Completions != 4 || c.CompletedSeq != 5 || c.GpuSeconds != 0.004 {
+		t.Errorf("aggregate = %v; want 4 calls (the in-flight one not yet counted), 4 completions to seq 5", c)
+	}
+}

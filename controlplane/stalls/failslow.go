@@ -45,6 +45,9 @@ type FailSlow struct {
 	mu      sync.Mutex
 	queue   []call
 	dropped uint64
+	// src picks the records that time each collective: completions where
+	// the profiler plugin reports them, the calls elsewhere.
+	src failslow.Source
 
 	// an and judged are used by the detector's pass goroutine alone.
 	an     *failslow.Analyzer
@@ -77,6 +80,9 @@ func (f *FailSlow) Calls(node string, recs []*api.CollectiveRecord) {
 	defer f.mu.Unlock()
 	for _, r := range recs {
 		if r.GetInProgress() || r.GetSeq() == 0 || r.GetJob() == "" || !r.GetOp().Collective() {
+			continue
+		}
+		if !f.src.Use(failslow.Proc{Node: node, PID: r.GetPid()}, r.GetComm(), r.GetSeq(), r.GetCompletion()) {
 			continue
 		}
 		if len(f.queue) >= FailSlowQueue {
@@ -133,6 +139,13 @@ func (f *FailSlow) pass(now time.Time, targets []jobs.StallTarget, progress map[
 			commIdx[pidKey{rp.Node, rp.Status.GetPid()}] = cs
 		}
 	}
+	// What ranks that are gone decided about their records goes with them.
+	f.mu.Lock()
+	f.src.Keep(func(p failslow.Proc) bool {
+		_, live := commIdx[pidKey{p.Node, p.PID}]
+		return live
+	})
+	f.mu.Unlock()
 	for _, c := range q {
 		r := c.rec
 		att, ok := attempt[r.GetJob()]
@@ -143,9 +156,14 @@ func (f *FailSlow) pass(now time.Time, targets []jobs.StallTarget, progress map[
 		if idx < 0 {
 			continue
 		}
+		// A completion's exit is when the work was done, not the return.
+		exit := r.GetStartUnixNano() + r.GetDurationNs()
+		if r.GetCompletion() {
+			exit = r.GetGpuEndUnixNano()
+		}
 		f.an.Add(r.GetJob(), att, failslow.Call{Comm: idx, NRanks: r.GetCommNranks(), Seq: r.GetSeq(), Rank: r.GetRank(),
 			Node: c.node, Op: r.GetOp().Short(), Bytes: r.GetBytes(),
-			Enter: r.GetStartUnixNano(), Exit: r.GetStartUnixNano() + r.GetDurationNs()})
+			Enter: r.GetStartUnixNano(), Exit: exit})
 	}
 
 	in := make([]failslow.Job, 0, len(targets))

@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/gpuctl/gpuctl/workload"
 )
 
 // Root is the repository's top directory: the one holding go.mod, found
@@ -47,6 +49,11 @@ func Dir(t testing.TB) string {
 		if out, err := c.CombinedOutput(); err != nil {
 			t.Fatalf("build %s: %v\n%s", cmd, err, out)
 		}
+	}
+	// nodemon finds gpuctl's NCCL profiler plugin beside itself.
+	plugin := filepath.Join(filepath.Dir(Ringtrain(t)), workload.ProfilerName)
+	if out, err := exec.Command("cp", plugin, dir).CombinedOutput(); err != nil {
+		t.Fatalf("copy %s beside nodemon: %v\n%s", plugin, err, out)
 	}
 	return dir
 }

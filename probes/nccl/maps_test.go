@@ -14,6 +14,7 @@ func TestNcclMapping(t *testing.T) {
 		{"path with spaces", "7f00-7f10 r--p 00000000 00:2a 99 /opt/my libs/libnccl.so", "/opt/my libs/libnccl.so", true},
 		{"deleted file", "7f00-7f10 r--p 00000000 00:2a 99 /tmp/libnccl.so.2 (deleted)", "", false},
 		{"other library", "7f00-7f10 r-xp 00000000 fd:01 5 /usr/lib/libc.so.6", "", false},
+		{"gpuctl's profiler plugin", "7f00-7f10 r-xp 00000000 fd:01 5 /opt/gpuctl/libnccl-profiler-gpuctl.so", "/opt/gpuctl/libnccl-profiler-gpuctl.so", true},
 		{"nccl net plugin is not the API library", "7f00-7f10 r-xp 00000000 fd:01 5 /usr/lib/libnccl-net.so", "", false},
 		{"anonymous", "7f00-7f10 rw-p 00000000 00:00 0", "", false},
 		{"special", "7ffd-7ffe rw-p 00000000 00:00 0                          [stack]", "", false},

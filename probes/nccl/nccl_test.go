@@ -48,7 +48,7 @@ func buildWorkload() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	need := []string{"libnccl.so.2", "ringtrain", "ncclbench"}
+	need := []string{"libnccl.so.2", wl.ProfilerName, "ringtrain", "ncclbench"}
 	missing := false
 	for _, f := range need {
 		if _, err := os.Stat(filepath.Join(dir, "build", f)); err != nil {
@@ -210,6 +210,12 @@ func (l *lockedBuffer) String() string {
 // startRanks launches world ringtrain ranks of job on loopback.
 func startRanks(t *testing.T, job string, world int, args ...string) []*rank {
 	t.Helper()
+	return startRanksEnv(t, job, world, nil, args...)
+}
+
+// startRanksEnv is startRanks with env(r) added to rank r's environment.
+func startRanksEnv(t *testing.T, job string, world int, env func(r int) []string, args ...string) []*rank {
+	t.Helper()
 	bin := workload(t, "ringtrain")
 	port := freePort(t)
 	var ranks []*rank
@@ -219,6 +225,9 @@ func startRanks(t *testing.T, job string, world int, args ...string) []*rank {
 			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(world),
 			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port),
 			"GPUCTL_JOB="+job, "GPUCTL_NCCL_TIMEOUT_S=30")
+		if env != nil {
+			cmd.Env = append(cmd.Env, env(r)...)
+		}
 		out := &lockedBuffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
@@ -308,6 +317,12 @@ func TestRingTrainTraced(t *testing.T) {
 		return true
 	})
 	recs := col.snapshot()
+	// Without the profiler plugin the calls are all there is.
+	for _, rec := range recs {
+		if rec.Completion {
+			t.Errorf("completion record without a profiler plugin: %v", rec)
+		}
+	}
 	for r := range int32(world) {
 		inits := perRank(recs, r, api.NCCLOp_NCCL_OP_COMM_INIT_RANK)
 		if len(inits) != 2 {
@@ -499,7 +514,7 @@ func TestAttachLibraryIdempotentAndValidated(t *testing.T) {
 func benchCopy(b *testing.B) (bench, lib string) {
 	b.Helper()
 	dir := b.TempDir()
-	for _, f := range []string{"ncclbench", "libnccl.so.2"} {
+	for _, f := range []string{"ncclbench", "libnccl.so.2", wl.ProfilerName} {
 		data, err := os.ReadFile(workload(b, f))
 		if err != nil {
 			b.Fatal(err)
@@ -512,9 +527,11 @@ func benchCopy(b *testing.B) (bench, lib string) {
 }
 
 // runBench runs ncclbench and returns its ns_per_call.
-func runBench(b *testing.B, bench string, calls int) float64 {
+func runBench(b *testing.B, bench string, calls int, env ...string) float64 {
 	b.Helper()
-	out, err := exec.Command(bench, "--calls", strconv.Itoa(calls), "--op", "allreduce").CombinedOutput()
+	cmd := exec.Command(bench, "--calls", strconv.Itoa(calls), "--op", "allreduce")
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		b.Fatalf("ncclbench: %v\n%s", err, out)
 	}
@@ -536,7 +553,9 @@ func runBench(b *testing.B, bench string, calls int) float64 {
 // (ncclbench's 1-rank ncclAllReduce): untraced; with an empty program on
 // the same uprobe and uretprobe, which is the kernel's trap cost alone;
 // and with the NCCL probe. ns/call-ebpf is the total cost of tracing a
-// call, ns/call-program the part that is the probe's own code.
+// call, ns/call-program the part that is the probe's own code;
+// ns/call-completion what gpuctl's profiler plugin and its two traced
+// hooks add to a traced call.
 func BenchmarkTracedCall(b *testing.B) {
 	calls := max(b.N, 1000)
 	bench, lib := benchCopy(b)
@@ -578,6 +597,11 @@ func BenchmarkTracedCall(b *testing.B) {
 		}
 	}()
 	traced := runBench(b, bench, calls)
+	plugin := filepath.Join(filepath.Dir(lib), wl.ProfilerName)
+	if err := tr.AttachLibrary(plugin); err != nil {
+		b.Fatal(err)
+	}
+	completion := runBench(b, bench, calls, "NCCL_PROFILER_PLUGIN="+plugin)
 	cancel()
 	<-drained
 
@@ -586,5 +610,106 @@ func BenchmarkTracedCall(b *testing.B) {
 	b.ReportMetric(traced, "ns/call-traced")
 	b.ReportMetric(traced-untraced, "ns/call-ebpf")
 	b.ReportMetric(traced-trapOnly, "ns/call-program")
+	b.ReportMetric(completion-traced, "ns/call-completion")
 	b.ReportMetric(float64(tr.Lost()), "lost")
+}
+
+// TestCompletionTraced runs the reference library as a GPU runs NCCL: a
+// call enqueues and returns, the stream completes it later, and gpuctl's
+// profiler plugin reports the completion. A completion held back (rank 1's
+// simulated GPU hung inside a collective) shows as a call that returned
+// with no completion, and the completion arrives, with its true time, once
+// the hang clears.
+func TestCompletionTraced(t *testing.T) {
+	const world = 2
+	tr := newTracer(t)
+	lib, plugin := workload(t, "libnccl.so.2"), workload(t, wl.ProfilerName)
+	job := uniqueJob(t)
+	col := collect(t, tr, job)
+	scanUntilAttached(t, tr, lib)
+	scanUntilAttached(t, tr, plugin)
+	kernels := t.TempDir()
+	ranks := startRanksEnv(t, job, world, func(r int) []string {
+		return []string{"REFNCCL_ASYNC=1", "NCCL_PROFILER_PLUGIN=" + plugin,
+			"GPUCTL_SIM_KERNEL_DIR=" + kernels, "CUDA_VISIBLE_DEVICES=" + strconv.Itoa(r)}
+	}, "--steps", "0", "--compute-ms", "5", "--bytes", "64K")
+
+	type key struct {
+		rank int32
+		comm uint64
+		seq  uint64
+	}
+	split := func() (calls, done map[key]*api.CollectiveRecord) {
+		calls, done = map[key]*api.CollectiveRecord{}, map[key]*api.CollectiveRecord{}
+		for _, r := range col.snapshot() {
+			if r.Op != api.NCCLOp_NCCL_OP_ALL_REDUCE {
+				continue
+			}
+			k := key{r.Rank, r.Comm, r.Seq}
+			if r.Completion {
+				done[k] = r
+			} else {
+				calls[k] = r
+			}
+		}
+		return calls, done
+	}
+	poll(t, 30*time.Second, "completions of 5 all-reduces on every rank", func() bool {
+		_, done := split()
+		n := map[int32]int{}
+		for k := range done {
+			n[k.rank]++
+		}
+		return n[0] >= 5 && n[1] >= 5
+	})
+	calls, done := split()
+	for k, d := range done {
+		c := calls[k]
+		if c == nil {
+			continue // the call's own record may still be on its way
+		}
+		if d.StartUnixNano != c.StartUnixNano || d.Pid != c.Pid || d.Bytes != c.Bytes || d.CommNranks != world {
+			t.Errorf("completion %v does not match its call %v", d, c)
+		}
+		if d.GpuStartUnixNano < c.StartUnixNano || d.GpuEndUnixNano < d.GpuStartUnixNano || d.DurationNs != d.GpuEndUnixNano-d.GpuStartUnixNano {
+			t.Errorf("completion %v: work from %d to %d, call entered at %d", d, d.GpuStartUnixNano, d.GpuEndUnixNano, c.StartUnixNano)
+		}
+	}
+
+	// Rank 1's "kernel" never completes: its call returns (the enqueue)
+	// and no completion follows while the hang lasts.
+	hang := filepath.Join(kernels, "hang-1")
+	if err := os.WriteFile(hang, []byte("inside"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const held = 500 * time.Millisecond
+	var pending key
+	poll(t, 30*time.Second, "a call of rank 1 returned "+held.String()+" ago with no completion", func() bool {
+		calls, done := split()
+		for k, c := range calls {
+			end := time.Unix(0, c.StartUnixNano+c.DurationNs)
+			if k.rank == 1 && done[k] == nil && time.Since(end) >= held {
+				pending = k
+				return true
+			}
+		}
+		return false
+	})
+	cleared := time.Now()
+	if err := os.Remove(hang); err != nil {
+		t.Fatal(err)
+	}
+	var d *api.CollectiveRecord
+	poll(t, 20*time.Second, "the held collective's completion", func() bool {
+		_, done := split()
+		d = done[pending]
+		return d != nil
+	})
+	if end := time.Unix(0, d.GpuEndUnixNano); end.Before(cleared) {
+		t.Errorf("held collective completed at %v, before the hang cleared at %v", end, cleared)
+	}
+	for _, rk := range ranks {
+		rk.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	waitRanks(t, ranks, 30*time.Second)
 }

@@ -26,6 +26,13 @@ type ncclCommKey struct {
 	Pad  uint32
 }
 
+type ncclEventKey struct {
+	_     structs.HostLayout
+	Event uint64
+	Pid   uint32
+	Pad   uint32
+}
+
 type ncclNcclCall struct {
 	_          structs.HostLayout
 	StartNs    uint64
@@ -43,7 +50,9 @@ type ncclNcclCall struct {
 	CommNranks int32
 	CommRank   int32
 	Depth      uint32
-	Pad        uint32
+	Done       uint32
+	GpuStartNs uint64
+	GpuEndNs   uint64
 }
 
 type ncclSeqKey struct {
@@ -57,22 +66,25 @@ type ncclSeqKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	ncclMapNcclComms          = "nccl_comms"
-	ncclMapNcclEvents         = "nccl_events"
-	ncclMapNcclInflight       = "nccl_inflight"
-	ncclMapNcclLost           = "nccl_lost"
-	ncclMapNcclSeq            = "nccl_seq"
-	ncclProgNcclAllGather     = "nccl_all_gather"
-	ncclProgNcclAllReduce     = "nccl_all_reduce"
-	ncclProgNcclBroadcast     = "nccl_broadcast"
-	ncclProgNcclCommInitRank  = "nccl_comm_init_rank"
-	ncclProgNcclGroupEnd      = "nccl_group_end"
-	ncclProgNcclGroupStart    = "nccl_group_start"
-	ncclProgNcclRecv          = "nccl_recv"
-	ncclProgNcclReduce        = "nccl_reduce"
-	ncclProgNcclReduceScatter = "nccl_reduce_scatter"
-	ncclProgNcclReturn        = "nccl_return"
-	ncclProgNcclSend          = "nccl_send"
+	ncclMapNcclComms           = "nccl_comms"
+	ncclMapNcclEnqueued        = "nccl_enqueued"
+	ncclMapNcclEvents          = "nccl_events"
+	ncclMapNcclInflight        = "nccl_inflight"
+	ncclMapNcclLost            = "nccl_lost"
+	ncclMapNcclSeq             = "nccl_seq"
+	ncclProgGpuctlCollDone     = "gpuctl_coll_done"
+	ncclProgGpuctlCollEnqueued = "gpuctl_coll_enqueued"
+	ncclProgNcclAllGather      = "nccl_all_gather"
+	ncclProgNcclAllReduce      = "nccl_all_reduce"
+	ncclProgNcclBroadcast      = "nccl_broadcast"
+	ncclProgNcclCommInitRank   = "nccl_comm_init_rank"
+	ncclProgNcclGroupEnd       = "nccl_group_end"
+	ncclProgNcclGroupStart     = "nccl_group_start"
+	ncclProgNcclRecv           = "nccl_recv"
+	ncclProgNcclReduce         = "nccl_reduce"
+	ncclProgNcclReduceScatter  = "nccl_reduce_scatter"
+	ncclProgNcclReturn         = "nccl_return"
+	ncclProgNcclSend           = "nccl_send"
 )
 
 // loadNccl returns the embedded CollectionSpec for nccl.
@@ -117,17 +129,19 @@ type ncclSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ncclProgramSpecs struct {
-	NcclAllGather     *ebpf.ProgramSpec `ebpf:"nccl_all_gather"`
-	NcclAllReduce     *ebpf.ProgramSpec `ebpf:"nccl_all_reduce"`
-	NcclBroadcast     *ebpf.ProgramSpec `ebpf:"nccl_broadcast"`
-	NcclCommInitRank  *ebpf.ProgramSpec `ebpf:"nccl_comm_init_rank"`
-	NcclGroupEnd      *ebpf.ProgramSpec `ebpf:"nccl_group_end"`
-	NcclGroupStart    *ebpf.ProgramSpec `ebpf:"nccl_group_start"`
-	NcclRecv          *ebpf.ProgramSpec `ebpf:"nccl_recv"`
-	NcclReduce        *ebpf.ProgramSpec `ebpf:"nccl_reduce"`
-	NcclReduceScatter *ebpf.ProgramSpec `ebpf:"nccl_reduce_scatter"`
-	NcclReturn        *ebpf.ProgramSpec `ebpf:"nccl_return"`
-	NcclSend          *ebpf.ProgramSpec `ebpf:"nccl_send"`
+	GpuctlCollDone     *ebpf.ProgramSpec `ebpf:"gpuctl_coll_done"`
+	GpuctlCollEnqueued *ebpf.ProgramSpec `ebpf:"gpuctl_coll_enqueued"`
+	NcclAllGather      *ebpf.ProgramSpec `ebpf:"nccl_all_gather"`
+	NcclAllReduce      *ebpf.ProgramSpec `ebpf:"nccl_all_reduce"`
+	NcclBroadcast      *ebpf.ProgramSpec `ebpf:"nccl_broadcast"`
+	NcclCommInitRank   *ebpf.ProgramSpec `ebpf:"nccl_comm_init_rank"`
+	NcclGroupEnd       *ebpf.ProgramSpec `ebpf:"nccl_group_end"`
+	NcclGroupStart     *ebpf.ProgramSpec `ebpf:"nccl_group_start"`
+	NcclRecv           *ebpf.ProgramSpec `ebpf:"nccl_recv"`
+	NcclReduce         *ebpf.ProgramSpec `ebpf:"nccl_reduce"`
+	NcclReduceScatter  *ebpf.ProgramSpec `ebpf:"nccl_reduce_scatter"`
+	NcclReturn         *ebpf.ProgramSpec `ebpf:"nccl_return"`
+	NcclSend           *ebpf.ProgramSpec `ebpf:"nccl_send"`
 }
 
 // ncclMapSpecs contains maps before they are loaded into the kernel.
@@ -135,6 +149,7 @@ type ncclProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type ncclMapSpecs struct {
 	NcclComms    *ebpf.MapSpec `ebpf:"nccl_comms"`
+	NcclEnqueued *ebpf.MapSpec `ebpf:"nccl_enqueued"`
 	NcclEvents   *ebpf.MapSpec `ebpf:"nccl_events"`
 	NcclInflight *ebpf.MapSpec `ebpf:"nccl_inflight"`
 	NcclLost     *ebpf.MapSpec `ebpf:"nccl_lost"`
@@ -168,6 +183,7 @@ func (o *ncclObjects) Close() error {
 // It can be passed to loadNcclObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ncclMaps struct {
 	NcclComms    *ebpf.Map `ebpf:"nccl_comms"`
+	NcclEnqueued *ebpf.Map `ebpf:"nccl_enqueued"`
 	NcclEvents   *ebpf.Map `ebpf:"nccl_events"`
 	NcclInflight *ebpf.Map `ebpf:"nccl_inflight"`
 	NcclLost     *ebpf.Map `ebpf:"nccl_lost"`
@@ -177,6 +193,7 @@ type ncclMaps struct {
 func (m *ncclMaps) Close() error {
 	return _NcclClose(
 		m.NcclComms,
+		m.NcclEnqueued,
 		m.NcclEvents,
 		m.NcclInflight,
 		m.NcclLost,
@@ -194,21 +211,25 @@ type ncclVariables struct {
 //
 // It can be passed to loadNcclObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ncclPrograms struct {
-	NcclAllGather     *ebpf.Program `ebpf:"nccl_all_gather"`
-	NcclAllReduce     *ebpf.Program `ebpf:"nccl_all_reduce"`
-	NcclBroadcast     *ebpf.Program `ebpf:"nccl_broadcast"`
-	NcclCommInitRank  *ebpf.Program `ebpf:"nccl_comm_init_rank"`
-	NcclGroupEnd      *ebpf.Program `ebpf:"nccl_group_end"`
-	NcclGroupStart    *ebpf.Program `ebpf:"nccl_group_start"`
-	NcclRecv          *ebpf.Program `ebpf:"nccl_recv"`
-	NcclReduce        *ebpf.Program `ebpf:"nccl_reduce"`
-	NcclReduceScatter *ebpf.Program `ebpf:"nccl_reduce_scatter"`
-	NcclReturn        *ebpf.Program `ebpf:"nccl_return"`
-	NcclSend          *ebpf.Program `ebpf:"nccl_send"`
+	GpuctlCollDone     *ebpf.Program `ebpf:"gpuctl_coll_done"`
+	GpuctlCollEnqueued *ebpf.Program `ebpf:"gpuctl_coll_enqueued"`
+	NcclAllGather      *ebpf.Program `ebpf:"nccl_all_gather"`
+	NcclAllReduce      *ebpf.Program `ebpf:"nccl_all_reduce"`
+	NcclBroadcast      *ebpf.Program `ebpf:"nccl_broadcast"`
+	NcclCommInitRank   *ebpf.Program `ebpf:"nccl_comm_init_rank"`
+	NcclGroupEnd       *ebpf.Program `ebpf:"nccl_group_end"`
+	NcclGroupStart     *ebpf.Program `ebpf:"nccl_group_start"`
+	NcclRecv           *ebpf.Program `ebpf:"nccl_recv"`
+	NcclReduce         *ebpf.Program `ebpf:"nccl_reduce"`
+	NcclReduceScatter  *ebpf.Program `ebpf:"nccl_reduce_scatter"`
+	NcclReturn         *ebpf.Program `ebpf:"nccl_return"`
+	NcclSend           *ebpf.Program `ebpf:"nccl_send"`
 }
 
 func (p *ncclPrograms) Close() error {
 	return _NcclClose(
+		p.GpuctlCollDone,
+		p.GpuctlCollEnqueued,
 		p.NcclAllGather,
 		p.NcclAllReduce,
 		p.NcclBroadcast,

@@ -52,6 +52,18 @@ func (c *ncclNcclCall) record(bootOffset int64, nowMono uint64) *api.CollectiveR
 		r.Datatype = c.Datatype
 		r.Bytes = c.Count * DatatypeSize(c.Datatype)
 	}
+	if c.Done != 0 {
+		// The work's own span; the call's entry stays in StartUnixNano.
+		r.Completion = true
+		// A monotonic clock past 2^62 ns (146 years up) is a corrupt
+		// record, and would overflow in unix time.
+		if c.GpuStartNs != 0 && c.GpuEndNs >= c.GpuStartNs && c.GpuEndNs < 1<<62 {
+			r.GpuStartUnixNano = int64(c.GpuStartNs) + bootOffset
+			r.GpuEndUnixNano = int64(c.GpuEndNs) + bootOffset
+			r.DurationNs = nanos(c.GpuEndNs - c.GpuStartNs)
+		}
+		return r
+	}
 	switch {
 	case c.EndNs >= c.StartNs && c.EndNs != 0:
 		r.DurationNs = nanos(c.EndNs - c.StartNs)

@@ -84,6 +84,17 @@ func TestRecord(t *testing.T) {
 				Count: 4, Datatype: 4, Bytes: 32, Peer: -1, Seq: 9, Rank: -1},
 		},
 		{
+			name: "completion carries the work's span",
+			call: ncclNcclCall{StartNs: 100, EndNs: 900, Op: 1, Count: 4, Datatype: 7, Comm: 5, Seq: 3, Peer: -1, CommNranks: 2, CommRank: 1, Done: 1, GpuStartNs: 300, GpuEndNs: 800},
+			want: &api.CollectiveRecord{StartUnixNano: off + 100, DurationNs: 500, Op: api.NCCLOp_NCCL_OP_ALL_REDUCE, Count: 4, Datatype: 7, Bytes: 16,
+				Comm: 5, Seq: 3, Peer: -1, Rank: -1, CommNranks: 2, CommRank: 1, Completion: true, GpuStartUnixNano: off + 300, GpuEndUnixNano: off + 800},
+		},
+		{
+			name: "completion with a span backwards keeps no times",
+			call: ncclNcclCall{StartNs: 100, EndNs: 900, Op: 1, Seq: 3, Datatype: -1, Peer: -1, Done: 1, GpuStartNs: 800, GpuEndNs: 300},
+			want: &api.CollectiveRecord{StartUnixNano: off + 100, Op: api.NCCLOp_NCCL_OP_ALL_REDUCE, Datatype: -1, Seq: 3, Peer: -1, Rank: -1, Completion: true},
+		},
+		{
 			name: "comm init reports the communicator's shape",
 			call: ncclNcclCall{StartNs: 1, EndNs: 11, Op: 10, Comm: 77, Datatype: -1, Peer: -1, CommNranks: 8, CommRank: 5, Result: 2},
 			want: &api.CollectiveRecord{StartUnixNano: off + 1, DurationNs: 10, Op: api.NCCLOp_NCCL_OP_COMM_INIT_RANK,
@@ -104,6 +115,7 @@ func TestRecord(t *testing.T) {
 func FuzzDecodeCall(f *testing.F) {
 	f.Add(encode(f, ncclNcclCall{StartNs: 1, EndNs: 2, Op: 1, Count: 3, Datatype: 7}))
 	f.Add(encode(f, ncclNcclCall{StartNs: 9, Op: 10, CommNranks: -1}))
+	f.Add(encode(f, ncclNcclCall{StartNs: 1, EndNs: 5, Op: 1, Seq: 1, Done: 1, GpuStartNs: 2, GpuEndNs: 4}))
 	f.Add([]byte{1, 2, 3})
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		c, err := decodeCall(raw)
@@ -117,6 +129,9 @@ func FuzzDecodeCall(f *testing.F) {
 			t.Fatal("decoded record does not encode back to its bytes")
 		}
 		r := c.record(0, c.StartNs+1)
+		if r.Completion && r.GpuEndUnixNano < r.GpuStartUnixNano {
+			t.Fatalf("completion ends before it starts: %v", r)
+		}
 		if r.DurationNs < 0 {
 			t.Fatalf("negative duration %d from %+v", r.DurationNs, c)
 		}

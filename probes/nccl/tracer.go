@@ -79,6 +79,15 @@ func (o *ncclObjects) probes() map[string]*ebpf.Program {
 	}
 }
 
+// hooks maps each hook of gpuctl's NCCL profiler plugin to its program:
+// entry only, as the hooks return at once.
+func (o *ncclObjects) hooks() map[string]*ebpf.Program {
+	return map[string]*ebpf.Program{
+		"gpuctl_coll_enqueued": o.GpuctlCollEnqueued,
+		"gpuctl_coll_done":     o.GpuctlCollDone,
+	}
+}
+
 // New loads the NCCL probe into the kernel. Nothing is traced until
 // AttachLibrary or Scan attaches it to a library. Errors wrap
 // ebpf.ErrNotSupported where the kernel lacks a needed feature.
@@ -242,11 +251,21 @@ func (t *Tracer) AttachLibrary(path string) error {
 		}
 		links = append(links, ret)
 	}
+	for sym, prog := range t.objs.hooks() {
+		if !exported[sym] {
+			continue
+		}
+		up, err := ex.Uprobe(sym, prog, nil)
+		if err != nil {
+			return fail(fmt.Errorf("uprobe %s: %w", sym, err))
+		}
+		links = append(links, up)
+	}
 	if len(links) == 0 {
-		return fmt.Errorf("attach nccl probe to %s: it exports none of the NCCL functions traced (is it an NCCL library?)", path)
+		return fmt.Errorf("attach nccl probe to %s: it exports none of the NCCL functions or profiler hooks traced (is it an NCCL library, or gpuctl's profiler plugin?)", path)
 	}
 	t.attached[id] = links
-	t.log.Info("nccl probe attached", "lib", path, "symbols", len(links)/2, "missing", missing)
+	t.log.Info("nccl probe attached", "lib", path, "probes", len(links), "missing", missing)
 	return nil
 }
 
@@ -354,7 +373,9 @@ func ncclMapping(line string) (string, bool) {
 	if strings.HasSuffix(path, " (deleted)") {
 		return "", false
 	}
-	if !strings.HasPrefix(filepath.Base(path), "libnccl.so") {
+	// NCCL and its profiler plugins (libnccl-profiler-NAME.so, gpuctl's
+	// among them); a plugin without gpuctl's hooks is skipped when attached.
+	if base := filepath.Base(path); !strings.HasPrefix(base, "libnccl.so") && !strings.HasPrefix(base, "libnccl-profiler") {
 		return "", false
 	}
 	return path, true

@@ -7,9 +7,14 @@
  * arguments in the same registers.
  *
  * Differences from NVIDIA's library, all deliberate:
- *   - Buffers are host memory and `stream` is ignored; every call completes
+ *   - Buffers are host memory and `stream` is ignored. Every call completes
  *     before it returns (except inside ncclGroupStart/ncclGroupEnd, where calls
- *     are queued and run at the outermost ncclGroupEnd).
+ *     are queued and run at the outermost ncclGroupEnd), unless
+ *     REFNCCL_ASYNC=1: then a collective is enqueued on its communicator's
+ *     stream, a worker thread, and completes later, as on a GPU; wait for it
+ *     with cudaStreamSynchronize (cudasync.h).
+ *   - The profiler plugin named by NCCL_PROFILER_PLUGIN is loaded and called as
+ *     NCCL 2.25+ calls an ncclProfiler_v3 (nccl_profiler.h).
  *   - ncclGetUniqueId does not make a random id: it encodes the bootstrap root's
  *     address from MASTER_ADDR and MASTER_PORT (the torchrun convention), so every
  *     rank can call it and get the same id without passing it around.

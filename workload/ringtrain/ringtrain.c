@@ -51,6 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cudasync.h"
 #include "nccl.h"
 #include "simhang.h"
 
@@ -116,6 +117,16 @@ static void out(const char *fmt, ...) {
     ncclResult_t r_ = (call);                                                             \
     if (r_ != ncclSuccess) fail(1, "%s failed: %s", #call, ncclGetErrorString(r_)); \
   } while (0)
+
+/* stream_sync waits for the collectives enqueued so far, as a training loop
+ * waits on its stream before reading what they wrote, and fails on the
+ * communicator's error as NCCLCHECK does. */
+static void stream_sync(ncclComm_t comm) {
+  if (cudaStreamSynchronize(NULL) != 0) fail(1, "cudaStreamSynchronize failed");
+  ncclResult_t async_rc;
+  NCCLCHECK(ncclCommGetAsyncError(comm, &async_rc));
+  if (async_rc != ncclSuccess) fail(1, "collective failed: %s", ncclGetErrorString(async_rc));
+}
 
 static double now_s(void) {
   struct timespec ts;
@@ -472,6 +483,7 @@ static void checkpoint(ncclComm_t comm, const char *ckdir, long step, int rank, 
   /* Every rank's file is durable before the marker moves. */
   int all_ok = ok;
   NCCLCHECK(ncclAllReduce(&ok, &all_ok, 1, ncclInt32, ncclMin, comm, NULL));
+  stream_sync(comm);
   if (!all_ok) {
     fprintf(stderr, "ringtrain rank %d (%s): checkpoint step %ld failed on some rank; "
                     "`latest` not moved, training continues\n",
@@ -651,6 +663,7 @@ int main(int argc, char **argv) {
   /* Every rank must resume from the same step. */
   int64_t agree[2] = {resume, -resume}, agreed[2];
   NCCLCHECK(ncclAllReduce(agree, agreed, 2, ncclInt64, ncclMax, ctrl, NULL));
+  stream_sync(ctrl);
   if (agreed[0] != -agreed[1])
     fail(1, "ranks disagree on the resume step (this rank: %ld from %s; range %lld..%lld); "
             "set GPUCTL_RESUME_STEP on every rank",
@@ -668,12 +681,14 @@ int main(int argc, char **argv) {
     compute(o.compute_ms);
     fill_grad(buf, count, rank, step);
     NCCLCHECK(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, NULL));
+    stream_sync(comm);
     verify(buf, count, step, world);
     update_state(state, words, step);
 
     /* Agree on signals: any rank asked means every rank acts this step. */
     int32_t flags[2] = {stop_requested, ckpt_requested}, any[2];
     NCCLCHECK(ncclAllReduce(flags, any, 2, ncclInt32, ncclMax, ctrl, NULL));
+    stream_sync(ctrl);
     if (any[1]) ckpt_requested = 0;
 
     uint64_t digest = checksum(state, words);

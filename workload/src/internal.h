@@ -6,11 +6,13 @@
 #ifndef GPUCTL_NCCL_INTERNAL_H_
 #define GPUCTL_NCCL_INTERNAL_H_
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
 
 #include "nccl.h"
+#include "nccl_profiler.h"
 
 #define NCCL_API __attribute__((visibility("default")))
 
@@ -46,6 +48,19 @@ struct ncclComm {
   size_t scratch_len;
   int timeout_s;                    /* bootstrap and connection set-up */
   char last_error[256];
+
+  /* The profiler plugin's context for this communicator (prof.c). */
+  void *prof_ctx;
+  int prof_mask; /* events the plugin asked for; 0 without one */
+  uint64_t prof_hash;
+  uint64_t prof_seq; /* collectives enqueued, from 0, as NCCL's seqNumber */
+
+  /* The communicator's "stream" when calls complete asynchronously: one
+   * worker thread runs what the calls enqueued, in order. */
+  pthread_t stream;
+  int stream_started;
+  int stream_stop;
+  struct stream_op *queue_head, *queue_tail;
 };
 
 /* One queued or immediate operation. */
@@ -69,6 +84,12 @@ struct op {
   ncclDataType_t dtype;
   ncclRedOp_t redop;
   int root; /* root for broadcast/reduce, peer for send/recv */
+  void *prof; /* the profiler's Coll event, NULL without one */
+};
+
+struct stream_op {
+  struct op op;
+  struct stream_op *next;
 };
 
 /* Errors: record on the comm and print to stderr. */
@@ -115,5 +136,12 @@ ncclResult_t run_xfers(struct ncclComm *comm, struct xfer *x, int n);
 ncclResult_t scratch_reserve(struct ncclComm *comm, size_t len);
 ncclResult_t run_collective(const struct op *op);
 ncclResult_t run_p2p(struct ncclComm *comm, const struct op *ops, int nops);
+
+/* prof.c */
+void prof_comm_init(struct ncclComm *c);
+void prof_comm_fini(struct ncclComm *c);
+void *prof_coll_start(struct ncclComm *c, const struct op *o);
+void *prof_kernel_start(struct ncclComm *c, void *coll);
+void prof_stop(void *event);
 
 #endif /* GPUCTL_NCCL_INTERNAL_H_ */

@@ -3,6 +3,12 @@
  * and then either runs the operation or, between ncclGroupStart and
  * ncclGroupEnd, queues it. Entry points never call each other, so one call by
  * the application is exactly one hit on the symbol's uprobe.
+ *
+ * With REFNCCL_ASYNC=1 a collective outside a group completes the way
+ * it does on a GPU: the call enqueues it on its communicator's stream (a
+ * worker thread) and returns, and the application waits for it with
+ * cudaStreamSynchronize, which this library provides for that (see
+ * cudasync.h). Grouped calls run at ncclGroupEnd, as before.
  */
 #include <pthread.h>
 #include <stdarg.h>
@@ -18,6 +24,21 @@ static __thread int group_depth;
 static __thread struct op *group_ops;
 static __thread int group_n, group_cap;
 static __thread char thread_last_error[256];
+
+/* Operations enqueued on any stream and not yet complete, for
+ * cudaStreamSynchronize. */
+static pthread_mutex_t stream_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t stream_cv = PTHREAD_COND_INITIALIZER;
+static long stream_pending;
+
+static int async_mode(void) {
+  static int mode = -1;
+  if (mode < 0) {
+    const char *v = getenv("REFNCCL_ASYNC");
+    mode = v && strcmp(v, "1") == 0;
+  }
+  return mode;
+}
 
 void lib_error(const char *fmt, ...) {
   va_list ap;
@@ -116,6 +137,7 @@ static ncclResult_t execute(struct op *o) {
       rc = bootstrap(c);
       if (rc == ncclSuccess) {
         c->state = COMM_READY;
+        prof_comm_init(c);
       } else {
         c->state = COMM_FAILED;
         c->async_error = rc;
@@ -124,16 +146,106 @@ static ncclResult_t execute(struct op *o) {
     case OP_SEND:
     case OP_RECV:
       return comm_fail(c, run_p2p(c, o, 1));
-    default:
+    default: {
+      /* The kernel's event spans the transfers and a simulated hang, so a
+       * hung "kernel" is enqueued but never complete. */
+      void *kernel = prof_kernel_start(c, o->prof);
       rc = run_collective(o);
       sim_hang("inside");
+      prof_stop(kernel);
       return comm_fail(c, rc);
+    }
   }
+}
+
+static void *stream_main(void *arg) {
+  struct ncclComm *c = arg;
+  pthread_mutex_lock(&stream_mu);
+  for (;;) {
+    while (!c->queue_head && !c->stream_stop) pthread_cond_wait(&stream_cv, &stream_mu);
+    struct stream_op *so = c->queue_head;
+    if (!so) break; /* stopping, and nothing left to run */
+    pthread_mutex_unlock(&stream_mu);
+    /* A failed communicator fails what is still queued, as a GPU stream
+     * does after a fault; the error is the communicator's async error. */
+    if (c->state != COMM_FAILED) execute(&so->op);
+    pthread_mutex_lock(&stream_mu);
+    c->queue_head = so->next;
+    if (!c->queue_head) c->queue_tail = NULL;
+    free(so);
+    stream_pending--;
+    pthread_cond_broadcast(&stream_cv);
+  }
+  pthread_mutex_unlock(&stream_mu);
+  return NULL;
+}
+
+/* enqueue puts o on its communicator's stream, starting the stream's
+ * thread on first use. */
+static ncclResult_t enqueue(struct op *o) {
+  struct ncclComm *c = o->comm;
+  struct stream_op *so = malloc(sizeof *so);
+  if (!so) {
+    comm_error(c, "%s: out of memory enqueuing", op_name(o->kind));
+    return ncclSystemError;
+  }
+  so->op = *o;
+  so->next = NULL;
+  pthread_mutex_lock(&stream_mu);
+  if (!c->stream_started) {
+    if (pthread_create(&c->stream, NULL, stream_main, c) != 0) {
+      pthread_mutex_unlock(&stream_mu);
+      free(so);
+      comm_error(c, "%s: cannot start the communicator's stream thread", op_name(o->kind));
+      return ncclSystemError;
+    }
+    c->stream_started = 1;
+  }
+  if (c->queue_tail)
+    c->queue_tail->next = so;
+  else
+    c->queue_head = so;
+  c->queue_tail = so;
+  stream_pending++;
+  pthread_cond_broadcast(&stream_cv);
+  pthread_mutex_unlock(&stream_mu);
+  return ncclSuccess;
+}
+
+/* stream_close runs what c's stream still holds and ends its thread. */
+static void stream_close(struct ncclComm *c) {
+  if (!c->stream_started) return;
+  pthread_mutex_lock(&stream_mu);
+  c->stream_stop = 1;
+  pthread_cond_broadcast(&stream_cv);
+  pthread_mutex_unlock(&stream_mu);
+  pthread_join(c->stream, NULL);
+  c->stream_started = 0;
+}
+
+/* cudaStreamSynchronize waits until every operation enqueued on any
+ * communicator has completed; the reference library has one device, so
+ * the stream named does not narrow it. Errors are the communicators'
+ * (ncclCommGetAsyncError), as on a GPU. */
+NCCL_API int cudaStreamSynchronize(cudaStream_t stream) {
+  (void)stream;
+  pthread_mutex_lock(&stream_mu);
+  while (stream_pending > 0) pthread_cond_wait(&stream_cv, &stream_mu);
+  pthread_mutex_unlock(&stream_mu);
+  return 0;
 }
 
 static ncclResult_t submit(struct op *o) {
   ncclResult_t rc = validate(o);
   if (rc != ncclSuccess) return rc;
+  int coll = o->kind != OP_SEND && o->kind != OP_RECV;
+  if (coll) o->prof = prof_coll_start(o->comm, o);
+  if (group_depth == 0 && coll && async_mode()) {
+    rc = enqueue(o);
+    prof_stop(o->prof); /* NCCL stops the Coll event once it is enqueued */
+    return rc;
+  }
+  if (coll) prof_stop(o->prof);
   if (group_depth == 0) return execute(o);
   if (group_n == group_cap) {
     int cap = group_cap ? group_cap * 2 : 16;
@@ -321,6 +433,12 @@ NCCL_API ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueI
 }
 
 static void comm_free(struct ncclComm *c, int clean) {
+  if (!clean && c->stream_started) {
+    /* Aborting: fail what is queued instead of running it. */
+    c->state = COMM_FAILED;
+  }
+  stream_close(c);
+  prof_comm_fini(c);
   comm_close_sockets(c, clean);
   free(c->addrs);
   free(c->addrlens);
@@ -382,7 +500,7 @@ NCCL_API ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t
                                     ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                     cudaStream_t stream) {
   (void)stream;
-  struct op o = {OP_ALLREDUCE, comm, sendbuff, recvbuff, count, datatype, op, 0};
+  struct op o = {OP_ALLREDUCE, comm, sendbuff, recvbuff, count, datatype, op, 0, NULL};
   return submit(&o);
 }
 
@@ -390,7 +508,7 @@ NCCL_API ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t
                                     ncclDataType_t datatype, ncclComm_t comm,
                                     cudaStream_t stream) {
   (void)stream;
-  struct op o = {OP_ALLGATHER, comm, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0};
+  struct op o = {OP_ALLGATHER, comm, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, NULL};
   return submit(&o);
 }
 
@@ -398,7 +516,7 @@ NCCL_API ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, si
                                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                         cudaStream_t stream) {
   (void)stream;
-  struct op o = {OP_REDUCESCATTER, comm, sendbuff, recvbuff, recvcount, datatype, op, 0};
+  struct op o = {OP_REDUCESCATTER, comm, sendbuff, recvbuff, recvcount, datatype, op, 0, NULL};
   return submit(&o);
 }
 
@@ -406,7 +524,7 @@ NCCL_API ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t
                                     ncclDataType_t datatype, int root, ncclComm_t comm,
                                     cudaStream_t stream) {
   (void)stream;
-  struct op o = {OP_BROADCAST, comm, sendbuff, recvbuff, count, datatype, ncclSum, root};
+  struct op o = {OP_BROADCAST, comm, sendbuff, recvbuff, count, datatype, ncclSum, root, NULL};
   return submit(&o);
 }
 
@@ -414,20 +532,20 @@ NCCL_API ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t co
                                  ncclDataType_t datatype, ncclRedOp_t op, int root,
                                  ncclComm_t comm, cudaStream_t stream) {
   (void)stream;
-  struct op o = {OP_REDUCE, comm, sendbuff, recvbuff, count, datatype, op, root};
+  struct op o = {OP_REDUCE, comm, sendbuff, recvbuff, count, datatype, op, root, NULL};
   return submit(&o);
 }
 
 NCCL_API ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype,
                                int peer, ncclComm_t comm, cudaStream_t stream) {
   (void)stream;
-  struct op o = {OP_SEND, comm, sendbuff, NULL, count, datatype, ncclSum, peer};
+  struct op o = {OP_SEND, comm, sendbuff, NULL, count, datatype, ncclSum, peer, NULL};
   return submit(&o);
 }
 
 NCCL_API ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
                                ncclComm_t comm, cudaStream_t stream) {
   (void)stream;
-  struct op o = {OP_RECV, comm, NULL, recvbuff, count, datatype, ncclSum, peer};
+  struct op o = {OP_RECV, comm, NULL, recvbuff, count, datatype, ncclSum, peer, NULL};
   return submit(&o);
 }
