@@ -82,6 +82,8 @@ type Model struct {
 	profile  colorprofile.Profile
 	dark     bool
 	frames   frames
+	// rec records the history of snapshots that come without one.
+	rec *app.Recorder
 }
 
 type globalKeys struct {
@@ -199,7 +201,14 @@ func (m *Model) update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, nil
 	case app.SnapshotMsg:
 		m.ctx.Snap = msg.Snap
-		m.ctx.History.Observe(&m.ctx.Snap, m.ctx.Now().UnixNano())
+		if msg.History != nil {
+			m.ctx.History = msg.History
+		} else {
+			if m.rec == nil {
+				m.rec = app.NewRecorder()
+			}
+			m.ctx.History = m.rec.Observe(&m.ctx.Snap, m.ctx.Now().UnixNano())
+		}
 		m.lastSnap = m.ctx.Now()
 		if m.conn != nil && m.conn.Err != nil {
 			m.conn = nil
