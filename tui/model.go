@@ -598,6 +598,7 @@ func (m *Model) status() string {
 		return s.MaxWidth(m.width).Render(app.Trunc(m.flash, m.width))
 	}
 	hm := m.help
+	hm.Styles = st.Help
 	hm.SetWidth(m.width)
 	bindings := append(m.Top().KeyMap().ShortHelp(), m.keys.Command, m.keys.Help)
 	return hm.ShortHelpView(bindings)
