@@ -1,6 +1,8 @@
 package app
 
 import (
+	"sync"
+
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
 )
@@ -80,6 +82,34 @@ type History struct {
 	Node map[string]*Ring
 	GPU  map[string][]GPUSeries
 	Job  map[string]*JobSeries
+
+	mu      sync.Mutex
+	derived map[any]*derived
+}
+
+type derived struct {
+	once sync.Once
+	v    any
+}
+
+// Derive returns what fn works out from the snapshot this history goes
+// with, worked out once for every console that reads this history: the
+// first to ask works it out, the others wait for it and share it, so it
+// must be read-only too. key names what is worked out (a comparable value
+// of a type of the caller's own).
+func (h *History) Derive(key any, fn func() any) any {
+	h.mu.Lock()
+	if h.derived == nil {
+		h.derived = map[any]*derived{}
+	}
+	d := h.derived[key]
+	if d == nil {
+		d = &derived{}
+		h.derived[key] = d
+	}
+	h.mu.Unlock()
+	d.once.Do(func() { d.v = fn() })
+	return d.v
 }
 
 // NewHistory returns an empty history.

@@ -77,3 +77,31 @@ func TestPublishedHistoryDoesNotChange(t *testing.T) {
 		t.Errorf("history of a snapshot of 1 node holds %d nodes", n)
 	}
 }
+
+// What consoles derive from one history is worked out once, however many
+// ask at once, and once per key.
+func TestDeriveWorksOutOnce(t *testing.T) {
+	h := NewRecorder().Observe(&client.Snapshot{}, 0)
+	type key int
+	var mu sync.Mutex
+	calls := map[key]int{}
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Go(func() {
+			k := key(i % 2)
+			v := h.Derive(k, func() any {
+				mu.Lock()
+				calls[k]++
+				mu.Unlock()
+				return int(k) * 10
+			})
+			if v != int(k)*10 {
+				t.Errorf("key %d derived %v", k, v)
+			}
+		})
+	}
+	wg.Wait()
+	if calls[0] != 1 || calls[1] != 1 {
+		t.Errorf("worked out %v times per key, want once each", calls)
+	}
+}

@@ -310,7 +310,7 @@ func (m *Model) Render() string {
 		legend = fmt.Sprintf("%s: %s  [%s%s]", m.metric, strings.Join(st.HeatLegend, ""), zoom, scroll)
 	}
 	b.WriteString(st.Dim.Render(legend) + "\n")
-	b.WriteString(l.Render(st, m.ctx.Snap.Nodes, m.metric, m.top, m.mapHeight(), m.cursor))
+	b.WriteString(l.Render(st, heatmap.SharedLevels(m.ctx.History, m.metric, m.ctx.Snap.Nodes), m.top, m.mapHeight(), m.cursor))
 	for range m.mapHeight() - min(max(l.Rows-m.top, 0), m.mapHeight()) {
 		b.WriteString("\n")
 	}
