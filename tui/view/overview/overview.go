@@ -107,11 +107,17 @@ func (m *Model) Selected() *api.NodeStatus {
 }
 
 func (m *Model) refresh() {
-	m.totals = computeTotals(&m.ctx.Snap, m.ctx.Now())
+	// The totals of a snapshot are worked out once for every console that
+	// shows it (as of when the first of them got it), and only read.
+	snap, now := &m.ctx.Snap, m.ctx.Now()
+	m.totals = m.ctx.History.Derive(totalsKey{}, func() any { return computeTotals(snap, now) }).(totals)
 	if m.cursor >= len(m.ctx.Snap.Nodes) {
 		m.cursor = max(len(m.ctx.Snap.Nodes)-1, 0)
 	}
 }
+
+// totalsKey names a snapshot's totals among what consoles derive from it.
+type totalsKey struct{}
 
 // mapHeight is the rows the heat map may use: totals (2), legend, info and
 // the not-ready line take the rest.
