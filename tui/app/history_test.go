@@ -66,6 +66,11 @@ func TestPublishedHistoryDoesNotChange(t *testing.T) {
 		rec.Observe(snap(tick), int64(tick)*1e9)
 	}
 	wg.Wait()
+	for i, h := range kept {
+		if got := h.GPU["node-0002"][3].Util.Values(); !slices.Equal(got, want[i]) {
+			t.Errorf("history %d changed once the recorder went on: %v, was %v", i, got, want[i])
+		}
+	}
 	if n := len(want[4]); n != 5 {
 		t.Errorf("history after 5 snapshots has %d samples, want 5", n)
 	}
