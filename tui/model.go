@@ -82,6 +82,8 @@ type Model struct {
 	profile  colorprofile.Profile
 	dark     bool
 	frames   frames
+	// rec records the history of snapshots that come without one.
+	rec *app.Recorder
 }
 
 type globalKeys struct {
@@ -200,7 +202,14 @@ func (m *Model) update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, nil
 	case app.SnapshotMsg:
 		m.ctx.Snap = msg.Snap
-		m.ctx.History.Observe(&m.ctx.Snap, m.ctx.Now().UnixNano())
+		if msg.History != nil {
+			m.ctx.History = msg.History
+		} else {
+			if m.rec == nil {
+				m.rec = app.NewRecorder()
+			}
+			m.ctx.History = m.rec.Observe(&m.ctx.Snap, m.ctx.Now().UnixNano())
+		}
 		m.lastSnap = m.ctx.Now()
 		if m.conn != nil && m.conn.Err != nil {
 			m.conn = nil
@@ -643,6 +652,7 @@ func (m *Model) status() string {
 		return s.MaxWidth(m.width).Render(app.Trunc(m.flash, m.width))
 	}
 	hm := m.help
+	hm.Styles = st.Help
 	hm.SetWidth(m.width)
 	bindings := append(m.Top().KeyMap().ShortHelp(), m.keys.Command, m.keys.Help)
 	return hm.ShortHelpView(bindings)

@@ -51,7 +51,8 @@ type Context struct {
 	ReadOnly bool
 	// User names the session in the header (certificate or SSH key name).
 	User string
-	// Snap is the latest cluster snapshot, History what earlier ones said.
+	// Snap is the latest cluster snapshot, History what earlier ones said
+	// (read-only: it may be shared with other sessions).
 	Snap    client.Snapshot
 	History *History
 	// Slow is the fail-slow findings and lateness last fetched.
@@ -179,8 +180,13 @@ type Fitted interface{ Fits() bool }
 // when popped.
 type Closer interface{ Close() }
 
-// SnapshotMsg carries a new cluster snapshot.
-type SnapshotMsg struct{ Snap client.Snapshot }
+// SnapshotMsg carries a new cluster snapshot. History, when set, is the
+// feed's read-only history up to it, shared by every console the feed
+// serves; without it a console records its own.
+type SnapshotMsg struct {
+	Snap    client.Snapshot
+	History *History
+}
 
 // ConnMsg says the watch was lost (Err set, retrying after RetryIn) or is
 // back (Err nil).

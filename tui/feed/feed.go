@@ -1,8 +1,9 @@
 // Package feed follows the cluster for consoles: one watch (client.Watch
 // into a client.Cache) whose snapshots are handed to every subscribed
-// console at most a few times a second. A local console has one
-// subscriber; gpuctl serve's SSH console has one per session, all sharing
-// the one watch.
+// console at most a few times a second, each with the history of the
+// snapshots before it. A local console has one subscriber; gpuctl serve's
+// SSH console has one per session, all sharing the one watch and the one
+// history.
 package feed
 
 import (
@@ -46,6 +47,8 @@ type Options struct {
 	// default 1 s.
 	PollEvery time.Duration
 	Log       *slog.Logger
+	// Now is the clock the history's rates are measured by, default time.Now.
+	Now func() time.Time
 }
 
 // Hub is one watch shared by many consoles.
@@ -58,8 +61,13 @@ type Hub struct {
 	subs map[int]*mailbox
 	next int
 	snap *client.Snapshot
+	hist *app.History
 	// dirty is set by every batch; the ticker clears it.
 	dirty bool
+	// flushing makes Flush one writer at a time: rec records each
+	// snapshot once, outside mu, for every subscriber.
+	flushing sync.Mutex
+	rec      *app.Recorder
 }
 
 // New returns a hub following w; Run starts it.
@@ -70,11 +78,14 @@ func New(w Watcher, opt Options) *Hub {
 	if opt.PollEvery <= 0 {
 		opt.PollEvery = time.Second
 	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
 	log := opt.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Hub{w: w, opt: opt, log: log, c: client.NewCache(), subs: map[int]*mailbox{}}
+	return &Hub{w: w, opt: opt, log: log, c: client.NewCache(), subs: map[int]*mailbox{}, rec: app.NewRecorder()}
 }
 
 // Subscribe hands send every snapshot (as app.SnapshotMsg) and connection
@@ -89,7 +100,7 @@ func (h *Hub) Subscribe(send func(tea.Msg)) (cancel func()) {
 	h.next++
 	h.subs[id] = mb
 	if h.snap != nil {
-		mb.put(app.SnapshotMsg{Snap: *h.snap})
+		mb.put(app.SnapshotMsg{Snap: *h.snap, History: h.hist})
 	}
 	h.mu.Unlock()
 	return func() {
@@ -124,8 +135,12 @@ func (h *Hub) Apply(b *api.WatchBatch) {
 	h.mu.Unlock()
 }
 
-// Flush hands out a snapshot now if anything changed since the last.
+// Flush hands out a snapshot now if anything changed since the last,
+// with the history up to it. The history is recorded here, once per
+// snapshot, not by each console: the subscribers only read it.
 func (h *Hub) Flush() {
+	h.flushing.Lock()
+	defer h.flushing.Unlock()
 	h.mu.Lock()
 	if !h.dirty {
 		h.mu.Unlock()
@@ -133,14 +148,17 @@ func (h *Hub) Flush() {
 	}
 	h.dirty = false
 	s := h.c.Snapshot()
-	h.snap = &s
+	h.mu.Unlock()
+	hist := h.rec.Observe(&s, h.opt.Now().UnixNano())
+	h.mu.Lock()
+	h.snap, h.hist = &s, hist
 	subs := make([]*mailbox, 0, len(h.subs))
 	for _, mb := range h.subs {
 		subs = append(subs, mb)
 	}
 	h.mu.Unlock()
 	for _, mb := range subs {
-		mb.put(app.SnapshotMsg{Snap: s})
+		mb.put(app.SnapshotMsg{Snap: s, History: hist})
 	}
 }
 

@@ -165,6 +165,12 @@ func openSession(t *testing.T, addr string, key gossh.Signer) *clientSession {
 // openSessionSized opens a console on a width×height PTY.
 func openSessionSized(t *testing.T, addr string, key gossh.Signer, width, height int) *clientSession {
 	t.Helper()
+	return openSessionTerm(t, addr, key, "xterm-256color", width, height)
+}
+
+// openSessionTerm opens a console on a width×height PTY of terminal type term.
+func openSessionTerm(t *testing.T, addr string, key gossh.Signer, term string, width, height int) *clientSession {
+	t.Helper()
 	cl, err := dial(addr, key)
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +180,7 @@ func openSessionSized(t *testing.T, addr string, key gossh.Signer, width, height
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sess.RequestPty("xterm-256color", height, width, gossh.TerminalModes{}); err != nil {
+	if err := sess.RequestPty(term, height, width, gossh.TerminalModes{}); err != nil {
 		t.Fatal(err)
 	}
 	o := &clientSession{out: &screen{}, errs: &screen{}, ended: make(chan struct{})}

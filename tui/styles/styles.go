@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"image/color"
 
+	"charm.land/bubbles/v2/help"
 	"charm.land/lipgloss/v2"
 	"github.com/charmbracelet/colorprofile"
+	"github.com/charmbracelet/x/ansi"
 )
 
 // HeatLevels is how many steps the heat map's scale has.
@@ -46,6 +48,9 @@ type Styles struct {
 	HeatMono [heatCells]string
 	// HeatLegend is one cell per scale level, lowest first.
 	HeatLegend []string
+	// Help is the status line's key help: bubbles' own look, in the
+	// palette like every other colour here.
+	Help help.Styles
 }
 
 // ColorOn reports whether profile p shows colours.
@@ -104,7 +109,22 @@ func New(p colorprofile.Profile, dark bool) *Styles {
 	s.BarEmpty = base.Foreground(dim)
 	s.Spark = base.Foreground(accent)
 	s.buildHeat(dark)
+	s.Help = paletteHelp()
 	return s
+}
+
+// paletteHelp is bubbles' dark help look with each colour its nearest in
+// the 256-colour palette, which is what a 256-colour terminal showed of it.
+// Every colour of the console is a palette colour, so an SSH session's
+// renderer can pass them through to such a terminal unconverted.
+func paletteHelp() help.Styles {
+	h := help.DefaultDarkStyles()
+	for _, st := range []*lipgloss.Style{&h.Ellipsis, &h.ShortKey, &h.ShortDesc, &h.ShortSeparator, &h.FullKey, &h.FullDesc, &h.FullSeparator} {
+		if fg := st.GetForeground(); fg != nil {
+			*st = st.Foreground(ansi.Convert256(fg))
+		}
+	}
+	return h
 }
 
 // heatPalette is a blue-to-red scale in the xterm 256-colour cube, readable

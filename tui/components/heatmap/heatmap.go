@@ -288,44 +288,82 @@ func (l *Layout) LineAt(r int) int {
 	return r / max(l.rowsPerLine(), 1)
 }
 
-// Render draws rows [top, top+height) of the map for metric m; cursor is
-// the selected node index (-1 for none).
-func (l *Layout) Render(st *styles.Styles, nodes []*api.NodeStatus, m Metric, top, height, cursor int) string {
+// Levels are every GPU's place on the heat scale for one metric, and each
+// node's (its GPUs' mean), for the nodes of one snapshot. Working them out
+// reads every GPU's sample; consoles that draw the same snapshot share one
+// Levels (see app.History.Derive), so it is read once, not once per console.
+type Levels struct {
+	gpu  [][]uint8
+	node []uint8
+}
+
+// NewLevels places the GPUs of nodes on the scale of metric m.
+func NewLevels(m Metric, nodes []*api.NodeStatus) *Levels {
+	lv := &Levels{gpu: make([][]uint8, len(nodes)), node: make([]uint8, len(nodes))}
+	n := 0
+	for _, nd := range nodes {
+		n += len(nd.GetGpus())
+	}
+	all := make([]uint8, n)
+	for i, nd := range nodes {
+		gs := nd.GetGpus()
+		lv.gpu[i], all = all[:len(gs):len(gs)], all[len(gs):]
+		sum, faulty, stale := 0, false, false
+		for k, g := range gs {
+			v := Level(m, nd, g)
+			lv.gpu[i][k] = uint8(v)
+			switch v {
+			case styles.HeatStale:
+				stale = true
+			case styles.HeatFaulty:
+				faulty = true
+			default:
+				sum += v
+			}
+		}
+		switch {
+		case len(gs) == 0:
+			lv.node[i] = styles.HeatEmpty
+		case stale:
+			lv.node[i] = styles.HeatStale
+		case faulty:
+			lv.node[i] = styles.HeatFaulty
+		default:
+			lv.node[i] = uint8(sum / len(gs))
+		}
+	}
+	return lv
+}
+
+// levelsOf names the levels of one metric among what consoles derive
+// from a snapshot.
+type levelsOf Metric
+
+// SharedLevels are the levels of metric m for nodes, the nodes of the
+// snapshot h goes with, worked out once for every console reading h.
+func SharedLevels(h *app.History, m Metric, nodes []*api.NodeStatus) *Levels {
+	return h.Derive(levelsOf(m), func() any { return NewLevels(m, nodes) }).(*Levels)
+}
+
+// Render draws rows [top, top+height) of the map at levels lv (of the
+// nodes the layout was made for); cursor is the selected node index (-1
+// for none).
+func (l *Layout) Render(st *styles.Styles, lv *Levels, top, height, cursor int) string {
 	level := func(line, col, sub int) int {
 		if line >= len(l.Lines) || col >= len(l.Lines[line]) {
 			return styles.HeatEmpty
 		}
 		i := l.Lines[line][col]
-		if i < 0 {
+		if i < 0 || i >= len(lv.node) {
 			return styles.HeatEmpty
 		}
-		n := nodes[i]
-		gs := n.GetGpus()
 		if l.PerNode {
-			if len(gs) == 0 {
-				return styles.HeatEmpty
-			}
-			sum, faulty := 0, false
-			for _, g := range gs {
-				v := Level(m, n, g)
-				switch v {
-				case styles.HeatStale:
-					return v
-				case styles.HeatFaulty:
-					faulty = true
-				default:
-					sum += v
-				}
-			}
-			if faulty {
-				return styles.HeatFaulty
-			}
-			return sum / len(gs)
+			return int(lv.node[i])
 		}
-		if sub >= len(gs) {
+		if sub >= len(lv.gpu[i]) {
 			return styles.HeatEmpty
 		}
-		return Level(m, n, gs[sub])
+		return int(lv.gpu[i][sub])
 	}
 	// Each terminal row shows two virtual sub-rows in colour, one without.
 	vsub := func(r int) (line, sub int) {

@@ -3,6 +3,7 @@ package heatmap
 import (
 	"testing"
 
+	"github.com/gpuctl/gpuctl/tui/app"
 	"github.com/gpuctl/gpuctl/tui/fixture"
 )
 
@@ -43,5 +44,25 @@ func TestLayoutFits(t *testing.T) {
 				t.Errorf("layout holds %d nodes, want %d", seen, tc.nodes)
 			}
 		})
+	}
+}
+
+// Consoles reading one history share its levels: one per metric.
+func TestSharedLevels(t *testing.T) {
+	s := fixture.Cluster(20, 8)
+	h := app.NewRecorder().Observe(&s, 0)
+	a, b := SharedLevels(h, Util, s.Nodes), SharedLevels(h, Util, s.Nodes)
+	if a != b {
+		t.Error("two consoles worked out the util levels of one snapshot each")
+	}
+	if SharedLevels(h, Temp, s.Nodes) == a {
+		t.Error("the temperature levels are the util levels")
+	}
+	for i, n := range s.Nodes {
+		for k, g := range n.GetGpus() {
+			if got, want := int(a.gpu[i][k]), Level(Util, n, g); got != want {
+				t.Fatalf("node %d GPU %d: level %d, want %d", i, k, got, want)
+			}
+		}
 	}
 }

@@ -107,11 +107,17 @@ func (m *Model) Selected() *api.NodeStatus {
 }
 
 func (m *Model) refresh() {
-	m.totals = computeTotals(&m.ctx.Snap, m.ctx.Now())
+	// The totals of a snapshot are worked out once for every console that
+	// shows it (as of when the first of them got it), and only read.
+	snap, now := &m.ctx.Snap, m.ctx.Now()
+	m.totals = m.ctx.History.Derive(totalsKey{}, func() any { return computeTotals(snap, now) }).(totals)
 	if m.cursor >= len(m.ctx.Snap.Nodes) {
 		m.cursor = max(len(m.ctx.Snap.Nodes)-1, 0)
 	}
 }
+
+// totalsKey names a snapshot's totals among what consoles derive from it.
+type totalsKey struct{}
 
 // mapHeight is the rows the heat map may use: totals (2), legend, info and
 // the not-ready line take the rest.
@@ -310,7 +316,7 @@ func (m *Model) Render() string {
 		legend = fmt.Sprintf("%s: %s  [%s%s]", m.metric, strings.Join(st.HeatLegend, ""), zoom, scroll)
 	}
 	b.WriteString(st.Dim.Render(legend) + "\n")
-	b.WriteString(l.Render(st, m.ctx.Snap.Nodes, m.metric, m.top, m.mapHeight(), m.cursor))
+	b.WriteString(l.Render(st, heatmap.SharedLevels(m.ctx.History, m.metric, m.ctx.Snap.Nodes), m.top, m.mapHeight(), m.cursor))
 	for range m.mapHeight() - min(max(l.Rows-m.top, 0), m.mapHeight()) {
 		b.WriteString("\n")
 	}
