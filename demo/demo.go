@@ -48,7 +48,10 @@ type Options struct {
 	Bytes     string
 	// CkptInterval is the job's checkpoint interval in steps.
 	CkptInterval int
-	// JobEnv is added to the demo job's environment (its job file's env).
+	// JobEnv is added to the demo job's environment (its job file's env),
+	// over REFNCCL_ASYNC=1 (the reference library completing collectives
+	// after it returns, as NCCL on a GPU does; "0" to complete them in the
+	// call).
 	JobEnv map[string]string
 	// NCCLProfiler is passed to nodemon's --nccl-profiler; empty leaves
 	// nodemon's default (the plugin beside it, if there).
@@ -334,11 +337,15 @@ checkpoint:
 restart_policy: replace-node
 `, JobName, c.opts.JobNodes, c.opts.RanksPerNode, c.opts.Ringtrain, c.opts.ComputeMS, c.opts.Bytes, c.opts.CkptInterval,
 		filepath.Join(c.opts.DataDir, "checkpoints", JobName))
-	if len(c.opts.JobEnv) > 0 {
-		spec += "env:\n"
-		for _, k := range slices.Sorted(maps.Keys(c.opts.JobEnv)) {
-			spec += fmt.Sprintf("  %s: %q\n", k, c.opts.JobEnv[k])
-		}
+	// The reference library returns from a collective once it is
+	// enqueued and completes it later, as NCCL does on a GPU, so the demo
+	// exercises the timing a GPU gives (enqueue from the call, completion
+	// from the profiler plugin).
+	env := map[string]string{"REFNCCL_ASYNC": "1"}
+	maps.Copy(env, c.opts.JobEnv)
+	spec += "env:\n"
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		spec += fmt.Sprintf("  %s: %q\n", k, env[k])
 	}
 	resp, err := cl.SubmitJob(ctx, &api.SubmitJobRequest{SpecYaml: spec, Source: "demo job"})
 	if err != nil {
