@@ -57,6 +57,7 @@ type Pacer struct {
 	factor    uint32
 	changed   time.Time
 	calmSince time.Time
+	busySince time.Time
 }
 
 // New returns a pacer at factor 1 running r (Default where r is zero).
@@ -82,13 +83,20 @@ func (p *Pacer) Update(now time.Time, s Signals) (factor uint32, changed bool, w
 	switch {
 	case busy:
 		p.calmSince = time.Time{}
-		if p.factor < r.Max && (severe || p.changed.IsZero() || now.Sub(p.changed) >= r.Settle) {
+		if p.busySince.IsZero() {
+			p.busySince = now
+		}
+		// One moment behind (a burst of registrations, a GC) is not
+		// overload: it must be seen again a judgment later.
+		sustained := now.After(p.busySince)
+		if p.factor < r.Max && (severe || sustained && (p.changed.IsZero() || now.Sub(p.changed) >= r.Settle)) {
 			p.factor = min(2*p.factor, r.Max)
 			p.changed = now
 			return p.factor, true, fmt.Sprintf("ingest behind (heartbeats %s late, queue %.0f%% full, %d shed)",
 				s.Late.Round(time.Millisecond), 100*s.QueueFill, s.Shed)
 		}
 	case calm:
+		p.busySince = time.Time{}
 		if p.calmSince.IsZero() {
 			p.calmSince = now
 		}
@@ -98,7 +106,7 @@ func (p *Pacer) Update(now time.Time, s Signals) (factor uint32, changed bool, w
 			return p.factor, true, fmt.Sprintf("ingest has had room for %s", r.CalmFor)
 		}
 	default:
-		p.calmSince = time.Time{}
+		p.calmSince, p.busySince = time.Time{}, time.Time{}
 	}
 	return p.factor, false, ""
 }

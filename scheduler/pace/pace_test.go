@@ -22,25 +22,28 @@ func TestPacer(t *testing.T) {
 		steps []step
 	}{
 		{"calm stays at its own pace", []step{{0, calm, 1, false}, {time.Minute, calm, 1, false}}},
-		{"behind doubles, then waits for the nodes to follow", []step{
-			{0, busy, 2, true}, {time.Second, busy, 2, false}, {5 * time.Second, busy, 4, true}, {6 * time.Second, shed, 4, false},
-			{10 * time.Second, full, 8, true}}},
+		{"behind twice doubles, then waits for the nodes to follow", []step{
+			{0, busy, 1, false}, {time.Second, busy, 2, true}, {2 * time.Second, busy, 2, false}, {6 * time.Second, busy, 4, true},
+			{7 * time.Second, shed, 4, false}, {11 * time.Second, full, 8, true}}},
+		{"one moment behind (a burst of registrations) is not overload", []step{
+			{0, shed, 1, false}, {time.Second, calm, 1, false}, {2 * time.Second, shed, 1, false}, {3 * time.Second, between, 1, false},
+			{4 * time.Second, busy, 1, false}}},
 		{"far behind doubles at every update", []step{
 			{0, Signals{Late: 2 * time.Second}, 2, true}, {time.Second, Signals{QueueFill: 1}, 4, true},
 			{2 * time.Second, Signals{Late: 3 * time.Second}, 8, true}, {3 * time.Second, busy, 8, false}}},
 		{"never past the bound", []step{
-			{0, busy, 2, true}, {5 * time.Second, busy, 4, true}, {10 * time.Second, busy, 8, true}, {15 * time.Second, busy, 16, true},
-			{20 * time.Second, busy, 16, false}}},
+			{0, busy, 1, false}, {time.Second, busy, 2, true}, {6 * time.Second, busy, 4, true}, {11 * time.Second, busy, 8, true},
+			{16 * time.Second, busy, 16, true}, {21 * time.Second, busy, 16, false}}},
 		{"halves after 30 s of room, not before", []step{
-			{0, busy, 2, true}, {5 * time.Second, busy, 4, true}, {6 * time.Second, calm, 4, false},
-			{35 * time.Second, calm, 4, false}, {36 * time.Second, calm, 2, true}, {40 * time.Second, calm, 2, false},
-			{66 * time.Second, calm, 1, true}, {120 * time.Second, calm, 1, false}}},
+			{0, busy, 1, false}, {time.Second, busy, 2, true}, {6 * time.Second, busy, 4, true}, {7 * time.Second, calm, 4, false},
+			{36 * time.Second, calm, 4, false}, {37 * time.Second, calm, 2, true}, {40 * time.Second, calm, 2, false},
+			{67 * time.Second, calm, 1, true}, {120 * time.Second, calm, 1, false}}},
 		{"a moment between calm and behind starts the calm over", []step{
-			{0, busy, 2, true}, {time.Second, calm, 2, false}, {20 * time.Second, between, 2, false},
+			{0, busy, 1, false}, {time.Second, busy, 2, true}, {2 * time.Second, calm, 2, false}, {20 * time.Second, between, 2, false},
 			{31 * time.Second, calm, 2, false}, {60 * time.Second, calm, 2, false}, {61 * time.Second, calm, 1, true}}},
 		{"behind again while calming keeps the factor", []step{
-			{0, busy, 2, true}, {time.Second, calm, 2, false}, {25 * time.Second, shed, 4, true}, {40 * time.Second, calm, 4, false},
-			{70 * time.Second, calm, 2, true}}},
+			{0, busy, 1, false}, {time.Second, busy, 2, true}, {2 * time.Second, calm, 2, false}, {25 * time.Second, shed, 2, false},
+			{26 * time.Second, shed, 4, true}, {40 * time.Second, calm, 4, false}, {70 * time.Second, calm, 2, true}}},
 	}
 	t0 := time.Unix(1000, 0)
 	for _, c := range cases {
