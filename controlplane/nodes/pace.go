@@ -35,9 +35,6 @@ func (r *Registry) Pace() uint32 {
 // changes.
 func (r *Registry) judgePace(now time.Time, lag time.Duration) {
 	p := &r.pacing
-	if p.rule == nil {
-		p.rule = pace.New(pace.Rule{})
-	}
 	if !p.judged.IsZero() && now.Sub(p.judged) < PaceEvery {
 		return
 	}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane/observe"
+	"github.com/gpuctl/gpuctl/scheduler/pace"
 	"github.com/gpuctl/gpuctl/store"
 	"github.com/gpuctl/gpuctl/transport"
 )
@@ -175,7 +176,7 @@ func New(cfg Config) (*Registry, error) {
 	}
 	cfg.Suspect.defaults()
 	r := &Registry{cfg: cfg, log: cfg.Log, nodes: map[string]*entry{}, collectives: map[collKey]*api.CollectiveStat{},
-		enqueued: map[collKey][]*api.CollectiveRecord{}}
+		enqueued: map[collKey][]*api.CollectiveRecord{}, pacing: pacing{rule: pace.New(pace.Rule{})}}
 	known, err := cfg.Store.Nodes()
 	if err != nil {
 		return nil, fmt.Errorf("load nodes: %w", err)
