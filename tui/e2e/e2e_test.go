@@ -185,15 +185,19 @@ func TestConsoleEndToEnd(t *testing.T) {
 		filepath.Join(dir, "console.log")))
 	t.Run("local", func(t *testing.T) { operate(t, m, "local", "node-01") })
 
-	sshCmd := func(key string) string {
-		return fmt.Sprintf("ssh -tt -i %s -p %d -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR ops@127.0.0.1", key, port)
+	// A 256-colour terminal is drawn a line at a time by the SSH server, a
+	// 16-colour one by bubbletea's renderer: the operator works on the
+	// first, the viewer looks on the second.
+	sshCmd := func(term, key string) string {
+		return fmt.Sprintf("env TERM=%s ssh -tt -i %s -p %d -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR ops@127.0.0.1",
+			term, key, port)
 	}
-	m.start("operator", sshCmd(opKey))
+	m.start("operator", sshCmd("xterm-256color", opKey))
 	t.Run("ssh operator", func(t *testing.T) {
 		m.waitText("operator", "alice@ssh (operator)", 30*time.Second)
 		operate(t, m, "operator", "node-02")
 	})
-	m.start("viewer", sshCmd(viewKey))
+	m.start("viewer", sshCmd("xterm", viewKey))
 	t.Run("ssh viewer", func(t *testing.T) {
 		m.waitText("viewer", "bob@ssh (viewer)", 30*time.Second)
 		m.keys("viewer", ":jobs", "Enter")

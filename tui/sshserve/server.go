@@ -171,18 +171,23 @@ func (s *Server) program(sess ssh.Session) *tea.Program {
 	// The filter replaces MakeOptions' own, which it includes.
 	opts := append(bubbletea.MakeOptions(sess), tea.WithFilter(open.inputFilter))
 	pty, _, hasPty := sess.Pty()
+	var model tea.Model = m
 	if hasPty {
-		// The renderer starts at this size, before the filter sees any.
-		opts = append(opts, tea.WithWindowSize(min(pty.Window.Width, maxWidth), min(pty.Window.Height, maxHeight)))
-		// The console draws in the 256-colour palette only, so on a
-		// 256-colour terminal the renderer's per-cell conversion of each
-		// colour to the terminal's changes nothing, yet it was a quarter of
-		// what drawing a heat map cost a session: pass the colours through.
-		if terminalProfile(sess, pty.Term) == colorprofile.ANSI256 {
-			opts = append(opts, tea.WithColorProfile(colorprofile.TrueColor))
+		w, h := min(pty.Window.Width, maxWidth), min(pty.Window.Height, maxHeight)
+		opts = append(opts, tea.WithWindowSize(w, h))
+		// The console draws in the 256-colour palette only, so a terminal
+		// with 256 colours or more shows its frames as they are, drawn a
+		// line at a time (lineScreen); one with fewer needs bubbletea's
+		// renderer, which converts each colour to the terminal's.
+		if p := terminalProfile(sess, pty.Term); p == colorprofile.ANSI256 || p == colorprofile.TrueColor {
+			open.scr = newScreen(sess, h, "gpuctl")
+			model = &drawnBy{Model: m, scr: open.scr}
+			// The program's frame rate now only paces its terminal queries:
+			// sixty wake-ups a second a session for nothing is CPU.
+			opts = append(opts, tea.WithoutRenderer(), tea.WithOutput(open.scr), tea.WithColorProfile(p), tea.WithFPS(1))
 		}
 	}
-	p := tea.NewProgram(m, opts...)
+	p := tea.NewProgram(model, opts...)
 	open.prog = p
 	if hasPty {
 		open.capped(pty.Window.Width, pty.Window.Height) // says so if it is capped
@@ -191,6 +196,9 @@ func (s *Server) program(sess ssh.Session) *tea.Program {
 	unsub := s.cfg.Hub.Subscribe(p.Send)
 	go func() {
 		<-sess.Context().Done()
+		if open.scr != nil {
+			open.scr.close()
+		}
 		s.sessions.remove(open)
 		unsub()
 		cl.Close()
@@ -215,6 +223,9 @@ func (s *Server) logSessions(next ssh.Handler) ssh.Handler {
 		s.log.Info("ssh console: session start", "name", k.Name, "role", string(k.Role), "remote", sess.RemoteAddr().String())
 		next(sess)
 		if open := s.sessions.of(sess); open != nil {
+			if open.scr != nil {
+				open.scr.close()
+			}
 			open.finish()
 		}
 		s.log.Info("ssh console: session end", "name", k.Name, "duration", time.Since(start).Round(time.Millisecond))

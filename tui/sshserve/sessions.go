@@ -25,6 +25,7 @@ type session struct {
 	key       Key
 	sess      ssh.Session
 	prog      *tea.Program
+	scr       *lineScreen  // nil when bubbletea's renderer draws it
 	lastInput atomic.Int64 // unix nanoseconds
 	ending    atomic.Bool
 	why       atomic.Value // string: why the server ended it
