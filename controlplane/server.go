@@ -232,26 +232,27 @@ func newServer(cfg Config, auth *transport.Authority, st store.Store, policy sch
 		return nil, fmt.Errorf("load events: %w", err)
 	}
 	// The job owner is the node registry's sink and the registry is the
-	// job owner's view of nodes; the sink only queues, so the registry can
-	// be built first with the owner's queue standing in.
-	sink := &deferredSink{}
+	// job owner's view of nodes; the sink only queues, so the registry is
+	// built first with the owner's front door, which the owner then drains.
+	front := jobs.NewFront()
 	// The fail-slow pass reads placements and GPUs once the owner and the
 	// registry exist; the registry hands it calls from the start.
 	s.slow = stalls.NewFailSlow(func(id string) *api.Job {
-		if m := sink.get(); m != nil {
-			j, _ := m.View().Find(id)
+		if v := front.View(); v != nil {
+			j, _ := v.Find(id)
 			return j
 		}
 		return nil
 	}, func(name string) (*api.NodeStatus, error) { return s.nodes.Node(name) }, cfg.Log.With("part", "failslow"))
-	reg, err := nodes.New(nodes.Config{Store: st, Publish: s.hub, Observe: s.obs, Sink: sink, ServerName: host, ReceiveLag: s.receiveLag,
-		History: cfg.History, Now: cfg.Now, Log: cfg.Log.With("part", "nodes"), Lease: cfg.Lease, Superseded: sink.superseded,
+	reg, err := nodes.New(nodes.Config{Store: st, Publish: s.hub, Observe: s.obs, Sink: front, ServerName: host, ReceiveLag: s.receiveLag,
+		History: cfg.History, Now: cfg.Now, Log: cfg.Log.With("part", "nodes"), Lease: cfg.Lease, Superseded: front.Superseded,
 		Suspect: cfg.Suspect, Calls: s.slow.Calls})
 	if err != nil {
 		return nil, err
 	}
 	s.nodes = reg
 	jc := cfg.Jobs
+	jc.Front = front
 	jc.Store, jc.Nodes, jc.Publish, jc.Policy, jc.Now, jc.RunAs = st, reg, s.hub, policy, cfg.Now, cfg.RunAs
 	jc.Lease = cfg.Lease
 	jc.ReadOnly = cfg.ReadOnly.Err
@@ -273,7 +274,6 @@ func newServer(cfg Config, auth *transport.Authority, st store.Store, policy sch
 	if err != nil {
 		return nil, err
 	}
-	sink.set(mgr)
 	s.jobs = mgr
 	s.slurm = slurmPoller(cfg, sx, reg, mgr)
 	for _, n := range reg.Nodes() {
@@ -284,51 +284,6 @@ func newServer(cfg Config, auth *transport.Authority, st store.Store, policy sch
 	}
 	s.stall = stalls.New(mgr, reg, s.hub, cfg.Now, cfg.Log.With("part", "stalls")).WithFailSlow(s.slow)
 	return s, nil
-}
-
-// deferredSink forwards node happenings to the job owner once it exists;
-// before that (while the owner loads) there is nothing to forward.
-type deferredSink struct {
-	mu sync.Mutex
-	m  *jobs.Manager
-}
-
-func (d *deferredSink) set(m *jobs.Manager) {
-	d.mu.Lock()
-	d.m = m
-	d.mu.Unlock()
-}
-
-func (d *deferredSink) get() *jobs.Manager {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.m
-}
-
-func (d *deferredSink) NodeUp(name string, reg *api.NodeRegistration, joined bool) {
-	if m := d.get(); m != nil {
-		m.NodeUp(name, reg, joined)
-	}
-}
-
-func (d *deferredSink) NodeDown(name, reason string) {
-	if m := d.get(); m != nil {
-		m.NodeDown(name, reason)
-	}
-}
-
-// superseded is nodes.Config.Superseded through the job owner.
-func (d *deferredSink) superseded(node string, running []*api.RankStatus) []*api.RankStatus {
-	if m := d.get(); m != nil {
-		return m.Superseded(node, running)
-	}
-	return nil
-}
-
-func (d *deferredSink) NodeEvents(name string, events []*api.Event) {
-	if m := d.get(); m != nil {
-		m.NodeEvents(name, events)
-	}
 }
 
 // Listen binds the UDP port and writes admin.yaml if it is missing. Call

@@ -81,8 +81,8 @@ func superseded(job func(id string) *api.Job, node string, running []*api.RankSt
 // Superseded is nodes.Config.Superseded: of the ranks a (re)connecting
 // node reports, those of attempts that are not current, by the committed
 // jobs.
-func (m *Manager) Superseded(node string, running []*api.RankStatus) []*api.RankStatus {
-	v := m.View()
+func (f *Front) Superseded(node string, running []*api.RankStatus) []*api.RankStatus {
+	v := f.View()
 	if v == nil {
 		return nil
 	}

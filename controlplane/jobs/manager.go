@@ -61,6 +61,9 @@ type Publisher interface {
 type Config struct {
 	Store store.Store
 	Nodes Nodes
+	// Front is the owner's front door, when something (the node
+	// registry) needed it before the owner was built; nil: New makes one.
+	Front *Front
 	// Publish may be nil.
 	Publish Publisher
 	// Policy orders the queue, default scheduler's default policy.
@@ -213,11 +216,11 @@ type entry struct {
 
 // Manager is the job owner.
 type Manager struct {
+	// Front is the owner's queue and its committed view.
+	*Front
 	cfg  Config
 	log  *slog.Logger
-	in   inbox
 	disp *dispatcher
-	view atomic.Pointer[View]
 	obs  atomic.Pointer[Observer]
 
 	// Everything below belongs to the loop goroutine.
@@ -261,11 +264,14 @@ type Manager struct {
 // silently dropped.
 func New(cfg Config) (*Manager, error) {
 	cfg.defaults()
-	m := &Manager{cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, recs: map[string]*recovery{},
+	front := cfg.Front
+	if front == nil {
+		front = NewFront()
+	}
+	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, recs: map[string]*recovery{},
 		vals: map[string]*validation{}, prog: map[string]*progress{}, idem: map[string]string{},
 		waiting: map[launchKey][]chan reply{}, stalled: map[string]bool{}, pass: &txn{}, startedAt: cfg.Now(),
 		slow: map[string]*slowState{}}
-	m.in.sig = make(chan struct{}, 1)
 	m.disp = newDispatcher(cfg.Nodes.Command, cfg.Log)
 	m.disp.exec = cfg.Executor
 	stored, err := cfg.Store.Jobs()
@@ -463,20 +469,6 @@ type launchKey struct {
 	attempt uint32
 }
 
-// NodeUp, NodeDown and NodeEvents make the manager a nodes.Sink: they only
-// queue.
-func (m *Manager) NodeUp(name string, reg *api.NodeRegistration, _ bool) {
-	m.in.post(msgNodeUp{node: name, reg: reg})
-}
-
-// NodeDown queues a node's loss.
-func (m *Manager) NodeDown(name, reason string) { m.in.post(msgNodeDown{node: name, reason: reason}) }
-
-// NodeEvents queues a node's persisted events.
-func (m *Manager) NodeEvents(name string, events []*api.Event) {
-	m.in.post(msgNodeEvents{node: name, events: events})
-}
-
 func (m *Manager) handle(msg any) {
 	switch msg := msg.(type) {
 	case msgNodeUp:
@@ -593,6 +585,10 @@ type txn struct {
 	dirty   []*entry
 	events  []*api.Event
 	effects []effect
+	// undo puts the owner's side tables (recoveries, validation gangs,
+	// submit keys) back as they were, newest change last: a failed commit
+	// runs it with the jobs' own rollback.
+	undo []func()
 }
 
 func (t *txn) empty() bool { return len(t.dirty) == 0 && len(t.events) == 0 && len(t.effects) == 0 }
@@ -663,9 +659,26 @@ func (m *Manager) commit(t *txn) error {
 	return nil
 }
 
-// rollback undoes t's job changes in memory: each job goes back to what
-// was last committed (a job never committed is forgotten).
+// remember records table[key] as it is before the current step changes
+// it, so that a failed commit puts it back.
+func remember[K comparable, V any](t *txn, table map[K]V, key K) {
+	old, had := table[key]
+	t.undo = append(t.undo, func() {
+		if had {
+			table[key] = old
+		} else {
+			delete(table, key)
+		}
+	})
+}
+
+// rollback undoes t's changes in memory: each job goes back to what was
+// last committed (a job never committed is forgotten), and the side
+// tables to what they held before t.
 func (m *Manager) rollback(t *txn) {
+	for i := len(t.undo) - 1; i >= 0; i-- {
+		t.undo[i]()
+	}
 	for _, en := range t.dirty {
 		if en.committed == nil {
 			delete(m.jobs, en.job.GetId())
@@ -719,10 +732,6 @@ func (m *Manager) publishView() {
 	})
 	m.view.Store(v)
 }
-
-// View returns the committed jobs; readers share them and must not modify
-// them.
-func (m *Manager) View() *View { return m.view.Load() }
 
 // Find resolves an id or a name. A name matching several jobs picks the
 // one still active, and is an error when that is ambiguous.

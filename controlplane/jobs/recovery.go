@@ -167,6 +167,7 @@ func (m *Manager) giveUp(en *entry, reason string, now time.Time) {
 	j := en.job
 	from := phaseOf(j)
 	if rec := m.recs[j.GetId()]; rec != nil {
+		remember(m.pass, m.recs, j.GetId())
 		delete(m.recs, j.GetId())
 		m.endValidation(rec)
 		m.cordons(j, rec)
@@ -227,6 +228,7 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 	}
 	rec := &recovery{failure: f, reason: reason, since: now, stepAt: j.GetStep(), resume: -1, cordon: map[string]string{}}
 	m.noteCordons(rec, f, reason)
+	remember(m.pass, m.recs, j.GetId())
 	m.recs[j.GetId()] = rec
 	m.addAttained(j, now)
 	m.endAttempt(j, now, reason)
@@ -355,6 +357,7 @@ func (m *Manager) recoveries(now time.Time) {
 		}
 		if j.GetState() != api.JobState_JOB_STATE_RECOVERING {
 			// Cancelled (or otherwise ended) while recovering.
+			remember(m.pass, m.recs, j.GetId())
 			delete(m.recs, j.GetId())
 			m.endValidation(rec)
 			continue
@@ -641,6 +644,7 @@ func (m *Manager) validate(en *entry, rec *recovery, now time.Time) {
 		}
 	}
 	v.port = m.port(v.id, 1)
+	remember(m.pass, m.vals, v.id)
 	m.vals[v.id] = v
 	rec.validation = v.id
 	j.MoveTarget = jobNodes(&pl)
@@ -705,6 +709,7 @@ func (m *Manager) checkValidation(en *entry, rec *recovery, now time.Time) {
 	}
 	timedOut := now.Sub(v.started) >= m.cfg.ValidateTimeout
 	if done && !failed {
+		remember(m.pass, m.vals, v.id)
 		delete(m.vals, v.id)
 		rec.validation = ""
 		m.observeRecovery("validated", now.Sub(rec.since))
@@ -743,6 +748,7 @@ func (m *Manager) checkValidation(en *entry, rec *recovery, now time.Time) {
 	if len(blame) == 0 {
 		blame = slices.Clone(added)
 	}
+	remember(m.pass, m.vals, v.id)
 	delete(m.vals, v.id)
 	rec.validation = ""
 	rec.decision = nil
@@ -771,6 +777,7 @@ func (m *Manager) endValidation(rec *recovery) {
 	if v == nil {
 		return
 	}
+	remember(m.pass, m.vals, v.id)
 	delete(m.vals, v.id)
 	var live []string
 	for _, n := range v.nodes {
@@ -827,6 +834,7 @@ func (m *Manager) relaunch(en *entry, rec *recovery, now time.Time) {
 	j.LostSteps += lost
 	j.Restarts++
 	j.DowntimeSeconds += now.Sub(rec.since).Seconds()
+	remember(m.pass, m.recs, j.GetId())
 	delete(m.recs, j.GetId())
 	en.resume, en.resumeSet = resume, true
 	if d.Action == scheduler.ShrinkDP {

@@ -111,6 +111,7 @@ func (m *Manager) submit(req *api.SubmitJobRequest, source string, spec *jobspec
 	j.Id = id
 	if key := req.GetIdempotencyKey(); key != "" {
 		j.IdempotencyKey = key
+		remember(m.pass, m.idem, key)
 		m.idem[key] = id
 	}
 	if j.CheckpointDir == "" && m.cfg.CheckpointRoot != "" {
