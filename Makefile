@@ -7,7 +7,7 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 GOTEST    ?= $(GO) test -count=1 -p 1 -timeout 30m
 PKGS      := ./...
 
-.PHONY: all build workload test gpu-check gpu-check-bundle chaos soak soak-away soak-etcd bench bench-tui bench-store bench-stalls bench-failslow bench-swarm fuzz generate check-generated demo lint clean
+.PHONY: all build workload test gpu-check gpu-check-bundle chaos soak soak-away soak-etcd bench bench-tui bench-store bench-stalls bench-failslow bench-swarm bench-estimates fuzz generate check-generated demo lint clean
 
 all: build
 
@@ -99,6 +99,12 @@ FAILSLOW_HEALTHY ?= 2m
 bench-failslow: build
 	GPUCTL_BIN=$(CURDIR)/bin GPUCTL_BENCH_FAILSLOW=1 GPUCTL_BENCH_HEALTHY=$(FAILSLOW_HEALTHY) \
 		$(GO) test -count=1 -run '^TestFailSlowBench$$' -v -timeout 40m ./demo/
+
+# Runtime estimates on held-out trace: a model learned on the Philly
+# trace's first 60% schedules the rest, against users' limits and exact
+# runtimes (docs/scheduling.md).
+bench-estimates:
+	$(GO) test -count=1 -run '^TestStudyEstimatesOnPhilly$$' -v -timeout 10m ./scheduler/simulate/
 
 # The server at scale: `gpuctl bench swarm` at each of SWARM_NODES, one
 # after another, each against a fresh `gpuctl serve` on loopback with N

@@ -23,6 +23,7 @@ import (
 	"slices"
 
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/predict"
 	"github.com/gpuctl/gpuctl/scheduler/trace"
 )
 
@@ -41,8 +42,11 @@ type Config struct {
 	// by a hash of the job id (0: leave them all in one).
 	Tenants int
 	// NoEstimates hides runtimes from the scheduler; otherwise each job's
-	// estimate is its exact remaining failure-free work.
+	// estimate is its exact remaining failure-free work, or, with
+	// Estimate, what that says of the job (a runtime model's prediction,
+	// a user's limit), less what the job has run (predict.Remaining).
 	NoEstimates bool
+	Estimate    func(trace.Job) int64
 }
 
 // Result is what a simulation measured. Times are seconds.
@@ -305,7 +309,11 @@ func (s *sim) enqueue(i int) {
 		ID: j.tj.ID, Tenant: s.tenant(j.tj), Priority: j.tj.Priority, Submit: j.tj.Submit,
 		GPUs: j.tj.GPUs, Attained: j.attained, Preemptible: true, Checkpoint: true,
 	}
-	if !s.cfg.NoEstimates {
+	switch {
+	case s.cfg.NoEstimates:
+	case s.cfg.Estimate != nil:
+		req.Estimate = predict.Remaining(s.cfg.Estimate(j.tj), j.progress)
+	default:
 		req.Estimate = j.work - j.progress
 	}
 	s.penIx[i] = len(s.snap.Pending)

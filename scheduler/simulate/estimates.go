@@ -1,0 +1,187 @@
+package simulate
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+
+	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/predict"
+	"github.com/gpuctl/gpuctl/scheduler/trace"
+)
+
+// Features is what a trace says of a job at its submission. Traces keep
+// no wall-clock time, so the hour of day is counted from the trace's
+// first submission: it groups jobs by time of day up to a fixed shift.
+func Features(tj trace.Job) predict.Features {
+	return predict.Features{Tenant: tj.Tenant, GPUs: tj.GPUs, Hour: int(tj.Submit/3600) % 24}
+}
+
+// Records are a trace's jobs as finished jobs to learn from.
+func Records(jobs []trace.Job) []predict.Record {
+	out := make([]predict.Record, len(jobs))
+	for i, tj := range jobs {
+		out[i] = predict.Record{Features: Features(tj), Runtime: tj.Runtime}
+	}
+	return out
+}
+
+// Split cuts a trace in time order: the first fraction of its jobs (by
+// submission) to learn from, the rest to test on, their submissions
+// counted again from the first tested one.
+func Split(jobs []trace.Job, fraction float64) (train, test []trace.Job, err error) {
+	if fraction <= 0 || fraction >= 1 {
+		return nil, nil, fmt.Errorf("train fraction %v: give one between 0 and 1 (e.g. 0.6)", fraction)
+	}
+	sorted := slices.Clone(jobs)
+	slices.SortStableFunc(sorted, func(a, b trace.Job) int { return int(a.Submit - b.Submit) })
+	cut := int(float64(len(sorted)) * fraction)
+	if cut < 1 || cut >= len(sorted) {
+		return nil, nil, fmt.Errorf("train fraction %v of %d jobs leaves one side empty", fraction, len(sorted))
+	}
+	train, test = sorted[:cut], slices.Clone(sorted[cut:])
+	first := test[0].Submit
+	for i := range test {
+		test[i].Submit -= first
+	}
+	return train, test, nil
+}
+
+// Limits are users' runtime limits for a trace that records none
+// (predict.ModelledLimit), drawn with seed, by job id.
+func Limits(jobs []trace.Job, seed uint64) map[string]int64 {
+	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+	out := make(map[string]int64, len(jobs))
+	for _, tj := range jobs {
+		out[tj.ID] = predict.ModelledLimit(tj.Runtime, rng.NormFloat64())
+	}
+	return out
+}
+
+// EstimateRun is one scheduling run of the study.
+type EstimateRun struct {
+	// Policy and Estimates ("exact", "limits", "predicted", "none").
+	Policy, Estimates string
+	// MeanJCT, P99JCT and Makespan (seconds) and Utilization: the mean
+	// over seeds, each with its 95% confidence half-width.
+	MeanJCT, MeanJCTCI, P99JCT, P99JCTCI float64
+	Makespan, MakespanCI                 float64
+	Utilization                          float64
+}
+
+// EstimateStudy is how a runtime model learned on a trace's first part
+// schedules its held-out rest, against users' limits and exact runtimes.
+type EstimateStudy struct {
+	TrainJobs, TestJobs int
+	Seeds               int
+	// Predicted, Limits and Mean: accuracy on the held-out jobs of the
+	// model, of users' limits (the first seed's) and of one runtime for
+	// every job (the training jobs' geometric mean), the baseline a model
+	// must beat.
+	Predicted, Limits, Mean predict.Accuracy
+	Runs                    []EstimateRun
+}
+
+// StudyEstimates learns a runtime model on the first fraction of jobs and
+// runs the rest under each policy with each kind of estimate, over seeds
+// (which draw users' limits; a prediction is capped by the job's limit).
+// cfg sizes the cluster and is used as is otherwise.
+func StudyEstimates(jobs []trace.Job, fraction float64, seeds int, cfg Config) (EstimateStudy, error) {
+	train, test, err := Split(jobs, fraction)
+	if err != nil {
+		return EstimateStudy{}, err
+	}
+	seeds = max(seeds, 1)
+	model := predict.Train(Records(train), 0)
+	st := EstimateStudy{TrainJobs: len(train), TestJobs: len(test), Seeds: seeds}
+	predicted := func(limits map[string]int64) func(trace.Job) int64 {
+		return func(tj trace.Job) int64 {
+			f := Features(tj)
+			f.Limit = limits[tj.ID]
+			return model.Predict(f).Seconds
+		}
+	}
+	{
+		limits := Limits(test, 1)
+		all := model.Predict(predict.Features{Hour: -1}).Seconds
+		if g, ok := model.Groups["all:*"]; ok {
+			all = int64(math.Round(math.Exp(g.LogMean)))
+		}
+		var pe, le, me, actual []int64
+		for _, tj := range test {
+			pe = append(pe, predicted(limits)(tj))
+			le = append(le, limits[tj.ID])
+			me = append(me, all)
+			actual = append(actual, tj.Runtime)
+		}
+		st.Predicted, st.Limits, st.Mean = predict.Score(pe, actual), predict.Score(le, actual), predict.Score(me, actual)
+	}
+	if cfg.Nodes == 0 {
+		gpn := cfg.GPUsPerNode
+		if gpn == 0 {
+			gpn = 8
+		}
+		cfg.Nodes = ClusterSize(test, gpn)
+	}
+	type variant struct{ policy, estimates string }
+	variants := []variant{{"fifo", "none"}, {"las", "none"}, {"fair", "none"},
+		{"sjf", "limits"}, {"sjf", "predicted"}, {"sjf", "exact"},
+		{"backfill", "limits"}, {"backfill", "predicted"}, {"backfill", "exact"}}
+	for _, v := range variants {
+		pol, err := scheduler.PolicyByName(v.policy)
+		if err != nil {
+			return st, err
+		}
+		var mean, p99, span, util []float64
+		for seed := range seeds {
+			limits := Limits(test, uint64(seed)+1)
+			c := cfg
+			c.Policy, c.NoEstimates, c.Estimate = pol, v.estimates == "none", nil
+			switch v.estimates {
+			case "limits":
+				c.Estimate = func(tj trace.Job) int64 { return limits[tj.ID] }
+			case "predicted":
+				c.Estimate = predicted(limits)
+			}
+			res, err := Run(test, c)
+			if err != nil {
+				return st, fmt.Errorf("%s with %s estimates: %w", v.policy, v.estimates, err)
+			}
+			mean, p99 = append(mean, res.MeanJCT), append(p99, res.P99JCT)
+			span, util = append(span, float64(res.Makespan)), append(util, res.Utilization)
+			if v.estimates == "none" || v.estimates == "exact" {
+				break // nothing drawn: every seed is the same run
+			}
+		}
+		r := EstimateRun{Policy: v.policy, Estimates: v.estimates, Utilization: meanOf(util)}
+		r.MeanJCT, r.MeanJCTCI = meanCI(mean)
+		r.P99JCT, r.P99JCTCI = meanCI(p99)
+		r.Makespan, r.MakespanCI = meanCI(span)
+		st.Runs = append(st.Runs, r)
+	}
+	return st, nil
+}
+
+func meanOf(xs []float64) float64 {
+	s := 0.0
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(max(len(xs), 1))
+}
+
+// meanCI is the mean and the half-width of its 95% confidence interval
+// (normal approximation; 0 for a single value).
+func meanCI(xs []float64) (float64, float64) {
+	m := meanOf(xs)
+	if len(xs) < 2 {
+		return m, 0
+	}
+	v := 0.0
+	for _, x := range xs {
+		v += (x - m) * (x - m)
+	}
+	sd := math.Sqrt(v / float64(len(xs)-1))
+	return m, 1.96 * sd / math.Sqrt(float64(len(xs)))
+}

@@ -1,0 +1,66 @@
+package simulate
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuctl/gpuctl/scheduler/trace"
+)
+
+func TestSplitKeepsTimeOrder(t *testing.T) {
+	jobs := []trace.Job{{ID: "c", Submit: 300}, {ID: "a", Submit: 100}, {ID: "b", Submit: 200}, {ID: "d", Submit: 400}}
+	train, test, err := Split(jobs, 0.5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(ids(train), ids(test), test[0].Submit, test[1].Submit); got != "[a b] [c d] 0 100" {
+		t.Errorf("split: %s", got)
+	}
+	for _, f := range []float64{0, 1, 0.1} {
+		if _, _, err := Split(jobs, f); err == nil {
+			t.Errorf("fraction %v of 4 jobs accepted", f)
+		}
+	}
+}
+
+func ids(jobs []trace.Job) []string {
+	var out []string
+	for _, j := range jobs {
+		out = append(out, j.ID)
+	}
+	return out
+}
+
+// TestStudyEstimatesOnPhilly learns on the first 60% of the Philly trace
+// and schedules the rest: every variant runs, and the table is logged.
+func TestStudyEstimatesOnPhilly(t *testing.T) {
+	jobs, err := trace.Load("../trace/testdata/philly-multigpu-3034.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	st, err := StudyEstimates(jobs, 0.6, 5, Config{GPUsPerNode: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("study took %s", time.Since(start).Round(time.Millisecond))
+	if st.TrainJobs+st.TestJobs != len(jobs) || st.Predicted.N != st.TestJobs {
+		t.Errorf("study: %d train + %d test of %d jobs, %d predicted", st.TrainJobs, st.TestJobs, len(jobs), st.Predicted.N)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "predicted: %+v\nlimits: %+v\none mean: %+v\n", st.Predicted, st.Limits, st.Mean)
+	for _, r := range st.Runs {
+		fmt.Fprintf(&b, "%-9s %-9s mean %8.0f ±%6.0f p99 %9.0f ±%7.0f span %9.0f util %.3f\n", r.Policy, r.Estimates, r.MeanJCT, r.MeanJCTCI, r.P99JCT, r.P99JCTCI, r.Makespan, r.Utilization)
+	}
+	t.Log("\n" + b.String())
+	// What the model learned must beat one runtime for every job.
+	if st.Predicted.MedianFactor >= st.Mean.MedianFactor || st.Predicted.Within2 <= st.Mean.Within2 {
+		t.Errorf("the model (median factor %.2f, %.0f%% within 2×) does not beat one mean runtime (%.2f, %.0f%%)",
+			st.Predicted.MedianFactor, 100*st.Predicted.Within2, st.Mean.MedianFactor, 100*st.Mean.Within2)
+	}
+	if len(st.Runs) != 9 {
+		t.Errorf("%d runs, want 9", len(st.Runs))
+	}
+}
