@@ -7295,9 +7295,15 @@ type Job struct {
 	SlowExclusionsUnixNano []int64 `protobuf:"varint,48,rep,packed,name=slow_exclusions_unix_nano,json=slowExclusionsUnixNano,proto3" json:"slow_exclusions_unix_nano,omitempty"`
 	// Operators' acknowledgements and silences of the job's fail-slow
 	// findings (gpuctl stalls ack|silence); expired silences are dropped.
-	SlowQuiet     []*SlowQuiet `protobuf:"bytes,49,rep,name=slow_quiet,json=slowQuiet,proto3" json:"slow_quiet,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SlowQuiet []*SlowQuiet `protobuf:"bytes,49,rep,name=slow_quiet,json=slowQuiet,proto3" json:"slow_quiet,omitempty"`
+	// The runtime the scheduler expects of the job, in seconds (0: none),
+	// for shortest-job-first and backfill, and where it came from: "job
+	// file" (estimated_runtime), or the runtime model's group of past jobs
+	// ("learned: user+name, 14 jobs"; gpuctl serve --runtime-model).
+	EstimateSeconds int64  `protobuf:"varint,60,opt,name=estimate_seconds,json=estimateSeconds,proto3" json:"estimate_seconds,omitempty"`
+	EstimateBasis   string `protobuf:"bytes,61,opt,name=estimate_basis,json=estimateBasis,proto3" json:"estimate_basis,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -7671,6 +7677,20 @@ func (x *Job) GetSlowQuiet() []*SlowQuiet {
 		return x.SlowQuiet
 	}
 	return nil
+}
+
+func (x *Job) GetEstimateSeconds() int64 {
+	if x != nil {
+		return x.EstimateSeconds
+	}
+	return 0
+}
+
+func (x *Job) GetEstimateBasis() string {
+	if x != nil {
+		return x.EstimateBasis
+	}
+	return ""
 }
 
 // JobAttempt is one launch of a job.
@@ -11852,7 +11872,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\aJobNode\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12(\n" +
-	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xc6\x0e\n" +
+	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\x98\x0f\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -11910,7 +11930,9 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\twitnesses\x18/ \x03(\tR\twitnesses\x129\n" +
 	"\x19slow_exclusions_unix_nano\x180 \x03(\x03R\x16slowExclusionsUnixNano\x123\n" +
 	"\n" +
-	"slow_quiet\x181 \x03(\v2\x14.gpuctl.v1.SlowQuietR\tslowQuiet\"\xee\x02\n" +
+	"slow_quiet\x181 \x03(\v2\x14.gpuctl.v1.SlowQuietR\tslowQuiet\x12)\n" +
+	"\x10estimate_seconds\x18< \x01(\x03R\x0festimateSeconds\x12%\n" +
+	"\x0eestimate_basis\x18= \x01(\tR\restimateBasis\"\xee\x02\n" +
 	"\n" +
 	"JobAttempt\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\rR\aattempt\x12&\n" +

@@ -223,6 +223,9 @@ func DescribeJob(w io.Writer, o Options, j *api.Job, stalls []*api.Stall, events
 	d.fact("Useful time", (time.Duration(v.UsefulSeconds) * time.Second).String())
 	d.fact("Energy", kWh(v.EnergyJoules))
 	d.fact("GPU-hours", fmt.Sprintf("%.2f before this attempt", v.GPUSeconds/3600))
+	if v.EstimateSeconds != nil {
+		d.fact("Expected runtime", fmt.Sprintf("%s (%s)", time.Duration(*v.EstimateSeconds)*time.Second, deref(v.EstimateBasis)))
+	}
 	d.fact("Avoids", strings.Join(v.Exclude, ","))
 	d.fact("Stalled", strconv.FormatBool(v.Stalled))
 

@@ -50,6 +50,10 @@ type JobJSON struct {
 	Exclude         []string `json:"exclude"`
 	Stalled         bool     `json:"stalled"`
 	GPUSeconds      float64  `json:"attained_gpu_seconds"`
+	// The runtime SJF and backfill expect of the job, and where it came
+	// from (the job file, or the runtime model's group); null without one.
+	EstimateSeconds *int64  `json:"estimate_seconds"`
+	EstimateBasis   *string `json:"estimate_basis"`
 	// Times: submitted, the current attempt's start, the end, and the
 	// first attempt's start (goodput and downtime count from it).
 	SubmitTime     *time.Time `json:"submit_time"`
@@ -182,8 +186,9 @@ func JobFromAPI(j *api.Job) JobJSON {
 		LostSteps: j.GetLostSteps(), DowntimeSeconds: j.GetDowntimeSeconds(), UsefulSeconds: j.GetUsefulSeconds(),
 		EnergyJoules: j.GetEnergyJoules(), Checkpoints: j.GetCheckpoints(), CheckpointSecs: optFloat(j.GetCheckpointSeconds()),
 		AdvisedInterval: optFloat(j.GetAdvisedCheckpointIntervalSeconds()), Exclude: orEmpty(j.GetExclude()), Stalled: j.GetStalled(),
-		GPUSeconds: j.GetAttainedGpuSeconds(), SubmitTime: optTime(j.GetSubmitUnixNano()),
-		StartTime: optTime(j.GetStartUnixNano()), EndTime: optTime(j.GetEndUnixNano()), FirstStartTime: optTime(j.GetFirstStartUnixNano()),
+		GPUSeconds: j.GetAttainedGpuSeconds(), EstimateSeconds: optInt64(j.GetEstimateSeconds()), EstimateBasis: optString(j.GetEstimateBasis()),
+		SubmitTime: optTime(j.GetSubmitUnixNano()),
+		StartTime:  optTime(j.GetStartUnixNano()), EndTime: optTime(j.GetEndUnixNano()), FirstStartTime: optTime(j.GetFirstStartUnixNano()),
 	}
 	out.FullGPUs = int(j.GetFullGpus())
 	if out.FullGPUs == 0 {

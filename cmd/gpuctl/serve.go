@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
 	"github.com/gpuctl/gpuctl/logging"
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/predict"
 	"github.com/gpuctl/gpuctl/store"
 )
 
@@ -31,6 +33,7 @@ func newServeCmd() *cobra.Command {
 		runAsDefault      string
 		haf               haFlags
 		slurmTask         string
+		runtimeModel      string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -50,6 +53,13 @@ certificate and admin.yaml (a client config with an admin certificate) in
 			cfg.ValidateCommand = strings.Fields(validate)
 			cfg.Slurm.Task = strings.Fields(slurmTask)
 			cfg.RunAs.DefaultUser, cfg.RunAs.DefaultGroup, _ = strings.Cut(runAsDefault, ":")
+			if runtimeModel != "" {
+				m, err := readRuntimeModel(runtimeModel)
+				if err != nil {
+					return fmt.Errorf("serve: --runtime-model: %w", err)
+				}
+				cfg.Jobs.Runtimes = m
+			}
 			if restore != "" && !haf.enabled() {
 				if err := restoreState(cmd, cfg.DataDir, restore); err != nil {
 					return err
@@ -113,6 +123,7 @@ certificate and admin.yaml (a client config with an admin certificate) in
 	f.StringVar(&cfg.AdvertiseAddr, "advertise", "", "server address written into admin.yaml (default: the bound address); with --store etcd,\nthis server's address first, then the others', comma-separated: nodes and clients are sent to it when it leads")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve the cluster's Prometheus metrics on this TCP address, e.g. 127.0.0.1:9400")
 	f.StringVar(&cfg.Policy, "policy", scheduler.DefaultPolicy, "scheduling policy: "+strings.Join(scheduler.PolicyNames(), ", "))
+	f.StringVar(&runtimeModel, "runtime-model", "", "a runtime model (gpuctl simulate train) that gives jobs whose file names no estimated_runtime\nan expected runtime for sjf and backfill")
 	f.StringVar(&validate, "validate-command", "", "short all-reduce that nodes new to a recovering job run first, one rank per node\n(e.g. \"ringtrain --steps 3 --compute-ms 0 --bytes 1M\"); empty: NVML health only")
 	f.StringVar(&runAsDefault, "run-as-default", "", "USER[:GROUP] the ranks of a job that names no user run as")
 	f.StringSliceVar(&cfg.RunAs.OperatorUsers, "run-as-users", nil, "accounts operators may name in a job's user: (comma-separated; * any but root); admins may name any")
@@ -157,4 +168,18 @@ func restoreState(cmd *cobra.Command, dataDir, backup string) error {
 	}
 	fmt.Fprintln(cmd.ErrOrStderr())
 	return nil
+}
+
+// readRuntimeModel reads a model written by `gpuctl simulate train`.
+func readRuntimeModel(path string) (*predict.Model, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	m, err := predict.Read(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return m, nil
 }

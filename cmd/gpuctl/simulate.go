@@ -118,6 +118,7 @@ for DNN Training Workloads", USENIX ATC 2019 (marwage/philly-traces, CC BY 4.0).
 	fl.Uint64Var(&f.seed, "seed", 1, "seed of the failure sequence")
 	fl.DurationVar(&f.interval, "run-checkpoint-interval", 0, "run under failures: work between checkpoints (0: the Young–Daly interval)")
 	fl.StringArrayVar(&f.set, "set", nil, "override a GPU field or tunable, key=value (see gpuctl plan -o json); repeatable")
+	cmd.AddCommand(newSimulateTrainCmd())
 	return cmd
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler"
+	predictor "github.com/gpuctl/gpuctl/scheduler/predict"
 	"github.com/gpuctl/gpuctl/store"
 )
 
@@ -225,6 +226,8 @@ type harness struct {
 	ckpt  string
 	// lease is the owner's Config.Lease (0: no fencing waits).
 	lease time.Duration
+	// runtimes is the owner's Config.Runtimes.
+	runtimes *predictor.Model
 }
 
 func newHarness(t *testing.T, policy string, nodes ...*api.NodeStatus) *harness {
@@ -258,7 +261,7 @@ func (h *harness) open(policy string) {
 	}
 	h.nodes.mu.Unlock()
 	m, err := New(Config{Store: st, Nodes: h.nodes, Policy: p, CheckpointRoot: h.ckpt, KillAfter: 30 * time.Second,
-		MoveGrace: time.Minute, Now: h.clock.now, Lease: h.lease})
+		MoveGrace: time.Minute, Now: h.clock.now, Lease: h.lease, Runtimes: h.runtimes})
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/scheduler/failslow"
+	predictor "github.com/gpuctl/gpuctl/scheduler/predict"
 	"github.com/gpuctl/gpuctl/store"
 )
 
@@ -71,6 +72,9 @@ type Config struct {
 	// Every is the scheduling period, default 1 s; changes also start a
 	// pass.
 	Every time.Duration
+	// Runtimes predicts the runtime of a submitted job whose file gives
+	// none (estimated_runtime), for SJF and backfill; nil: none.
+	Runtimes *predictor.Model
 	// PortBase and PortRange bound the ports handed to jobs (a pair each,
 	// MASTER_PORT and MASTER_PORT+1), default 29500 and 1000.
 	PortBase, PortRange int

@@ -114,6 +114,7 @@ func (m *Manager) submit(req *api.SubmitJobRequest, source string, spec *jobspec
 		remember(m.pass, m.idem, key)
 		m.idem[key] = id
 	}
+	j.EstimateSeconds, j.EstimateBasis = m.estimate(j, spec)
 	if j.CheckpointDir == "" && m.cfg.CheckpointRoot != "" {
 		j.CheckpointDir = filepath.Join(m.cfg.CheckpointRoot, id)
 	}

@@ -11,9 +11,11 @@ import (
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
+	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
 	"github.com/gpuctl/gpuctl/scheduler/fencing"
+	predictor "github.com/gpuctl/gpuctl/scheduler/predict"
 )
 
 // reconcile is one scheduling pass: nodes lost for good, stops, recoveries,
@@ -234,7 +236,7 @@ func (m *Manager) request(en *entry) scheduler.JobRequest {
 	ckpt := s.Checkpoint.Dir != ""
 	r := scheduler.JobRequest{
 		ID: j.GetId(), Tenant: s.Tenant, Priority: s.Priority, Submit: j.GetSubmitUnixNano() / 1e9,
-		Shape: shapeOf(j), AllowMixed: s.AllowMixed, Estimate: int64(s.EstimatedRuntime / time.Second),
+		Shape: shapeOf(j), AllowMixed: s.AllowMixed, Estimate: remaining(j, s),
 		Attained: j.GetAttainedGpuSeconds(), Preemptible: ckpt, Checkpoint: ckpt,
 		Exclude: slices.Clone(j.GetExclude()),
 	}
@@ -250,6 +252,37 @@ func (m *Manager) request(en *entry) scheduler.JobRequest {
 		r.ElasticDP = slices.Clone(s.Elastic.DataParallel)
 	}
 	return r
+}
+
+// estimate is the runtime the scheduler should expect of a job on its
+// submission: its file's own, else the runtime model's, else none.
+func (m *Manager) estimate(j *api.Job, s *jobspec.Spec) (int64, string) {
+	if s.EstimatedRuntime > 0 {
+		return int64(s.EstimatedRuntime / time.Second), "job file"
+	}
+	if m.cfg.Runtimes == nil {
+		return 0, ""
+	}
+	p := m.cfg.Runtimes.Predict(predictor.Features{Tenant: s.Tenant, User: s.User, Name: s.Name, GPUs: s.TotalGPUs(),
+		Hour: time.Unix(0, j.GetSubmitUnixNano()).UTC().Hour()})
+	if p.Seconds <= 0 {
+		return 0, ""
+	}
+	return p.Seconds, fmt.Sprintf("learned: %s, %d jobs", p.Basis, p.Support)
+}
+
+// remaining is what is left of a job's expected runtime once it has run
+// its useful time (a job past it is expected to run half as long again).
+// A job stored before it had an estimate of its own has its file's.
+func remaining(j *api.Job, s *jobspec.Spec) int64 {
+	est := j.GetEstimateSeconds()
+	if est <= 0 {
+		est = int64(s.EstimatedRuntime / time.Second)
+	}
+	if est <= 0 {
+		return 0
+	}
+	return predictor.Remaining(est, int64(j.GetUsefulSeconds()))
 }
 
 func shapeOf(j *api.Job) scheduler.Shape {

@@ -3,7 +3,7 @@
 //
 // The model is a back-off over groups of similar past jobs, most specific
 // first: the same user and job name (with its numbers taken out), the same
-// user, the tenant at that size, that size at that time of day, that size,
+// name, the same user, the tenant at that size, that size at that time of day, that size,
 // and all jobs. A job is predicted from the first group with enough
 // members: the geometric mean of their runtimes (runtimes spread over
 // orders of magnitude, so they are averaged as logarithms). A job's own
@@ -69,7 +69,7 @@ type Group struct {
 // Prediction is a predicted runtime and the group it came from.
 type Prediction struct {
 	Seconds int64
-	// Basis names the group ("user+name", "user", "tenant+gpus",
+	// Basis names the group ("user+name", "name", "user", "tenant+gpus",
 	// "gpus+hour", "gpus", "all"), "none" when nothing was learned.
 	Basis string
 	// Support is how many past jobs the group held.
@@ -89,6 +89,12 @@ var levels = []level{
 			return ""
 		}
 		return f.User + "\x00" + NamePattern(f.Name)
+	}},
+	{"name", func(f Features) string {
+		if f.Name == "" {
+			return ""
+		}
+		return NamePattern(f.Name)
 	}},
 	{"user", func(f Features) string { return f.User }},
 	{"tenant+gpus", func(f Features) string {

@@ -49,6 +49,7 @@ func TestPredictBacksOff(t *testing.T) {
 		basis   string
 	}{
 		{"same user and name pattern", Features{User: "alice", Name: "bert-run9", Tenant: "nlp", GPUs: 8, Hour: 15}, 3600, "user+name"},
+		{"another user's job of the same name pattern", Features{User: "dave", Name: "bert-run4", GPUs: 2, Hour: 1}, 3600, "name"},
 		{"same user, a new name: her mean", Features{User: "alice", Name: "new", Tenant: "nlp", GPUs: 8, Hour: 15}, 1470, "user"},
 		{"a user with too few jobs: the tenant at that size", Features{User: "carol", Tenant: "research", GPUs: 6, Hour: 14}, 4 * 3600, "tenant+gpus"},
 		{"nothing but size and hour", Features{GPUs: 4, Hour: 4}, 7200, "gpus+hour"},

@@ -11,11 +11,14 @@ import (
 	"github.com/gpuctl/gpuctl/scheduler/trace"
 )
 
-// Features is what a trace says of a job at its submission. Traces keep
-// no wall-clock time, so the hour of day is counted from the trace's
-// first submission: it groups jobs by time of day up to a fixed shift.
+// Features is what a trace says of a job at its submission; the hour of
+// day is its wall clock's, unknown when the trace records none.
 func Features(tj trace.Job) predict.Features {
-	return predict.Features{Tenant: tj.Tenant, GPUs: tj.GPUs, Hour: int(tj.Submit/3600) % 24}
+	f := predict.Features{Tenant: tj.Tenant, Name: tj.Name, GPUs: tj.GPUs, Hour: -1}
+	if !tj.Clock.IsZero() {
+		f.Hour = tj.Clock.Hour()
+	}
+	return f
 }
 
 // Records are a trace's jobs as finished jobs to learn from.
@@ -75,12 +78,12 @@ type EstimateRun struct {
 type EstimateStudy struct {
 	TrainJobs, TestJobs int
 	Seeds               int
-	// Predicted, Limits and Mean: accuracy on the held-out jobs of the
-	// model, of users' limits (the first seed's) and of one runtime for
-	// every job (the training jobs' geometric mean), the baseline a model
-	// must beat.
-	Predicted, Limits, Mean predict.Accuracy
-	Runs                    []EstimateRun
+	// Accuracy on the held-out jobs: of the model capped by each job's
+	// limit (what the scheduler is told), of the model alone, of users'
+	// limits (the first seed's) and of one runtime for every job (the
+	// training jobs' geometric mean, the baseline a model must beat).
+	Predicted, Model, Limits, Mean predict.Accuracy
+	Runs                           []EstimateRun
 }
 
 // StudyEstimates learns a runtime model on the first fraction of jobs and
@@ -108,14 +111,16 @@ func StudyEstimates(jobs []trace.Job, fraction float64, seeds int, cfg Config) (
 		if g, ok := model.Groups["all:*"]; ok {
 			all = int64(math.Round(math.Exp(g.LogMean)))
 		}
-		var pe, le, me, actual []int64
+		var pe, ue, le, me, actual []int64
 		for _, tj := range test {
 			pe = append(pe, predicted(limits)(tj))
+			ue = append(ue, max(model.Predict(Features(tj)).Seconds, 1))
 			le = append(le, limits[tj.ID])
 			me = append(me, all)
 			actual = append(actual, tj.Runtime)
 		}
-		st.Predicted, st.Limits, st.Mean = predict.Score(pe, actual), predict.Score(le, actual), predict.Score(me, actual)
+		st.Predicted, st.Model = predict.Score(pe, actual), predict.Score(ue, actual)
+		st.Limits, st.Mean = predict.Score(le, actual), predict.Score(me, actual)
 	}
 	if cfg.Nodes == 0 {
 		gpn := cfg.GPUsPerNode

@@ -68,6 +68,7 @@ func ReadPhilly(r io.Reader) ([]Job, error) {
 	}
 	for i := range jobs {
 		jobs[i].Submit = int64(submits[i].Sub(first) / time.Second)
+		jobs[i].Clock = submits[i]
 	}
 	if err := sortJobs(jobs); err != nil {
 		return nil, fmt.Errorf("philly trace: %w", err)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Job is one job of a trace.
@@ -25,6 +26,11 @@ type Job struct {
 	Failures []int64
 	Tenant   string
 	Priority int
+	// Name is the job's name, when the trace keeps one.
+	Name string
+	// Clock is the submission's wall-clock time, when the trace records
+	// one (zero otherwise): when in the day it was submitted.
+	Clock time.Time
 }
 
 // validate checks what the simulator relies on.

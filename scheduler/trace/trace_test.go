@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 const phillySample = `[
@@ -23,8 +24,8 @@ func TestReadPhilly(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Job{
-		{ID: "a", Submit: 0, GPUs: 4, Runtime: 120},
-		{ID: "b", Submit: 600, GPUs: 8, Runtime: 60 + 3600, Failures: []int64{60}},
+		{ID: "a", Submit: 0, GPUs: 4, Runtime: 120, Clock: time.Date(2017, 10, 7, 1, 1, 0, 0, time.UTC)},
+		{ID: "b", Submit: 600, GPUs: 8, Runtime: 60 + 3600, Failures: []int64{60}, Clock: time.Date(2017, 10, 7, 1, 11, 0, 0, time.UTC)},
 	}
 	if !reflect.DeepEqual(jobs, want) {
 		t.Fatalf("jobs = %+v, want %+v", jobs, want)

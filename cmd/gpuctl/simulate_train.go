@@ -1,0 +1,161 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpuctl/gpuctl/scheduler/predict"
+	"github.com/gpuctl/gpuctl/scheduler/simulate"
+	"github.com/gpuctl/gpuctl/scheduler/trace"
+	"github.com/gpuctl/gpuctl/views"
+)
+
+func newSimulateTrainCmd() *cobra.Command {
+	var (
+		tracePath, jobsPath, out string
+		fraction                 float64
+		minSupport               int
+	)
+	cmd := &cobra.Command{
+		Use:   "train",
+		Short: "Learn a runtime model from finished jobs, for gpuctl serve --runtime-model",
+		Long: `Learn how long jobs run from finished ones: a trace (--trace, Philly JSON or CSV),
+or this cluster's own jobs as 'gpuctl jobs -o json' lists them (--jobs FILE, - for
+stdin; the succeeded ones, each as long as its attempts ran). The model groups
+similar past jobs (same user and name pattern, name pattern, user, tenant at that
+size, size at that time of day, size) and predicts a job's runtime from the most specific
+group with --min-support jobs; gpuctl serve --runtime-model gives it to jobs whose
+file names no estimated_runtime, for sjf and backfill.
+
+With --train-fraction below 1 it learns on that first part of the jobs in
+submission order and reports its accuracy on the rest, beside one runtime for
+every job (the baseline a model must beat), before writing the model learned on
+that part.`,
+		Example: `  gpuctl simulate train --trace scheduler/trace/testdata/philly-multigpu-3034.json --train-fraction 0.6 -o runtimes.json
+  gpuctl jobs -o json | gpuctl simulate train --jobs - -o runtimes.json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if (tracePath == "") == (jobsPath == "") {
+				return fmt.Errorf("give one of --trace FILE or --jobs FILE (gpuctl jobs -o json)")
+			}
+			if out == "" {
+				return fmt.Errorf("-o FILE is required: where to write the model (- for stdout)")
+			}
+			if fraction <= 0 || fraction > 1 {
+				return fmt.Errorf("--train-fraction %v: give one in (0, 1]", fraction)
+			}
+			var jobs []trace.Job
+			var err error
+			if tracePath != "" {
+				jobs, err = trace.Load(tracePath)
+			} else {
+				jobs, err = finishedJobs(cmd.InOrStdin(), jobsPath)
+			}
+			if err != nil {
+				return err
+			}
+			learn := jobs
+			if fraction < 1 {
+				train, test, err := simulate.Split(jobs, fraction)
+				if err != nil {
+					return err
+				}
+				learn = train
+				m := predict.Train(simulate.Records(train), minSupport)
+				var est, mean, actual []int64
+				all := predict.Train(simulate.Records(train), 1).Predict(predict.Features{GPUs: 1 << 30, Hour: -1}).Seconds
+				for _, tj := range test {
+					est = append(est, max(m.Predict(simulate.Features(tj)).Seconds, 1))
+					mean = append(mean, all)
+					actual = append(actual, tj.Runtime)
+				}
+				a, b := predict.Score(est, actual), predict.Score(mean, actual)
+				fmt.Fprintf(cmd.ErrOrStderr(), "learned on %d jobs, tested on the %d after them:\n", len(train), len(test))
+				fmt.Fprintf(cmd.ErrOrStderr(), "  model:              median factor %.2f, %.0f%% within 2×, %.0f%% short\n", a.MedianFactor, 100*a.Within2, 100*a.Under)
+				fmt.Fprintf(cmd.ErrOrStderr(), "  one mean runtime:   median factor %.2f, %.0f%% within 2×, %.0f%% short\n", b.MedianFactor, 100*b.Within2, 100*b.Under)
+			}
+			model := predict.Train(simulate.Records(learn), minSupport)
+			w := cmd.OutOrStdout()
+			if out != "-" {
+				f, err := os.Create(out)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				w = f
+			}
+			if err := model.Write(w); err != nil {
+				return err
+			}
+			if out != "-" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s: %d groups from %d jobs\n", out, len(model.Groups), len(learn))
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&tracePath, "trace", "", "a job trace (Philly .json or .csv)")
+	f.StringVar(&jobsPath, "jobs", "", "gpuctl jobs -o json output (- for stdin)")
+	f.StringVarP(&out, "output", "o", "", "where to write the model (- for stdout)")
+	f.Float64Var(&fraction, "train-fraction", 1, "learn on this first part of the jobs (by submission) and test on the rest")
+	f.IntVar(&minSupport, "min-support", predict.DefaultMinSupport, "past jobs a group needs before it predicts")
+	return cmd
+}
+
+// finishedJobs are the succeeded jobs of a `gpuctl jobs -o json`
+// document as a trace: each ran as long as its attempts together, and
+// was submitted when it was (seconds from the first submission).
+func finishedJobs(stdin io.Reader, path string) ([]trace.Job, error) {
+	r := stdin
+	if path != "-" {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		r = f
+	}
+	var doc struct {
+		Jobs []views.JobJSON `json:"jobs"`
+	}
+	if err := json.NewDecoder(r).Decode(&doc); err != nil {
+		return nil, fmt.Errorf("--jobs %s: not a `gpuctl jobs -o json` document: %w", path, err)
+	}
+	var jobs []trace.Job
+	var first int64
+	for _, j := range doc.Jobs {
+		if j.State != "succeeded" || j.SubmitTime == nil {
+			continue
+		}
+		var ran float64
+		for _, a := range j.Attempts {
+			if a.StartTime != nil && a.EndTime != nil {
+				ran += a.EndTime.Sub(*a.StartTime).Seconds()
+			}
+		}
+		if ran < 1 {
+			continue
+		}
+		tenant := ""
+		if j.Tenant != nil {
+			tenant = *j.Tenant
+		}
+		sub := j.SubmitTime.Unix()
+		if len(jobs) == 0 || sub < first {
+			first = sub
+		}
+		jobs = append(jobs, trace.Job{ID: j.ID, Name: j.Name, Submit: sub, GPUs: max(j.GPUs, 1), Runtime: int64(ran), Tenant: tenant,
+			Clock: j.SubmitTime.UTC()})
+	}
+	if len(jobs) == 0 {
+		return nil, fmt.Errorf("--jobs %s: no succeeded job to learn from", path)
+	}
+	for i := range jobs {
+		jobs[i].Submit -= first
+	}
+	return jobs, nil
+}
