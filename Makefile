@@ -104,7 +104,7 @@ bench-failslow: build
 # trace's first 60% schedules the rest, against users' limits and exact
 # runtimes (docs/scheduling.md).
 bench-estimates:
-	$(GO) test -count=1 -run '^TestStudyEstimatesOnPhilly$$' -v -timeout 10m ./scheduler/simulate/
+	GPUCTL_BENCH_ESTIMATES=1 $(GO) test -count=1 -run '^TestStudyEstimatesOnPhilly$$' -v -timeout 20m ./scheduler/simulate/
 
 # The server at scale: `gpuctl bench swarm` at each of SWARM_NODES, one
 # after another, each against a fresh `gpuctl serve` on loopback with N

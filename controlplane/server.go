@@ -66,6 +66,8 @@ type Config struct {
 	// Policy is the scheduling policy (scheduler.PolicyNames), default
 	// scheduler.DefaultPolicy.
 	Policy string
+	// PolicyWeights are the "learned" policy's (scheduler.Scored).
+	PolicyWeights *scheduler.ScoreWeights
 	// ValidateCommand is the short all-reduce a recovering job's new nodes
 	// run first, one rank per node (e.g. ringtrain --steps 3 --compute-ms 0
 	// --bytes 1M); empty skips it.
@@ -193,7 +195,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Policy == "" {
 		cfg.Policy = scheduler.DefaultPolicy
 	}
-	policy, err := scheduler.PolicyByName(cfg.Policy)
+	policy, err := scheduler.PolicyWithWeights(cfg.Policy, cfg.PolicyWeights)
 	if err != nil {
 		return nil, fmt.Errorf("serve: --policy: %w", err)
 	}

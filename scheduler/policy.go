@@ -333,15 +333,28 @@ const DefaultPolicy = "priority+backfill"
 
 // PolicyNames lists the names PolicyByName accepts.
 func PolicyNames() []string {
-	return []string{"fifo", "sjf", "las", "priority", "fair", "backfill", "sjf+backfill", "las+backfill", "fair+backfill", "priority+backfill"}
+	return []string{"fifo", "sjf", "las", "priority", "fair", "backfill", "sjf+backfill", "las+backfill", "fair+backfill", "priority+backfill",
+		"learned", "learned+backfill"}
 }
 
 // PolicyByName returns the named policy with default settings; a
-// "+backfill" suffix adds EASY backfill to any base.
+// "+backfill" suffix adds EASY backfill to any base. "learned" needs
+// weights: PolicyWithWeights.
 func PolicyByName(name string) (Policy, error) {
+	return PolicyWithWeights(name, nil)
+}
+
+// PolicyWithWeights is PolicyByName that can also make "learned" (and
+// "learned+backfill"): a Scored policy with weights w.
+func PolicyWithWeights(name string, w *ScoreWeights) (Policy, error) {
 	base, bf := strings.CutSuffix(name, "+backfill")
 	var p Policy
 	switch base {
+	case "learned":
+		if w == nil {
+			return nil, fmt.Errorf("policy %q needs its weights: give --policy-weights FILE (learn them with `gpuctl simulate train --policy-out FILE`)", name)
+		}
+		p = Scored{Weights: *w}
 	case "fifo":
 		p = FIFO{}
 	case "sjf":

@@ -295,11 +295,15 @@ func TestLASPreemptsHigherQueue(t *testing.T) {
 }
 
 func TestPolicyByName(t *testing.T) {
+	w := &ScoreWeights{Estimate: 1}
 	for _, n := range PolicyNames() {
-		p, err := PolicyByName(n)
+		p, err := PolicyWithWeights(n, w)
 		if err != nil || p.Name() != n {
 			t.Errorf("%s: %v %v", n, p, err)
 		}
+	}
+	if _, err := PolicyByName("learned+backfill"); err == nil || !strings.Contains(err.Error(), "--policy-weights FILE") {
+		t.Errorf("learned without weights: %v", err)
 	}
 	if _, err := PolicyByName("lottery"); err == nil || !strings.Contains(err.Error(), "fifo") {
 		t.Errorf("unknown policy error %v should list the choices", err)

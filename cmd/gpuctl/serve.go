@@ -34,6 +34,7 @@ func newServeCmd() *cobra.Command {
 		haf               haFlags
 		slurmTask         string
 		runtimeModel      string
+		policyWeights     string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -59,6 +60,13 @@ certificate and admin.yaml (a client config with an admin certificate) in
 					return fmt.Errorf("serve: --runtime-model: %w", err)
 				}
 				cfg.Jobs.Runtimes = m
+			}
+			if policyWeights != "" {
+				w, err := readPolicyWeights(policyWeights)
+				if err != nil {
+					return fmt.Errorf("serve: --policy-weights: %w", err)
+				}
+				cfg.PolicyWeights = &w
 			}
 			if restore != "" && !haf.enabled() {
 				if err := restoreState(cmd, cfg.DataDir, restore); err != nil {
@@ -123,6 +131,7 @@ certificate and admin.yaml (a client config with an admin certificate) in
 	f.StringVar(&cfg.AdvertiseAddr, "advertise", "", "server address written into admin.yaml (default: the bound address); with --store etcd,\nthis server's address first, then the others', comma-separated: nodes and clients are sent to it when it leads")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve the cluster's Prometheus metrics on this TCP address, e.g. 127.0.0.1:9400")
 	f.StringVar(&cfg.Policy, "policy", scheduler.DefaultPolicy, "scheduling policy: "+strings.Join(scheduler.PolicyNames(), ", "))
+	f.StringVar(&policyWeights, "policy-weights", "", "the weights of --policy learned (gpuctl simulate train --policy-out)")
 	f.StringVar(&runtimeModel, "runtime-model", "", "a runtime model (gpuctl simulate train) that gives jobs whose file names no estimated_runtime\nan expected runtime for sjf and backfill")
 	f.StringVar(&validate, "validate-command", "", "short all-reduce that nodes new to a recovering job run first, one rank per node\n(e.g. \"ringtrain --steps 3 --compute-ms 0 --bytes 1M\"); empty: NVML health only")
 	f.StringVar(&runAsDefault, "run-as-default", "", "USER[:GROUP] the ranks of a job that names no user run as")
@@ -182,4 +191,19 @@ func readRuntimeModel(path string) (*predict.Model, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return m, nil
+}
+
+// readPolicyWeights reads weights written by `gpuctl simulate train
+// --policy-out`.
+func readPolicyWeights(path string) (scheduler.ScoreWeights, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return scheduler.ScoreWeights{}, err
+	}
+	defer f.Close()
+	w, err := scheduler.ReadWeights(f)
+	if err != nil {
+		return scheduler.ScoreWeights{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return w, nil
 }

@@ -32,6 +32,7 @@ type simFlags struct {
 	nodes, gpn, tenants       int
 	ckpt                      time.Duration
 	compare, noEstimates      bool
+	policyWeights             string
 
 	model, gpu         string
 	gpus               int
@@ -92,6 +93,7 @@ for DNN Training Workloads", USENIX ATC 2019 (marwage/philly-traces, CC BY 4.0).
 	fl.IntVar(&f.nodes, "nodes", 0, "nodes in the cluster (0: smallest that fits every job and the mean load)")
 	fl.IntVar(&f.gpn, "gpus-per-node", 8, "GPUs per node")
 	fl.StringVar(&f.policy, "policy", scheduler.DefaultPolicy, "queue policy: "+strings.Join(scheduler.PolicyNames(), ", "))
+	fl.StringVar(&f.policyWeights, "policy-weights", "", "the weights of --policy learned (gpuctl simulate train --policy-out)")
 	fl.BoolVar(&f.compare, "compare", false, "run every policy on the same trace and cluster, side by side")
 	fl.StringVarP(&f.output, "output", "o", "table", "output: table or json")
 	fl.DurationVar(&f.ckpt, "checkpoint-interval", 30*time.Minute, "trace replay: running time between a job's checkpoints; a failure loses the work since the last one")
@@ -141,9 +143,17 @@ func runSimulateTrace(cmd *cobra.Command, f simFlags) error {
 	if f.compare {
 		names = comparePolicies
 	}
+	var weights *scheduler.ScoreWeights
+	if f.policyWeights != "" {
+		w, err := readPolicyWeights(f.policyWeights)
+		if err != nil {
+			return fmt.Errorf("--policy-weights: %w", err)
+		}
+		weights = &w
+	}
 	var rows []simRow
 	for _, name := range names {
-		p, err := scheduler.PolicyByName(name)
+		p, err := scheduler.PolicyWithWeights(name, weights)
 		if err != nil {
 			return err
 		}

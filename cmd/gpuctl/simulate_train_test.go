@@ -27,6 +27,27 @@ func TestSimulateTrain(t *testing.T) {
 	if m, err := readRuntimeModel(model); err != nil || m.Predict(predict.Features{GPUs: 8, Hour: 3}).Seconds < 1 {
 		t.Fatalf("the written model: %v", err)
 	}
+	// The learned policy's weights, reported against sjf on the rest, and
+	// run by simulate.
+	weights := filepath.Join(dir, "weights.json")
+	out, err = runSimulateCmd(t, "train", "--trace", phillyTrace, "--train-fraction", "0.6", "-o", model,
+		"--policy-out", weights, "--learn-iterations", "1", "--learn-samples", "2")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"policy learned+backfill: mean JCT on the jobs it learned from", "learned+backfill mean JCT",
+		"sjf+backfill     mean JCT", "wrote " + weights + ": weights for learned+backfill"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if out, err := runSimulateCmd(t, "--trace", phillyTrace, "--policy", "learned+backfill", "--policy-weights", weights, "--nodes", "40"); err != nil ||
+		!strings.Contains(out, "learned+backfill") {
+		t.Errorf("simulate with the learned weights: %v\n%s", err, out)
+	}
+	if _, err := runSimulateCmd(t, "--trace", phillyTrace, "--policy", "learned"); err == nil || !strings.Contains(err.Error(), "--policy-weights FILE") {
+		t.Errorf("simulate --policy learned without weights: %v", err)
+	}
 
 	jobs := filepath.Join(dir, "jobs.json")
 	doc := `{"jobs": [
@@ -88,5 +109,12 @@ func TestServeRefusesABadRuntimeModel(t *testing.T) {
 		!strings.Contains(err.Error(), "train it again") {
 		t.Fatalf("serve with a bad runtime model: %v", err)
 	}
+	cmd = newServeCmd()
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs([]string{"--data-dir", filepath.Join(dir, "data"), "--listen", "127.0.0.1:0", "--policy", "learned", "--policy-weights", bad})
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--policy-weights: "+bad+": policy weights: json: unknown field") {
+		t.Fatalf("serve with bad policy weights: %v", err)
+	}
 }
-

@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -84,13 +85,28 @@ type EstimateStudy struct {
 	// training jobs' geometric mean, the baseline a model must beat).
 	Predicted, Model, Limits, Mean predict.Accuracy
 	Runs                           []EstimateRun
+	// Learned are the scored policies learned on the first part.
+	Learned []LearnedPolicy
+}
+
+// LearnedPolicy is a policy LearnPolicy chose: its weights, and the mean
+// JCT on the jobs it learned from of SJF's order, then of the best after
+// each iteration.
+type LearnedPolicy struct {
+	Name    string
+	Weights scheduler.ScoreWeights
+	Curve   []float64
 }
 
 // StudyEstimates learns a runtime model on the first fraction of jobs and
 // runs the rest under each policy with each kind of estimate, over seeds
 // (which draw users' limits; a prediction is capped by the job's limit).
 // cfg sizes the cluster and is used as is otherwise.
-func StudyEstimates(jobs []trace.Job, fraction float64, seeds int, cfg Config) (EstimateStudy, error) {
+//
+// With learn, it also learns a scored policy (LearnPolicy) on the first
+// part, told the first seed's users' limits, and runs it (alone and under
+// backfill) on the rest with each seed's limits.
+func StudyEstimates(jobs []trace.Job, fraction float64, seeds int, cfg Config, learn *Learning) (EstimateStudy, error) {
 	train, test, err := Split(jobs, fraction)
 	if err != nil {
 		return EstimateStudy{}, err
@@ -133,10 +149,36 @@ func StudyEstimates(jobs []trace.Job, fraction float64, seeds int, cfg Config) (
 	variants := []variant{{"fifo", "none"}, {"las", "none"}, {"fair", "none"},
 		{"sjf", "limits"}, {"sjf", "predicted"}, {"sjf", "exact"},
 		{"backfill", "limits"}, {"backfill", "predicted"}, {"backfill", "exact"}}
+	learned := map[string]scheduler.Policy{}
+	if learn != nil {
+		trainLimits := Limits(train, 1)
+		tc := cfg
+		tc.Nodes = ClusterSize(train, cmp.Or(cfg.GPUsPerNode, 8))
+		tc.Estimate = func(tj trace.Job) int64 { return trainLimits[tj.ID] }
+		for _, bf := range []bool{false, true} {
+			l := *learn
+			l.Backfill = bf
+			w, curve, err := LearnPolicy(train, tc, l)
+			if err != nil {
+				return st, err
+			}
+			var p scheduler.Policy = scheduler.Scored{Weights: w}
+			name := "learned"
+			if bf {
+				p, name = scheduler.EASY{Base: p}, "learned+backfill"
+			}
+			learned[name] = p
+			st.Learned = append(st.Learned, LearnedPolicy{Name: name, Weights: w, Curve: curve})
+			variants = append(variants, variant{name, "limits"})
+		}
+	}
 	for _, v := range variants {
-		pol, err := scheduler.PolicyByName(v.policy)
-		if err != nil {
-			return st, err
+		pol, ok := learned[v.policy]
+		if !ok {
+			var err error
+			if pol, err = scheduler.PolicyByName(v.policy); err != nil {
+				return st, err
+			}
 		}
 		var mean, p99, span, util []float64
 		for seed := range seeds {

@@ -2,6 +2,7 @@ package simulate
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -41,7 +42,12 @@ func TestStudyEstimatesOnPhilly(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	st, err := StudyEstimates(jobs, 0.6, 5, Config{GPUsPerNode: 8})
+	// A short search in make test; make bench-estimates searches longer.
+	learn := &Learning{Iterations: 3, Samples: 6, Elite: 2, Seed: 1}
+	if os.Getenv("GPUCTL_BENCH_ESTIMATES") != "" {
+		learn = &Learning{Seed: 1}
+	}
+	st, err := StudyEstimates(jobs, 0.6, 5, Config{GPUsPerNode: 8}, learn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,6 +60,15 @@ func TestStudyEstimatesOnPhilly(t *testing.T) {
 	for _, r := range st.Runs {
 		fmt.Fprintf(&b, "%-9s %-9s mean %8.0f ±%6.0f p99 %9.0f ±%7.0f span %9.0f util %.3f\n", r.Policy, r.Estimates, r.MeanJCT, r.MeanJCTCI, r.P99JCT, r.P99JCTCI, r.Makespan, r.Utilization)
 	}
+	for _, l := range st.Learned {
+		fmt.Fprintf(&b, "%s: weights %+v, best mean JCT on the first part by iteration %.0f\n", l.Name, l.Weights, l.Curve)
+		// The search starts from SJF on the first part: it never ends worse.
+		for i := 1; i < len(l.Curve); i++ {
+			if l.Curve[i] > l.Curve[i-1] {
+				t.Errorf("%s: the best mean JCT rose from %.0f to %.0f", l.Name, l.Curve[i-1], l.Curve[i])
+			}
+		}
+	}
 	t.Log("\n" + b.String())
 	// Capped by the limits, the model must tell the scheduler more than
 	// the limits alone. (Alone, it does not beat one mean runtime on this
@@ -62,7 +77,7 @@ func TestStudyEstimatesOnPhilly(t *testing.T) {
 		t.Errorf("the model under the limits (median factor %.2f, %.0f%% within 2×) is no better than the limits (%.2f, %.0f%%)",
 			st.Predicted.MedianFactor, 100*st.Predicted.Within2, st.Limits.MedianFactor, 100*st.Limits.Within2)
 	}
-	if len(st.Runs) != 9 {
-		t.Errorf("%d runs, want 9", len(st.Runs))
+	if len(st.Runs) != 11 {
+		t.Errorf("%d runs, want 11", len(st.Runs))
 	}
 }
