@@ -63,7 +63,7 @@ func ConfigPath(flag string) (string, error) {
 func Dial(ctx context.Context, path string) (*Client, error) {
 	cfg, id, err := transport.LoadClientConfig(path)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
+		if _, serr := os.Stat(path); errors.Is(serr, os.ErrNotExist) {
 			return nil, fmt.Errorf("client config %s not found: pass --config, set $%s, or copy admin.yaml from gpuctl serve's --data-dir", path, EnvConfig)
 		}
 		return nil, fmt.Errorf("load client config %s: %w", path, err)

@@ -218,12 +218,17 @@ func WriteClientConfig(path, server string, id *Identity) error {
 	return nil
 }
 
-// LoadClientConfig reads a client config file and the identity it names.
+// LoadClientConfig reads a client config file and the identity it names:
+// of a file with contexts, the one $GPUCTL_CONTEXT names, else its
+// current_context (see Contexts).
 // The returned config's paths are resolved against the file's directory.
 func LoadClientConfig(path string) (*ClientConfig, *Identity, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("load client config: %w", err)
+	}
+	if data, err = selectContext(path, data, os.Getenv(EnvContext)); err != nil {
+		return nil, nil, err
 	}
 	cfg, err := parseClientConfig(data, filepath.Dir(path))
 	if err != nil {

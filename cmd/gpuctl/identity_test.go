@@ -24,13 +24,7 @@ import (
 )
 
 // newRoot is gpuctl's command tree, as main builds it.
-func newRoot() *cobra.Command {
-	root := &cobra.Command{Use: "gpuctl", SilenceUsage: true, SilenceErrors: true}
-	for _, mk := range subcommands {
-		root.AddCommand(mk())
-	}
-	return root
-}
+func newRoot() *cobra.Command { return newRootCmd() }
 
 // gpuctl runs one gpuctl command line in this process.
 func gpuctl(t *testing.T, args ...string) (stdout, stderr string, err error) {

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/gpuctl/gpuctl/transport"
 )
 
 // subcommands collects the constructors of gpuctl's subcommands; each file
@@ -29,6 +31,15 @@ are the same views and actions for scripts.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE:          func(cmd *cobra.Command, _ []string) error { return runConsole(cmd.Context(), console, "") },
+	}
+	var context string
+	root.PersistentFlags().StringVar(&context, "context", "", "the client config's context (cluster) to use (default $GPUCTL_CONTEXT, then its current_context)")
+	root.PersistentPreRun = func(*cobra.Command, []string) {
+		// Every dial reads the context from the environment, so the flag
+		// reaches them all, the console's included.
+		if context != "" {
+			os.Setenv(transport.EnvContext, context)
+		}
 	}
 	console.add(root.Flags(), true)
 	for _, mk := range subcommands {
