@@ -147,6 +147,14 @@ type ExecutorOptions struct {
 	// whose SLURMD_NODENAME it is are found in /proc every Poll and
 	// reported as this node's ranks.
 	SlurmNode string
+	// BeforeLaunch, when set, runs before a job's ranks start (nodemon
+	// attaches its NCCL probes to the libraries the command links).
+	BeforeLaunch func(*api.LaunchRanks)
+	// OnAdopt, when set, hears the pid of each rank found rather than
+	// launched (a Slurm task): nodemon attaches its NCCL probes to the
+	// libraries it mapped. It runs on the executor's monitor, so it is
+	// given here, before the monitor starts, never assigned later.
+	OnAdopt func(pid int)
 }
 
 // Executor launches a job's ranks on this host, reports their exits and
@@ -158,14 +166,7 @@ type Executor struct {
 	runDir    string
 	statePath string
 	cg        *jobCgroups
-	// BeforeLaunch, when set, runs before a job's ranks start (nodemon
-	// attaches its NCCL probes to the libraries the command links).
-	BeforeLaunch func(*api.LaunchRanks)
-	// OnAdopt, when set, hears the pid of each rank found rather than
-	// launched (a Slurm task): nodemon attaches its NCCL probes to the
-	// libraries it mapped.
-	OnAdopt func(pid int)
-	cluster atomic.Pointer[string]
+	cluster   atomic.Pointer[string]
 
 	mu     sync.Mutex
 	ranks  map[string]map[int32]*rankProc // job → rank → process
@@ -226,6 +227,12 @@ func NewExecutor(opts ExecutorOptions) (*Executor, error) {
 	}
 	if opts.OnEvent == nil {
 		opts.OnEvent = func(*api.Event) {}
+	}
+	if opts.BeforeLaunch == nil {
+		opts.BeforeLaunch = func(*api.LaunchRanks) {}
+	}
+	if opts.OnAdopt == nil {
+		opts.OnAdopt = func(int) {}
 	}
 	if opts.LogMaxBytes <= 0 {
 		opts.LogMaxBytes = DefaultLogMaxBytes
@@ -343,9 +350,7 @@ func (x *Executor) Launch(l *api.LaunchRanks) error {
 			return &JobError{fmt.Errorf("launch %s: %w", l.GetJob(), err)}
 		}
 	}
-	if x.BeforeLaunch != nil {
-		x.BeforeLaunch(l)
-	}
+	x.opts.BeforeLaunch(l)
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.closed {

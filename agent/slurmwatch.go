@@ -193,9 +193,7 @@ func (x *Executor) adoptSlurm(rec rankRecord, slurmJob string, now time.Time) {
 	}
 	x.saveLocked()
 	x.mu.Unlock()
-	if x.OnAdopt != nil {
-		x.OnAdopt(rec.PID)
-	}
+	x.opts.OnAdopt(rec.PID)
 	x.log.Info("Slurm rank found", "job", rec.Job, "slurm_job", slurmJob, "rank", rec.Rank, "pid", rec.PID, "attempt", rec.Attempt)
 	x.opts.OnEvent(&api.Event{
 		TimeUnixNano: now.UnixNano(), Kind: api.EventKind_EVENT_KIND_JOB, Severity: api.Severity_SEVERITY_INFO,
