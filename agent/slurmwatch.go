@@ -202,3 +202,7 @@ func (x *Executor) adoptSlurm(rec rankRecord, slurmJob string, now time.Time) {
 		Message: fmt.Sprintf("rank %d started (pid %d, attempt %d, Slurm job %s)", rec.Rank, rec.PID, rec.Attempt, slurmJob),
 	})
 }
+
+// SlurmScanEvery is how often nodemon --slurm-node looks for new Slurm
+// tasks in /proc (at most its poll).
+const SlurmScanEvery = 250 * time.Millisecond

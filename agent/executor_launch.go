@@ -1,0 +1,351 @@
+package agent
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/procfs"
+)
+
+// validJobName refuses job names that would escape the log directory.
+func validJobName(job string) error {
+	switch {
+	case job == "":
+		return errors.New("the job name is empty")
+	case job == "." || job == ".." || strings.ContainsAny(job, "/\x00") || strings.HasPrefix(job, "."):
+		return fmt.Errorf("job name %q cannot name a directory (no '/', no leading '.')", job)
+	}
+	return nil
+}
+
+// JobError is a launch refused because of the job (its command, user,
+// checkpoint dir), not because of this node: the server fails the job
+// rather than suspect the node.
+type JobError struct{ Err error }
+
+func (e *JobError) Error() string { return e.Err.Error() }
+
+func (e *JobError) Unwrap() error { return e.Err }
+
+// NodeRefusal is a launch refused by this node's own policy (no
+// --allow-root-ranks, or a nodemon that is not root asked for another
+// account): the job may run on other nodes, so the server places it
+// without this one rather than fail it or suspect the node.
+type NodeRefusal struct{ Err error }
+
+func (e *NodeRefusal) Error() string { return e.Err.Error() }
+
+func (e *NodeRefusal) Unwrap() error { return e.Err }
+
+// Launch starts the ranks of l that are not already running. A repeated
+// launch of the same job attempt, or of a rank a restarted nodemon
+// adopted, starts nothing new; a launch of a new attempt while the old one
+// still runs is refused.
+func (x *Executor) Launch(l *api.LaunchRanks) error {
+	if l.GetJob() == "" || len(l.GetCommand()) == 0 || len(l.GetRanks()) == 0 {
+		return &JobError{errors.New("launch: job, command and at least one rank are required")}
+	}
+	if err := validJobName(l.GetJob()); err != nil {
+		return &JobError{fmt.Errorf("launch: %w", err)}
+	}
+	exe, err := exec.LookPath(l.GetCommand()[0])
+	if err != nil {
+		return &JobError{fmt.Errorf("launch %s: command %q not found on node %s: %w", l.GetJob(), l.GetCommand()[0], x.opts.Node, err)}
+	}
+	if exe, err = filepath.Abs(exe); err != nil {
+		return fmt.Errorf("launch %s: %w", l.GetJob(), err)
+	}
+	cred, err := x.runAs(l)
+	if err != nil {
+		if nr := (*NodeRefusal)(nil); errors.As(err, &nr) {
+			return &NodeRefusal{fmt.Errorf("launch %s: %w", l.GetJob(), err)}
+		}
+		return &JobError{fmt.Errorf("launch %s: %w", l.GetJob(), err)}
+	}
+	if cred != nil {
+		if err := prepareCheckpointDir(l.GetCheckpointDir(), cred); err != nil {
+			return &JobError{fmt.Errorf("launch %s: %w", l.GetJob(), err)}
+		}
+	}
+	x.opts.BeforeLaunch(l)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.closed {
+		return errors.New("launch: nodemon is shutting down")
+	}
+	running := x.ranks[l.GetJob()]
+	if running == nil {
+		running = map[int32]*rankProc{}
+		x.ranks[l.GetJob()] = running
+	}
+	for _, r := range l.GetRanks() {
+		if p, ok := running[r.GetRank()]; ok && !p.exited() {
+			if p.rec.Attempt == l.GetAttempt() {
+				continue
+			}
+			return fmt.Errorf("launch %s attempt %d: rank %d of attempt %d still runs (pid %d) on node %s; stop it first",
+				l.GetJob(), l.GetAttempt(), r.GetRank(), p.rec.Attempt, p.rec.PID, x.opts.Node)
+		}
+	}
+	defer x.saveLocked()
+	var leasePath string
+	if x.lease.dur > 0 {
+		if err := os.MkdirAll(filepath.Join(x.runDir, l.GetJob()), 0o755); err != nil {
+			return fmt.Errorf("launch %s: %w", l.GetJob(), err)
+		}
+		leasePath = x.leasePath(l.GetJob(), l.GetAttempt())
+		if err := writeLease(leasePath, x.lease.start()); err != nil {
+			return fmt.Errorf("launch %s: %w", l.GetJob(), err)
+		}
+	}
+	for _, r := range l.GetRanks() {
+		if p, ok := running[r.GetRank()]; ok && !p.exited() {
+			continue
+		}
+		p, err := x.start(l, r, exe, cred, leasePath)
+		if err != nil {
+			x.dropLeaseLocked(l.GetJob(), l.GetAttempt())
+			return err
+		}
+		running[r.GetRank()] = p
+		if r.GetRank() == 0 && l.GetCheckpointDir() != "" {
+			// Checkpoints already there (the one this attempt resumes from)
+			// were reported before.
+			x.ckpt[l.GetJob()] = newCkptWatch(l.GetCheckpointDir(), readMarker(l.GetCheckpointDir()))
+			p.rec.CheckpointReported = x.ckpt[l.GetJob()].reported
+		}
+	}
+	return nil
+}
+
+func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string, cred *rankCred, leasePath string) (*rankProc, error) {
+	job, rank := l.GetJob(), r.GetRank()
+	fail := func(err error) (*rankProc, error) {
+		return nil, fmt.Errorf("launch %s rank %d: %w", job, rank, err)
+	}
+	var owner *syscall.Credential
+	if cred != nil {
+		owner = &syscall.Credential{Uid: cred.uid, Gid: cred.gid}
+	}
+	if err := rankLogDir(filepath.Join(x.logDir, job), owner); err != nil {
+		return fail(err)
+	}
+	if err := os.MkdirAll(filepath.Join(x.runDir, job), 0o755); err != nil {
+		return fail(err)
+	}
+	logPath := filepath.Join(x.logDir, job, fmt.Sprintf("rank-%d.log", rank))
+	statusPath := filepath.Join(x.runDir, job, fmt.Sprintf("rank-%d.status", rank))
+	if err := os.Remove(statusPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fail(err)
+	}
+	// The tail starts at the log's end now, before the rank can print.
+	lf, err := openRankLog(logPath, owner)
+	if err != nil {
+		return fail(err)
+	}
+	lf.Close()
+	tail := openLogTail(logPath)
+	args := append([]string{}, x.opts.Shim[1:]...)
+	args = append(args, "--log", logPath, "--status", statusPath, "--exe", exe, "--hello-fd", "3",
+		"--log-max-bytes", strconv.FormatInt(x.opts.LogMaxBytes, 10), "--log-keep", strconv.Itoa(x.opts.LogKeep))
+	var cgDir string
+	if x.cg.enabled() {
+		if cgDir, err = x.cg.rankDir(job, rank); err != nil {
+			x.log.Warn("rank runs outside a cgroup", "job", job, "rank", rank, "err", err)
+		} else {
+			args = append(args, "--cgroup", cgDir)
+		}
+	}
+	if cred != nil {
+		args = append(args, cred.shimArgs()...)
+	}
+	if leasePath != "" {
+		args = append(args, "--lease", leasePath)
+	}
+	args = append(args, "--")
+	args = append(args, l.GetCommand()...)
+	hr, hw, err := os.Pipe()
+	if err != nil {
+		tail.close()
+		return fail(err)
+	}
+	defer hr.Close()
+	cmd := exec.Command(x.opts.Shim[0], args...)
+	cmd.Env = rankEnv(x.opts.Node, x.clusterID(), x.opts.Env, l, r)
+	if cred != nil {
+		cmd.Env = append(cmd.Env, cred.env()...)
+	}
+	cmd.ExtraFiles = []*os.File{hw}
+	// Its own session: the shim and the rank outlive nodemon, and no
+	// signal meant for nodemon's group reaches them.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	hw.Close()
+	if err != nil {
+		tail.close()
+		return fail(fmt.Errorf("start rank shim %s: %w", x.opts.Shim[0], err))
+	}
+	hr.SetReadDeadline(time.Now().Add(15 * time.Second))
+	b, rerr := bufio.NewReader(io.LimitReader(hr, 64<<10)).ReadBytes('\n')
+	if rerr == io.EOF {
+		rerr = nil // the shim exited without a whole line; b says what it got
+	}
+	var h shimHello
+	if jerr := json.Unmarshal(b, &h); rerr != nil || jerr != nil || h.Error != "" || h.PID <= 0 {
+		cmd.Process.Kill()
+		cmd.Wait()
+		tail.close()
+		switch {
+		case h.Error != "":
+			return fail(errors.New(h.Error))
+		case rerr != nil:
+			return fail(fmt.Errorf("rank shim did not report the rank's pid: %w", rerr))
+		}
+		return fail(fmt.Errorf("rank shim exited without starting the rank (%q)", strings.TrimSpace(string(b))))
+	}
+	if h.CgroupError != "" {
+		x.log.Warn("rank runs outside its cgroup", "job", job, "rank", rank, "err", h.CgroupError)
+		cgDir = ""
+	}
+	shimStat, _ := procfs.ReadStat(x.opts.ProcRoot, cmd.Process.Pid)
+	var witnesses []witnessRecord
+	if leasePath != "" {
+		for _, w := range l.GetWitnesses() {
+			witnesses = append(witnesses, witnessRecord{Name: w.GetName(), Addr: w.GetAddr()})
+		}
+	}
+	p := &rankProc{
+		rec: rankRecord{
+			Job: job, Attempt: l.GetAttempt(), Rank: rank, LocalRank: r.GetLocalRank(), GPUs: r.GetGpus(),
+			PID: h.PID, StartTicks: h.StartTicks, ShimPID: cmd.Process.Pid, ShimStartTicks: shimStat.StartTicks,
+			LogPath: logPath, StatusPath: statusPath, CheckpointDir: l.GetCheckpointDir(), Cgroup: cgDir,
+			LastCheckpointStep: -1, CheckpointReported: -1, LaunchedUnixNano: time.Now().UnixNano(),
+			LeaseMs: x.lease.dur.Milliseconds(), Witnesses: witnesses,
+		},
+		done: make(chan struct{}), tail: tail, parser: newLogParser(),
+	}
+	runAs := "nodemon's user"
+	if cred != nil {
+		runAs = cred.String()
+	}
+	x.log.Info("rank started", "job", job, "rank", rank, "pid", h.PID, "shim", cmd.Process.Pid, "gpus", r.GetGpus(), "as", runAs)
+	x.opts.OnEvent(&api.Event{
+		TimeUnixNano: time.Now().UnixNano(), Kind: api.EventKind_EVENT_KIND_JOB, Severity: api.Severity_SEVERITY_INFO,
+		Pid: uint32(h.PID), Job: job, Rank: rank, Attrs: map[string]string{"attempt": strconv.Itoa(int(l.GetAttempt()))},
+		Message: fmt.Sprintf("rank %d started (pid %d, attempt %d)", rank, h.PID, l.GetAttempt()),
+	})
+	go func() {
+		cmd.Wait()
+		var shimSig string
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			shimSig = signalName(ws.Signal())
+		}
+		x.finish(p, shimSig)
+	}()
+	return p, nil
+}
+
+// finish reports a rank's exit once, from the status its shim wrote.
+// shimSignal is what killed the shim when it did not exit by itself.
+func (x *Executor) finish(p *rankProc, shimSignal string) {
+	x.mu.Lock()
+	if p.exited() {
+		x.mu.Unlock()
+		return
+	}
+	close(p.done)
+	closed := x.closed
+	w := x.ckpt[p.rec.Job]
+	x.mu.Unlock()
+	if closed {
+		// This nodemon is gone as far as anyone knows; the next one reads
+		// the status file.
+		return
+	}
+	now := time.Now()
+	p.pollLog(now)
+	if p.rec.Rank == 0 && w != nil {
+		// The last checkpoint (the one a stop asks for) lands just before
+		// the exit: report it first.
+		x.checkCheckpoint(p.rec.Job, w, p, now, true)
+	}
+	ev := x.exitEvent(p, now, shimSignal)
+	x.log.Info("rank exited", "job", p.rec.Job, "rank", p.rec.Rank, "pid", p.rec.PID, "code", ev.ExitCode, "signal", ev.Signal)
+	x.opts.OnEvent(ev)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.closed {
+		return
+	}
+	os.Remove(p.rec.StatusPath)
+	x.cg.removeRank(p.rec.Cgroup)
+	x.dropLeaseLocked(p.rec.Job, p.rec.Attempt)
+	if x.ckpt[p.rec.Job] == w && p.rec.Rank == 0 {
+		delete(x.ckpt, p.rec.Job)
+	}
+	p.mu.Lock()
+	p.tail.close()
+	p.mu.Unlock()
+	x.saveLocked()
+}
+
+func (x *Executor) exitEvent(p *rankProc, now time.Time, shimSignal string) *api.Event {
+	r := p.rec
+	ev := &api.Event{
+		TimeUnixNano: now.UnixNano(), Kind: api.EventKind_EVENT_KIND_PROCESS_EXIT, Severity: api.Severity_SEVERITY_INFO,
+		Pid: uint32(r.PID), Job: r.Job, Rank: r.Rank, Attrs: map[string]string{"attempt": strconv.Itoa(int(r.Attempt))},
+	}
+	p.mu.Lock()
+	ev.Step = p.parser.step
+	p.mu.Unlock()
+	st, err := readShimStatus(r.StatusPath)
+	switch {
+	case err == nil && st.Fenced != "":
+		// However the rank ended (a trainer may exit 0 on SIGTERM), its
+		// attempt did not finish: the signal says so.
+		ev.ExitCode, ev.Signal, ev.Severity = int32(st.ExitCode), LeaseSignal, api.Severity_SEVERITY_WARNING
+		ev.Attrs["fenced"] = st.Fenced
+		ev.Message = fmt.Sprintf("rank %d (pid %d) stopped by its shim: %s", r.Rank, r.PID, st.Fenced)
+	case err == nil && st.Signal == "" && st.Stopped != "":
+		ev.ExitCode, ev.Signal, ev.Severity = int32(st.ExitCode), st.Stopped, api.Severity_SEVERITY_WARNING
+		ev.Message = fmt.Sprintf("rank %d (pid %d) exited with code %d after Slurm sent it %s", r.Rank, r.PID, st.ExitCode, st.Stopped)
+	case err == nil && st.Signal != "":
+		ev.ExitCode, ev.Signal, ev.Severity = -1, st.Signal, api.Severity_SEVERITY_WARNING
+		ev.Message = fmt.Sprintf("rank %d (pid %d) killed by %s", r.Rank, r.PID, st.Signal)
+	case err == nil:
+		ev.ExitCode = int32(st.ExitCode)
+		ev.Message = fmt.Sprintf("rank %d (pid %d) exited with code %d", r.Rank, r.PID, st.ExitCode)
+		if st.ExitCode != 0 {
+			ev.Severity = api.Severity_SEVERITY_WARNING
+		}
+	case shimSignal != "":
+		// The shim was killed; the rank died with it (parent-death signal).
+		ev.ExitCode, ev.Signal, ev.Severity = -1, shimSignal, api.Severity_SEVERITY_WARNING
+		ev.Message = fmt.Sprintf("rank %d (pid %d) killed: its shim was killed by %s", r.Rank, r.PID, shimSignal)
+	default:
+		ev.ExitCode, ev.Severity = -1, api.Severity_SEVERITY_WARNING
+		ev.Message = fmt.Sprintf("rank %d (pid %d) exited; its exit status is unknown (%v)", r.Rank, r.PID, err)
+	}
+	if p.adopted {
+		ev.Attrs["adopted"] = "true"
+	}
+	return ev
+}
+
+// rankEnv is the environment of one rank: the host's, nodemon's own
+// additions (extra), then what api.RankEnv defines.
+func rankEnv(node, cluster string, extra []string, l *api.LaunchRanks, r *api.RankSpec) []string {
+	env := append(os.Environ(), extra...)
+	return append(env, api.RankEnv(node, cluster, l, r)...)
+}
