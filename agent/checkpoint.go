@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -23,10 +22,9 @@ const ckptLineGrace = 3 * time.Second
 // may be shared by every node of the job, and rank 0 is the rank that
 // writes the `latest` marker, so exactly one node reports each checkpoint,
 // and a node-local directory holds a marker only on rank 0's node anyway.
+// It belongs to the executor's owner goroutine.
 type ckptWatch struct {
-	dir string
-
-	mu       sync.Mutex
+	dir      string
 	reported int64               // last step reported, or the marker when watching began; -1 none
 	noticed  map[int64]time.Time // marker steps seen whose log line has not come yet
 }

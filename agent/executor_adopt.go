@@ -28,8 +28,6 @@ func (x *Executor) recoverRanks() error {
 		return fmt.Errorf("executor: %s is damaged (%v): check for ranks still running, then remove it", x.statePath, err)
 	}
 	now := time.Now()
-	x.mu.Lock()
-	defer x.mu.Unlock()
 	for _, r := range f.Ranks {
 		rankAlive := processAlive(x.opts.ProcRoot, r.PID, r.StartTicks)
 		shimAlive := processAlive(x.opts.ProcRoot, r.ShimPID, r.ShimStartTicks)
@@ -47,7 +45,7 @@ func (x *Executor) recoverRanks() error {
 				x.ckpt[r.Job] = newCkptWatch(r.CheckpointDir, r.CheckpointReported)
 			}
 			x.log.Info("rank adopted", "job", r.Job, "rank", r.Rank, "pid", r.PID, "attempt", r.Attempt)
-			x.opts.OnEvent(&api.Event{
+			x.raise(&api.Event{
 				TimeUnixNano: now.UnixNano(), Kind: api.EventKind_EVENT_KIND_JOB, Severity: api.Severity_SEVERITY_INFO,
 				Pid: uint32(r.PID), Job: r.Job, Rank: r.Rank,
 				Attrs:   map[string]string{"attempt": strconv.Itoa(int(r.Attempt)), "adopted": "true"},
@@ -73,10 +71,10 @@ func (x *Executor) recoverRanks() error {
 			ev.Message += " (it ended while nodemon was down: " + how + ")"
 		}
 		x.log.Warn("rank lost while nodemon was down", "job", r.Job, "rank", r.Rank, "pid", r.PID)
-		x.opts.OnEvent(ev)
+		x.raise(ev)
 		os.Remove(r.StatusPath)
 		x.cg.removeRank(r.Cgroup)
 	}
-	x.saveLocked()
+	x.pass.save = true
 	return nil
 }

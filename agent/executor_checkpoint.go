@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -17,8 +18,6 @@ import (
 // marker, and the marker's own step. final says rank 0 has exited, so its
 // log is complete and nothing is worth waiting for.
 func (x *Executor) checkCheckpoint(job string, w *ckptWatch, p0 *rankProc, now time.Time, final bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	m, err := parseMarker(w.dir)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
@@ -35,12 +34,7 @@ func (x *Executor) checkCheckpoint(job string, w *ckptWatch, p0 *rankProc, now t
 		return
 	}
 	p0.pollLog(now)
-	p0.mu.Lock()
-	secs := map[int64]float64{}
-	for s, v := range p0.parser.ckptSeconds {
-		secs[s] = v
-	}
-	p0.mu.Unlock()
+	secs := maps.Clone(p0.parser.ckptSeconds)
 	steps := []int64{marker}
 	for s := range secs {
 		if s > w.reported && s < marker {
@@ -56,10 +50,8 @@ func (x *Executor) checkCheckpoint(job string, w *ckptWatch, p0 *rankProc, now t
 		if w.reported == before {
 			return
 		}
-		x.mu.Lock()
 		p0.rec.CheckpointReported = w.reported
-		x.saveLocked()
-		x.mu.Unlock()
+		x.pass.save = true
 	}()
 	for _, s := range steps {
 		sec, ok := secs[s]
@@ -68,7 +60,7 @@ func (x *Executor) checkCheckpoint(job string, w *ckptWatch, p0 *rankProc, now t
 		}
 		stepDir := filepath.Join(w.dir, "step-"+strconv.FormatInt(s, 10))
 		size := dirSize(stepDir)
-		x.opts.OnEvent(&api.Event{
+		x.raise(&api.Event{
 			TimeUnixNano: now.UnixNano(), Kind: api.EventKind_EVENT_KIND_CHECKPOINT, Severity: api.Severity_SEVERITY_INFO,
 			Job: job, Rank: 0, Step: s, Bytes: size, Seconds: sec,
 			Attrs:   map[string]string{"dir": stepDir, "attempt": strconv.Itoa(int(p0.rec.Attempt))},
@@ -76,13 +68,11 @@ func (x *Executor) checkCheckpoint(job string, w *ckptWatch, p0 *rankProc, now t
 		})
 		x.log.Info("checkpoint completed", "job", job, "step", s, "bytes", size, "seconds", sec)
 		w.reported = s
-		p0.mu.Lock()
 		for k := range p0.parser.ckptSeconds {
 			if k <= s {
 				delete(p0.parser.ckptSeconds, k)
 			}
 		}
-		p0.mu.Unlock()
 	}
 	clear(w.noticed)
 }

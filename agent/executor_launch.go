@@ -79,11 +79,15 @@ func (x *Executor) Launch(l *api.LaunchRanks) error {
 		}
 	}
 	x.opts.BeforeLaunch(l)
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.closed {
-		return errors.New("launch: nodemon is shutting down")
+	_, err = x.do(func() (any, error) { return nil, x.launch(l, exe, cred) })
+	if errors.Is(err, errClosed) {
+		return fmt.Errorf("launch: %w", err)
 	}
+	return err
+}
+
+// launch starts, on the owner, the ranks of l not already running.
+func (x *Executor) launch(l *api.LaunchRanks, exe string, cred *rankCred) error {
 	running := x.ranks[l.GetJob()]
 	if running == nil {
 		running = map[int32]*rankProc{}
@@ -98,7 +102,7 @@ func (x *Executor) Launch(l *api.LaunchRanks) error {
 				l.GetJob(), l.GetAttempt(), r.GetRank(), p.rec.Attempt, p.rec.PID, x.opts.Node)
 		}
 	}
-	defer x.saveLocked()
+	x.pass.save = true
 	var leasePath string
 	if x.lease.dur > 0 {
 		if err := os.MkdirAll(filepath.Join(x.runDir, l.GetJob()), 0o755); err != nil {
@@ -115,7 +119,7 @@ func (x *Executor) Launch(l *api.LaunchRanks) error {
 		}
 		p, err := x.start(l, r, exe, cred, leasePath)
 		if err != nil {
-			x.dropLeaseLocked(l.GetJob(), l.GetAttempt())
+			x.dropLease(l.GetJob(), l.GetAttempt())
 			return err
 		}
 		running[r.GetRank()] = p
@@ -240,7 +244,7 @@ func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string, cred *
 		runAs = cred.String()
 	}
 	x.log.Info("rank started", "job", job, "rank", rank, "pid", h.PID, "shim", cmd.Process.Pid, "gpus", r.GetGpus(), "as", runAs)
-	x.opts.OnEvent(&api.Event{
+	x.raise(&api.Event{
 		TimeUnixNano: time.Now().UnixNano(), Kind: api.EventKind_EVENT_KIND_JOB, Severity: api.Severity_SEVERITY_INFO,
 		Pid: uint32(h.PID), Job: job, Rank: rank, Attrs: map[string]string{"attempt": strconv.Itoa(int(l.GetAttempt()))},
 		Message: fmt.Sprintf("rank %d started (pid %d, attempt %d)", rank, h.PID, l.GetAttempt()),
@@ -251,28 +255,21 @@ func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string, cred *
 		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			shimSig = signalName(ws.Signal())
 		}
-		x.finish(p, shimSig)
+		// A closed executor drops it: that nodemon is gone as far as
+		// anyone knows, and the next one reads the status file.
+		x.post(msgExited{p: p, shimSignal: shimSig})
 	}()
 	return p, nil
 }
 
-// finish reports a rank's exit once, from the status its shim wrote.
+// exited reports a rank's exit once, from the status its shim wrote.
 // shimSignal is what killed the shim when it did not exit by itself.
-func (x *Executor) finish(p *rankProc, shimSignal string) {
-	x.mu.Lock()
+func (x *Executor) exited(p *rankProc, shimSignal string) {
 	if p.exited() {
-		x.mu.Unlock()
 		return
 	}
 	close(p.done)
-	closed := x.closed
 	w := x.ckpt[p.rec.Job]
-	x.mu.Unlock()
-	if closed {
-		// This nodemon is gone as far as anyone knows; the next one reads
-		// the status file.
-		return
-	}
 	now := time.Now()
 	p.pollLog(now)
 	if p.rec.Rank == 0 && w != nil {
@@ -282,22 +279,15 @@ func (x *Executor) finish(p *rankProc, shimSignal string) {
 	}
 	ev := x.exitEvent(p, now, shimSignal)
 	x.log.Info("rank exited", "job", p.rec.Job, "rank", p.rec.Rank, "pid", p.rec.PID, "code", ev.ExitCode, "signal", ev.Signal)
-	x.opts.OnEvent(ev)
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.closed {
-		return
-	}
+	x.raise(ev)
 	os.Remove(p.rec.StatusPath)
 	x.cg.removeRank(p.rec.Cgroup)
-	x.dropLeaseLocked(p.rec.Job, p.rec.Attempt)
+	x.dropLease(p.rec.Job, p.rec.Attempt)
 	if x.ckpt[p.rec.Job] == w && p.rec.Rank == 0 {
 		delete(x.ckpt, p.rec.Job)
 	}
-	p.mu.Lock()
 	p.tail.close()
-	p.mu.Unlock()
-	x.saveLocked()
+	x.pass.save = true
 }
 
 func (x *Executor) exitEvent(p *rankProc, now time.Time, shimSignal string) *api.Event {
@@ -306,9 +296,7 @@ func (x *Executor) exitEvent(p *rankProc, now time.Time, shimSignal string) *api
 		TimeUnixNano: now.UnixNano(), Kind: api.EventKind_EVENT_KIND_PROCESS_EXIT, Severity: api.Severity_SEVERITY_INFO,
 		Pid: uint32(r.PID), Job: r.Job, Rank: r.Rank, Attrs: map[string]string{"attempt": strconv.Itoa(int(r.Attempt))},
 	}
-	p.mu.Lock()
 	ev.Step = p.parser.step
-	p.mu.Unlock()
 	st, err := readShimStatus(r.StatusPath)
 	switch {
 	case err == nil && st.Fenced != "":

@@ -58,10 +58,10 @@ func (x *Executor) leasePath(job string, attempt uint32) string {
 	return filepath.Join(x.runDir, job, "lease-"+strconv.FormatUint(uint64(attempt), 10))
 }
 
-// dropLeaseLocked removes an attempt's lease file once none of its ranks
+// dropLease removes an attempt's lease file once none of its ranks
 // runs here: no shim reads it any more, and run/<job>/ should not collect
 // one file per attempt a long job ever had.
-func (x *Executor) dropLeaseLocked(job string, attempt uint32) {
+func (x *Executor) dropLease(job string, attempt uint32) {
 	for _, p := range x.ranks[job] {
 		if p.rec.Attempt == attempt && !p.exited() {
 			return
@@ -73,11 +73,11 @@ func (x *Executor) dropLeaseLocked(job string, attempt uint32) {
 	}
 }
 
-// dropStaleLeasesLocked removes, once the ranks are adopted, the lease
+// dropStaleLeases removes, once the ranks are adopted, the lease
 // files of attempts with no rank here: left by ranks that ended while
 // nodemon was down (it never saw them exit) or by a nodemon older than
 // this cleanup. No shim reads them any more.
-func (x *Executor) dropStaleLeasesLocked() {
+func (x *Executor) dropStaleLeases() {
 	paths, err := filepath.Glob(filepath.Join(x.runDir, "*", "lease-*"))
 	if err != nil {
 		return
@@ -87,7 +87,7 @@ func (x *Executor) dropStaleLeasesLocked() {
 		if err != nil {
 			continue // not a lease file of ours
 		}
-		x.dropLeaseLocked(filepath.Base(filepath.Dir(path)), uint32(attempt))
+		x.dropLease(filepath.Base(filepath.Dir(path)), uint32(attempt))
 	}
 }
 
@@ -95,34 +95,35 @@ func (x *Executor) dropStaleLeasesLocked() {
 // none): ranks launched in it start with a lease from start, when the
 // node said hello.
 func (x *Executor) BeginLease(d time.Duration, start time.Time) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	x.lease.dur = d
-	x.lease.floor = time.Time{}
-	if d > 0 {
-		x.lease.floor = start.Add(d)
-	}
+	x.do(func() (any, error) {
+		x.lease.dur = d
+		x.lease.floor = time.Time{}
+		if d > 0 {
+			x.lease.floor = start.Add(d)
+		}
+		return nil, nil
+	})
 }
 
 // RenewLeases extends the lease of every live rank not fenced to
 // deadline (a deadline no later than one already written changes
 // nothing).
 func (x *Executor) RenewLeases(deadline time.Time) {
-	x.mu.Lock()
-	if x.lease.dur <= 0 || !deadline.After(x.lease.deadline) {
-		x.mu.Unlock()
-		return
-	}
-	x.lease.deadline = deadline
-	paths := map[string]time.Time{}
-	for _, p := range x.liveLocked() {
-		if !p.fenced && p.rec.SlurmJob == "" {
-			k := attemptKey{p.rec.Job, p.rec.Attempt}
-			paths[x.leasePath(k.job, k.attempt)] = x.lease.of(k)
+	x.do(func() (any, error) {
+		if x.lease.dur <= 0 || !deadline.After(x.lease.deadline) {
+			return nil, nil
 		}
-	}
-	x.mu.Unlock()
-	x.writeLeases(paths)
+		x.lease.deadline = deadline
+		paths := map[string]time.Time{}
+		for _, p := range x.live() {
+			if !p.fenced && p.rec.SlurmJob == "" {
+				k := attemptKey{p.rec.Job, p.rec.Attempt}
+				paths[x.leasePath(k.job, k.attempt)] = x.lease.of(k)
+			}
+		}
+		x.writeLeases(paths)
+		return nil, nil
+	})
 }
 
 func (x *Executor) writeLeases(paths map[string]time.Time) {
@@ -145,53 +146,54 @@ type PeerAttempt struct {
 // PeerAttempts lists the attempts whose ranks run here, not fenced, with
 // witnesses and a lease.
 func (x *Executor) PeerAttempts() []PeerAttempt {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	seen := map[attemptKey]bool{}
-	var out []PeerAttempt
-	for _, p := range x.liveLocked() {
-		k := attemptKey{p.rec.Job, p.rec.Attempt}
-		if p.fenced || p.rec.SlurmJob != "" || len(p.rec.Witnesses) == 0 || p.rec.LeaseMs <= 0 || seen[k] {
-			continue
+	return query(x, func() []PeerAttempt {
+		seen := map[attemptKey]bool{}
+		var out []PeerAttempt
+		for _, p := range x.live() {
+			k := attemptKey{p.rec.Job, p.rec.Attempt}
+			if p.fenced || p.rec.SlurmJob != "" || len(p.rec.Witnesses) == 0 || p.rec.LeaseMs <= 0 || seen[k] {
+				continue
+			}
+			seen[k] = true
+			pa := PeerAttempt{Job: k.job, Attempt: k.attempt, Lease: time.Duration(p.rec.LeaseMs) * time.Millisecond}
+			for _, w := range p.rec.Witnesses {
+				pa.Witnesses = append(pa.Witnesses, &api.Witness{Name: w.Name, Addr: w.Addr})
+			}
+			out = append(out, pa)
 		}
-		seen[k] = true
-		pa := PeerAttempt{Job: k.job, Attempt: k.attempt, Lease: time.Duration(p.rec.LeaseMs) * time.Millisecond}
-		for _, w := range p.rec.Witnesses {
-			pa.Witnesses = append(pa.Witnesses, &api.Witness{Name: w.Name, Addr: w.Addr})
-		}
-		out = append(out, pa)
-	}
-	slices.SortFunc(out, func(a, b PeerAttempt) int {
-		return cmp.Or(cmp.Compare(a.Job, b.Job), cmp.Compare(a.Attempt, b.Attempt))
+		slices.SortFunc(out, func(a, b PeerAttempt) int {
+			return cmp.Or(cmp.Compare(a.Job, b.Job), cmp.Compare(a.Attempt, b.Attempt))
+		})
+		return out
 	})
-	return out
 }
 
 // RenewPeerLease extends one attempt's lease to deadline, which a quorum
 // of its witnesses confirmed; a fenced attempt is never renewed.
 func (x *Executor) RenewPeerLease(job string, attempt uint32, deadline time.Time) {
-	k := attemptKey{job, attempt}
-	x.mu.Lock()
+	x.do(func() (any, error) {
+		x.renewPeerLease(attemptKey{job, attempt}, deadline)
+		return nil, nil
+	})
+}
+
+func (x *Executor) renewPeerLease(k attemptKey, deadline time.Time) {
 	if !deadline.After(x.lease.peer[k]) {
-		x.mu.Unlock()
 		return
 	}
 	live := false
-	for _, p := range x.ranks[job] {
-		if p.rec.Attempt == attempt && !p.exited() && !p.fenced {
+	for _, p := range x.ranks[k.job] {
+		if p.rec.Attempt == k.attempt && !p.exited() && !p.fenced {
 			live = true
 		}
 	}
 	if !live {
 		delete(x.lease.peer, k)
-		x.mu.Unlock()
 		return
 	}
 	if x.lease.peer == nil {
 		x.lease.peer = map[attemptKey]time.Time{}
 	}
 	x.lease.peer[k] = deadline
-	paths := map[string]time.Time{x.leasePath(job, attempt): x.lease.of(k)}
-	x.mu.Unlock()
-	x.writeLeases(paths)
+	x.writeLeases(map[string]time.Time{x.leasePath(k.job, k.attempt): x.lease.of(k)})
 }

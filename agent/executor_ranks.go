@@ -50,13 +50,10 @@ type ranksFile struct {
 	Ranks   []rankRecord `json:"ranks"`
 }
 
-// saveLocked writes the live ranks to ranks.json (tmp file and rename).
-func (x *Executor) saveLocked() {
-	if x.closed {
-		return
-	}
+// saveRanks writes the live ranks to ranks.json (tmp file and rename).
+func (x *Executor) saveRanks() {
 	f := ranksFile{Version: 1, Ranks: []rankRecord{}}
-	for _, p := range x.liveLocked() {
+	for _, p := range x.live() {
 		f.Ranks = append(f.Ranks, p.rec)
 	}
 	sort.Slice(f.Ranks, func(i, j int) bool {

@@ -39,9 +39,7 @@ func (x *Executor) Signal(s *api.SignalRanks) error {
 	if !ok {
 		return fmt.Errorf("signal %s: unknown signal %q (use SIGUSR1, SIGTERM, SIGKILL, SIGSTOP, SIGCONT or SIGINT)", s.GetJob(), s.GetSignal())
 	}
-	x.mu.Lock()
-	procs, err := x.targetsLocked(s.GetJob(), s.GetRanks(), s.GetAttempt())
-	x.mu.Unlock()
+	procs, err := x.targetsOf(s.GetJob(), s.GetRanks(), s.GetAttempt())
 	if err != nil {
 		return fmt.Errorf("signal: %w", err)
 	}
@@ -54,12 +52,17 @@ func (x *Executor) Signal(s *api.SignalRanks) error {
 // what it returns are the ranks it killed. A job with no ranks here is
 // already fenced.
 func (x *Executor) Fence(s *api.SignalRanks) ([]*api.RankStatus, error) {
-	x.mu.Lock()
-	procs, _ := x.targetsLocked(s.GetJob(), s.GetRanks(), s.GetAttempt())
-	for _, p := range procs {
-		p.fenced = true
+	v, err := x.do(func() (any, error) {
+		procs, _ := x.targets(s.GetJob(), s.GetRanks(), s.GetAttempt())
+		for _, p := range procs {
+			x.ranks[p.rec.Job][p.rec.Rank].fenced = true
+		}
+		return procs, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fence %s attempt %d: %w", s.GetJob(), s.GetAttempt(), err)
 	}
-	x.mu.Unlock()
+	procs := v.([]target)
 	killed := make([]*api.RankStatus, 0, len(procs))
 	for _, p := range procs {
 		killed = append(killed, &api.RankStatus{Job: p.rec.Job, Attempt: p.rec.Attempt, Rank: p.rec.Rank, Pid: uint32(p.rec.PID)})
@@ -71,7 +74,16 @@ func (x *Executor) Fence(s *api.SignalRanks) ([]*api.RankStatus, error) {
 	return killed, nil
 }
 
-func signalProcs(procs []*rankProc, sig syscall.Signal) []error {
+// targetsOf asks the owner for targets.
+func (x *Executor) targetsOf(job string, ranks []int32, attempt uint32) ([]target, error) {
+	v, err := x.do(func() (any, error) { return x.targets(job, ranks, attempt) })
+	if err != nil {
+		return nil, err
+	}
+	return v.([]target), nil
+}
+
+func signalProcs(procs []target, sig syscall.Signal) []error {
 	var errs []error
 	for _, p := range procs {
 		if err := syscall.Kill(-p.rec.PID, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
@@ -91,21 +103,19 @@ func signalProcs(procs []*rankProc, sig syscall.Signal) []error {
 // waits until every one is reported gone. It is the escalation the server
 // drives with two SignalRanks commands, for nodemon's own shutdown.
 func (x *Executor) Stop(job string, ranks []int32, grace time.Duration) error {
-	x.mu.Lock()
-	procs, err := x.targetsLocked(job, ranks, 0)
-	x.mu.Unlock()
+	procs, err := x.targetsOf(job, ranks, 0)
 	if err != nil {
 		return fmt.Errorf("stop: %w", err)
 	}
 	return stopProcs(procs, grace, x.opts.Poll)
 }
 
-func stopProcs(procs []*rankProc, grace, poll time.Duration) error {
+func stopProcs(procs []target, grace, poll time.Duration) error {
 	signalProcs(procs, syscall.SIGTERM)
 	timer := time.NewTimer(grace)
 	defer timer.Stop()
 	expired := false
-	var left []*rankProc
+	var left []target
 	for _, p := range procs {
 		if !expired {
 			select {
@@ -135,9 +145,13 @@ func stopProcs(procs []*rankProc, grace, poll time.Duration) error {
 
 // StopAll stops every live rank: SIGTERM, SIGKILL after grace.
 func (x *Executor) StopAll(grace time.Duration) {
-	x.mu.Lock()
-	procs := x.liveLocked()
-	x.mu.Unlock()
+	procs := query(x, func() []target {
+		var out []target
+		for _, p := range x.live() {
+			out = append(out, p.target())
+		}
+		return out
+	})
 	if err := stopProcs(procs, grace, x.opts.Poll); err != nil {
 		x.log.Error("stop ranks", "err", err)
 	}

@@ -158,8 +158,8 @@ func TestScanSlurmAdoptsThisNodesTasks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer x.Close()
-	x.scanSlurm(time.Now())
-	x.scanSlurm(time.Now())
+	onOwner(t, x, func() { x.scanSlurm(time.Now()) })
+	onOwner(t, x, func() { x.scanSlurm(time.Now()) })
 	got := map[string]uint32{}
 	for _, e := range events {
 		got[fmt.Sprintf("%s/%d", e.GetJob(), e.GetRank())] = e.GetPid()
