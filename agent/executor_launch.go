@@ -138,85 +138,17 @@ func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string, cred *
 	fail := func(err error) (*rankProc, error) {
 		return nil, fmt.Errorf("launch %s rank %d: %w", job, rank, err)
 	}
-	var owner *syscall.Credential
-	if cred != nil {
-		owner = &syscall.Credential{Uid: cred.uid, Gid: cred.gid}
-	}
-	if err := rankLogDir(filepath.Join(x.logDir, job), owner); err != nil {
-		return fail(err)
-	}
-	if err := os.MkdirAll(filepath.Join(x.runDir, job), 0o755); err != nil {
-		return fail(err)
-	}
-	logPath := filepath.Join(x.logDir, job, fmt.Sprintf("rank-%d.log", rank))
-	statusPath := filepath.Join(x.runDir, job, fmt.Sprintf("rank-%d.status", rank))
-	if err := os.Remove(statusPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+	logPath, statusPath, err := x.rankFiles(job, rank, cred)
+	if err != nil {
 		return fail(err)
 	}
 	// The tail starts at the log's end now, before the rank can print.
-	lf, err := openRankLog(logPath, owner)
-	if err != nil {
-		return fail(err)
-	}
-	lf.Close()
 	tail := openLogTail(logPath)
-	args := append([]string{}, x.opts.Shim[1:]...)
-	args = append(args, "--log", logPath, "--status", statusPath, "--exe", exe, "--hello-fd", "3",
-		"--log-max-bytes", strconv.FormatInt(x.opts.LogMaxBytes, 10), "--log-keep", strconv.Itoa(x.opts.LogKeep))
-	var cgDir string
-	if x.cg.enabled() {
-		if cgDir, err = x.cg.rankDir(job, rank); err != nil {
-			x.log.Warn("rank runs outside a cgroup", "job", job, "rank", rank, "err", err)
-		} else {
-			args = append(args, "--cgroup", cgDir)
-		}
-	}
-	if cred != nil {
-		args = append(args, cred.shimArgs()...)
-	}
-	if leasePath != "" {
-		args = append(args, "--lease", leasePath)
-	}
-	args = append(args, "--")
-	args = append(args, l.GetCommand()...)
-	hr, hw, err := os.Pipe()
+	cmd, cgDir := x.shimCommand(l, r, exe, cred, logPath, statusPath, leasePath)
+	h, err := x.startShim(cmd)
 	if err != nil {
 		tail.close()
 		return fail(err)
-	}
-	defer hr.Close()
-	cmd := exec.Command(x.opts.Shim[0], args...)
-	cmd.Env = rankEnv(x.opts.Node, x.clusterID(), x.opts.Env, l, r)
-	if cred != nil {
-		cmd.Env = append(cmd.Env, cred.env()...)
-	}
-	cmd.ExtraFiles = []*os.File{hw}
-	// Its own session: the shim and the rank outlive nodemon, and no
-	// signal meant for nodemon's group reaches them.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
-	hw.Close()
-	if err != nil {
-		tail.close()
-		return fail(fmt.Errorf("start rank shim %s: %w", x.opts.Shim[0], err))
-	}
-	hr.SetReadDeadline(time.Now().Add(15 * time.Second))
-	b, rerr := bufio.NewReader(io.LimitReader(hr, 64<<10)).ReadBytes('\n')
-	if rerr == io.EOF {
-		rerr = nil // the shim exited without a whole line; b says what it got
-	}
-	var h shimHello
-	if jerr := json.Unmarshal(b, &h); rerr != nil || jerr != nil || h.Error != "" || h.PID <= 0 {
-		cmd.Process.Kill()
-		cmd.Wait()
-		tail.close()
-		switch {
-		case h.Error != "":
-			return fail(errors.New(h.Error))
-		case rerr != nil:
-			return fail(fmt.Errorf("rank shim did not report the rank's pid: %w", rerr))
-		}
-		return fail(fmt.Errorf("rank shim exited without starting the rank (%q)", strings.TrimSpace(string(b))))
 	}
 	if h.CgroupError != "" {
 		x.log.Warn("rank runs outside its cgroup", "job", job, "rank", rank, "err", h.CgroupError)
@@ -260,6 +192,99 @@ func (x *Executor) start(l *api.LaunchRanks, r *api.RankSpec, exe string, cred *
 		x.post(msgExited{p: p, shimSignal: shimSig})
 	}()
 	return p, nil
+}
+
+// rankFiles makes a rank's log (owned by the account it runs as) and
+// clears the status file an earlier run of the rank left.
+func (x *Executor) rankFiles(job string, rank int32, cred *rankCred) (logPath, statusPath string, err error) {
+	var owner *syscall.Credential
+	if cred != nil {
+		owner = &syscall.Credential{Uid: cred.uid, Gid: cred.gid}
+	}
+	if err := rankLogDir(filepath.Join(x.logDir, job), owner); err != nil {
+		return "", "", err
+	}
+	if err := os.MkdirAll(filepath.Join(x.runDir, job), 0o755); err != nil {
+		return "", "", err
+	}
+	logPath = filepath.Join(x.logDir, job, fmt.Sprintf("rank-%d.log", rank))
+	statusPath = filepath.Join(x.runDir, job, fmt.Sprintf("rank-%d.status", rank))
+	if err := os.Remove(statusPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", "", err
+	}
+	lf, err := openRankLog(logPath, owner)
+	if err != nil {
+		return "", "", err
+	}
+	lf.Close()
+	return logPath, statusPath, nil
+}
+
+// shimCommand is the rank shim's command line and environment for one
+// rank; cgDir is the rank's cgroup ("" when it runs outside one).
+func (x *Executor) shimCommand(l *api.LaunchRanks, r *api.RankSpec, exe string, cred *rankCred, logPath, statusPath, leasePath string) (cmd *exec.Cmd, cgDir string) {
+	args := append([]string{}, x.opts.Shim[1:]...)
+	args = append(args, "--log", logPath, "--status", statusPath, "--exe", exe, "--hello-fd", "3",
+		"--log-max-bytes", strconv.FormatInt(x.opts.LogMaxBytes, 10), "--log-keep", strconv.Itoa(x.opts.LogKeep))
+	if x.cg.enabled() {
+		var err error
+		if cgDir, err = x.cg.rankDir(l.GetJob(), r.GetRank()); err != nil {
+			x.log.Warn("rank runs outside a cgroup", "job", l.GetJob(), "rank", r.GetRank(), "err", err)
+		} else {
+			args = append(args, "--cgroup", cgDir)
+		}
+	}
+	if cred != nil {
+		args = append(args, cred.shimArgs()...)
+	}
+	if leasePath != "" {
+		args = append(args, "--lease", leasePath)
+	}
+	args = append(args, "--")
+	args = append(args, l.GetCommand()...)
+	cmd = exec.Command(x.opts.Shim[0], args...)
+	cmd.Env = rankEnv(x.opts.Node, x.clusterID(), x.opts.Env, l, r)
+	if cred != nil {
+		cmd.Env = append(cmd.Env, cred.env()...)
+	}
+	// Its own session: the shim and the rank outlive nodemon, and no
+	// signal meant for nodemon's group reaches them.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	return cmd, cgDir
+}
+
+// startShim starts cmd and waits for the shim's hello: the rank's pid, or
+// why it did not start (then the shim is gone when it returns).
+func (x *Executor) startShim(cmd *exec.Cmd) (shimHello, error) {
+	hr, hw, err := os.Pipe()
+	if err != nil {
+		return shimHello{}, err
+	}
+	defer hr.Close()
+	cmd.ExtraFiles = []*os.File{hw}
+	err = cmd.Start()
+	hw.Close()
+	if err != nil {
+		return shimHello{}, fmt.Errorf("start rank shim %s: %w", x.opts.Shim[0], err)
+	}
+	hr.SetReadDeadline(time.Now().Add(15 * time.Second))
+	b, rerr := bufio.NewReader(io.LimitReader(hr, 64<<10)).ReadBytes('\n')
+	if rerr == io.EOF {
+		rerr = nil // the shim exited without a whole line; b says what it got
+	}
+	var h shimHello
+	if jerr := json.Unmarshal(b, &h); rerr == nil && jerr == nil && h.Error == "" && h.PID > 0 {
+		return h, nil
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	switch {
+	case h.Error != "":
+		return h, errors.New(h.Error)
+	case rerr != nil:
+		return h, fmt.Errorf("rank shim did not report the rank's pid: %w", rerr)
+	}
+	return h, fmt.Errorf("rank shim exited without starting the rank (%q)", strings.TrimSpace(string(b)))
 }
 
 // exited reports a rank's exit once, from the status its shim wrote.
