@@ -524,3 +524,46 @@ func TestEventsFollowRanksJSON(t *testing.T) {
 		t.Fatal(strings.Join(wrong, "\n"))
 	}
 }
+
+// TestClosedExecutorAnswers: once closed, the owner is gone, and every
+// request is answered at once (shutting down, or nothing) rather than
+// waiting for it; the ranks it knew keep running.
+func TestClosedExecutorAnswers(t *testing.T) {
+	e := newTestExecutor(t, "")
+	if err := e.x.Launch(sleepJob("closed", 1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	rec := rankRec(t, e.x, "closed", 0)
+	killOnCleanup(t, rec.PID)
+	e.x.Close()
+	answered := make(chan error, 1)
+	go func() {
+		errLaunch := e.x.Launch(sleepJob("closed", 2, 1))
+		errSignal := e.x.Signal(&api.SignalRanks{Job: "closed", Signal: "SIGTERM"})
+		if _, err := e.x.Fence(&api.SignalRanks{Job: "closed", Attempt: 1}); err == nil || errLaunch == nil || errSignal == nil {
+			answered <- fmt.Errorf("launch %v, signal %v, fence %v: want each refused", errLaunch, errSignal, err)
+			return
+		}
+		if !strings.Contains(errLaunch.Error(), "shutting down") {
+			answered <- fmt.Errorf("launch after Close: %v, want it to say nodemon is shutting down", errLaunch)
+			return
+		}
+		if st := e.x.RankStatuses(); len(st) != 0 {
+			answered <- fmt.Errorf("rank statuses after Close: %v", st)
+			return
+		}
+		e.x.StopAll(time.Second)
+		answered <- nil
+	}()
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a request to a closed executor was not answered within 10s")
+	}
+	if !processAlive("/proc", rec.PID, rec.StartTicks) {
+		t.Fatalf("rank pid %d gone after Close; Close must leave ranks running", rec.PID)
+	}
+}
