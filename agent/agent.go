@@ -137,6 +137,7 @@ func New(cfg Config, p *Probes) (*Agent, error) {
 		Node: cfg.Name, DataDir: cfg.DataDir, OnEvent: a.events.add, Log: a.log,
 		LogMaxBytes: cfg.LogMaxBytes, LogKeep: cfg.LogKeep, CgroupRoot: cfg.CgroupRoot,
 		AllowRootRanks: cfg.AllowRootRanks, Env: p.rankEnv(), SlurmNode: cfg.SlurmNode,
+		BeforeLaunch: p.prepareLaunch, OnAdopt: p.attachPid,
 	})
 	if err != nil {
 		return nil, err
@@ -145,8 +146,6 @@ func New(cfg Config, p *Probes) (*Agent, error) {
 	if a.book, err = openWitnessBook(cfg.DataDir, a.log); err != nil {
 		return nil, err
 	}
-	a.exec.BeforeLaunch = p.prepareLaunch
-	a.exec.OnAdopt = p.attachPid
 	return a, nil
 }
 

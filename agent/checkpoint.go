@@ -1,18 +1,13 @@
 package agent
 
 import (
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
-
-	"github.com/gpuctl/gpuctl/api"
 )
 
 // ckptLineGrace is how long a watcher waits, after the `latest` marker
@@ -27,10 +22,9 @@ const ckptLineGrace = 3 * time.Second
 // may be shared by every node of the job, and rank 0 is the rank that
 // writes the `latest` marker, so exactly one node reports each checkpoint,
 // and a node-local directory holds a marker only on rank 0's node anyway.
+// It belongs to the executor's owner goroutine.
 type ckptWatch struct {
-	dir string
-
-	mu       sync.Mutex
+	dir      string
 	reported int64               // last step reported, or the marker when watching began; -1 none
 	noticed  map[int64]time.Time // marker steps seen whose log line has not come yet
 }
@@ -112,79 +106,4 @@ func dirSize(dir string) uint64 {
 		return nil
 	})
 	return total
-}
-
-// checkCheckpoint reports the checkpoints of job completed since the last
-// report: every step rank 0 printed a checkpoint line for up to the
-// marker, and the marker's own step. final says rank 0 has exited, so its
-// log is complete and nothing is worth waiting for.
-func (x *Executor) checkCheckpoint(job string, w *ckptWatch, p0 *rankProc, now time.Time, final bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	m, err := parseMarker(w.dir)
-	if err != nil {
-		if !errors.Is(err, fs.ErrNotExist) {
-			x.log.Debug("read checkpoint marker", "job", job, "err", err)
-		}
-		return
-	}
-	if m.attempt > p0.rec.Attempt {
-		// A newer attempt (elsewhere) committed it: not this rank's to report.
-		return
-	}
-	marker := m.step
-	if marker <= w.reported {
-		return
-	}
-	p0.pollLog(now)
-	p0.mu.Lock()
-	secs := map[int64]float64{}
-	for s, v := range p0.parser.ckptSeconds {
-		secs[s] = v
-	}
-	p0.mu.Unlock()
-	steps := []int64{marker}
-	for s := range secs {
-		if s > w.reported && s < marker {
-			steps = append(steps, s)
-		}
-	}
-	sort.Slice(steps, func(i, j int) bool { return steps[i] < steps[j] })
-	if _, ok := w.noticed[marker]; !ok {
-		w.noticed[marker] = now
-	}
-	before := w.reported
-	defer func() {
-		if w.reported == before {
-			return
-		}
-		x.mu.Lock()
-		p0.rec.CheckpointReported = w.reported
-		x.saveLocked()
-		x.mu.Unlock()
-	}()
-	for _, s := range steps {
-		sec, ok := secs[s]
-		if !ok && !final && now.Sub(w.noticed[marker]) < ckptLineGrace {
-			return
-		}
-		stepDir := filepath.Join(w.dir, "step-"+strconv.FormatInt(s, 10))
-		size := dirSize(stepDir)
-		x.opts.OnEvent(&api.Event{
-			TimeUnixNano: now.UnixNano(), Kind: api.EventKind_EVENT_KIND_CHECKPOINT, Severity: api.Severity_SEVERITY_INFO,
-			Job: job, Rank: 0, Step: s, Bytes: size, Seconds: sec,
-			Attrs:   map[string]string{"dir": stepDir, "attempt": strconv.Itoa(int(p0.rec.Attempt))},
-			Message: fmt.Sprintf("checkpoint of job %s at step %d completed: %d bytes in %.3fs", job, s, size, sec),
-		})
-		x.log.Info("checkpoint completed", "job", job, "step", s, "bytes", size, "seconds", sec)
-		w.reported = s
-		p0.mu.Lock()
-		for k := range p0.parser.ckptSeconds {
-			if k <= s {
-				delete(p0.parser.ckptSeconds, k)
-			}
-		}
-		p0.mu.Unlock()
-	}
-	clear(w.noticed)
 }

@@ -44,7 +44,7 @@ func TestCheckpointWatcherOnFakeDir(t *testing.T) {
 	check := func(final bool, want ...int64) []*api.Event {
 		t.Helper()
 		before := len(e.events.match(isCheckpoint))
-		e.x.checkCheckpoint("ck", w, p0, now, final)
+		onOwner(t, e.x, func() { e.x.checkCheckpoint("ck", w, p0, now, final) })
 		got := e.events.match(isCheckpoint)[before:]
 		var steps []int64
 		for _, ev := range got {

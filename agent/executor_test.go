@@ -101,16 +101,35 @@ func killOnCleanup(t *testing.T, pid int) {
 	t.Cleanup(func() { syscall.Kill(-pid, syscall.SIGKILL) })
 }
 
+// onOwner runs fn on x's owner goroutine, where the executor's own code
+// runs, and commits what it changed.
+func onOwner(t *testing.T, x *Executor, fn func()) {
+	t.Helper()
+	if _, err := x.do(func() (any, error) { fn(); return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rankRec is what the executor keeps of a rank it knows.
+func rankRec(t *testing.T, x *Executor, job string, rank int32) rankRecord {
+	t.Helper()
+	var rec *rankRecord
+	onOwner(t, x, func() {
+		if p := x.ranks[job][rank]; p != nil {
+			r := p.rec
+			rec = &r
+		}
+	})
+	if rec == nil {
+		t.Fatalf("no rank %d of job %s", rank, job)
+	}
+	return *rec
+}
+
 // rankPID is the pid of a rank the executor knows.
 func rankPID(t *testing.T, x *Executor, job string, rank int32) int {
 	t.Helper()
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	p := x.ranks[job][rank]
-	if p == nil {
-		t.Fatalf("no rank %d of job %s", rank, job)
-	}
-	return p.rec.PID
+	return rankRec(t, x, job, rank).PID
 }
 
 func sleepJob(job string, attempt uint32, ranks ...int32) *api.LaunchRanks {
@@ -300,8 +319,8 @@ func TestAdoptionAfterRestart(t *testing.T) {
 		t.Fatalf("exit of the adopted rank = %v, want its real status (SIGTERM) from the shim", exit)
 	}
 	// Reported once, and only by the live executor, even after more polls.
-	second.x.pollOnce(time.Now())
-	second.x.pollOnce(time.Now())
+	onOwner(t, second.x, func() { second.x.poll(time.Now()) })
+	onOwner(t, second.x, func() { second.x.poll(time.Now()) })
 	if n := len(second.events.match(isExit("adopt", 0))); n != 1 {
 		t.Fatalf("%d exit events, want 1", n)
 	}
@@ -326,9 +345,7 @@ func TestRankKilledWhileNodemonDownIsLost(t *testing.T) {
 		pids = append(pids, pid)
 		killOnCleanup(t, pid)
 	}
-	first.x.mu.Lock()
-	shim := first.x.ranks["lost"][1].rec
-	first.x.mu.Unlock()
+	shim := rankRec(t, first.x, "lost", 1)
 	crash(first)
 	syscall.Kill(-pids[1], syscall.SIGKILL)
 	eventually(t, "rank 1's shim gone", 10*time.Second, func() bool {
@@ -361,17 +378,15 @@ func TestShimKilledTakesItsRankAlong(t *testing.T) {
 	if err := e.x.Launch(sleepJob("orphan", 1, 0)); err != nil {
 		t.Fatal(err)
 	}
-	e.x.mu.Lock()
-	p := e.x.ranks["orphan"][0]
-	e.x.mu.Unlock()
-	killOnCleanup(t, p.rec.PID)
-	syscall.Kill(p.rec.ShimPID, syscall.SIGKILL)
+	rec := rankRec(t, e.x, "orphan", 0)
+	killOnCleanup(t, rec.PID)
+	syscall.Kill(rec.ShimPID, syscall.SIGKILL)
 	ev := e.events.waitFor(t, "exit", isExit("orphan", 0))
 	if ev.Signal != "SIGKILL" {
 		t.Fatalf("exit = %v", ev)
 	}
 	eventually(t, "the rank gone with its shim", 5*time.Second, func() bool {
-		return !processAlive("/proc", p.rec.PID, p.rec.StartTicks)
+		return !processAlive("/proc", rec.PID, rec.StartTicks)
 	})
 }
 
@@ -465,4 +480,90 @@ func TestJobCgroupsV2(t *testing.T) {
 		_, err := os.Stat(filepath.Join(root, "gpuctl", "cgv2"))
 		return os.IsNotExist(err)
 	})
+}
+
+// TestEventsFollowRanksJSON: a rank's start is reported only once
+// ranks.json lists it, and its exit only once ranks.json no longer does,
+// so a nodemon that dies right after reporting either finds, on restart,
+// exactly the ranks the server was told run.
+func TestEventsFollowRanksJSON(t *testing.T) {
+	dir := t.TempDir()
+	var mu sync.Mutex
+	var wrong []string
+	listed := func(job string) bool {
+		b, err := os.ReadFile(filepath.Join(dir, "ranks.json"))
+		return err == nil && strings.Contains(string(b), `"job": "`+job+`"`)
+	}
+	e := newTestExecutor(t, dir, func(o *ExecutorOptions) {
+		events := o.OnEvent
+		o.OnEvent = func(ev *api.Event) {
+			switch {
+			case ev.GetJob() != "json":
+			case ev.GetKind() == api.EventKind_EVENT_KIND_JOB && !listed("json"):
+				mu.Lock()
+				wrong = append(wrong, "start reported before ranks.json lists the rank: "+ev.GetMessage())
+				mu.Unlock()
+			case ev.GetKind() == api.EventKind_EVENT_KIND_PROCESS_EXIT && listed("json"):
+				mu.Lock()
+				wrong = append(wrong, "exit reported while ranks.json still lists the rank: "+ev.GetMessage())
+				mu.Unlock()
+			}
+			events(ev)
+		}
+	})
+	if err := e.x.Launch(sleepJob("json", 1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.x.Signal(&api.SignalRanks{Job: "json", Signal: "SIGKILL"}); err != nil {
+		t.Fatal(err)
+	}
+	e.events.waitFor(t, "exit", isExit("json", 0))
+	mu.Lock()
+	defer mu.Unlock()
+	if len(wrong) > 0 {
+		t.Fatal(strings.Join(wrong, "\n"))
+	}
+}
+
+// TestClosedExecutorAnswers: once closed, the owner is gone, and every
+// request is answered at once (shutting down, or nothing) rather than
+// waiting for it; the ranks it knew keep running.
+func TestClosedExecutorAnswers(t *testing.T) {
+	e := newTestExecutor(t, "")
+	if err := e.x.Launch(sleepJob("closed", 1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	rec := rankRec(t, e.x, "closed", 0)
+	killOnCleanup(t, rec.PID)
+	e.x.Close()
+	answered := make(chan error, 1)
+	go func() {
+		errLaunch := e.x.Launch(sleepJob("closed", 2, 1))
+		errSignal := e.x.Signal(&api.SignalRanks{Job: "closed", Signal: "SIGTERM"})
+		if _, err := e.x.Fence(&api.SignalRanks{Job: "closed", Attempt: 1}); err == nil || errLaunch == nil || errSignal == nil {
+			answered <- fmt.Errorf("launch %v, signal %v, fence %v: want each refused", errLaunch, errSignal, err)
+			return
+		}
+		if !strings.Contains(errLaunch.Error(), "shutting down") {
+			answered <- fmt.Errorf("launch after Close: %v, want it to say nodemon is shutting down", errLaunch)
+			return
+		}
+		if st := e.x.RankStatuses(); len(st) != 0 {
+			answered <- fmt.Errorf("rank statuses after Close: %v", st)
+			return
+		}
+		e.x.StopAll(time.Second)
+		answered <- nil
+	}()
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a request to a closed executor was not answered within 10s")
+	}
+	if !processAlive("/proc", rec.PID, rec.StartTicks) {
+		t.Fatalf("rank pid %d gone after Close; Close must leave ranks running", rec.PID)
+	}
 }

@@ -210,9 +210,7 @@ func TestLeftoverLeaseFilesAreCleaned(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	first.x.mu.Lock()
-	kept, gone := first.x.ranks["kept"][0].rec, first.x.ranks["gone"][1].rec
-	first.x.mu.Unlock()
+	kept, gone := rankRec(t, first.x, "kept", 0), rankRec(t, first.x, "gone", 1)
 	killOnCleanup(t, kept.PID)
 	killOnCleanup(t, gone.PID)
 	run := filepath.Join(dir, "run")

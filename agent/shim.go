@@ -58,169 +58,258 @@ type shimStatus struct {
 // returns the process exit status. Its own diagnostics go to stderr before
 // the log is open, and into the rank log after.
 func RunShim(args []string, stderr io.Writer) int {
+	f, err := parseShimFlags(args, stderr)
+	if err != nil {
+		return 2
+	}
+	s := &shim{flags: f, stderr: stderr, hello: helloPipe(f.helloFD)}
+	if err := s.prepare(); err != nil {
+		return s.fail(err)
+	}
+	if s.log, err = openRotating(f.log, f.maxBytes, f.keep, s.cred); err != nil {
+		return s.fail(err)
+	}
+	defer s.log.Close()
+	survivePassedUSR1()
+	// Pdeathsig is tied to the thread that starts the child: keep this
+	// goroutine on its thread for the shim's life so the rank dies with
+	// the shim and never with an idle runtime thread.
+	runtime.LockOSThread()
+	if err := s.start(); err != nil {
+		return s.fail(err)
+	}
+	s.passOnSignals()
+	s.holdToLease()
+	status := s.wait()
+	s.reapLeftovers()
+	return s.report(status)
+}
+
+// shimFlags is the shim's command line.
+type shimFlags struct {
+	log, status, exe, cgroup string
+	maxBytes                 int64
+	keep, helloFD            int
+	uid, gid                 int
+	groups, dir, lease       string
+	exitCode                 bool
+	argv                     []string
+}
+
+func parseShimFlags(args []string, stderr io.Writer) (shimFlags, error) {
 	fs := flag.NewFlagSet(ShimCommand, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var (
-		logPath    = fs.String("log", "", "rank log file")
-		statusPath = fs.String("status", "", "file the exit status is written to")
-		exe        = fs.String("exe", "", "resolved path of the command (default: looked up from its first word)")
-		maxBytes   = fs.Int64("log-max-bytes", DefaultLogMaxBytes, "rotate the log past this size")
-		keep       = fs.Int("log-keep", DefaultLogKeep, "rotated log files kept")
-		cgroup     = fs.String("cgroup", "", "cgroup v2 directory to start the rank in")
-		helloFD    = fs.Int("hello-fd", -1, "inherited pipe to report the rank's pid on")
-		uid        = fs.Int("uid", -1, "user id to run the rank as (default: the shim's own)")
-		gid        = fs.Int("gid", -1, "group id to run the rank as (with --uid)")
-		groups     = fs.String("groups", "", "supplementary group ids, comma-separated (with --uid)")
-		dir        = fs.String("dir", "", "working directory of the rank (default: the shim's)")
-		leasePath  = fs.String("lease", "", "lease file: the rank is stopped once the deadline in it has passed")
-		exitCode   = fs.Bool("exit-code", false, "exit with the rank's status (128+signal when killed), for Slurm to see")
-	)
+	var f shimFlags
+	fs.StringVar(&f.log, "log", "", "rank log file")
+	fs.StringVar(&f.status, "status", "", "file the exit status is written to")
+	fs.StringVar(&f.exe, "exe", "", "resolved path of the command (default: looked up from its first word)")
+	fs.Int64Var(&f.maxBytes, "log-max-bytes", DefaultLogMaxBytes, "rotate the log past this size")
+	fs.IntVar(&f.keep, "log-keep", DefaultLogKeep, "rotated log files kept")
+	fs.StringVar(&f.cgroup, "cgroup", "", "cgroup v2 directory to start the rank in")
+	fs.IntVar(&f.helloFD, "hello-fd", -1, "inherited pipe to report the rank's pid on")
+	fs.IntVar(&f.uid, "uid", -1, "user id to run the rank as (default: the shim's own)")
+	fs.IntVar(&f.gid, "gid", -1, "group id to run the rank as (with --uid)")
+	fs.StringVar(&f.groups, "groups", "", "supplementary group ids, comma-separated (with --uid)")
+	fs.StringVar(&f.dir, "dir", "", "working directory of the rank (default: the shim's)")
+	fs.StringVar(&f.lease, "lease", "", "lease file: the rank is stopped once the deadline in it has passed")
+	fs.BoolVar(&f.exitCode, "exit-code", false, "exit with the rank's status (128+signal when killed), for Slurm to see")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return f, err
 	}
-	argv := fs.Args()
-	// nodemon passes a pipe to say hello on; a shim started by hand has
-	// none.
-	var hello *os.File
-	if *helloFD > 2 {
-		// Inherited without close-on-exec: set it, or the rank would hold
-		// the pipe open too.
-		syscall.CloseOnExec(*helloFD)
-		hello = os.NewFile(uintptr(*helloFD), "hello")
+	f.argv = fs.Args()
+	return f, nil
+}
+
+// shim is one run of the rank shim: what each step leaves for the next.
+type shim struct {
+	flags  shimFlags
+	stderr io.Writer
+	// hello is the pipe nodemon waits on for the rank's pid; nil once
+	// said, or for a shim started by hand.
+	hello *os.File
+	lease *leaseWatch
+	cred  *syscall.Credential
+	log   *rotatingWriter
+
+	cmd   *exec.Cmd
+	pid   int
+	cgErr error // why the rank is not in its cgroup
+	// output is the rank's stdout and stderr; copied is closed once all
+	// of it is in the log.
+	output *os.File
+	copied chan struct{}
+	// stopped is the first termination signal passed on to the rank;
+	// fenced why the lease stopped it; rankDone is closed once it exited.
+	stopped  chan string
+	fenced   chan string
+	rankDone chan struct{}
+}
+
+// helloPipe is the pipe nodemon passes to say hello on (fd > 2).
+func helloPipe(fd int) *os.File {
+	if fd <= 2 {
+		return nil
 	}
-	say := func(h shimHello) {
-		if hello == nil {
-			return
-		}
-		b, _ := json.Marshal(h)
-		hello.Write(append(b, '\n'))
-		hello.Close()
-		hello = nil
+	// Inherited without close-on-exec: set it, or the rank would hold the
+	// pipe open too.
+	syscall.CloseOnExec(fd)
+	return os.NewFile(uintptr(fd), "hello")
+}
+
+// say writes the hello line, once.
+func (s *shim) say(h shimHello) {
+	if s.hello == nil {
+		return
 	}
-	fail := func(format string, a ...any) int {
-		msg := fmt.Sprintf(format, a...)
-		fmt.Fprintln(stderr, "rank-shim:", msg)
-		say(shimHello{Error: msg})
-		return 2
+	b, _ := json.Marshal(h)
+	s.hello.Write(append(b, '\n'))
+	s.hello.Close()
+	s.hello = nil
+}
+
+// fail reports why the rank did not start, to stderr and on the hello
+// pipe, and returns the shim's exit status.
+func (s *shim) fail(err error) int {
+	fmt.Fprintln(s.stderr, "rank-shim:", err)
+	s.say(shimHello{Error: err.Error()})
+	return 2
+}
+
+// note writes a line of gpuctl's own into the rank log.
+func (s *shim) note(format string, a ...any) {
+	fmt.Fprintf(s.log, "gpuctl: "+format+"\n", a...)
+}
+
+// prepare checks the command line and resolves what the rank needs: its
+// executable, its lease, its credentials.
+func (s *shim) prepare() error {
+	f := &s.flags
+	if f.log == "" || f.status == "" || len(f.argv) == 0 {
+		return fmt.Errorf("usage: %s --log FILE --status FILE [--exe PATH] [--cgroup DIR] -- COMMAND [ARG…]", ShimCommand)
 	}
-	if *logPath == "" || *statusPath == "" || len(argv) == 0 {
-		return fail("usage: %s --log FILE --status FILE [--exe PATH] [--cgroup DIR] -- COMMAND [ARG…]", ShimCommand)
-	}
-	if *exe == "" {
-		p, err := exec.LookPath(argv[0])
+	if f.exe == "" {
+		p, err := exec.LookPath(f.argv[0])
 		if err != nil {
-			return fail("command %q: %v", argv[0], err)
+			return fmt.Errorf("command %q: %v", f.argv[0], err)
 		}
-		*exe = p
+		f.exe = p
 	}
-	var lease *leaseWatch
-	if *leasePath != "" {
+	if f.lease != "" {
 		// A rank is never started without a lease it can be held to.
-		lease = &leaseWatch{path: *leasePath}
-		if lease.expired(time.Now()); lease.readErr != nil {
-			return fail("%v", lease.readErr)
+		s.lease = &leaseWatch{path: f.lease}
+		if s.lease.expired(time.Now()); s.lease.readErr != nil {
+			return s.lease.readErr
 		}
 	}
-	cred, err := shimCredential(*uid, *gid, *groups)
-	if err != nil {
-		return fail("%v", err)
-	}
-	w, err := openRotating(*logPath, *maxBytes, *keep, cred)
-	if err != nil {
-		return fail("%v", err)
-	}
-	defer w.Close()
-	note := func(format string, a ...any) {
-		fmt.Fprintf(w, "gpuctl: "+format+"\n", a...)
-	}
-	// Under Slurm, scancel --signal=USR1 (a checkpoint request) reaches
-	// every process of the step, this shim too: the rank gets its own
-	// copy, and the shim must not die of it (USR1's default action).
+	var err error
+	s.cred, err = shimCredential(f.uid, f.gid, f.groups)
+	return err
+}
+
+// survivePassedUSR1 keeps the shim alive through SIGUSR1: under Slurm,
+// scancel --signal=USR1 (a checkpoint request) reaches every process of
+// the step, this shim too; the rank gets its own copy, and the shim must
+// not die of it (USR1's default action).
+func survivePassedUSR1() {
 	usr1 := make(chan os.Signal, 1)
 	signal.Notify(usr1, syscall.SIGUSR1)
 	go func() {
 		for range usr1 {
 		}
 	}()
-	// Pdeathsig is tied to the thread that starts the child: keep this
-	// goroutine on its thread for the shim's life so the rank dies with
-	// the shim and never with an idle runtime thread.
-	runtime.LockOSThread()
+}
+
+// start starts the rank with its output copied into the log, and
+// says its pid on the hello pipe.
+func (s *shim) start() error {
 	pr, pw, err := os.Pipe()
 	if err != nil {
-		return fail("output pipe: %v", err)
+		return fmt.Errorf("output pipe: %v", err)
 	}
-	cmd, cgErr, err := startRank(*exe, argv, pw, *cgroup, cred, *dir)
+	s.cmd, s.cgErr, err = startRank(s.flags.exe, s.flags.argv, pw, s.flags.cgroup, s.cred, s.flags.dir)
 	pw.Close()
 	if err != nil {
 		pr.Close()
-		note("rank could not start: %v", err)
-		return fail("start %s: %v", argv[0], err)
+		s.note("rank could not start: %v", err)
+		return fmt.Errorf("start %s: %v", s.flags.argv[0], err)
 	}
-	pid := cmd.Process.Pid
-	st, err := procfs.ReadStat("/proc", pid)
+	s.pid = s.cmd.Process.Pid
+	st, err := procfs.ReadStat("/proc", s.pid)
 	if err != nil {
 		// Not reaped yet, so its /proc entry exists; this cannot fail short
 		// of /proc missing.
-		return fail("read start time of rank pid %d: %v", pid, err)
+		return fmt.Errorf("read start time of rank pid %d: %v", s.pid, err)
 	}
 	// gpuctl's own line is escaped always: the command comes from the job
 	// file, and `gpuctl logs --raw` must not pass it to a terminal as
 	// gpuctl's word.
-	note("rank %s of job %s (attempt %s) started: pid %d: %s", os.Getenv("RANK"), os.Getenv("GPUCTL_JOB"),
-		os.Getenv("GPUCTL_ATTEMPT"), pid, api.EscapeText(strings.Join(argv, " ")))
-	h := shimHello{PID: pid, StartTicks: st.StartTicks}
-	if cgErr != nil {
-		h.CgroupError = cgErr.Error()
-		note("rank runs outside its cgroup: %v", cgErr)
+	s.note("rank %s of job %s (attempt %s) started: pid %d: %s", os.Getenv("RANK"), os.Getenv("GPUCTL_JOB"),
+		os.Getenv("GPUCTL_ATTEMPT"), s.pid, api.EscapeText(strings.Join(s.flags.argv, " ")))
+	h := shimHello{PID: s.pid, StartTicks: st.StartTicks}
+	if s.cgErr != nil {
+		h.CgroupError = s.cgErr.Error()
+		s.note("rank runs outside its cgroup: %v", s.cgErr)
 	}
-	say(h)
-
-	copied := make(chan struct{})
+	s.say(h)
+	s.output, s.copied = pr, make(chan struct{})
 	go func() {
-		io.Copy(w, pr)
-		close(copied)
+		io.Copy(s.log, pr)
+		close(s.copied)
 	}()
-	// Termination signals sent to the shim itself are passed on, so no one
-	// can stop the shim and leave the rank behind.
+	return nil
+}
+
+// inCgroup says whether the rank runs in the cgroup it was given.
+func (s *shim) inCgroup() bool { return s.flags.cgroup != "" && s.cgErr == nil }
+
+// passOnSignals passes termination signals sent to the shim itself on to
+// the rank's group, so no one can stop the shim and leave the rank behind.
+func (s *shim) passOnSignals() {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	stopped := make(chan string, 1)
+	s.stopped = make(chan string, 1)
 	go func() {
-		for s := range sigs {
+		for sig := range sigs {
 			select {
-			case stopped <- signalName(s.(syscall.Signal)):
+			case s.stopped <- signalName(sig.(syscall.Signal)):
 			default:
 			}
-			syscall.Kill(-pid, s.(syscall.Signal))
+			syscall.Kill(-s.pid, sig.(syscall.Signal))
 		}
 	}()
-	rankDone := make(chan struct{})
-	fenced := make(chan string, 1)
-	if lease != nil {
-		go enforceLease(lease, pid, *cgroup != "" && cgErr == nil, *cgroup, rankDone, fenced, note)
+}
+
+// holdToLease stops the rank once its lease has passed, when it has one.
+func (s *shim) holdToLease() {
+	s.rankDone, s.fenced = make(chan struct{}), make(chan string, 1)
+	if s.lease != nil {
+		go enforceLease(s.lease, s.pid, s.inCgroup(), s.flags.cgroup, s.rankDone, s.fenced, s.note)
 	}
-	waitErr := cmd.Wait()
-	close(rankDone)
-	status := shimStatus{RankPID: pid, EndedUnixNano: time.Now().UnixNano()}
+}
+
+// wait waits for the rank and says how it ended.
+func (s *shim) wait() shimStatus {
+	waitErr := s.cmd.Wait()
+	close(s.rankDone)
+	status := shimStatus{RankPID: s.pid, EndedUnixNano: time.Now().UnixNano()}
 	select {
-	case status.Fenced = <-fenced:
+	case status.Fenced = <-s.fenced:
 	default:
 		// A rank that ended on its own once its lease had passed (a peer's
 		// shim stopped the peer, and the gang stopped with it) ended
 		// fenced too: its attempt did not finish.
-		if lease != nil && lease.expired(time.Now()) {
-			status.Fenced = fmt.Sprintf("lease expired at %s, before the rank ended", lease.deadline.UTC().Format(time.RFC3339Nano))
+		if s.lease != nil && s.lease.expired(time.Now()) {
+			status.Fenced = fmt.Sprintf("lease expired at %s, before the rank ended", s.lease.deadline.UTC().Format(time.RFC3339Nano))
 		}
 	}
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+	if ws, ok := s.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		status.ExitCode, status.Signal, status.CoreDumped = -1, signalName(ws.Signal()), ws.CoreDump()
 	} else {
-		status.ExitCode = cmd.ProcessState.ExitCode()
+		status.ExitCode = s.cmd.ProcessState.ExitCode()
 	}
-	if *exitCode {
+	if s.flags.exitCode {
 		select {
-		case status.Stopped = <-stopped:
+		case status.Stopped = <-s.stopped:
 		default:
 		}
 	}
@@ -228,40 +317,50 @@ func RunShim(args []string, stderr io.Writer) int {
 	if waitErr != nil && !errors.As(waitErr, &exitErr) {
 		status.Error = waitErr.Error()
 	}
-	// Whatever the rank left running in its group or cgroup goes with it:
-	// a rank's helpers must not outlive it and hold its GPUs.
-	syscall.Kill(-pid, syscall.SIGKILL)
-	if *cgroup != "" && cgErr == nil {
-		killCgroup(*cgroup)
+	return status
+}
+
+// reapLeftovers kills whatever the rank left running in its group or
+// cgroup (a rank's helpers must not outlive it and hold its GPUs), and
+// waits for the rest of its output.
+func (s *shim) reapLeftovers() {
+	syscall.Kill(-s.pid, syscall.SIGKILL)
+	if s.inCgroup() {
+		killCgroup(s.flags.cgroup)
 	}
 	select {
-	case <-copied:
+	case <-s.copied:
 	case <-time.After(2 * time.Second):
 		// A process outside the group still holds the pipe open.
-		pr.Close()
-		<-copied
+		s.output.Close()
+		<-s.copied
 	}
-	pr.Close()
+	s.output.Close()
+}
+
+// report writes how the rank ended into its log and its status file,
+// and returns the shim's exit status.
+func (s *shim) report(status shimStatus) int {
 	switch {
 	case status.Fenced != "":
-		note("rank %s stopped by its shim: %s", os.Getenv("RANK"), status.Fenced)
+		s.note("rank %s stopped by its shim: %s", os.Getenv("RANK"), status.Fenced)
 	case status.Signal != "":
-		note("rank %s exited: killed by %s", os.Getenv("RANK"), status.Signal)
+		s.note("rank %s exited: killed by %s", os.Getenv("RANK"), status.Signal)
 	default:
-		note("rank %s exited with code %d", os.Getenv("RANK"), status.ExitCode)
+		s.note("rank %s exited with code %d", os.Getenv("RANK"), status.ExitCode)
 	}
-	if err := writeFileAtomic(*statusPath, mustJSON(status)); err != nil {
-		note("write exit status: %v", err)
-		fmt.Fprintln(stderr, "rank-shim:", err)
+	if err := writeFileAtomic(s.flags.status, mustJSON(status)); err != nil {
+		s.note("write exit status: %v", err)
+		fmt.Fprintln(s.stderr, "rank-shim:", err)
 		return 1
 	}
-	if *exitCode {
-		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal())
-		}
-		return status.ExitCode
+	if !s.flags.exitCode {
+		return 0
 	}
-	return 0
+	if ws, ok := s.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return status.ExitCode
 }
 
 // enforceLease stops the rank (its whole process group, and its cgroup

@@ -119,12 +119,10 @@ func (x *Executor) scanSlurm(now time.Time) {
 	if err != nil {
 		return
 	}
-	x.mu.Lock()
 	known := map[int]bool{}
-	for _, p := range x.liveLocked() {
+	for _, p := range x.live() {
 		known[p.rec.ShimPID], known[p.rec.PID] = true, true
 	}
-	x.mu.Unlock()
 	children := map[int][]procfs.Stat{}
 	var tasks []procfs.Stat
 	for _, e := range ents {
@@ -169,18 +167,12 @@ func (x *Executor) scanSlurm(now time.Time) {
 }
 
 func (x *Executor) adoptSlurm(rec rankRecord, slurmJob string, now time.Time) {
+	if old := x.ranks[rec.Job][rec.Rank]; old != nil && !old.exited() {
+		return
+	}
 	p := &rankProc{rec: rec, adopted: true, done: make(chan struct{}), tail: openLogTail(rec.LogPath), parser: newLogParser()}
 	if err := p.tail.catchUp(p.parser, rec.PID, now); err != nil {
 		x.log.Warn("read Slurm rank's log", "job", rec.Job, "rank", rec.Rank, "err", err)
-	}
-	x.mu.Lock()
-	if x.closed {
-		x.mu.Unlock()
-		return
-	}
-	if old := x.ranks[rec.Job][rec.Rank]; old != nil && !old.exited() {
-		x.mu.Unlock()
-		return
 	}
 	if x.ranks[rec.Job] == nil {
 		x.ranks[rec.Job] = map[int32]*rankProc{}
@@ -191,16 +183,17 @@ func (x *Executor) adoptSlurm(rec rankRecord, slurmJob string, now time.Time) {
 		x.ckpt[rec.Job] = w
 		p.rec.CheckpointReported = w.reported
 	}
-	x.saveLocked()
-	x.mu.Unlock()
-	if x.OnAdopt != nil {
-		x.OnAdopt(rec.PID)
-	}
+	x.pass.save = true
+	x.act(func() { x.opts.OnAdopt(rec.PID) })
 	x.log.Info("Slurm rank found", "job", rec.Job, "slurm_job", slurmJob, "rank", rec.Rank, "pid", rec.PID, "attempt", rec.Attempt)
-	x.opts.OnEvent(&api.Event{
+	x.raise(&api.Event{
 		TimeUnixNano: now.UnixNano(), Kind: api.EventKind_EVENT_KIND_JOB, Severity: api.Severity_SEVERITY_INFO,
 		Pid: uint32(rec.PID), Job: rec.Job, Rank: rec.Rank,
 		Attrs:   map[string]string{"attempt": strconv.Itoa(int(rec.Attempt)), "slurm_job": slurmJob},
 		Message: fmt.Sprintf("rank %d started (pid %d, attempt %d, Slurm job %s)", rec.Rank, rec.PID, rec.Attempt, slurmJob),
 	})
 }
+
+// SlurmScanEvery is how often nodemon --slurm-node looks for new Slurm
+// tasks in /proc (at most its poll).
+const SlurmScanEvery = 250 * time.Millisecond

@@ -158,8 +158,8 @@ func TestScanSlurmAdoptsThisNodesTasks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer x.Close()
-	x.scanSlurm(time.Now())
-	x.scanSlurm(time.Now())
+	onOwner(t, x, func() { x.scanSlurm(time.Now()) })
+	onOwner(t, x, func() { x.scanSlurm(time.Now()) })
 	got := map[string]uint32{}
 	for _, e := range events {
 		got[fmt.Sprintf("%s/%d", e.GetJob(), e.GetRank())] = e.GetPid()
@@ -171,5 +171,51 @@ func TestScanSlurmAdoptsThisNodesTasks(t *testing.T) {
 	st := x.RankStatuses()
 	if len(st) != 2 || st[0].GetJob() != "j-1" || st[0].GetAttempt() != 2 || st[1].GetJob() != "slurm-7" {
 		t.Fatalf("rank statuses %v", st)
+	}
+}
+
+// TestSlurmScanHearsCallbacksGivenAtConstruction: the executor's monitor
+// scans for Slurm tasks from its first tick, so the callbacks it calls
+// (OnAdopt, and BeforeLaunch on a launch at the same time) are given with
+// the options; under -race, a callback assigned after NewExecutor is a
+// data race with that scan.
+func TestSlurmScanHearsCallbacksGivenAtConstruction(t *testing.T) {
+	root := t.TempDir()
+	fakeProc(t, root, 100, 1, "slurmstepd", nil)
+	fakeProc(t, root, 101, 100, "sh", map[string]string{"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURMD_NODENAME": "node2"})
+	adopted := make(chan int, 1)
+	launching := make(chan string, 1)
+	x, err := NewExecutor(ExecutorOptions{Node: "node2", DataDir: t.TempDir(), ProcRoot: root, SlurmNode: "node2",
+		Poll: time.Millisecond, CgroupRoot: "off", AllowRootRanks: true,
+		OnAdopt:      func(pid int) { adopted <- pid },
+		BeforeLaunch: func(l *api.LaunchRanks) { launching <- l.GetJob() },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Only the rank launched here: pid 101 is a /proc of the test's own.
+		x.Stop("j-1", nil, time.Second)
+		x.Close()
+	})
+	launched := make(chan error, 1)
+	go func() { launched <- x.Launch(sleepJob("j-1", 1, 0)) }()
+	deadline := time.After(10 * time.Second)
+	for got := 0; got < 2; got++ {
+		select {
+		case pid := <-adopted:
+			if pid != 101 {
+				t.Fatalf("OnAdopt heard pid %d, want 101 (the Slurm task)", pid)
+			}
+		case job := <-launching:
+			if job != "j-1" {
+				t.Fatalf("BeforeLaunch heard job %q, want j-1", job)
+			}
+		case <-deadline:
+			t.Fatal("no OnAdopt and BeforeLaunch within 10s of NewExecutor")
+		}
+	}
+	if err := <-launched; err != nil {
+		t.Fatal(err)
 	}
 }
