@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/carbon"
 	"github.com/gpuctl/gpuctl/scheduler/trace"
 )
 
@@ -153,5 +154,63 @@ func BenchmarkSimulatePhilly(b *testing.B) {
 			b.ReportMetric(sec, "s/replay")
 			b.ReportMetric(float64(len(jobs))/sec, "jobs/s")
 		})
+	}
+}
+
+// twoSiteIntensity: site=solar is 450 gCO2e/kWh except a 100 dip from 10:00
+// to 16:00 UTC; site=grid is 300 all day.
+func twoSiteIntensity(t testing.TB) *carbon.Intensities {
+	solar := "site=solar" + strings.Repeat(" 450", 10) + strings.Repeat(" 100", 6) + strings.Repeat(" 450", 8)
+	in, err := carbon.Parse(strings.NewReader(solar+"\nsite=grid"+strings.Repeat(" 300", 24)+"\n"), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
+func TestRunCarbonAccounting(t *testing.T) {
+	in := twoSiteIntensity(t)
+	// One 8-GPU job for an hour from 00:00 on the solar site (node0000):
+	// 8 × 0.7 kW × 1 h = 5.6 kWh at 450 g/kWh.
+	jobs := []trace.Job{{ID: "a", GPUs: 8, Runtime: 3600}}
+	r := run(t, jobs, Config{Nodes: 2, GPUsPerNode: 8, Policy: scheduler.FIFO{}, Sites: []string{"solar", "grid"}, Intensity: in})
+	if !near(r.EnergyKWh, 5.6) || !near(r.KgCO2e, 5.6*0.45) {
+		t.Fatalf("energy %g kWh, %g kgCO2e", r.EnergyKWh, r.KgCO2e)
+	}
+	// No curve: energy, and no emissions.
+	r = run(t, jobs, Config{Nodes: 2, GPUsPerNode: 8, Policy: scheduler.FIFO{}})
+	if !near(r.EnergyKWh, 5.6) || r.KgCO2e != 0 {
+		t.Fatalf("without a curve: energy %g kWh, %g kgCO2e", r.EnergyKWh, r.KgCO2e)
+	}
+}
+
+func TestRunCarbonAwareDefers(t *testing.T) {
+	in := twoSiteIntensity(t)
+	// Both jobs arrive at 06:00 and run an hour; "d" may wait 12 h. Two
+	// nodes, one a site, so each job fits on either.
+	jobs := []trace.Job{{ID: "d", Submit: 6 * 3600, GPUs: 8, Runtime: 3600}, {ID: "n", Submit: 6 * 3600, GPUs: 8, Runtime: 3600}}
+	cfg := Config{Nodes: 2, GPUsPerNode: 8, Sites: []string{"solar", "grid"}, Intensity: in, Deferrable: 1, Seed: 1}
+	cfg.Policy = scheduler.WithCarbon(scheduler.FIFO{}, in)
+	// Every job deferrable: both wait for 10:00 on the solar site.
+	r := run(t, jobs, cfg)
+	if r.DeferrableJobs != 2 || r.MissedDeadlines != 0 || r.Holds == 0 {
+		t.Fatalf("deferred %d, holds %d, missed %d", r.DeferrableJobs, r.Holds, r.MissedDeadlines)
+	}
+	// Both wait for 10:00; the solar node takes one, and the other, seeing
+	// no cleaner window left than the grid site now, runs there (the rule
+	// does not count capacity): 100 + 300 g/kWh, not 450 + 300 at 06:00.
+	if !near(r.KgCO2e, 5.6*(0.1+0.3)) {
+		t.Fatalf("kgCO2e %g; want one run in the dip and one on the grid site", r.KgCO2e)
+	}
+	base := cfg
+	base.Policy = scheduler.FIFO{}
+	b := run(t, jobs, base)
+	if b.KgCO2e <= r.KgCO2e || b.Holds != 0 {
+		t.Fatalf("without the option %g kgCO2e, with it %g", b.KgCO2e, r.KgCO2e)
+	}
+	// Nothing deferrable: the option changes nothing.
+	cfg.Deferrable, base.Deferrable = 0, 0
+	if a, b := run(t, jobs, cfg), run(t, jobs, base); a.MeanJCT != b.MeanJCT || a.KgCO2e != b.KgCO2e || a.Holds != 0 {
+		t.Fatalf("no deferrable jobs, yet the option changed the run: %+v vs %+v", a, b)
 	}
 }
