@@ -28,6 +28,7 @@ import (
 	"github.com/gpuctl/gpuctl/controlplane/watch"
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/carbon"
 	"github.com/gpuctl/gpuctl/store"
 	"github.com/gpuctl/gpuctl/transport"
 )
@@ -66,6 +67,12 @@ type Config struct {
 	// Policy is the scheduling policy (scheduler.PolicyNames), default
 	// scheduler.DefaultPolicy.
 	Policy string
+	// CarbonIntensity is a carbon-intensity file (curves by node label,
+	// docs/scheduling.md); empty: none.
+	CarbonIntensity string
+	// CarbonAware holds deferrable jobs for cleaner hours or sites
+	// (scheduler.WithCarbon); it needs CarbonIntensity.
+	CarbonAware bool
 	// ValidateCommand is the short all-reduce a recovering job's new nodes
 	// run first, one rank per node (e.g. ringtrain --steps 3 --compute-ms 0
 	// --bytes 1M); empty skips it.
@@ -197,6 +204,9 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve: --policy: %w", err)
 	}
+	if policy, err = carbonPolicy(cfg, policy); err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("serve: create data dir: %w", err)
 	}
@@ -218,6 +228,30 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	return s, nil
+}
+
+// carbonPolicy loads the carbon-intensity file and, with CarbonAware,
+// wraps the policy with carbon-aware deferral.
+func carbonPolicy(cfg Config, p scheduler.Policy) (scheduler.Policy, error) {
+	if cfg.CarbonIntensity == "" {
+		if cfg.CarbonAware {
+			return nil, errors.New("--carbon-aware needs --carbon-intensity FILE: the curves it schedules by")
+		}
+		return p, nil
+	}
+	f, err := os.Open(cfg.CarbonIntensity)
+	if err != nil {
+		return nil, fmt.Errorf("--carbon-intensity: %w", err)
+	}
+	defer f.Close()
+	in, err := carbon.Parse(f, cfg.CarbonIntensity)
+	if err != nil {
+		return nil, fmt.Errorf("--carbon-intensity: %w", err)
+	}
+	if !cfg.CarbonAware {
+		return p, nil
+	}
+	return scheduler.WithCarbon(p, in), nil
 }
 
 // newServer wires the parts over an open store.
