@@ -7295,7 +7295,12 @@ type Job struct {
 	SlowExclusionsUnixNano []int64 `protobuf:"varint,48,rep,packed,name=slow_exclusions_unix_nano,json=slowExclusionsUnixNano,proto3" json:"slow_exclusions_unix_nano,omitempty"`
 	// Operators' acknowledgements and silences of the job's fail-slow
 	// findings (gpuctl stalls ack|silence); expired silences are dropped.
-	SlowQuiet     []*SlowQuiet `protobuf:"bytes,49,rep,name=slow_quiet,json=slowQuiet,proto3" json:"slow_quiet,omitempty"`
+	SlowQuiet []*SlowQuiet `protobuf:"bytes,49,rep,name=slow_quiet,json=slowQuiet,proto3" json:"slow_quiet,omitempty"`
+	// Emissions of the job's GPU energy: each pass's energy times the carbon
+	// intensity of its node's curve at that hour (gpuctl serve
+	// --carbon-intensity). Unset while any of its energy ran where no curve
+	// applies: unknown, not zero.
+	Co2EGrams     *float64 `protobuf:"fixed64,60,opt,name=co2e_grams,json=co2eGrams,proto3,oneof" json:"co2e_grams,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -7671,6 +7676,13 @@ func (x *Job) GetSlowQuiet() []*SlowQuiet {
 		return x.SlowQuiet
 	}
 	return nil
+}
+
+func (x *Job) GetCo2EGrams() float64 {
+	if x != nil && x.Co2EGrams != nil {
+		return *x.Co2EGrams
+	}
+	return 0
 }
 
 // JobAttempt is one launch of a job.
@@ -11852,7 +11864,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\aJobNode\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12(\n" +
-	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xc6\x0e\n" +
+	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xf9\x0e\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -11910,7 +11922,10 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\twitnesses\x18/ \x03(\tR\twitnesses\x129\n" +
 	"\x19slow_exclusions_unix_nano\x180 \x03(\x03R\x16slowExclusionsUnixNano\x123\n" +
 	"\n" +
-	"slow_quiet\x181 \x03(\v2\x14.gpuctl.v1.SlowQuietR\tslowQuiet\"\xee\x02\n" +
+	"slow_quiet\x181 \x03(\v2\x14.gpuctl.v1.SlowQuietR\tslowQuiet\x12\"\n" +
+	"\n" +
+	"co2e_grams\x18< \x01(\x01H\x00R\tco2eGrams\x88\x01\x01B\r\n" +
+	"\v_co2e_grams\"\xee\x02\n" +
 	"\n" +
 	"JobAttempt\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\rR\aattempt\x12&\n" +
@@ -12696,6 +12711,7 @@ func file_gpuctl_proto_init() {
 		(*ClientResponse_RemoveNode)(nil),
 		(*ClientResponse_Status)(nil),
 	}
+	file_gpuctl_proto_msgTypes[66].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

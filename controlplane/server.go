@@ -204,7 +204,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve: --policy: %w", err)
 	}
-	if policy, err = carbonPolicy(cfg, policy); err != nil {
+	if policy, cfg.Jobs.Intensity, err = carbonPolicy(cfg, policy); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -230,28 +230,28 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// carbonPolicy loads the carbon-intensity file and, with CarbonAware,
-// wraps the policy with carbon-aware deferral.
-func carbonPolicy(cfg Config, p scheduler.Policy) (scheduler.Policy, error) {
+// carbonPolicy loads the carbon-intensity file (for jobs' emissions) and,
+// with CarbonAware, wraps the policy with carbon-aware deferral.
+func carbonPolicy(cfg Config, p scheduler.Policy) (scheduler.Policy, *carbon.Intensities, error) {
 	if cfg.CarbonIntensity == "" {
 		if cfg.CarbonAware {
-			return nil, errors.New("--carbon-aware needs --carbon-intensity FILE: the curves it schedules by")
+			return nil, nil, errors.New("--carbon-aware needs --carbon-intensity FILE: the curves it schedules by")
 		}
-		return p, nil
+		return p, nil, nil
 	}
 	f, err := os.Open(cfg.CarbonIntensity)
 	if err != nil {
-		return nil, fmt.Errorf("--carbon-intensity: %w", err)
+		return nil, nil, fmt.Errorf("--carbon-intensity: %w", err)
 	}
 	defer f.Close()
 	in, err := carbon.Parse(f, cfg.CarbonIntensity)
 	if err != nil {
-		return nil, fmt.Errorf("--carbon-intensity: %w", err)
+		return nil, nil, fmt.Errorf("--carbon-intensity: %w", err)
 	}
-	if !cfg.CarbonAware {
-		return p, nil
+	if cfg.CarbonAware {
+		p = scheduler.WithCarbon(p, in)
 	}
-	return scheduler.WithCarbon(p, in), nil
+	return p, in, nil
 }
 
 // newServer wires the parts over an open store.
