@@ -7300,7 +7300,7 @@ type Job struct {
 	// intensity of its node's curve at that hour (gpuctl serve
 	// --carbon-intensity). Unset while any of its energy ran where no curve
 	// applies: unknown, not zero.
-	Co2EGrams     *float64 `protobuf:"fixed64,60,opt,name=co2e_grams,json=co2eGrams,proto3,oneof" json:"co2e_grams,omitempty"`
+	Co2EGrams     *float64 `protobuf:"fixed64,70,opt,name=co2e_grams,json=co2eGrams,proto3,oneof" json:"co2e_grams,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -11924,7 +11924,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\n" +
 	"slow_quiet\x181 \x03(\v2\x14.gpuctl.v1.SlowQuietR\tslowQuiet\x12\"\n" +
 	"\n" +
-	"co2e_grams\x18< \x01(\x01H\x00R\tco2eGrams\x88\x01\x01B\r\n" +
+	"co2e_grams\x18F \x01(\x01H\x00R\tco2eGrams\x88\x01\x01B\r\n" +
 	"\v_co2e_grams\"\xee\x02\n" +
 	"\n" +
 	"JobAttempt\x12\x18\n" +
