@@ -84,6 +84,8 @@ type Result struct {
 	// Intensity (GPUs on nodes without a curve add energy only).
 	EnergyKWh float64
 	KgCO2e    float64
+	// DeferrableKgCO2e is the part of KgCO2e the deferrable jobs emitted.
+	DeferrableKgCO2e float64
 	// DeferrableJobs were made deferrable; Holds counts the holds the
 	// policy decided; MissedDeadlines counts deferrable jobs that ended
 	// after their deadline.
@@ -487,7 +489,11 @@ func (s *sim) account(j *sjob, ran int64) {
 	s.res.EnergyKWh += kW * float64(ran) * float64(len(j.placement.Ranks)) / 3600
 	for _, sl := range j.placement.Ranks {
 		if c := s.curves[s.nodeIx[sl.Node]]; c != nil {
-			s.res.KgCO2e += c.Grams(kW, j.start, j.start+ran) / 1000
+			kg := c.Grams(kW, j.start, j.start+ran) / 1000
+			s.res.KgCO2e += kg
+			if j.until > 0 {
+				s.res.DeferrableKgCO2e += kg
+			}
 		}
 	}
 }

@@ -268,7 +268,7 @@ func TestCarbonAwareOnPhilly(t *testing.T) {
 	if *carbonStudy {
 		seeds = []uint64{1, 2, 3, 4, 5}
 	}
-	var saved, dMean, dP99, holds, missed []float64
+	var saved, savedDef, dMean, dP99, holds, missed []float64
 	var last studyRun
 	for _, seed := range seeds {
 		r := studyOnce(t, jobs, in, seed)
@@ -279,6 +279,7 @@ func TestCarbonAwareOnPhilly(t *testing.T) {
 			t.Errorf("seed %d: %d deferrable jobs, %d holds", seed, r.base.DeferrableJobs, r.carbon.Holds)
 		}
 		saved = append(saved, 100*(r.base.KgCO2e-r.carbon.KgCO2e)/r.base.KgCO2e)
+		savedDef = append(savedDef, 100*(r.base.DeferrableKgCO2e-r.carbon.DeferrableKgCO2e)/r.base.DeferrableKgCO2e)
 		dMean = append(dMean, 100*(r.carbon.MeanJCT-r.base.MeanJCT)/r.base.MeanJCT)
 		dP99 = append(dP99, 100*(r.carbon.P99JCT-r.base.P99JCT)/r.base.P99JCT)
 		holds = append(holds, float64(r.carbon.Holds))
@@ -300,6 +301,7 @@ func TestCarbonAwareOnPhilly(t *testing.T) {
 		v    []float64
 	}{
 		{"kgCO2e saved (%)", saved},
+		{"deferrable jobs' kgCO2e saved (%)", savedDef},
 		{"mean JCT change (%)", dMean},
 		{"p99 JCT change (%)", dP99},
 		{"holds decided", holds},
