@@ -7,7 +7,7 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 GOTEST    ?= $(GO) test -count=1 -p 1 -timeout 30m
 PKGS      := ./...
 
-.PHONY: all build workload test gpu-check gpu-check-bundle chaos soak soak-away soak-etcd bench bench-tui bench-store bench-stalls bench-failslow bench-swarm bench-estimates fuzz generate check-generated demo lint clean
+.PHONY: all build workload test gpu-check gpu-check-bundle chaos soak soak-away soak-etcd bench bench-tui bench-store bench-stalls bench-failslow bench-swarm bench-estimates bench-carbon fuzz generate check-generated demo lint clean
 
 all: build
 
@@ -115,6 +115,12 @@ SWARM_FLAGS ?=
 bench-swarm: build
 	@for n in $(SWARM_NODES); do echo "== gpuctl bench swarm --nodes $$n $(SWARM_FLAGS)"; \
 		bin/gpuctl bench swarm --nodes $$n $(SWARM_FLAGS) || exit 1; done
+
+# Carbon-aware scheduling on the Philly trace: 5 seeds of 30% deferrable
+# jobs, with and without the option, on scheduler/simulate/testdata's
+# two-site curves. Prints the table of docs/scheduling.md.
+bench-carbon:
+	$(GO) test -count=1 -timeout 10m -run '^TestCarbonAwareOnPhilly$$' -v ./scheduler/simulate -carbon-study
 
 # Every fuzz target (each `func Fuzz` in a _test.go), one at a time, for
 # FUZZTIME each. Minimizing an interesting input is capped by count, or a

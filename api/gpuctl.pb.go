@@ -7302,8 +7302,13 @@ type Job struct {
 	// ("learned: user+name, 14 jobs"; gpuctl serve --runtime-model).
 	EstimateSeconds int64  `protobuf:"varint,60,opt,name=estimate_seconds,json=estimateSeconds,proto3" json:"estimate_seconds,omitempty"`
 	EstimateBasis   string `protobuf:"bytes,61,opt,name=estimate_basis,json=estimateBasis,proto3" json:"estimate_basis,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Emissions of the job's GPU energy: each pass's energy times the carbon
+	// intensity of its node's curve at that hour (gpuctl serve
+	// --carbon-intensity). Unset while any of its energy ran where no curve
+	// applies: unknown, not zero.
+	Co2EGrams     *float64 `protobuf:"fixed64,70,opt,name=co2e_grams,json=co2eGrams,proto3,oneof" json:"co2e_grams,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -7691,6 +7696,13 @@ func (x *Job) GetEstimateBasis() string {
 		return x.EstimateBasis
 	}
 	return ""
+}
+
+func (x *Job) GetCo2EGrams() float64 {
+	if x != nil && x.Co2EGrams != nil {
+		return *x.Co2EGrams
+	}
+	return 0
 }
 
 // JobAttempt is one launch of a job.
@@ -11872,7 +11884,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\aJobNode\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12(\n" +
-	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\x98\x0f\n" +
+	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xcb\x0f\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -11932,7 +11944,10 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\n" +
 	"slow_quiet\x181 \x03(\v2\x14.gpuctl.v1.SlowQuietR\tslowQuiet\x12)\n" +
 	"\x10estimate_seconds\x18< \x01(\x03R\x0festimateSeconds\x12%\n" +
-	"\x0eestimate_basis\x18= \x01(\tR\restimateBasis\"\xee\x02\n" +
+	"\x0eestimate_basis\x18= \x01(\tR\restimateBasis\x12\"\n" +
+	"\n" +
+	"co2e_grams\x18F \x01(\x01H\x00R\tco2eGrams\x88\x01\x01B\r\n" +
+	"\v_co2e_grams\"\xee\x02\n" +
 	"\n" +
 	"JobAttempt\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\rR\aattempt\x12&\n" +
@@ -12718,6 +12733,7 @@ func file_gpuctl_proto_init() {
 		(*ClientResponse_RemoveNode)(nil),
 		(*ClientResponse_Status)(nil),
 	}
+	file_gpuctl_proto_msgTypes[66].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -28,6 +28,7 @@ import (
 	"github.com/gpuctl/gpuctl/controlplane/watch"
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/carbon"
 	"github.com/gpuctl/gpuctl/store"
 	"github.com/gpuctl/gpuctl/transport"
 )
@@ -68,6 +69,12 @@ type Config struct {
 	Policy string
 	// PolicyWeights are the "learned" policy's (scheduler.Scored).
 	PolicyWeights *scheduler.ScoreWeights
+	// CarbonIntensity is a carbon-intensity file (curves by node label,
+	// docs/scheduling.md); empty: none.
+	CarbonIntensity string
+	// CarbonAware holds deferrable jobs for cleaner hours or sites
+	// (scheduler.WithCarbon); it needs CarbonIntensity.
+	CarbonAware bool
 	// ValidateCommand is the short all-reduce a recovering job's new nodes
 	// run first, one rank per node (e.g. ringtrain --steps 3 --compute-ms 0
 	// --bytes 1M); empty skips it.
@@ -199,6 +206,9 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve: --policy: %w", err)
 	}
+	if policy, cfg.Jobs.Intensity, err = carbonPolicy(cfg, policy); err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("serve: create data dir: %w", err)
 	}
@@ -220,6 +230,30 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	return s, nil
+}
+
+// carbonPolicy loads the carbon-intensity file (for jobs' emissions) and,
+// with CarbonAware, wraps the policy with carbon-aware deferral.
+func carbonPolicy(cfg Config, p scheduler.Policy) (scheduler.Policy, *carbon.Intensities, error) {
+	if cfg.CarbonIntensity == "" {
+		if cfg.CarbonAware {
+			return nil, nil, errors.New("--carbon-aware needs --carbon-intensity FILE: the curves it schedules by")
+		}
+		return p, nil, nil
+	}
+	f, err := os.Open(cfg.CarbonIntensity)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--carbon-intensity: %w", err)
+	}
+	defer f.Close()
+	in, err := carbon.Parse(f, cfg.CarbonIntensity)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--carbon-intensity: %w", err)
+	}
+	if cfg.CarbonAware {
+		p = scheduler.WithCarbon(p, in)
+	}
+	return p, in, nil
 }
 
 // newServer wires the parts over an open store.

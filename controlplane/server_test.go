@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
+	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/transport"
 )
 
@@ -305,5 +307,39 @@ func TestObserveStreamsAndEnds(t *testing.T) {
 	}
 	if got[9].GetCollective().GetSeq() != 49 {
 		t.Fatalf("last item seq %d, want the newest (49)", got[9].GetCollective().GetSeq())
+	}
+}
+
+func TestCarbonPolicy(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.carbon")
+	bad := filepath.Join(dir, "bad.carbon")
+	for path, text := range map[string]string{good: "site=eu" + strings.Repeat(" 100", 24) + "\n", bad: "# curves\nsite=eu 1 2 3\n"} {
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		cfg     Config
+		name    string
+		wantErr string
+	}{
+		{Config{}, "fifo", ""},
+		{Config{CarbonIntensity: good}, "fifo", ""},
+		{Config{CarbonIntensity: good, CarbonAware: true}, "fifo+carbon", ""},
+		{Config{CarbonAware: true}, "", "--carbon-aware needs --carbon-intensity FILE"},
+		{Config{CarbonIntensity: bad, CarbonAware: true}, "", "bad.carbon:2: site=eu has 3 values; give 24"},
+		{Config{CarbonIntensity: filepath.Join(dir, "none")}, "", "--carbon-intensity: open"},
+	} {
+		p, in, err := carbonPolicy(tc.cfg, scheduler.FIFO{})
+		if err == nil && (in != nil) != (tc.cfg.CarbonIntensity != "") {
+			t.Errorf("%+v: curves %v", tc.cfg, in)
+		}
+		switch {
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Errorf("%+v: error %v; want %q", tc.cfg, err, tc.wantErr)
+		case tc.wantErr == "" && (err != nil || p.Name() != tc.name):
+			t.Errorf("%+v: %v, %v; want policy %s", tc.cfg, p, err, tc.name)
+		}
 	}
 }

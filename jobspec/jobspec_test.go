@@ -129,6 +129,11 @@ func TestValidationRules(t *testing.T) {
 		{"elastic batch", base + "model: {preset: gpt3-175b}\nelastic:\n  data_parallel: [7]\n", "job.yaml:6: elastic.data_parallel[0]: 7 does not divide global_batch 1536"},
 		{"elastic excludes plan dp", base + "plan: {tp: 8, pp: 4}\nelastic:\n  data_parallel: [1]\n", "job.yaml:6: elastic.data_parallel: does not include the plan's dp 2"},
 		{"estimated runtime", base + "estimated_runtime: -1h\n", "job.yaml:4: estimated_runtime: -1h0m0s is negative"},
+		{"deferrable without until", base + "estimated_runtime: 1h\ndeferrable: {}\n", "job.yaml:5: deferrable.until: required in deferrable"},
+		{"deferrable until garbage", base + "estimated_runtime: 1h\ndeferrable: {until: tomorrow}\n", `job.yaml:5: deferrable.until: "tomorrow" is neither an RFC 3339 time`},
+		{"deferrable until negative", base + "estimated_runtime: 1h\ndeferrable: {until: -2h}\n", "job.yaml:5: deferrable.until: -2h is not after submission"},
+		{"deferrable without estimate", base + "deferrable: {until: 24h}\n", "job.yaml:4: deferrable: needs estimated_runtime"},
+		{"deferrable too short", base + "estimated_runtime: 3h\ndeferrable:\n  until: 2h\n", "job.yaml:6: deferrable.until: 2h is shorter than estimated_runtime 3h0m0s"},
 		{"unknown field", base + "gpu_count: 8\n", "job.yaml:4: gpu_count: unknown field; known fields are"},
 		{"typo", base + "model:\n  hiden: 5\n", "job.yaml:5: model.hiden: unknown field (did you mean hidden?)"},
 		{"wrong type", base + "priority: high\n", "job.yaml:4: priority: cannot unmarshal !!str `high` into int"},
@@ -266,5 +271,28 @@ func TestAliasBombRefused(t *testing.T) {
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("refused after %s", d)
+	}
+}
+
+func TestDeadline(t *testing.T) {
+	submit := time.Date(2026, 12, 4, 9, 0, 0, 0, time.UTC)
+	for _, tc := range []struct{ until, want string }{
+		{"24h", "2026-12-05T09:00:00Z"},
+		{"2026-12-05T06:00:00+01:00", "2026-12-05T05:00:00Z"},
+	} {
+		s, err := Parse("job.yaml", []byte(base+"estimated_runtime: 1h\ndeferrable: {until: \""+tc.until+"\"}\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Deadline(submit).UTC().Format(time.RFC3339); got != tc.want {
+			t.Errorf("until %s: deadline %s; want %s", tc.until, got, tc.want)
+		}
+	}
+	s, err := Parse("job.yaml", []byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Deadline(submit).IsZero() {
+		t.Error("a job that is not deferrable has a deadline")
 	}
 }

@@ -120,8 +120,43 @@ type Spec struct {
 	// MaxRestarts bounds automatic restarts; nil means DefaultMaxRestarts.
 	MaxRestarts *int         `yaml:"max_restarts,omitempty" json:"max_restarts,omitempty"`
 	Elastic     *ElasticSpec `yaml:"elastic,omitempty" json:"elastic,omitempty"`
-	// EstimatedRuntime feeds shortest-job-first ordering.
+	// EstimatedRuntime feeds shortest-job-first ordering, backfill and
+	// carbon-aware deferral.
 	EstimatedRuntime time.Duration `yaml:"estimated_runtime,omitempty" json:"estimated_runtime,omitempty"`
+	// Deferrable lets a carbon-aware server hold the job for cleaner power.
+	Deferrable *DeferrableSpec `yaml:"deferrable,omitempty" json:"deferrable,omitempty"`
+}
+
+// DeferrableSpec says by when a deferrable job must have finished.
+type DeferrableSpec struct {
+	// Until is an RFC 3339 time, or a duration from submission (24h).
+	Until string `yaml:"until" json:"until"`
+}
+
+// deadline parses Until: an absolute time, or a duration (rel true).
+func (d *DeferrableSpec) deadline() (at time.Time, after time.Duration, rel bool, err error) {
+	if dur, derr := time.ParseDuration(d.Until); derr == nil {
+		return time.Time{}, dur, true, nil
+	}
+	at, err = time.Parse(time.RFC3339, d.Until)
+	return at, 0, false, err
+}
+
+// Deadline is when a job submitted at submit must have finished; the zero
+// time when the spec is not deferrable (or Until does not parse: Validate
+// refuses it).
+func (s *Spec) Deadline(submit time.Time) time.Time {
+	if s.Deferrable == nil {
+		return time.Time{}
+	}
+	at, after, rel, err := s.Deferrable.deadline()
+	switch {
+	case err != nil:
+		return time.Time{}
+	case rel:
+		return submit.Add(after)
+	}
+	return at
 }
 
 // ModelSpec names a preset or gives the shape, plus how it is trained.

@@ -104,6 +104,7 @@ func (s *Spec) validate(lines map[string]int) *ValidationError {
 	if s.EstimatedRuntime < 0 {
 		c.add("estimated_runtime", "%s is negative", s.EstimatedRuntime)
 	}
+	s.validateDeferrable(c)
 	if len(c.probs) == 0 {
 		return nil
 	}
@@ -425,4 +426,26 @@ func (s *Spec) checkBounds(c *checker) bool {
 		ok = false
 	}
 	return ok
+}
+
+func (s *Spec) validateDeferrable(c *checker) {
+	d := s.Deferrable
+	if d == nil {
+		return
+	}
+	if d.Until == "" {
+		c.add("deferrable.until", "required in deferrable: an RFC 3339 time or a duration from submission (24h)")
+		return
+	}
+	_, after, rel, err := d.deadline()
+	switch {
+	case err != nil:
+		c.add("deferrable.until", "%q is neither an RFC 3339 time (2026-12-05T06:00:00Z) nor a duration (24h)", d.Until)
+	case rel && after <= 0:
+		c.add("deferrable.until", "%s is not after submission; give a positive duration", d.Until)
+	case s.EstimatedRuntime <= 0:
+		c.add("deferrable", "needs estimated_runtime, so the scheduler knows the job still ends by until")
+	case rel && after < s.EstimatedRuntime:
+		c.add("deferrable.until", "%s is shorter than estimated_runtime %s; the job could not finish in time", d.Until, s.EstimatedRuntime)
+	}
 }

@@ -3,7 +3,10 @@ package scheduler
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
+
+	"github.com/gpuctl/gpuctl/scheduler/carbon"
 )
 
 // benchCluster is 1,250 nodes of 8 GPUs in racks of 32 nodes and switches of
@@ -16,7 +19,7 @@ func benchCluster() *Snapshot {
 		rack := i / 32
 		n := Node{
 			Name:     fmt.Sprintf("node%04d", i),
-			Labels:   map[string]string{LabelRack: fmt.Sprintf("rack%02d", rack), LabelSwitch: fmt.Sprintf("sw%d", rack/4)},
+			Labels:   map[string]string{LabelRack: fmt.Sprintf("rack%02d", rack), LabelSwitch: fmt.Sprintf("sw%d", rack/4), "site": []string{"a", "b"}[i*2/1250]},
 			GPUModel: "H100",
 		}
 		used := 0
@@ -62,10 +65,30 @@ func BenchmarkPlace(b *testing.B) {
 	b.ReportMetric(1/perOp, "decisions/s")
 }
 
+// benchIntensity gives site=a a midday dip and site=b a flat curve.
+func benchIntensity() *carbon.Intensities {
+	a := "site=a" + strings.Repeat(" 400", 10) + strings.Repeat(" 100", 6) + strings.Repeat(" 400", 8)
+	in, err := carbon.Parse(strings.NewReader(a+"\nsite=b"+strings.Repeat(" 250", 24)), "bench")
+	if err != nil {
+		panic(err)
+	}
+	return in
+}
+
+// BenchmarkSchedule's "+carbon" runs mark every third queued job deferrable
+// by a day, so the carbon rule is asked for a third of the queue each pass.
 func BenchmarkSchedule(b *testing.B) {
-	for _, p := range []Policy{FIFO{}, EASY{Base: FIFO{}}, FairShare{}} {
+	in := benchIntensity()
+	for _, p := range []Policy{FIFO{}, EASY{Base: FIFO{}}, FairShare{}, WithCarbon(FIFO{}, in), WithCarbon(EASY{Base: FIFO{}}, in)} {
 		b.Run(p.Name(), func(b *testing.B) {
 			s := benchCluster()
+			if _, ok := p.(Deferrer); ok {
+				for i := range s.Pending {
+					if i%3 == 0 {
+						s.Pending[i].Until = s.Now + 86400
+					}
+				}
+			}
 			for b.Loop() {
 				Schedule(s, p)
 			}

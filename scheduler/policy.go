@@ -308,20 +308,30 @@ func (e EASY) Order(s *Snapshot, pending []*JobRequest) { e.Base.Order(s, pendin
 func (EASY) Backfills() bool { return true }
 
 // Preempts delegates to the base policy.
-func (e EASY) Preempts() bool {
-	p, ok := e.Base.(Preemptor)
-	return ok && p.Preempts()
-}
+func (e EASY) Preempts() bool { return preempts(e.Base) }
 
 // Outranks delegates to the base policy.
 func (e EASY) Outranks(s *Snapshot, w *JobRequest, r *RunningJob) bool {
-	p, ok := e.Base.(Preemptor)
-	return ok && p.Outranks(s, w, r)
+	return outranks(e.Base, s, w, r)
 }
 
 // Grace delegates to the base policy.
-func (e EASY) Grace() int64 {
-	if p, ok := e.Base.(Preemptor); ok {
+func (e EASY) Grace() int64 { return grace(e.Base) }
+
+// preempts, outranks and grace are a wrapping policy's Preemptor methods:
+// its base's, or no preemption when the base has none.
+func preempts(base Policy) bool {
+	p, ok := base.(Preemptor)
+	return ok && p.Preempts()
+}
+
+func outranks(base Policy, s *Snapshot, w *JobRequest, r *RunningJob) bool {
+	p, ok := base.(Preemptor)
+	return ok && p.Outranks(s, w, r)
+}
+
+func grace(base Policy) int64 {
+	if p, ok := base.(Preemptor); ok {
 		return p.Grace()
 	}
 	return 0

@@ -85,18 +85,37 @@ type ending struct {
 // a Preemptor policy may preempt lower-ranked jobs for it, and it gets a
 // Reserve. Only a Backfiller policy goes on past it, starting a later job
 // only if it ends (by its estimate) before the reservation or uses none of
-// the reserved GPUs, so the blocked job is never delayed.
+// the reserved GPUs, so the blocked job is never delayed. A Deferrer policy
+// first holds deferrable jobs back for a cleaner window (a Hold each); they
+// neither block nor reserve.
 func Schedule(s *Snapshot, p Policy) []Decision {
 	if len(s.Pending) == 0 {
 		return nil
 	}
 	var out []Decision
 	queue := make([]*JobRequest, 0, len(s.Pending))
+	var deferral func(r *JobRequest) (Hold, *Preference, bool)
+	if d, ok := p.(Deferrer); ok {
+		deferral = d.Deferral(s)
+	}
 	for i := range s.Pending {
 		r := &s.Pending[i]
 		if err := r.Validate(); err != nil {
 			out = append(out, Reject{Job: r.ID, Err: err})
 			continue
+		}
+		if deferral != nil && r.Until > 0 {
+			h, pref, held := deferral(r)
+			if held {
+				out = append(out, h)
+				continue
+			}
+			if pref != nil {
+				// A copy: the snapshot's request stays as the caller gave it.
+				c := *r
+				c.Prefer = append(slices.Clip(r.Prefer), *pref)
+				r = &c
+			}
 		}
 		queue = append(queue, r)
 	}

@@ -137,6 +137,10 @@ type JobRequest struct {
 	// Exclude are nodes the job must avoid: it failed there, or the node
 	// refused it by a policy of its own.
 	Exclude []string
+	// Until, when set, makes the job deferrable: it must finish by this
+	// virtual time, and a carbon-aware policy may hold it for a cleaner
+	// hour or site before then. 0 means run as soon as it fits.
+	Until int64
 }
 
 // shape returns the request's effective shape.

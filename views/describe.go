@@ -222,6 +222,7 @@ func DescribeJob(w io.Writer, o Options, j *api.Job, stalls []*api.Stall, events
 	d.fact("Downtime", (time.Duration(v.DowntimeSeconds) * time.Second).String())
 	d.fact("Useful time", (time.Duration(v.UsefulSeconds) * time.Second).String())
 	d.fact("Energy", kWh(v.EnergyJoules))
+	d.fact("Emissions", kgCO2e(v.CO2eKg))
 	d.fact("GPU-hours", fmt.Sprintf("%.2f before this attempt", v.GPUSeconds/3600))
 	if v.EstimateSeconds != nil {
 		d.fact("Expected runtime", fmt.Sprintf("%s (%s)", time.Duration(*v.EstimateSeconds)*time.Second, deref(v.EstimateBasis)))
@@ -394,6 +395,13 @@ func deref64(v *int64) int64 {
 		return 0
 	}
 	return *v
+}
+
+func kgCO2e(kg *float64) string {
+	if kg == nil {
+		return "no carbon-intensity source"
+	}
+	return strconv.FormatFloat(*kg, 'f', 3, 64) + " kgCO2e"
 }
 
 func kWh(joules float64) string {

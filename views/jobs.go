@@ -40,10 +40,14 @@ type JobJSON struct {
 	Goodput       *float64      `json:"goodput"`
 	// Recovery counters: steps redone, seconds not running since the
 	// first start, useful step seconds, energy of the job's GPUs.
-	LostSteps       int64    `json:"lost_steps"`
-	DowntimeSeconds float64  `json:"downtime_seconds"`
-	UsefulSeconds   float64  `json:"useful_seconds"`
-	EnergyJoules    float64  `json:"energy_joules"`
+	LostSteps       int64   `json:"lost_steps"`
+	DowntimeSeconds float64 `json:"downtime_seconds"`
+	UsefulSeconds   float64 `json:"useful_seconds"`
+	EnergyJoules    float64 `json:"energy_joules"`
+	EnergyKWh       float64 `json:"energy_kwh"`
+	// CO2eKg is the energy's emissions; nil where no carbon-intensity
+	// source covered all of it.
+	CO2eKg          *float64 `json:"co2e_kg"`
 	Checkpoints     uint32   `json:"checkpoints"`
 	CheckpointSecs  *float64 `json:"checkpoint_seconds"`
 	AdvisedInterval *float64 `json:"advised_checkpoint_interval_seconds"`
@@ -184,7 +188,7 @@ func JobFromAPI(j *api.Job) JobJSON {
 		CheckpointDir: optString(j.GetCheckpointDir()), ResumeStep: j.GetResumeStep(),
 		Step: optInt64(j.GetStep()), LastCkptStep: optInt64(j.GetLastCheckpointStep()), Goodput: optFloat(j.GetGoodput()),
 		LostSteps: j.GetLostSteps(), DowntimeSeconds: j.GetDowntimeSeconds(), UsefulSeconds: j.GetUsefulSeconds(),
-		EnergyJoules: j.GetEnergyJoules(), Checkpoints: j.GetCheckpoints(), CheckpointSecs: optFloat(j.GetCheckpointSeconds()),
+		EnergyJoules: j.GetEnergyJoules(), EnergyKWh: j.GetEnergyJoules() / 3.6e6, CO2eKg: co2eKg(j), Checkpoints: j.GetCheckpoints(), CheckpointSecs: optFloat(j.GetCheckpointSeconds()),
 		AdvisedInterval: optFloat(j.GetAdvisedCheckpointIntervalSeconds()), Exclude: orEmpty(j.GetExclude()), Stalled: j.GetStalled(),
 		GPUSeconds: j.GetAttainedGpuSeconds(), EstimateSeconds: optInt64(j.GetEstimateSeconds()), EstimateBasis: optString(j.GetEstimateBasis()),
 		SubmitTime: optTime(j.GetSubmitUnixNano()),
@@ -456,4 +460,12 @@ func seconds(s *float64) string {
 		return "-"
 	}
 	return (time.Duration(*s) * time.Second).String()
+}
+
+func co2eKg(j *api.Job) *float64 {
+	if j.Co2EGrams == nil {
+		return nil
+	}
+	kg := j.GetCo2EGrams() / 1000
+	return &kg
 }

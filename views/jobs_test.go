@@ -32,6 +32,8 @@ func sampleJobs() []*api.Job {
 	// A job that recovered twice and shrank, with the history sacct shows.
 	running.Step, running.Goodput, running.Restarts, running.LostSteps, running.DowntimeSeconds = 4410, 0.93, 2, 120, 95
 	running.UsefulSeconds, running.EnergyJoules, running.Checkpoints, running.CheckpointSeconds = 3300, 9.5e6, 9, 12.5
+	grams := 1187.5 // 2.639 kWh at 450 gCO2e/kWh
+	running.Co2EGrams = &grams
 	running.AdvisedCheckpointIntervalSeconds, running.AttainedGpuSeconds, running.FullGpus = 1800, 7200, 8
 	running.FirstStartUnixNano, running.Attempt = now.Add(-2*time.Hour).UnixNano(), 3
 	running.Plan.MeasuredStepSeconds = 0.42

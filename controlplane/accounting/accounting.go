@@ -11,8 +11,11 @@ import (
 	"strconv"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/carbon"
 )
 
 // Progress is what the counters need between passes for one job.
@@ -56,15 +59,21 @@ type Inputs struct {
 	Nodes map[string]*api.NodeStatus
 	// GPUMTBF is the cluster's per-GPU MTBF estimate, in seconds.
 	GPUMTBF float64
+	// Intensity gives each node's carbon-intensity curve by its labels;
+	// nil when the server has none.
+	Intensity *carbon.Intensities
 }
 
 // Update folds one pass into j's counters and reports whether any changed.
 // A checkpoint every rank reports (each prints `checkpoint step=N`) is
 // complete; the step is the highest any rank reached; useful time is wall
 // time in which the job advanced (a job whose ranks report no steps counts
-// its running time); energy is the deltas of its GPUs' NVML energy counters.
+// its running time); energy is the deltas of its GPUs' NVML energy counters,
+// and its emissions that energy at its node's mean carbon intensity since
+// the last pass.
 func (p *Progress) Update(j *api.Job, in Inputs, now time.Time) bool {
 	changed := false
+	since := p.at
 	var step, ckpt int64 = 0, -1
 	seen := 0
 	for _, r := range in.Ranks {
@@ -98,9 +107,11 @@ func (p *Progress) Update(j *api.Job, in Inputs, now time.Time) bool {
 		}
 	}
 	p.at, p.step = now, j.GetStep()
-	var energy float64
+	var energy, grams float64
+	unknown := false // some energy ran where no curve applies
 	for _, jn := range j.GetPlacement() {
 		n := in.Nodes[jn.GetNode()]
+		curve := in.Intensity.Curve(n.GetRegistration().GetLabels())
 		for _, g := range n.GetGpus() {
 			if !slices.Contains(jn.GetGpus(), g.GetInfo().GetIndex()) || g.GetLast() == nil {
 				continue
@@ -108,12 +119,25 @@ func (p *Progress) Update(j *api.Job, in Inputs, now time.Time) bool {
 			key := jn.GetNode() + "/" + strconv.Itoa(int(g.GetInfo().GetIndex()))
 			cur := g.GetLast().GetEnergyMj()
 			if prev, ok := p.energy[key]; ok && cur > prev {
-				energy += float64(cur-prev) / 1000
+				joules := float64(cur-prev) / 1000
+				energy += joules
+				if curve == nil {
+					unknown = true
+				} else {
+					grams += joules / 3.6e6 * curve.Mean(since.Unix(), now.Unix())
+				}
 			}
 			p.energy[key] = cur
 		}
 	}
 	if energy > 0 {
+		// Emissions are known only while all of the job's energy is.
+		switch {
+		case unknown:
+			j.Co2EGrams = nil
+		case j.Co2EGrams != nil || j.GetEnergyJoules() == 0:
+			j.Co2EGrams = proto.Float64(j.GetCo2EGrams() + grams)
+		}
 		j.EnergyJoules += energy
 		changed = true
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/carbon"
 	"github.com/gpuctl/gpuctl/scheduler/failslow"
 	predictor "github.com/gpuctl/gpuctl/scheduler/predict"
 	"github.com/gpuctl/gpuctl/store"
@@ -69,6 +70,9 @@ type Config struct {
 	Publish Publisher
 	// Policy orders the queue, default scheduler's default policy.
 	Policy scheduler.Policy
+	// Intensity is the carbon intensity by node label, for jobs'
+	// emissions; nil: none (jobs report energy only).
+	Intensity *carbon.Intensities
 	// Every is the scheduling period, default 1 s; changes also start a
 	// pass.
 	Every time.Duration

@@ -51,7 +51,7 @@ func (m *Manager) progressAll(all []*api.NodeStatus, now time.Time) {
 		}
 		p := m.progressOf(j.GetId())
 		ckptBefore := j.GetLastCheckpointStep()
-		changed := p.Update(j, accounting.Inputs{Ranks: ranks[j.GetId()], Nodes: byName, GPUMTBF: mtbf}, now)
+		changed := p.Update(j, accounting.Inputs{Ranks: ranks[j.GetId()], Nodes: byName, GPUMTBF: mtbf, Intensity: m.cfg.Intensity}, now)
 		if step := j.GetLastCheckpointStep(); step > ckptBefore {
 			j.LastCheckpointStep = ckptBefore
 			m.checkpointComplete(j, step)

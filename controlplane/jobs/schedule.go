@@ -251,6 +251,9 @@ func (m *Manager) request(en *entry) scheduler.JobRequest {
 	if s.Elastic != nil {
 		r.ElasticDP = slices.Clone(s.Elastic.DataParallel)
 	}
+	if d := s.Deadline(time.Unix(0, j.GetSubmitUnixNano())); !d.IsZero() {
+		r.Until = max(d.Unix(), 1)
+	}
 	return r
 }
 
@@ -657,12 +660,13 @@ func (m *Manager) startMove(en *entry, to scheduler.Placement, reason string, no
 func (m *Manager) schedule(now time.Time) {
 	snap := m.snapshot(now)
 	// A job that cannot fit even the idle cluster would block the queue
-	// head forever; it waits aside, with why, until the cluster grows.
-	never := map[string]string{}
+	// head forever; it waits aside, with why, until the cluster grows. A
+	// deferrable job held for cleaner power waits aside too.
+	aside := map[string]string{}
 	queue := snap.Pending[:0:0]
 	for _, r := range snap.Pending {
 		if why, ok := scheduler.NeverFits(&snap, &r); ok {
-			never[r.ID] = why + ", so it waits for nodes to join"
+			aside[r.ID] = why + ", so it waits for nodes to join"
 			continue
 		}
 		queue = append(queue, r)
@@ -689,11 +693,13 @@ func (m *Manager) schedule(now time.Time) {
 			}
 		case scheduler.Reserve:
 			reserve = &d
+		case scheduler.Hold:
+			aside[d.Job] = d.Reason + " from " + time.Unix(d.At, 0).UTC().Format(time.RFC3339)
 		case scheduler.Reject:
 			m.giveUp(en, "rejected by the scheduler: "+d.Err.Error(), now)
 		}
 	}
-	m.explain(now, started, never, reserve, preempt)
+	m.explain(now, started, aside, reserve, preempt)
 }
 
 // start records a new attempt on pl and queues its launch; it reports
@@ -959,7 +965,7 @@ func (m *Manager) addrOf(node string) string {
 }
 
 // explain sets every waiting job's pending reason.
-func (m *Manager) explain(now time.Time, started map[string]bool, never map[string]string, reserve *scheduler.Reserve, preempting []string) {
+func (m *Manager) explain(now time.Time, started map[string]bool, aside map[string]string, reserve *scheduler.Reserve, preempting []string) {
 	var snap scheduler.Snapshot
 	built := false
 	explained := 0
@@ -972,8 +978,8 @@ func (m *Manager) explain(now time.Time, started map[string]bool, never map[stri
 		switch {
 		case j.GetHold():
 			why = fmt.Sprintf("held: place it with `gpuctl assign %s --nodes …` or let the scheduler with `gpuctl release %s`", j.GetId(), j.GetId())
-		case never[j.GetId()] != "":
-			why = never[j.GetId()]
+		case aside[j.GetId()] != "":
+			why = aside[j.GetId()]
 		case now.Before(en.retryAt):
 			why = fmt.Sprintf("tried again at %s: %s", en.retryAt.UTC().Format(time.TimeOnly), en.retryWhy)
 		case explained >= m.cfg.MaxExplained:

@@ -196,6 +196,7 @@ var (
 	jobLostDesc      = prometheus.NewDesc("gpuctl_job_lost_steps_total", "Steps redone after restarts (run past the checkpoint resumed from).", jobLabels, nil)
 	jobDowntimeDesc  = prometheus.NewDesc("gpuctl_job_downtime_seconds_total", "Seconds the job was not running since it first started.", jobLabels, nil)
 	jobEnergyDesc    = prometheus.NewDesc("gpuctl_job_energy_joules_total", "Energy of the job's GPUs (NVML energy counters).", jobLabels, nil)
+	jobCO2eDesc      = prometheus.NewDesc("gpuctl_job_co2e_grams_total", "Emissions of the job's GPU energy at its nodes' carbon intensity; absent without a carbon-intensity source for all of it.", jobLabels, nil)
 	jobCkptsDesc     = prometheus.NewDesc("gpuctl_job_checkpoints_total", "Checkpoints the job's ranks reported.", jobLabels, nil)
 	jobCkptAgeDesc   = prometheus.NewDesc("gpuctl_job_checkpoint_age_seconds", "Seconds since the job's last checkpoint step changed (since its first start while it has none); absent until seen.", jobLabels, nil)
 	jobCkptTimeDesc  = prometheus.NewDesc("gpuctl_job_checkpoint_duration_seconds", "Mean seconds a checkpoint of the job takes.", jobLabels, nil)
@@ -208,7 +209,7 @@ var (
 
 	stateDescs = []*prometheus.Desc{nodesDesc, nodesCordonedDesc, nodesDrainingDesc, nodeReadyDesc, nodeCordonedDesc, gpusDesc, jobsDesc,
 		stallsDesc, readOnlyDesc, shedDesc, paceDesc, jobInfoDesc, jobGPUsDesc, jobStepDesc, jobRateDesc, jobMeasuredDesc, jobPredictedDesc, jobGoodputDesc,
-		jobRestartsDesc, jobSlowExclDesc, jobPreemptDesc, jobLostDesc, jobDowntimeDesc, jobEnergyDesc, jobCkptsDesc, jobCkptAgeDesc, jobCkptTimeDesc,
+		jobRestartsDesc, jobSlowExclDesc, jobPreemptDesc, jobLostDesc, jobDowntimeDesc, jobEnergyDesc, jobCO2eDesc, jobCkptsDesc, jobCkptAgeDesc, jobCkptTimeDesc,
 		jobAdvisedDesc, jobStalledDesc, slowFindingsDesc, slowQuietDesc, rankLatenessDesc, jobSlowdownDesc}
 )
 
@@ -360,6 +361,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		counter(jobLostDesc, float64(j.GetLostSteps()), id)
 		counter(jobDowntimeDesc, j.GetDowntimeSeconds(), id)
 		counter(jobEnergyDesc, j.GetEnergyJoules(), id)
+		if j.Co2EGrams != nil {
+			counter(jobCO2eDesc, j.GetCo2EGrams(), id)
+		}
 		counter(jobCkptsDesc, float64(j.GetCheckpoints()), id)
 		if age, ok := m.checkpointAge(j, now); ok {
 			gauge(jobCkptAgeDesc, age, id)

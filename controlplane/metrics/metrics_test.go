@@ -12,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuctl/gpuctl/api"
 )
@@ -68,7 +69,7 @@ func fixture() *fakeSource {
 		jobs: []*api.Job{
 			{Id: "j-1a2b3c", Name: "ring", Tenant: "lab", State: api.JobState_JOB_STATE_RUNNING, Step: 100, LastCheckpointStep: 50,
 				Plan:    &api.JobPlan{Tp: 1, Pp: 1, Dp: 4, StepSeconds: 0.1, MeasuredStepSeconds: 0.125},
-				Goodput: 0.9, Restarts: 2, LostSteps: 17, CheckpointSeconds: 1.5, Checkpoints: 3, EnergyJoules: 4000,
+				Goodput: 0.9, Restarts: 2, LostSteps: 17, CheckpointSeconds: 1.5, Checkpoints: 3, EnergyJoules: 4000, Co2EGrams: proto.Float64(0.4),
 				StartUnixNano: t0.Add(-time.Hour).UnixNano(), FirstStartUnixNano: t0.Add(-2 * time.Hour).UnixNano()},
 			{Id: "j-4d5e6f", Name: "fresh", State: api.JobState_JOB_STATE_RUNNING, Plan: &api.JobPlan{Tp: 1, Pp: 1, Dp: 2},
 				StartUnixNano: t0.Add(-10 * time.Minute).UnixNano()},
@@ -174,6 +175,9 @@ func TestClusterMetrics(t *testing.T) {
 		{"goodput", first, "gpuctl_job_goodput_ratio", []string{"hpc_job", "j-1a2b3c"}, 0.9, false},
 		{"restarts", first, "gpuctl_job_restarts_total", []string{"hpc_job", "j-1a2b3c"}, 2, false},
 		{"lost steps", first, "gpuctl_job_lost_steps_total", []string{"hpc_job", "j-1a2b3c"}, 17, false},
+		{"energy", first, "gpuctl_job_energy_joules_total", []string{"hpc_job", "j-1a2b3c"}, 4000, false},
+		{"emissions", first, "gpuctl_job_co2e_grams_total", []string{"hpc_job", "j-1a2b3c"}, 0.4, false},
+		{"no carbon-intensity source: no emissions series", first, "gpuctl_job_co2e_grams_total", []string{"hpc_job", "j-4d5e6f"}, 0, true},
 		{"checkpoint age unknown at first sight", first, "gpuctl_job_checkpoint_age_seconds", []string{"hpc_job", "j-1a2b3c"}, 0, true},
 		{"checkpoint age after a change", third, "gpuctl_job_checkpoint_age_seconds", []string{"hpc_job", "j-1a2b3c"}, 15, false},
 		{"no checkpoint yet: age since start", first, "gpuctl_job_checkpoint_age_seconds", []string{"hpc_job", "j-4d5e6f"}, 600, false},

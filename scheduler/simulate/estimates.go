@@ -219,16 +219,16 @@ func meanOf(xs []float64) float64 {
 }
 
 // meanCI is the mean and the half-width of its 95% confidence interval
-// (normal approximation; 0 for a single value).
-func meanCI(xs []float64) (float64, float64) {
-	m := meanOf(xs)
-	if len(xs) < 2 {
+// (Student's t; up to 10 samples; 0 for a single value).
+func meanCI(v []float64) (float64, float64) {
+	m := meanOf(v)
+	if len(v) < 2 {
 		return m, 0
 	}
-	v := 0.0
-	for _, x := range xs {
-		v += (x - m) * (x - m)
+	var sq float64
+	for _, x := range v {
+		sq += (x - m) * (x - m)
 	}
-	sd := math.Sqrt(v / float64(len(xs)-1))
-	return m, 1.96 * sd / math.Sqrt(float64(len(xs)))
+	t975 := []float64{12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262}
+	return m, t975[min(len(v)-2, len(t975)-1)] * math.Sqrt(sq/float64(len(v)-1)/float64(len(v)))
 }

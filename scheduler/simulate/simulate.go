@@ -23,6 +23,7 @@ import (
 	"slices"
 
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/carbon"
 	"github.com/gpuctl/gpuctl/scheduler/predict"
 	"github.com/gpuctl/gpuctl/scheduler/trace"
 )
@@ -47,6 +48,21 @@ type Config struct {
 	// a user's limit), less what the job has run (predict.Remaining).
 	NoEstimates bool
 	Estimate    func(trace.Job) int64
+	// Sites labels the nodes site=<name>: the cluster is cut into
+	// len(Sites) equal runs of nodes in name order, one per site.
+	Sites []string
+	// Intensity is the carbon intensity by node label, for the emissions
+	// the result reports (and for a carbon-aware Policy to decide on).
+	// Virtual time 0 is 00:00 UTC of the curves' day.
+	Intensity *carbon.Intensities
+	// Deferrable is the fraction of jobs made deferrable, chosen by a hash
+	// of Seed and the job id; each must finish by its submit time plus its
+	// work plus DeferSlack (default 12 h).
+	Deferrable float64
+	DeferSlack int64
+	Seed       uint64
+	// GPUPowerKW is a busy GPU's draw (default 0.7 kW, an H100 SXM's TDP).
+	GPUPowerKW float64
 }
 
 // Result is what a simulation measured. Times are seconds.
@@ -68,6 +84,18 @@ type Result struct {
 	SchedulingPasses  int
 	BackfilledStarts  int
 	CheckpointSeconds int64
+	// EnergyKWh is busy GPUs' energy; KgCO2e its emissions under
+	// Intensity (GPUs on nodes without a curve add energy only).
+	EnergyKWh float64
+	KgCO2e    float64
+	// DeferrableKgCO2e is the part of KgCO2e the deferrable jobs emitted.
+	DeferrableKgCO2e float64
+	// DeferrableJobs were made deferrable; Holds counts the holds the
+	// policy decided; MissedDeadlines counts deferrable jobs that ended
+	// after their deadline.
+	DeferrableJobs  int
+	Holds           int
+	MissedDeadlines int
 }
 
 // ClusterSize is the default cluster for a trace: the smallest number of
@@ -95,8 +123,9 @@ func ClusterSize(jobs []trace.Job, gpusPerNode int) int {
 }
 
 // NewCluster builds nodes named node0000… with H100 GPUs, racks of
-// rackSize nodes and racksPerSwitch racks per switch.
-func NewCluster(nodes, gpusPerNode, rackSize, racksPerSwitch int) []scheduler.Node {
+// rackSize nodes and racksPerSwitch racks per switch, and, with sites
+// given, a site label cutting the nodes into equal runs.
+func NewCluster(nodes, gpusPerNode, rackSize, racksPerSwitch int, sites ...string) []scheduler.Node {
 	out := make([]scheduler.Node, nodes)
 	for i := range out {
 		rack := i / rackSize
@@ -109,10 +138,16 @@ func NewCluster(nodes, gpusPerNode, rackSize, racksPerSwitch int) []scheduler.No
 		for g := range n.GPUs {
 			n.GPUs[g] = scheduler.GPU{Index: g, Healthy: true}
 		}
+		if len(sites) > 0 {
+			n.Labels[LabelSite] = sites[i*len(sites)/nodes]
+		}
 		out[i] = n
 	}
 	return out
 }
+
+// LabelSite is the node label Config.Sites sets.
+const LabelSite = "site"
 
 type eventKind int
 
@@ -120,6 +155,7 @@ const (
 	evEnd eventKind = iota // finish or failure of an attempt
 	evStop
 	evArrive
+	evWake // a held job's cleaner window starts
 )
 
 type event struct {
@@ -168,7 +204,9 @@ type sjob struct {
 	firstStart int64
 	finish     int64
 	placement  scheduler.Placement
-	checkpoint bool // a stop checkpoints first
+	checkpoint bool  // a stop checkpoints first
+	until      int64 // deferrable: finish by; 0 when not
+	wakeAt     int64 // the pending wake event, when held
 }
 
 // sim is the simulation's mutable world.
@@ -183,7 +221,8 @@ type sim struct {
 	events eventHeap
 	seq    int
 	res    Result
-	busy   float64 // GPU-seconds of running
+	busy   float64         // GPU-seconds of running
+	curves []*carbon.Curve // by node index; nil where none applies
 }
 
 // Run simulates the jobs under cfg.
@@ -209,6 +248,11 @@ func Run(jobs []trace.Job, cfg Config) (Result, error) {
 	if cfg.CheckpointInterval < 0 {
 		return Result{}, fmt.Errorf("simulate: negative checkpoint interval %d", cfg.CheckpointInterval)
 	}
+	cfg.DeferSlack = cmp.Or(cfg.DeferSlack, 12*3600)
+	cfg.GPUPowerKW = cmp.Or(cfg.GPUPowerKW, 0.7)
+	if cfg.Deferrable < 0 || cfg.Deferrable > 1 {
+		return Result{}, fmt.Errorf("simulate: deferrable fraction %g; give 0 to 1", cfg.Deferrable)
+	}
 	total := cfg.Nodes * cfg.GPUsPerNode
 	s := &sim{
 		cfg:    cfg,
@@ -218,9 +262,11 @@ func Run(jobs []trace.Job, cfg Config) (Result, error) {
 		penIx:  map[int]int{},
 		byID:   map[string]int{},
 	}
-	s.snap.Nodes = NewCluster(cfg.Nodes, cfg.GPUsPerNode, cfg.RackSize, cfg.RacksPerSwitch)
+	s.snap.Nodes = NewCluster(cfg.Nodes, cfg.GPUsPerNode, cfg.RackSize, cfg.RacksPerSwitch, cfg.Sites...)
+	s.curves = make([]*carbon.Curve, len(s.snap.Nodes))
 	for i, n := range s.snap.Nodes {
 		s.nodeIx[n.Name] = i
+		s.curves[i] = cfg.Intensity.Curve(n.Labels)
 	}
 	for i, tj := range jobs {
 		if tj.GPUs > total {
@@ -231,6 +277,9 @@ func Run(jobs []trace.Job, cfg Config) (Result, error) {
 		}
 		s.byID[tj.ID] = i
 		s.jobs[i] = sjob{tj: tj, work: s.failureFreeWork(tj), firstStart: -1}
+		if deferrable(cfg.Seed, tj.ID, cfg.Deferrable) {
+			s.jobs[i].until = tj.Submit + s.jobs[i].work + cfg.DeferSlack
+		}
 		s.push(tj.Submit, evArrive, i, 0)
 	}
 	s.res = Result{Policy: cfg.Policy.Name(), Nodes: cfg.Nodes, GPUs: total, Jobs: len(jobs), CheckpointSeconds: cfg.CheckpointInterval}
@@ -250,6 +299,11 @@ func Run(jobs []trace.Job, cfg Config) (Result, error) {
 			case evArrive:
 				s.enqueue(e.job)
 				changed = true
+			case evWake:
+				if j := &s.jobs[e.job]; j.wakeAt == now {
+					j.wakeAt = 0
+					changed = true
+				}
 			case evEnd:
 				if j := &s.jobs[e.job]; j.running && j.attempt == e.attempt {
 					if s.end(e.job, now) {
@@ -307,7 +361,7 @@ func (s *sim) enqueue(i int) {
 	j := &s.jobs[i]
 	req := scheduler.JobRequest{
 		ID: j.tj.ID, Tenant: s.tenant(j.tj), Priority: j.tj.Priority, Submit: j.tj.Submit,
-		GPUs: j.tj.GPUs, Attained: j.attained, Preemptible: true, Checkpoint: true,
+		GPUs: j.tj.GPUs, Attained: j.attained, Preemptible: true, Checkpoint: true, Until: j.until,
 	}
 	switch {
 	case s.cfg.NoEstimates:
@@ -331,6 +385,12 @@ func (s *sim) schedule(now int64) error {
 			s.start(s.byID[d.Job], d.Placement, now)
 		case scheduler.Preempt:
 			s.preempt(s.byID[d.Job], d, now)
+		case scheduler.Hold:
+			s.res.Holds++
+			if j := &s.jobs[s.byID[d.Job]]; j.wakeAt != d.At {
+				j.wakeAt = d.At
+				s.push(d.At, evWake, s.byID[d.Job], 0)
+			}
 		case scheduler.Reject:
 			return fmt.Errorf("simulate: scheduler rejected job %s: %w", d.Job, d.Err)
 		}
@@ -415,6 +475,7 @@ func (s *sim) release(i int, ran int64) {
 	for _, sl := range j.placement.Ranks {
 		s.snap.Nodes[s.nodeIx[sl.Node]].GPUs[sl.GPU].Job = ""
 	}
+	s.account(j, ran)
 	j.running = false
 	j.exec += ran
 	j.attained += float64(ran) * float64(len(j.placement.Ranks))
@@ -427,6 +488,39 @@ func (s *sim) release(i int, ran int64) {
 	}
 	s.snap.Running = s.snap.Running[:last]
 	delete(s.runIx, i)
+}
+
+// account adds an attempt's energy and emissions, per rank on its node's
+// curve.
+func (s *sim) account(j *sjob, ran int64) {
+	kW := s.cfg.GPUPowerKW
+	s.res.EnergyKWh += kW * float64(ran) * float64(len(j.placement.Ranks)) / 3600
+	for _, sl := range j.placement.Ranks {
+		if c := s.curves[s.nodeIx[sl.Node]]; c != nil {
+			kg := c.Grams(kW, j.start, j.start+ran) / 1000
+			s.res.KgCO2e += kg
+			if j.until > 0 {
+				s.res.DeferrableKgCO2e += kg
+			}
+		}
+	}
+}
+
+// deferrable picks a fraction of jobs by a hash of seed and id, so a seed
+// replays the same choice under every policy.
+func deferrable(seed uint64, id string, fraction float64) bool {
+	if fraction <= 0 {
+		return false
+	}
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	// splitmix64's finaliser: FNV's high bits are poorly mixed for ids
+	// that differ only in their last characters.
+	x := h.Sum64() ^ seed*0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	x ^= x >> 31
+	return float64(x>>11)/(1<<53) < fraction
 }
 
 func (s *sim) removePending(i int) {
@@ -450,6 +544,12 @@ func (s *sim) summarise(first int64) {
 		sumJCT += jct[i]
 		sumQ += float64(j.firstStart - j.tj.Submit)
 		end = max(end, j.finish)
+		if j.until > 0 {
+			s.res.DeferrableJobs++
+			if j.finish > j.until {
+				s.res.MissedDeadlines++
+			}
+		}
 	}
 	slices.Sort(jct)
 	n := float64(len(jct))

@@ -1,12 +1,16 @@
 package simulate
 
 import (
+	"flag"
+	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/carbon"
 	"github.com/gpuctl/gpuctl/scheduler/trace"
 )
 
@@ -154,4 +158,157 @@ func BenchmarkSimulatePhilly(b *testing.B) {
 			b.ReportMetric(float64(len(jobs))/sec, "jobs/s")
 		})
 	}
+}
+
+// twoSiteIntensity: site=solar is 450 gCO2e/kWh except a 100 dip from 10:00
+// to 16:00 UTC; site=grid is 300 all day.
+func twoSiteIntensity(t testing.TB) *carbon.Intensities {
+	solar := "site=solar" + strings.Repeat(" 450", 10) + strings.Repeat(" 100", 6) + strings.Repeat(" 450", 8)
+	in, err := carbon.Parse(strings.NewReader(solar+"\nsite=grid"+strings.Repeat(" 300", 24)+"\n"), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
+func TestRunCarbonAccounting(t *testing.T) {
+	in := twoSiteIntensity(t)
+	// One 8-GPU job for an hour from 00:00 on the solar site (node0000):
+	// 8 × 0.7 kW × 1 h = 5.6 kWh at 450 g/kWh.
+	jobs := []trace.Job{{ID: "a", GPUs: 8, Runtime: 3600}}
+	r := run(t, jobs, Config{Nodes: 2, GPUsPerNode: 8, Policy: scheduler.FIFO{}, Sites: []string{"solar", "grid"}, Intensity: in})
+	if !near(r.EnergyKWh, 5.6) || !near(r.KgCO2e, 5.6*0.45) {
+		t.Fatalf("energy %g kWh, %g kgCO2e", r.EnergyKWh, r.KgCO2e)
+	}
+	// No curve: energy, and no emissions.
+	r = run(t, jobs, Config{Nodes: 2, GPUsPerNode: 8, Policy: scheduler.FIFO{}})
+	if !near(r.EnergyKWh, 5.6) || r.KgCO2e != 0 {
+		t.Fatalf("without a curve: energy %g kWh, %g kgCO2e", r.EnergyKWh, r.KgCO2e)
+	}
+}
+
+func TestRunCarbonAwareDefers(t *testing.T) {
+	in := twoSiteIntensity(t)
+	// Both jobs arrive at 06:00 and run an hour; "d" may wait 12 h. Two
+	// nodes, one a site, so each job fits on either.
+	jobs := []trace.Job{{ID: "d", Submit: 6 * 3600, GPUs: 8, Runtime: 3600}, {ID: "n", Submit: 6 * 3600, GPUs: 8, Runtime: 3600}}
+	cfg := Config{Nodes: 2, GPUsPerNode: 8, Sites: []string{"solar", "grid"}, Intensity: in, Deferrable: 1, Seed: 1}
+	cfg.Policy = scheduler.WithCarbon(scheduler.FIFO{}, in)
+	// Every job deferrable: both wait for 10:00 on the solar site.
+	r := run(t, jobs, cfg)
+	if r.DeferrableJobs != 2 || r.MissedDeadlines != 0 || r.Holds == 0 {
+		t.Fatalf("deferred %d, holds %d, missed %d", r.DeferrableJobs, r.Holds, r.MissedDeadlines)
+	}
+	// Both wait for 10:00; the solar node takes one, and the other, seeing
+	// no cleaner window left than the grid site now, runs there (the rule
+	// does not count capacity): 100 + 300 g/kWh, not 450 + 300 at 06:00.
+	if !near(r.KgCO2e, 5.6*(0.1+0.3)) {
+		t.Fatalf("kgCO2e %g; want one run in the dip and one on the grid site", r.KgCO2e)
+	}
+	base := cfg
+	base.Policy = scheduler.FIFO{}
+	b := run(t, jobs, base)
+	if b.KgCO2e <= r.KgCO2e || b.Holds != 0 {
+		t.Fatalf("without the option %g kgCO2e, with it %g", b.KgCO2e, r.KgCO2e)
+	}
+	// Nothing deferrable: the option changes nothing.
+	cfg.Deferrable, base.Deferrable = 0, 0
+	if a, b := run(t, jobs, cfg), run(t, jobs, base); a.MeanJCT != b.MeanJCT || a.KgCO2e != b.KgCO2e || a.Holds != 0 {
+		t.Fatalf("no deferrable jobs, yet the option changed the run: %+v vs %+v", a, b)
+	}
+}
+
+var carbonStudy = flag.Bool("carbon-study", false, "replay the Philly trace over 5 seeds with and without the carbon-aware option and print the table of docs/scheduling.md")
+
+// studyFraction of jobs are deferrable (by 12 h beyond their work), chosen
+// per seed by a hash of the seed and the job id.
+const studyFraction = 0.3
+
+// studyNodes is twice ClusterSize's 37 nodes for the trace: at the trace's
+// mean load the queue holds jobs for weeks and no policy moves them by hours.
+var studyNodes = 74
+
+type studyRun struct{ base, carbon Result }
+
+func studyOnce(t *testing.T, jobs []trace.Job, in *carbon.Intensities, seed uint64) studyRun {
+	t.Helper()
+	pol, err := scheduler.PolicyByName(scheduler.DefaultPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Nodes: studyNodes, GPUsPerNode: 8, Sites: []string{"solar", "wind"}, Intensity: in, Deferrable: studyFraction, Seed: seed, Policy: pol}
+	base := run(t, jobs, cfg)
+	cfg.Policy = scheduler.WithCarbon(pol, in)
+	return studyRun{base, run(t, jobs, cfg)}
+}
+
+func studyInputs(t *testing.T) ([]trace.Job, *carbon.Intensities) {
+	jobs, err := trace.Load(filepath.Join("..", "trace", "testdata", "philly-multigpu-3034.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(filepath.Join("testdata", "two-sites.carbon"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	in, err := carbon.Parse(f, f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return jobs, in
+}
+
+// TestCarbonAwareOnPhilly replays the Philly trace with 30% of jobs
+// deferrable: the option must emit less and no deferrable job may miss its
+// deadline. With -carbon-study it runs 5 seeds and prints the table.
+func TestCarbonAwareOnPhilly(t *testing.T) {
+	jobs, in := studyInputs(t)
+	seeds := []uint64{1}
+	if *carbonStudy {
+		seeds = []uint64{1, 2, 3, 4, 5}
+	}
+	var saved, savedDef, dMean, dP99, holds, missed []float64
+	var last studyRun
+	for _, seed := range seeds {
+		r := studyOnce(t, jobs, in, seed)
+		if r.carbon.KgCO2e >= r.base.KgCO2e {
+			t.Errorf("seed %d: %.0f kgCO2e with the option, %.0f without", seed, r.carbon.KgCO2e, r.base.KgCO2e)
+		}
+		if r.base.DeferrableJobs == 0 || r.carbon.Holds == 0 {
+			t.Errorf("seed %d: %d deferrable jobs, %d holds", seed, r.base.DeferrableJobs, r.carbon.Holds)
+		}
+		saved = append(saved, 100*(r.base.KgCO2e-r.carbon.KgCO2e)/r.base.KgCO2e)
+		savedDef = append(savedDef, 100*(r.base.DeferrableKgCO2e-r.carbon.DeferrableKgCO2e)/r.base.DeferrableKgCO2e)
+		dMean = append(dMean, 100*(r.carbon.MeanJCT-r.base.MeanJCT)/r.base.MeanJCT)
+		dP99 = append(dP99, 100*(r.carbon.P99JCT-r.base.P99JCT)/r.base.P99JCT)
+		holds = append(holds, float64(r.carbon.Holds))
+		missed = append(missed, float64(r.carbon.MissedDeadlines-r.base.MissedDeadlines))
+		last = r
+		t.Logf("seed %d: %d jobs (%d deferrable) on %d GPUs: %.0f → %.0f kgCO2e (%.1f%% saved, %.0f kWh → %.0f kWh); mean JCT %.0f → %.0f s; p99 JCT %.0f → %.0f s; missed deadlines %d → %d",
+			seed, r.base.Jobs, r.base.DeferrableJobs, r.base.GPUs, r.base.KgCO2e, r.carbon.KgCO2e, saved[len(saved)-1],
+			r.base.EnergyKWh, r.carbon.EnergyKWh, r.base.MeanJCT, r.carbon.MeanJCT, r.base.P99JCT, r.carbon.P99JCT,
+			r.base.MissedDeadlines, r.carbon.MissedDeadlines)
+	}
+	if !*carbonStudy {
+		return
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "| %s, %d jobs, %d GPUs, %d%% deferrable, %d seeds | mean | 95%% CI |\n|---|---|---|\n",
+		last.base.Policy, last.base.Jobs, last.base.GPUs, int(studyFraction*100), len(seeds))
+	for _, row := range []struct {
+		name string
+		v    []float64
+	}{
+		{"kgCO2e saved (%)", saved},
+		{"deferrable jobs' kgCO2e saved (%)", savedDef},
+		{"mean JCT change (%)", dMean},
+		{"p99 JCT change (%)", dP99},
+		{"holds decided", holds},
+		{"extra missed deadlines", missed},
+	} {
+		m, h := meanCI(row.v)
+		fmt.Fprintf(&b, "| %s | %.2f | ±%.2f |\n", row.name, m, h)
+	}
+	fmt.Print(b.String())
 }
