@@ -11234,9 +11234,14 @@ func (x *RevokeUserResponse) GetDisconnected() uint32 {
 }
 
 type RemoveNodeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Name   string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Reason string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The caller confirms that the node, lost, and its ranks are down for
+	// good: every job waiting for the node's fence (too few of its witnesses
+	// acknowledged, being gone too) goes on at once. Refused for a node that
+	// is connected or that no job waits for.
+	ConfirmFenced bool `protobuf:"varint,3,opt,name=confirm_fenced,json=confirmFenced,proto3" json:"confirm_fenced,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -11285,11 +11290,20 @@ func (x *RemoveNodeRequest) GetReason() string {
 	return ""
 }
 
+func (x *RemoveNodeRequest) GetConfirmFenced() bool {
+	if x != nil {
+		return x.ConfirmFenced
+	}
+	return false
+}
+
 type RemoveNodeResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Revoked []*Identity            `protobuf:"bytes,1,rep,name=revoked,proto3" json:"revoked,omitempty"`
 	// Whether the node was connected and has been disconnected.
-	WasConnected  bool `protobuf:"varint,2,opt,name=was_connected,json=wasConnected,proto3" json:"was_connected,omitempty"`
+	WasConnected bool `protobuf:"varint,2,opt,name=was_connected,json=wasConnected,proto3" json:"was_connected,omitempty"`
+	// With confirm_fenced: the jobs whose fence on the node was lifted.
+	FencedJobs    []string `protobuf:"bytes,3,rep,name=fenced_jobs,json=fencedJobs,proto3" json:"fenced_jobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -11336,6 +11350,13 @@ func (x *RemoveNodeResponse) GetWasConnected() bool {
 		return x.WasConnected
 	}
 	return false
+}
+
+func (x *RemoveNodeResponse) GetFencedJobs() []string {
+	if x != nil {
+		return x.FencedJobs
+	}
+	return nil
 }
 
 var File_gpuctl_proto protoreflect.FileDescriptor
@@ -12240,13 +12261,16 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"g\n" +
 	"\x12RevokeUserResponse\x12-\n" +
 	"\arevoked\x18\x01 \x03(\v2\x13.gpuctl.v1.IdentityR\arevoked\x12\"\n" +
-	"\fdisconnected\x18\x02 \x01(\rR\fdisconnected\"?\n" +
+	"\fdisconnected\x18\x02 \x01(\rR\fdisconnected\"f\n" +
 	"\x11RemoveNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"h\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12%\n" +
+	"\x0econfirm_fenced\x18\x03 \x01(\bR\rconfirmFenced\"\x89\x01\n" +
 	"\x12RemoveNodeResponse\x12-\n" +
 	"\arevoked\x18\x01 \x03(\v2\x13.gpuctl.v1.IdentityR\arevoked\x12#\n" +
-	"\rwas_connected\x18\x02 \x01(\bR\fwasConnected*\x88\x02\n" +
+	"\rwas_connected\x18\x02 \x01(\bR\fwasConnected\x12\x1f\n" +
+	"\vfenced_jobs\x18\x03 \x03(\tR\n" +
+	"fencedJobs*\x88\x02\n" +
 	"\x06NCCLOp\x12\x17\n" +
 	"\x13NCCL_OP_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12NCCL_OP_ALL_REDUCE\x10\x01\x12\x16\n" +

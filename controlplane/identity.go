@@ -386,6 +386,15 @@ func (s *Server) removeNode(ctx context.Context, who string, r *api.RemoveNodeRe
 	rev := &api.Revocation{RevokedUnixNano: s.now().UnixNano(), RevokedBy: who, Reason: reason}
 	ids := s.identities()
 	resp := &api.RemoveNodeResponse{}
+	if r.GetConfirmFenced() {
+		// The fences go first: a node refused here (connected, or no job
+		// waits for it) is not removed either.
+		jobs, err := s.jobs.ConfirmFenced(ctx, name, who)
+		if err != nil {
+			return nil, err
+		}
+		resp.FencedJobs = jobs
+	}
 	if conn := s.nodes.Conn(name); conn != nil {
 		// Revoke first, so that the node cannot reconnect, then end its
 		// session: its jobs learn the node is down from that, and its
