@@ -40,6 +40,8 @@ type fence struct {
 	// those that acknowledged the attempt superseded.
 	witnesses []string
 	acks      []fencing.Ack
+	// stuckNoted: the event saying too few witnesses answer was raised.
+	stuckNoted bool
 }
 
 // until is when the node's lease has surely passed; ok is false while too
@@ -217,7 +219,18 @@ func (m *Manager) unfenced(en *entry, now time.Time) []string {
 	var wait []string
 	for _, node := range slices.Sorted(mapKeys(en.fences)) {
 		f := en.fences[node]
-		if until, ok := f.until(m.cfg.Lease); !ok || now.Before(until) {
+		until, ok := f.until(m.cfg.Lease)
+		if !ok && !f.stuckNoted && !now.Before(f.lastContact.Add(m.cfg.Lease+fenceMargin)) {
+			// Past the lease the node's own renewals are over; only its
+			// witnesses' silence holds the job back now, and if they are
+			// gone for good only the operator can say the node is down.
+			f.stuckNoted = true
+			en.fences[node] = f
+			m.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, 0,
+				"attempt %d still waits on %s: %d of its %d witnesses acknowledged it superseded, %d are needed; if %s and its ranks are down for good, run `gpuctl node remove %s --confirm-fenced`",
+				f.attempt, node, len(f.acks), len(f.witnesses), fencing.AcksToFence(len(f.witnesses)), node, node)
+		}
+		if !ok || now.Before(until) {
 			wait = append(wait, node)
 			continue
 		}

@@ -315,6 +315,9 @@ func TestConfirmFencedByTheOperator(t *testing.T) {
 		}
 	}
 
+	if evs := strings.Join(h.recoveryEvents(id), "\n"); !strings.Contains(evs, "attempt 1 still waits on n1: 1 of its 3 witnesses acknowledged it superseded, 2 are needed; if n1 and its ranks are down for good, run `gpuctl node remove n1 --confirm-fenced`") {
+		t.Errorf("no event tells the operator what holds the job back:\n%s", evs)
+	}
 	confirm := func(node string) ([]string, error) {
 		v, err := h.call(func(ctx context.Context) (any, error) { return h.m.ConfirmFenced(ctx, node, "alice") })
 		jobs, _ := v.([]string)
