@@ -537,6 +537,12 @@ func (a *Agent) commands(ctx context.Context, control *transport.Stream, send fu
 			a.probes.SetPace(p.GetFactor())
 			continue
 		}
+		if d := m.GetDeniedPeers(); d != nil {
+			if err := a.book.deny(d.GetSerials()); err != nil {
+				a.log.Error("keep the denied peers; they are refused until this nodemon restarts", "err", err)
+			}
+			continue
+		}
 		c := m.GetCommand()
 		if c == nil {
 			continue

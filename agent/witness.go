@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,8 +30,15 @@ import (
 // (Supersede, or a fencing SignalRanks), and no from then on, for good:
 // the book below is on disk before the server hears the acknowledgement.
 
+// A removed node (its certificate revoked: gpuctl node remove) gets no
+// vouch either: the server sends the revoked node certificates
+// (DeniedPeers), the book keeps them with the superseded attempts, and a
+// request from a peer whose certificate serial is among them is refused.
+// The serial is the one the peer proved at the handshake, not a name it
+// claims.
+
 // witnessBook is what this node, as a witness, knows of superseded
-// attempts and when it last vouched for each job.
+// attempts and denied peers, and when it last vouched for each job.
 type witnessBook struct {
 	path string
 	log  *slog.Logger
@@ -39,13 +48,16 @@ type witnessBook struct {
 
 	mu         sync.Mutex
 	superseded map[string]uint32 // job → highest attempt superseded
+	denied     map[string]bool   // revoked certificate serials
 	vouched    map[string]time.Time
 }
 
-// witnessFile is the layout of <data-dir>/superseded.json.
+// witnessFile is the layout of <data-dir>/superseded.json. Denied came
+// later; a book without it denies no one.
 type witnessFile struct {
 	Version    int               `json:"version"`
 	Superseded map[string]uint32 `json:"superseded"`
+	Denied     []string          `json:"denied,omitempty"`
 }
 
 // openWitnessBook loads the book kept in dataDir. An unreadable book is an
@@ -53,7 +65,7 @@ type witnessFile struct {
 // ranks be vouched for again.
 func openWitnessBook(dataDir string, log *slog.Logger) (*witnessBook, error) {
 	b := &witnessBook{path: filepath.Join(dataDir, "superseded.json"), log: log, started: time.Now(),
-		superseded: map[string]uint32{}, vouched: map[string]time.Time{}}
+		superseded: map[string]uint32{}, denied: map[string]bool{}, vouched: map[string]time.Time{}}
 	data, err := os.ReadFile(b.path)
 	if errors.Is(err, os.ErrNotExist) {
 		return b, nil
@@ -61,14 +73,19 @@ func openWitnessBook(dataDir string, log *slog.Logger) (*witnessBook, error) {
 	if err != nil {
 		return nil, fmt.Errorf("witness book: %w", err)
 	}
-	if b.superseded, err = parseWitnessFile(data); err != nil {
-		return nil, fmt.Errorf("witness book %s is damaged (%v): it lists the job attempts this node must never vouch for; restore it from a backup, or remove it only once every job that ran in the cluster before has ended", b.path, err)
+	f, err := parseWitnessFile(data)
+	if err != nil {
+		return nil, fmt.Errorf("witness book %s is damaged (%v): it lists the job attempts and the removed nodes this node must never vouch for; restore it from a backup, or remove it only once every job that ran in the cluster before has ended", b.path, err)
+	}
+	b.superseded = f.Superseded
+	for _, serial := range f.Denied {
+		b.denied[serial] = true
 	}
 	return b, nil
 }
 
 // parseWitnessFile reads superseded.json.
-func parseWitnessFile(data []byte) (map[string]uint32, error) {
+func parseWitnessFile(data []byte) (*witnessFile, error) {
 	var f witnessFile
 	if err := json.Unmarshal(data, &f); err != nil {
 		return nil, err
@@ -76,14 +93,29 @@ func parseWitnessFile(data []byte) (map[string]uint32, error) {
 	if f.Version != 1 {
 		return nil, fmt.Errorf("version %d, want 1", f.Version)
 	}
-	out := map[string]uint32{}
+	out := &witnessFile{Version: 1, Superseded: map[string]uint32{}}
 	for job, a := range f.Superseded {
 		if job == "" || a == 0 {
 			return nil, fmt.Errorf("entry %q: %d is not a job and attempt", job, a)
 		}
-		out[job] = a
+		out.Superseded[job] = a
+	}
+	for _, serial := range f.Denied {
+		if serial == "" {
+			return nil, errors.New("denied: an empty certificate serial")
+		}
+		out.Denied = append(out.Denied, serial)
 	}
 	return out, nil
+}
+
+// saveLocked writes the book; b.mu is held.
+func (b *witnessBook) saveLocked() error {
+	data, err := json.Marshal(witnessFile{Version: 1, Superseded: b.superseded, Denied: slices.Sorted(maps.Keys(b.denied))})
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(b.path, data)
 }
 
 // supersede records that job's attempts up to attempt are superseded and
@@ -101,14 +133,41 @@ func (b *witnessBook) supersede(job string, attempt uint32) (time.Duration, erro
 		return ago, nil
 	}
 	b.superseded[job] = attempt
-	data, err := json.Marshal(witnessFile{Version: 1, Superseded: b.superseded})
-	if err == nil {
-		err = writeFileAtomic(b.path, data)
-	}
-	if err != nil {
+	if err := b.saveLocked(); err != nil {
 		return 0, fmt.Errorf("record %s attempt %d superseded: %w", job, attempt, err)
 	}
 	return ago, nil
+}
+
+// deny replaces the denied certificate serials with the server's list;
+// a changed list is on disk when it returns, so a nodemon restarted while
+// no server answers still refuses a removed node.
+func (b *witnessBook) deny(serials []string) error {
+	next := map[string]bool{}
+	for _, s := range serials {
+		if s != "" {
+			next[s] = true
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if maps.Equal(next, b.denied) {
+		return nil
+	}
+	added := 0
+	for s := range next {
+		if !b.denied[s] {
+			added++
+		}
+	}
+	b.denied = next
+	if err := b.saveLocked(); err != nil {
+		return fmt.Errorf("record %d denied peers: %w", len(next), err)
+	}
+	if added > 0 {
+		b.log.Info("the server named removed nodes; this node vouches for them no more", "denied", len(next), "new", added)
+	}
+	return nil
 }
 
 // isSuperseded reports whether the book holds job's attempt superseded.
@@ -118,10 +177,14 @@ func (b *witnessBook) isSuperseded(job string, attempt uint32) bool {
 	return attempt <= b.superseded[job]
 }
 
-// answer is this node's vouch for each attempt of req.
-func (b *witnessBook) answer(req *api.VouchRequest) *api.VouchResponse {
+// answer is this node's vouch for each attempt of req, asked by the peer
+// whose certificate has serial; an error when that certificate is denied.
+func (b *witnessBook) answer(serial string, req *api.VouchRequest) (*api.VouchResponse, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.denied[serial] {
+		return nil, fmt.Errorf("certificate serial %s was revoked (its node was removed from the cluster): this node vouches for it no more", serial)
+	}
 	now := time.Now()
 	resp := &api.VouchResponse{}
 	for _, a := range req.GetAttempts() {
@@ -134,7 +197,7 @@ func (b *witnessBook) answer(req *api.VouchRequest) *api.VouchResponse {
 		}
 		resp.Vouches = append(resp.Vouches, v)
 	}
-	return resp
+	return resp, nil
 }
 
 // maxVouchAttempts bounds one request: a node runs a few attempts.
@@ -178,7 +241,13 @@ func (b *witnessBook) serveConn(ctx context.Context, conn *transport.Conn) {
 				st.Cancel(0)
 				return
 			}
-			if err := st.Send(b.answer(&req)); err != nil {
+			resp, err := b.answer(conn.Serial(), &req)
+			if err != nil {
+				b.log.Info("refused a vouch", "peer", conn.Name(), "err", err)
+				conn.CloseWithError(transport.CodeRefused, err.Error())
+				return
+			}
+			if err := st.Send(resp); err != nil {
 				b.log.Debug("answer vouch request", "peer", conn.Name(), "err", err)
 			}
 		}()

@@ -2,16 +2,20 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/gpuctl/gpuctl/api"
+	"github.com/gpuctl/gpuctl/client"
+	"github.com/gpuctl/gpuctl/controlplane"
 	"github.com/gpuctl/gpuctl/transport"
 	"google.golang.org/protobuf/proto"
 )
@@ -27,7 +31,11 @@ func TestWitnessBook(t *testing.T) {
 		t.Fatal(err)
 	}
 	ask := func(b *witnessBook, job string, attempt uint32) *api.Vouch {
-		return b.answer(&api.VouchRequest{Attempts: []*api.JobAttemptRef{{Job: job, Attempt: attempt}}}).GetVouches()[0]
+		resp, err := b.answer("5eed", &api.VouchRequest{Attempts: []*api.JobAttemptRef{{Job: job, Attempt: attempt}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetVouches()[0]
 	}
 	if v := ask(b, "j-1", 2); !v.GetVouched() || v.GetSuperseded() {
 		t.Fatalf("before any Supersede: %v", v)
@@ -76,19 +84,85 @@ func TestWitnessBook(t *testing.T) {
 	}
 }
 
+// TestWitnessBookDeniesRemovedPeers: a peer whose certificate serial the
+// server named denied gets no vouch, whatever it asks, until the server's
+// list no longer names it; a restarted nodemon remembers the list, and a
+// book written before the list existed loads with no one denied.
+func TestWitnessBookDeniesRemovedPeers(t *testing.T) {
+	dir := t.TempDir()
+	b, err := openWitnessBook(dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &api.VouchRequest{Attempts: []*api.JobAttemptRef{{Job: "j-1", Attempt: 1}}}
+	vouches := func(b *witnessBook, serial string) error {
+		t.Helper()
+		resp, err := b.answer(serial, req)
+		if err != nil {
+			return err
+		}
+		if !resp.GetVouches()[0].GetVouched() {
+			t.Fatalf("peer %s: %v", serial, resp)
+		}
+		return nil
+	}
+	if err := vouches(b, "a1"); err != nil {
+		t.Fatalf("before any deny-list: %v", err)
+	}
+	if err := b.deny([]string{"a1", "b2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := vouches(b, "a1"); err == nil || !strings.Contains(err.Error(), "revoked") {
+		t.Errorf("a denied peer: %v", err)
+	}
+	if err := vouches(b, "c3"); err != nil {
+		t.Errorf("a peer not denied: %v", err)
+	}
+	restarted, err := openWitnessBook(dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := vouches(restarted, "b2"); err == nil {
+		t.Error("a restarted witness forgot the denied peers")
+	}
+	if err := restarted.deny(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := vouches(restarted, "b2"); err != nil {
+		t.Errorf("the server's list replaces the one before: %v", err)
+	}
+
+	old := t.TempDir()
+	if err := os.WriteFile(filepath.Join(old, "superseded.json"), []byte(`{"version":1,"superseded":{"j-7":2}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := openWitnessBook(old, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatalf("a book from before the deny-list: %v", err)
+	}
+	if err := vouches(ob, "a1"); err != nil || !ob.isSuperseded("j-7", 2) {
+		t.Errorf("a book from before the deny-list: %v, superseded %v", err, ob.isSuperseded("j-7", 2))
+	}
+}
+
 func FuzzWitnessFile(f *testing.F) {
 	f.Add([]byte(`{"version":1,"superseded":{"j-1":2}}`))
 	f.Add([]byte(`{"version":1,"superseded":{"":2}}`))
 	f.Add([]byte(`{"version":2}`))
+	f.Add([]byte(`{"version":1,"superseded":{},"denied":["3f","a0"]}`))
+	f.Add([]byte(`{"version":1,"superseded":{},"denied":[""]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		m, err := parseWitnessFile(data)
+		w, err := parseWitnessFile(data)
 		if err != nil {
 			return
 		}
-		for job, a := range m {
+		for job, a := range w.Superseded {
 			if job == "" || a == 0 {
 				t.Fatalf("accepted %q: %d", job, a)
 			}
+		}
+		if slices.Contains(w.Denied, "") {
+			t.Fatalf("accepted an empty serial: %q", w.Denied)
 		}
 	})
 }
@@ -96,13 +170,19 @@ func FuzzWitnessFile(f *testing.F) {
 func FuzzVouchRequest(f *testing.F) {
 	req, _ := proto.Marshal(&api.VouchRequest{Attempts: []*api.JobAttemptRef{{Job: "j-1", Attempt: 1}, {Job: "j-2", Attempt: 4}}})
 	f.Add(req)
-	b := &witnessBook{superseded: map[string]uint32{"j-2": 4}, vouched: map[string]time.Time{}}
+	b := &witnessBook{superseded: map[string]uint32{"j-2": 4}, denied: map[string]bool{"bad": true}, vouched: map[string]time.Time{}}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var req api.VouchRequest
 		if proto.Unmarshal(data, &req) != nil {
 			return
 		}
-		resp := b.answer(&req)
+		if resp, err := b.answer("bad", &req); err == nil {
+			t.Fatalf("a denied peer was answered %v", resp)
+		}
+		resp, err := b.answer("good", &req)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if len(resp.GetVouches()) != len(req.GetAttempts()) {
 			t.Fatalf("%d answers to %d attempts", len(resp.GetVouches()), len(req.GetAttempts()))
 		}
@@ -252,4 +332,91 @@ func nodeJoiner(t *testing.T) func(name string) *transport.Identity {
 		}
 		return id
 	}
+}
+
+// TestRemovedNodeGetsNoVouch: a node removed with `gpuctl node remove`
+// gets no vouch from its peers. A real server (5 s lease) and nodemon
+// gpu-a, over loopback QUIC; gpu-b joined, so it holds a node
+// certificate of the cluster. gpu-a vouches for gpu-b until gpu-b is
+// removed, then refuses it within a few heartbeats, and still refuses it
+// after a restart with no server to ask.
+func TestRemovedNodeGetsNoVouch(t *testing.T) {
+	dir := t.TempDir()
+	srv := startLeader(t, filepath.Join(dir, "server"), "", 5*time.Second)
+	tok := token(t, srv)
+	dataA := filepath.Join(dir, "gpu-a")
+	_, stopA := runNode(t, "gpu-a", srv.Addr().String(), tok, dataA)
+	idB, err := transport.Join(context.Background(), srv.Addr().String(), token(t, srv), "gpu-b", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "gpu-a registered", 15*time.Second, func() bool { return connectedAt(srv, "gpu-a") })
+	var peerA string
+	for _, n := range srv.Nodes() {
+		if n.GetRegistration().GetName() == "gpu-a" {
+			peerA = n.GetRegistration().GetPeerAddr()
+		}
+	}
+	if peerA == "" {
+		t.Fatal("gpu-a registered no peer address")
+	}
+	d, err := transport.NewDialer(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	// askA is gpu-b asking gpu-a, on a new connection, to vouch for an
+	// attempt gpu-a was never told is superseded.
+	askA := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		conn, err := d.DialPeer(ctx, peerA, "gpu-a", idB)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		resp, err := vouchFrom(ctx, conn, &api.VouchRequest{Attempts: []*api.JobAttemptRef{{Job: "j-1", Attempt: 1}}})
+		if err != nil {
+			return err
+		}
+		if !resp.GetVouches()[0].GetVouched() {
+			return fmt.Errorf("answered %v", resp)
+		}
+		return nil
+	}
+	if err := askA(); err != nil {
+		t.Fatalf("before the removal: %v", err)
+	}
+
+	cl, err := client.Dial(context.Background(), controlplane.AdminConfigPath(filepath.Join(dir, "server")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := cl.RemoveNode(context.Background(), "gpu-b", "decommissioned"); err != nil {
+		t.Fatal(err)
+	}
+	removed := time.Now()
+	var refusal error
+	eventually(t, "gpu-a refuses gpu-b", 10*time.Second, func() bool {
+		refusal = askA()
+		return refusal != nil
+	})
+	if !strings.Contains(refusal.Error(), "revoked") {
+		t.Errorf("gpu-b is told %v, want a reason that names the revocation", refusal)
+	}
+	t.Logf("gpu-a refused gpu-b %s after the removal: %v", time.Since(removed).Round(time.Millisecond), refusal)
+
+	// gpu-a restarted with no server to ask still refuses gpu-b.
+	stopA()
+	hole, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hole.Close()
+	runNode(t, "gpu-a", hole.LocalAddr().String(), "", dataA)
+	eventually(t, "the restarted gpu-a answers its peers", 10*time.Second, func() bool {
+		err := askA()
+		return err != nil && strings.Contains(err.Error(), "revoked")
+	})
 }

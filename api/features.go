@@ -33,6 +33,10 @@ const (
 	// telemetry less often while the server is overloaded. A node without
 	// it keeps its pace, and the server sheds what it cannot apply.
 	FeatureTelemetryPace = "telemetry-pace"
+	// FeatureDenyList: the node honours DeniedPeers, vouching as a witness
+	// for no peer whose certificate the cluster revoked. A node without it
+	// vouches for a removed node until that node's certificate expires.
+	FeatureDenyList = "deny-list"
 )
 
 // featureWhy says what goes wrong with a node that lacks a feature.
@@ -43,11 +47,12 @@ var featureWhy = map[string]string{
 	FeatureNodeRank:      "its ranks would not be given NODE_RANK",
 	FeaturePeerLease:     "its ranks would stop whenever no server answers for a lease",
 	FeatureTelemetryPace: "an overloaded server could only shed its telemetry, not slow it",
+	FeatureDenyList:      "as a witness it would keep a removed node's ranks alive",
 }
 
 // NodeFeatures are the features this build's nodemon has.
 func NodeFeatures() []string {
-	return []string{FeatureLease, FeatureFence, FeatureRunAs, FeatureNodeRank, FeaturePeerLease, FeatureTelemetryPace}
+	return []string{FeatureLease, FeatureFence, FeatureRunAs, FeatureNodeRank, FeaturePeerLease, FeatureTelemetryPace, FeatureDenyList}
 }
 
 // v12Features are the features every nodemon of protocol v1.2 has: they

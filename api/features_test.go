@@ -19,7 +19,7 @@ func TestPeerFeatures(t *testing.T) {
 		{"v1.1 without a list", &Hello{Version: v(1)}, nil},
 		{"v1.1 listing fence", &Hello{Version: v(1), Features: []string{FeatureFence}}, []string{FeatureFence}},
 		{"v1.2 without a list", &Hello{Version: v(2)}, all},
-		{"v1.3 listing its own", &Hello{Version: v(3), Features: NodeFeatures()}, append(slices.Clone(all), FeaturePeerLease, FeatureTelemetryPace)},
+		{"v1.3 listing its own", &Hello{Version: v(3), Features: NodeFeatures()}, append(slices.Clone(all), FeaturePeerLease, FeatureTelemetryPace, FeatureDenyList)},
 		{"v1.3 without peer-lease", &Hello{Version: v(3), Features: all}, all},
 		{"a later feature, listed", &Hello{Version: v(4), Features: []string{"lease-v2"}}, append(slices.Clone(all), "lease-v2")},
 	}

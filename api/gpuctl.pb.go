@@ -3971,6 +3971,7 @@ type ServerMessage struct {
 	//	*ServerMessage_EventAck
 	//	*ServerMessage_Lease
 	//	*ServerMessage_Pace
+	//	*ServerMessage_DeniedPeers
 	Body          isServerMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -4058,6 +4059,15 @@ func (x *ServerMessage) GetPace() *TelemetryPace {
 	return nil
 }
 
+func (x *ServerMessage) GetDeniedPeers() *DeniedPeers {
+	if x != nil {
+		if x, ok := x.Body.(*ServerMessage_DeniedPeers); ok {
+			return x.DeniedPeers
+		}
+	}
+	return nil
+}
+
 type isServerMessage_Body interface {
 	isServerMessage_Body()
 }
@@ -4082,6 +4092,10 @@ type ServerMessage_Pace struct {
 	Pace *TelemetryPace `protobuf:"bytes,5,opt,name=pace,proto3,oneof"`
 }
 
+type ServerMessage_DeniedPeers struct {
+	DeniedPeers *DeniedPeers `protobuf:"bytes,6,opt,name=denied_peers,json=deniedPeers,proto3,oneof"`
+}
+
 func (*ServerMessage_Welcome) isServerMessage_Body() {}
 
 func (*ServerMessage_Command) isServerMessage_Body() {}
@@ -4091,6 +4105,58 @@ func (*ServerMessage_EventAck) isServerMessage_Body() {}
 func (*ServerMessage_Lease) isServerMessage_Body() {}
 
 func (*ServerMessage_Pace) isServerMessage_Body() {}
+
+func (*ServerMessage_DeniedPeers) isServerMessage_Body() {}
+
+// DeniedPeers names the node certificates the cluster revoked (gpuctl node
+// remove) that have not expired, for a node that named the deny-list
+// feature: as a witness it vouches for none of them. Each one replaces the
+// list sent before; the server sends it on the control stream after a
+// heartbeat whenever the node has not heard the current list.
+type DeniedPeers struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Certificate serials, lowercase hex (as Identity.serial).
+	Serials       []string `protobuf:"bytes,1,rep,name=serials,proto3" json:"serials,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeniedPeers) Reset() {
+	*x = DeniedPeers{}
+	mi := &file_gpuctl_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeniedPeers) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeniedPeers) ProtoMessage() {}
+
+func (x *DeniedPeers) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeniedPeers.ProtoReflect.Descriptor instead.
+func (*DeniedPeers) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *DeniedPeers) GetSerials() []string {
+	if x != nil {
+		return x.Serials
+	}
+	return nil
+}
 
 // TelemetryPace asks a node (one that named the telemetry-pace feature) to
 // send its telemetry factor times less often than its own interval, while
@@ -4104,7 +4170,7 @@ type TelemetryPace struct {
 
 func (x *TelemetryPace) Reset() {
 	*x = TelemetryPace{}
-	mi := &file_gpuctl_proto_msgTypes[36]
+	mi := &file_gpuctl_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4116,7 +4182,7 @@ func (x *TelemetryPace) String() string {
 func (*TelemetryPace) ProtoMessage() {}
 
 func (x *TelemetryPace) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[36]
+	mi := &file_gpuctl_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4129,7 +4195,7 @@ func (x *TelemetryPace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TelemetryPace.ProtoReflect.Descriptor instead.
 func (*TelemetryPace) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{36}
+	return file_gpuctl_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *TelemetryPace) GetFactor() uint32 {
@@ -4151,7 +4217,7 @@ type GPUStatus struct {
 
 func (x *GPUStatus) Reset() {
 	*x = GPUStatus{}
-	mi := &file_gpuctl_proto_msgTypes[37]
+	mi := &file_gpuctl_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4163,7 +4229,7 @@ func (x *GPUStatus) String() string {
 func (*GPUStatus) ProtoMessage() {}
 
 func (x *GPUStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[37]
+	mi := &file_gpuctl_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4176,7 +4242,7 @@ func (x *GPUStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUStatus.ProtoReflect.Descriptor instead.
 func (*GPUStatus) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{37}
+	return file_gpuctl_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GPUStatus) GetInfo() *GPUInfo {
@@ -4245,7 +4311,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_gpuctl_proto_msgTypes[38]
+	mi := &file_gpuctl_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4257,7 +4323,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[38]
+	mi := &file_gpuctl_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4270,7 +4336,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{38}
+	return file_gpuctl_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *NodeStatus) GetRegistration() *NodeRegistration {
@@ -4426,7 +4492,7 @@ type CollectiveStat struct {
 
 func (x *CollectiveStat) Reset() {
 	*x = CollectiveStat{}
-	mi := &file_gpuctl_proto_msgTypes[39]
+	mi := &file_gpuctl_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4438,7 +4504,7 @@ func (x *CollectiveStat) String() string {
 func (*CollectiveStat) ProtoMessage() {}
 
 func (x *CollectiveStat) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[39]
+	mi := &file_gpuctl_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4451,7 +4517,7 @@ func (x *CollectiveStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectiveStat.ProtoReflect.Descriptor instead.
 func (*CollectiveStat) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{39}
+	return file_gpuctl_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CollectiveStat) GetNode() string {
@@ -4560,7 +4626,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[40]
+	mi := &file_gpuctl_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4572,7 +4638,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[40]
+	mi := &file_gpuctl_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4585,7 +4651,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{40}
+	return file_gpuctl_proto_rawDescGZIP(), []int{41}
 }
 
 type ListNodesResponse struct {
@@ -4597,7 +4663,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[41]
+	mi := &file_gpuctl_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4609,7 +4675,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[41]
+	mi := &file_gpuctl_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4622,7 +4688,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{41}
+	return file_gpuctl_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeStatus {
@@ -4643,7 +4709,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[42]
+	mi := &file_gpuctl_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4655,7 +4721,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[42]
+	mi := &file_gpuctl_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4668,7 +4734,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{42}
+	return file_gpuctl_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListEventsRequest) GetNode() string {
@@ -4701,7 +4767,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[43]
+	mi := &file_gpuctl_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4713,7 +4779,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[43]
+	mi := &file_gpuctl_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4726,7 +4792,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{43}
+	return file_gpuctl_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -4746,7 +4812,7 @@ type ListCollectivesRequest struct {
 
 func (x *ListCollectivesRequest) Reset() {
 	*x = ListCollectivesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[44]
+	mi := &file_gpuctl_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4758,7 +4824,7 @@ func (x *ListCollectivesRequest) String() string {
 func (*ListCollectivesRequest) ProtoMessage() {}
 
 func (x *ListCollectivesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[44]
+	mi := &file_gpuctl_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4771,7 +4837,7 @@ func (x *ListCollectivesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCollectivesRequest.ProtoReflect.Descriptor instead.
 func (*ListCollectivesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{44}
+	return file_gpuctl_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListCollectivesRequest) GetJob() string {
@@ -4797,7 +4863,7 @@ type ListCollectivesResponse struct {
 
 func (x *ListCollectivesResponse) Reset() {
 	*x = ListCollectivesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[45]
+	mi := &file_gpuctl_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4809,7 +4875,7 @@ func (x *ListCollectivesResponse) String() string {
 func (*ListCollectivesResponse) ProtoMessage() {}
 
 func (x *ListCollectivesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[45]
+	mi := &file_gpuctl_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4822,7 +4888,7 @@ func (x *ListCollectivesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCollectivesResponse.ProtoReflect.Descriptor instead.
 func (*ListCollectivesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{45}
+	return file_gpuctl_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListCollectivesResponse) GetCollectives() []*CollectiveStat {
@@ -4842,7 +4908,7 @@ type GPUHistoryRequest struct {
 
 func (x *GPUHistoryRequest) Reset() {
 	*x = GPUHistoryRequest{}
-	mi := &file_gpuctl_proto_msgTypes[46]
+	mi := &file_gpuctl_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4854,7 +4920,7 @@ func (x *GPUHistoryRequest) String() string {
 func (*GPUHistoryRequest) ProtoMessage() {}
 
 func (x *GPUHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[46]
+	mi := &file_gpuctl_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4867,7 +4933,7 @@ func (x *GPUHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHistoryRequest.ProtoReflect.Descriptor instead.
 func (*GPUHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{46}
+	return file_gpuctl_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GPUHistoryRequest) GetNode() string {
@@ -4893,7 +4959,7 @@ type GPUHistoryResponse struct {
 
 func (x *GPUHistoryResponse) Reset() {
 	*x = GPUHistoryResponse{}
-	mi := &file_gpuctl_proto_msgTypes[47]
+	mi := &file_gpuctl_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4905,7 +4971,7 @@ func (x *GPUHistoryResponse) String() string {
 func (*GPUHistoryResponse) ProtoMessage() {}
 
 func (x *GPUHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[47]
+	mi := &file_gpuctl_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4918,7 +4984,7 @@ func (x *GPUHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHistoryResponse.ProtoReflect.Descriptor instead.
 func (*GPUHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{47}
+	return file_gpuctl_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GPUHistoryResponse) GetSamples() []*GPUSample {
@@ -4946,7 +5012,7 @@ type ObserveFilter struct {
 
 func (x *ObserveFilter) Reset() {
 	*x = ObserveFilter{}
-	mi := &file_gpuctl_proto_msgTypes[48]
+	mi := &file_gpuctl_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4958,7 +5024,7 @@ func (x *ObserveFilter) String() string {
 func (*ObserveFilter) ProtoMessage() {}
 
 func (x *ObserveFilter) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[48]
+	mi := &file_gpuctl_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4971,7 +5037,7 @@ func (x *ObserveFilter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveFilter.ProtoReflect.Descriptor instead.
 func (*ObserveFilter) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{48}
+	return file_gpuctl_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ObserveFilter) GetNode() string {
@@ -5057,7 +5123,7 @@ type ObserveRequest struct {
 
 func (x *ObserveRequest) Reset() {
 	*x = ObserveRequest{}
-	mi := &file_gpuctl_proto_msgTypes[49]
+	mi := &file_gpuctl_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5069,7 +5135,7 @@ func (x *ObserveRequest) String() string {
 func (*ObserveRequest) ProtoMessage() {}
 
 func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[49]
+	mi := &file_gpuctl_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5082,7 +5148,7 @@ func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveRequest.ProtoReflect.Descriptor instead.
 func (*ObserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{49}
+	return file_gpuctl_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ObserveRequest) GetFilter() *ObserveFilter {
@@ -5127,7 +5193,7 @@ type ObserveItem struct {
 
 func (x *ObserveItem) Reset() {
 	*x = ObserveItem{}
-	mi := &file_gpuctl_proto_msgTypes[50]
+	mi := &file_gpuctl_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5139,7 +5205,7 @@ func (x *ObserveItem) String() string {
 func (*ObserveItem) ProtoMessage() {}
 
 func (x *ObserveItem) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[50]
+	mi := &file_gpuctl_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5152,7 +5218,7 @@ func (x *ObserveItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveItem.ProtoReflect.Descriptor instead.
 func (*ObserveItem) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{50}
+	return file_gpuctl_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ObserveItem) GetNode() string {
@@ -5218,7 +5284,7 @@ type ObserveBatch struct {
 
 func (x *ObserveBatch) Reset() {
 	*x = ObserveBatch{}
-	mi := &file_gpuctl_proto_msgTypes[51]
+	mi := &file_gpuctl_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5230,7 +5296,7 @@ func (x *ObserveBatch) String() string {
 func (*ObserveBatch) ProtoMessage() {}
 
 func (x *ObserveBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[51]
+	mi := &file_gpuctl_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5243,7 +5309,7 @@ func (x *ObserveBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveBatch.ProtoReflect.Descriptor instead.
 func (*ObserveBatch) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{51}
+	return file_gpuctl_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ObserveBatch) GetItems() []*ObserveItem {
@@ -5284,7 +5350,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_gpuctl_proto_msgTypes[52]
+	mi := &file_gpuctl_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5296,7 +5362,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[52]
+	mi := &file_gpuctl_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5309,7 +5375,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{52}
+	return file_gpuctl_proto_rawDescGZIP(), []int{53}
 }
 
 type VersionResponse struct {
@@ -5324,7 +5390,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_gpuctl_proto_msgTypes[53]
+	mi := &file_gpuctl_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5336,7 +5402,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[53]
+	mi := &file_gpuctl_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5349,7 +5415,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{53}
+	return file_gpuctl_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *VersionResponse) GetSoftware() string {
@@ -5383,7 +5449,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5395,7 +5461,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[54]
+	mi := &file_gpuctl_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5408,7 +5474,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{54}
+	return file_gpuctl_proto_rawDescGZIP(), []int{55}
 }
 
 // ServerStatus is one gpuctl serve of a control plane.
@@ -5428,7 +5494,7 @@ type ServerStatus struct {
 
 func (x *ServerStatus) Reset() {
 	*x = ServerStatus{}
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5440,7 +5506,7 @@ func (x *ServerStatus) String() string {
 func (*ServerStatus) ProtoMessage() {}
 
 func (x *ServerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[55]
+	mi := &file_gpuctl_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5453,7 +5519,7 @@ func (x *ServerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerStatus.ProtoReflect.Descriptor instead.
 func (*ServerStatus) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{55}
+	return file_gpuctl_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ServerStatus) GetName() string {
@@ -5499,7 +5565,7 @@ type StoreMember struct {
 
 func (x *StoreMember) Reset() {
 	*x = StoreMember{}
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5511,7 +5577,7 @@ func (x *StoreMember) String() string {
 func (*StoreMember) ProtoMessage() {}
 
 func (x *StoreMember) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[56]
+	mi := &file_gpuctl_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5524,7 +5590,7 @@ func (x *StoreMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreMember.ProtoReflect.Descriptor instead.
 func (*StoreMember) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{56}
+	return file_gpuctl_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *StoreMember) GetName() string {
@@ -5592,7 +5658,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5604,7 +5670,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[57]
+	mi := &file_gpuctl_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5617,7 +5683,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{57}
+	return file_gpuctl_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *StatusResponse) GetSelf() *ServerStatus {
@@ -5721,7 +5787,7 @@ type TelemetryShed struct {
 
 func (x *TelemetryShed) Reset() {
 	*x = TelemetryShed{}
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5733,7 +5799,7 @@ func (x *TelemetryShed) String() string {
 func (*TelemetryShed) ProtoMessage() {}
 
 func (x *TelemetryShed) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[58]
+	mi := &file_gpuctl_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5746,7 +5812,7 @@ func (x *TelemetryShed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TelemetryShed.ProtoReflect.Descriptor instead.
 func (*TelemetryShed) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{58}
+	return file_gpuctl_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *TelemetryShed) GetBatches() uint64 {
@@ -5787,7 +5853,7 @@ type InjectFaultRequest struct {
 
 func (x *InjectFaultRequest) Reset() {
 	*x = InjectFaultRequest{}
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5799,7 +5865,7 @@ func (x *InjectFaultRequest) String() string {
 func (*InjectFaultRequest) ProtoMessage() {}
 
 func (x *InjectFaultRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[59]
+	mi := &file_gpuctl_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5812,7 +5878,7 @@ func (x *InjectFaultRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFaultRequest.ProtoReflect.Descriptor instead.
 func (*InjectFaultRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{59}
+	return file_gpuctl_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *InjectFaultRequest) GetNode() string {
@@ -5837,7 +5903,7 @@ type InjectFaultResponse struct {
 
 func (x *InjectFaultResponse) Reset() {
 	*x = InjectFaultResponse{}
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5849,7 +5915,7 @@ func (x *InjectFaultResponse) String() string {
 func (*InjectFaultResponse) ProtoMessage() {}
 
 func (x *InjectFaultResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[60]
+	mi := &file_gpuctl_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5862,7 +5928,7 @@ func (x *InjectFaultResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectFaultResponse.ProtoReflect.Descriptor instead.
 func (*InjectFaultResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{60}
+	return file_gpuctl_proto_rawDescGZIP(), []int{61}
 }
 
 type ClientRequest struct {
@@ -5904,7 +5970,7 @@ type ClientRequest struct {
 
 func (x *ClientRequest) Reset() {
 	*x = ClientRequest{}
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5916,7 +5982,7 @@ func (x *ClientRequest) String() string {
 func (*ClientRequest) ProtoMessage() {}
 
 func (x *ClientRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[61]
+	mi := &file_gpuctl_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5929,7 +5995,7 @@ func (x *ClientRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientRequest.ProtoReflect.Descriptor instead.
 func (*ClientRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{61}
+	return file_gpuctl_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ClientRequest) GetBody() isClientRequest_Body {
@@ -6411,7 +6477,7 @@ type ClientResponse struct {
 
 func (x *ClientResponse) Reset() {
 	*x = ClientResponse{}
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6423,7 +6489,7 @@ func (x *ClientResponse) String() string {
 func (*ClientResponse) ProtoMessage() {}
 
 func (x *ClientResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[62]
+	mi := &file_gpuctl_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6436,7 +6502,7 @@ func (x *ClientResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientResponse.ProtoReflect.Descriptor instead.
 func (*ClientResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{62}
+	return file_gpuctl_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ClientResponse) GetError() string {
@@ -6919,7 +6985,7 @@ type JobPlan struct {
 
 func (x *JobPlan) Reset() {
 	*x = JobPlan{}
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6931,7 +6997,7 @@ func (x *JobPlan) String() string {
 func (*JobPlan) ProtoMessage() {}
 
 func (x *JobPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[63]
+	mi := &file_gpuctl_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6944,7 +7010,7 @@ func (x *JobPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobPlan.ProtoReflect.Descriptor instead.
 func (*JobPlan) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{63}
+	return file_gpuctl_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *JobPlan) GetTp() int32 {
@@ -7069,7 +7135,7 @@ type JobRank struct {
 
 func (x *JobRank) Reset() {
 	*x = JobRank{}
-	mi := &file_gpuctl_proto_msgTypes[64]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7081,7 +7147,7 @@ func (x *JobRank) String() string {
 func (*JobRank) ProtoMessage() {}
 
 func (x *JobRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[64]
+	mi := &file_gpuctl_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7094,7 +7160,7 @@ func (x *JobRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobRank.ProtoReflect.Descriptor instead.
 func (*JobRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{64}
+	return file_gpuctl_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *JobRank) GetRank() int32 {
@@ -7158,7 +7224,7 @@ type JobNode struct {
 
 func (x *JobNode) Reset() {
 	*x = JobNode{}
-	mi := &file_gpuctl_proto_msgTypes[65]
+	mi := &file_gpuctl_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7170,7 +7236,7 @@ func (x *JobNode) String() string {
 func (*JobNode) ProtoMessage() {}
 
 func (x *JobNode) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[65]
+	mi := &file_gpuctl_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7183,7 +7249,7 @@ func (x *JobNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobNode.ProtoReflect.Descriptor instead.
 func (*JobNode) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{65}
+	return file_gpuctl_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *JobNode) GetNode() string {
@@ -7313,7 +7379,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_gpuctl_proto_msgTypes[66]
+	mi := &file_gpuctl_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7325,7 +7391,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[66]
+	mi := &file_gpuctl_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7338,7 +7404,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{66}
+	return file_gpuctl_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *Job) GetId() string {
@@ -7731,7 +7797,7 @@ type JobAttempt struct {
 
 func (x *JobAttempt) Reset() {
 	*x = JobAttempt{}
-	mi := &file_gpuctl_proto_msgTypes[67]
+	mi := &file_gpuctl_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7743,7 +7809,7 @@ func (x *JobAttempt) String() string {
 func (*JobAttempt) ProtoMessage() {}
 
 func (x *JobAttempt) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[67]
+	mi := &file_gpuctl_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7756,7 +7822,7 @@ func (x *JobAttempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobAttempt.ProtoReflect.Descriptor instead.
 func (*JobAttempt) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{67}
+	return file_gpuctl_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *JobAttempt) GetAttempt() uint32 {
@@ -7860,7 +7926,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7872,7 +7938,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7885,7 +7951,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{68}
+	return file_gpuctl_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *SubmitJobRequest) GetSpecYaml() string {
@@ -7936,7 +8002,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7948,7 +8014,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7961,7 +8027,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{69}
+	return file_gpuctl_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *SubmitJobResponse) GetJob() *Job {
@@ -7988,7 +8054,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8000,7 +8066,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8013,7 +8079,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{70}
+	return file_gpuctl_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ListJobsRequest) GetJob() string {
@@ -8032,7 +8098,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8044,7 +8110,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8057,7 +8123,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{71}
+	return file_gpuctl_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -8076,7 +8142,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8088,7 +8154,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8101,7 +8167,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{72}
+	return file_gpuctl_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *CancelJobRequest) GetJob() string {
@@ -8121,7 +8187,7 @@ type ReleaseJobRequest struct {
 
 func (x *ReleaseJobRequest) Reset() {
 	*x = ReleaseJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8133,7 +8199,7 @@ func (x *ReleaseJobRequest) String() string {
 func (*ReleaseJobRequest) ProtoMessage() {}
 
 func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8146,7 +8212,7 @@ func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseJobRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{73}
+	return file_gpuctl_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ReleaseJobRequest) GetJob() string {
@@ -8165,7 +8231,7 @@ type ReleaseJobResponse struct {
 
 func (x *ReleaseJobResponse) Reset() {
 	*x = ReleaseJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8177,7 +8243,7 @@ func (x *ReleaseJobResponse) String() string {
 func (*ReleaseJobResponse) ProtoMessage() {}
 
 func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8190,7 +8256,7 @@ func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseJobResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{74}
+	return file_gpuctl_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ReleaseJobResponse) GetJob() *Job {
@@ -8209,7 +8275,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8221,7 +8287,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8234,7 +8300,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{75}
+	return file_gpuctl_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -8254,7 +8320,7 @@ type AssignJobRequest struct {
 
 func (x *AssignJobRequest) Reset() {
 	*x = AssignJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8266,7 +8332,7 @@ func (x *AssignJobRequest) String() string {
 func (*AssignJobRequest) ProtoMessage() {}
 
 func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8279,7 +8345,7 @@ func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobRequest.ProtoReflect.Descriptor instead.
 func (*AssignJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{76}
+	return file_gpuctl_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *AssignJobRequest) GetJob() string {
@@ -8305,7 +8371,7 @@ type AssignJobResponse struct {
 
 func (x *AssignJobResponse) Reset() {
 	*x = AssignJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8317,7 +8383,7 @@ func (x *AssignJobResponse) String() string {
 func (*AssignJobResponse) ProtoMessage() {}
 
 func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8330,7 +8396,7 @@ func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobResponse.ProtoReflect.Descriptor instead.
 func (*AssignJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{77}
+	return file_gpuctl_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *AssignJobResponse) GetJob() *Job {
@@ -8352,7 +8418,7 @@ type Packing struct {
 
 func (x *Packing) Reset() {
 	*x = Packing{}
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8364,7 +8430,7 @@ func (x *Packing) String() string {
 func (*Packing) ProtoMessage() {}
 
 func (x *Packing) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8377,7 +8443,7 @@ func (x *Packing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Packing.ProtoReflect.Descriptor instead.
 func (*Packing) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{78}
+	return file_gpuctl_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *Packing) GetFragmentedNodes() int32 {
@@ -8421,7 +8487,7 @@ type RebalanceMove struct {
 
 func (x *RebalanceMove) Reset() {
 	*x = RebalanceMove{}
-	mi := &file_gpuctl_proto_msgTypes[79]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8433,7 +8499,7 @@ func (x *RebalanceMove) String() string {
 func (*RebalanceMove) ProtoMessage() {}
 
 func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[79]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8446,7 +8512,7 @@ func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceMove.ProtoReflect.Descriptor instead.
 func (*RebalanceMove) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{79}
+	return file_gpuctl_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *RebalanceMove) GetJob() string {
@@ -8495,7 +8561,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_gpuctl_proto_msgTypes[80]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8507,7 +8573,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[80]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8520,7 +8586,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{80}
+	return file_gpuctl_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *RebalanceRequest) GetApply() bool {
@@ -8550,7 +8616,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_gpuctl_proto_msgTypes[81]
+	mi := &file_gpuctl_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8562,7 +8628,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[81]
+	mi := &file_gpuctl_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8575,7 +8641,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{81}
+	return file_gpuctl_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *RebalanceResponse) GetMoves() []*RebalanceMove {
@@ -8622,7 +8688,7 @@ type StalledRank struct {
 
 func (x *StalledRank) Reset() {
 	*x = StalledRank{}
-	mi := &file_gpuctl_proto_msgTypes[82]
+	mi := &file_gpuctl_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8634,7 +8700,7 @@ func (x *StalledRank) String() string {
 func (*StalledRank) ProtoMessage() {}
 
 func (x *StalledRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[82]
+	mi := &file_gpuctl_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8647,7 +8713,7 @@ func (x *StalledRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StalledRank.ProtoReflect.Descriptor instead.
 func (*StalledRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{82}
+	return file_gpuctl_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *StalledRank) GetRank() int32 {
@@ -8717,7 +8783,7 @@ type Stall struct {
 
 func (x *Stall) Reset() {
 	*x = Stall{}
-	mi := &file_gpuctl_proto_msgTypes[83]
+	mi := &file_gpuctl_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8729,7 +8795,7 @@ func (x *Stall) String() string {
 func (*Stall) ProtoMessage() {}
 
 func (x *Stall) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[83]
+	mi := &file_gpuctl_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8742,7 +8808,7 @@ func (x *Stall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stall.ProtoReflect.Descriptor instead.
 func (*Stall) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{83}
+	return file_gpuctl_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *Stall) GetJob() string {
@@ -8803,7 +8869,7 @@ type ListStallsRequest struct {
 
 func (x *ListStallsRequest) Reset() {
 	*x = ListStallsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[84]
+	mi := &file_gpuctl_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8815,7 +8881,7 @@ func (x *ListStallsRequest) String() string {
 func (*ListStallsRequest) ProtoMessage() {}
 
 func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[84]
+	mi := &file_gpuctl_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8828,7 +8894,7 @@ func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsRequest.ProtoReflect.Descriptor instead.
 func (*ListStallsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{84}
+	return file_gpuctl_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ListStallsRequest) GetJob() string {
@@ -8851,7 +8917,7 @@ type ListStallsResponse struct {
 
 func (x *ListStallsResponse) Reset() {
 	*x = ListStallsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[85]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8863,7 +8929,7 @@ func (x *ListStallsResponse) String() string {
 func (*ListStallsResponse) ProtoMessage() {}
 
 func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[85]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8876,7 +8942,7 @@ func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsResponse.ProtoReflect.Descriptor instead.
 func (*ListStallsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{85}
+	return file_gpuctl_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ListStallsResponse) GetStalls() []*Stall {
@@ -8913,7 +8979,7 @@ type RankLateness struct {
 
 func (x *RankLateness) Reset() {
 	*x = RankLateness{}
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8925,7 +8991,7 @@ func (x *RankLateness) String() string {
 func (*RankLateness) ProtoMessage() {}
 
 func (x *RankLateness) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8938,7 +9004,7 @@ func (x *RankLateness) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankLateness.ProtoReflect.Descriptor instead.
 func (*RankLateness) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{86}
+	return file_gpuctl_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *RankLateness) GetJob() string {
@@ -8990,7 +9056,7 @@ type SlowFinding struct {
 
 func (x *SlowFinding) Reset() {
 	*x = SlowFinding{}
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9002,7 +9068,7 @@ func (x *SlowFinding) String() string {
 func (*SlowFinding) ProtoMessage() {}
 
 func (x *SlowFinding) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9015,7 +9081,7 @@ func (x *SlowFinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlowFinding.ProtoReflect.Descriptor instead.
 func (*SlowFinding) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{87}
+	return file_gpuctl_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *SlowFinding) GetJob() string {
@@ -9117,7 +9183,7 @@ type SlowQuiet struct {
 
 func (x *SlowQuiet) Reset() {
 	*x = SlowQuiet{}
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9129,7 +9195,7 @@ func (x *SlowQuiet) String() string {
 func (*SlowQuiet) ProtoMessage() {}
 
 func (x *SlowQuiet) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9142,7 +9208,7 @@ func (x *SlowQuiet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlowQuiet.ProtoReflect.Descriptor instead.
 func (*SlowQuiet) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{88}
+	return file_gpuctl_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *SlowQuiet) GetKeys() []string {
@@ -9210,7 +9276,7 @@ type QuietSlowRequest struct {
 
 func (x *QuietSlowRequest) Reset() {
 	*x = QuietSlowRequest{}
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9222,7 +9288,7 @@ func (x *QuietSlowRequest) String() string {
 func (*QuietSlowRequest) ProtoMessage() {}
 
 func (x *QuietSlowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9235,7 +9301,7 @@ func (x *QuietSlowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuietSlowRequest.ProtoReflect.Descriptor instead.
 func (*QuietSlowRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{89}
+	return file_gpuctl_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *QuietSlowRequest) GetJob() string {
@@ -9284,7 +9350,7 @@ type QuietSlowResponse struct {
 
 func (x *QuietSlowResponse) Reset() {
 	*x = QuietSlowResponse{}
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9296,7 +9362,7 @@ func (x *QuietSlowResponse) String() string {
 func (*QuietSlowResponse) ProtoMessage() {}
 
 func (x *QuietSlowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9309,7 +9375,7 @@ func (x *QuietSlowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuietSlowResponse.ProtoReflect.Descriptor instead.
 func (*QuietSlowResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{90}
+	return file_gpuctl_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *QuietSlowResponse) GetJob() *Job {
@@ -9338,7 +9404,7 @@ type CordonRequest struct {
 
 func (x *CordonRequest) Reset() {
 	*x = CordonRequest{}
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9350,7 +9416,7 @@ func (x *CordonRequest) String() string {
 func (*CordonRequest) ProtoMessage() {}
 
 func (x *CordonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9363,7 +9429,7 @@ func (x *CordonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonRequest.ProtoReflect.Descriptor instead.
 func (*CordonRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{91}
+	return file_gpuctl_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *CordonRequest) GetNode() string {
@@ -9398,7 +9464,7 @@ type CordonResponse struct {
 
 func (x *CordonResponse) Reset() {
 	*x = CordonResponse{}
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9410,7 +9476,7 @@ func (x *CordonResponse) String() string {
 func (*CordonResponse) ProtoMessage() {}
 
 func (x *CordonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9423,7 +9489,7 @@ func (x *CordonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonResponse.ProtoReflect.Descriptor instead.
 func (*CordonResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{92}
+	return file_gpuctl_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *CordonResponse) GetNode() *NodeStatus {
@@ -9455,7 +9521,7 @@ type DrainedJob struct {
 
 func (x *DrainedJob) Reset() {
 	*x = DrainedJob{}
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9467,7 +9533,7 @@ func (x *DrainedJob) String() string {
 func (*DrainedJob) ProtoMessage() {}
 
 func (x *DrainedJob) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9480,7 +9546,7 @@ func (x *DrainedJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainedJob.ProtoReflect.Descriptor instead.
 func (*DrainedJob) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{93}
+	return file_gpuctl_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *DrainedJob) GetJob() string {
@@ -9520,7 +9586,7 @@ type CheckpointJobRequest struct {
 
 func (x *CheckpointJobRequest) Reset() {
 	*x = CheckpointJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9532,7 +9598,7 @@ func (x *CheckpointJobRequest) String() string {
 func (*CheckpointJobRequest) ProtoMessage() {}
 
 func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9545,7 +9611,7 @@ func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{94}
+	return file_gpuctl_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *CheckpointJobRequest) GetJob() string {
@@ -9564,7 +9630,7 @@ type CheckpointJobResponse struct {
 
 func (x *CheckpointJobResponse) Reset() {
 	*x = CheckpointJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9576,7 +9642,7 @@ func (x *CheckpointJobResponse) String() string {
 func (*CheckpointJobResponse) ProtoMessage() {}
 
 func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9589,7 +9655,7 @@ func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{95}
+	return file_gpuctl_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *CheckpointJobResponse) GetJob() *Job {
@@ -9611,7 +9677,7 @@ type RestartJobRequest struct {
 
 func (x *RestartJobRequest) Reset() {
 	*x = RestartJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9623,7 +9689,7 @@ func (x *RestartJobRequest) String() string {
 func (*RestartJobRequest) ProtoMessage() {}
 
 func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9636,7 +9702,7 @@ func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobRequest.ProtoReflect.Descriptor instead.
 func (*RestartJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{96}
+	return file_gpuctl_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *RestartJobRequest) GetJob() string {
@@ -9669,7 +9735,7 @@ type RestartJobResponse struct {
 
 func (x *RestartJobResponse) Reset() {
 	*x = RestartJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9681,7 +9747,7 @@ func (x *RestartJobResponse) String() string {
 func (*RestartJobResponse) ProtoMessage() {}
 
 func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9694,7 +9760,7 @@ func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobResponse.ProtoReflect.Descriptor instead.
 func (*RestartJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{97}
+	return file_gpuctl_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *RestartJobResponse) GetJob() *Job {
@@ -9717,7 +9783,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9729,7 +9795,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9742,7 +9808,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{98}
+	return file_gpuctl_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *LogsRequest) GetJob() string {
@@ -9783,7 +9849,7 @@ type LogsChunk struct {
 
 func (x *LogsChunk) Reset() {
 	*x = LogsChunk{}
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9795,7 +9861,7 @@ func (x *LogsChunk) String() string {
 func (*LogsChunk) ProtoMessage() {}
 
 func (x *LogsChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9808,7 +9874,7 @@ func (x *LogsChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsChunk.ProtoReflect.Descriptor instead.
 func (*LogsChunk) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{99}
+	return file_gpuctl_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *LogsChunk) GetData() []byte {
@@ -9847,7 +9913,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9859,7 +9925,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9872,7 +9938,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{100}
+	return file_gpuctl_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *WatchRequest) GetKinds() []WatchKind {
@@ -9924,7 +9990,7 @@ type WatchChange struct {
 
 func (x *WatchChange) Reset() {
 	*x = WatchChange{}
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9936,7 +10002,7 @@ func (x *WatchChange) String() string {
 func (*WatchChange) ProtoMessage() {}
 
 func (x *WatchChange) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9949,7 +10015,7 @@ func (x *WatchChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchChange.ProtoReflect.Descriptor instead.
 func (*WatchChange) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{101}
+	return file_gpuctl_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *WatchChange) GetRevision() uint64 {
@@ -10032,7 +10098,7 @@ type WatchBatch struct {
 
 func (x *WatchBatch) Reset() {
 	*x = WatchBatch{}
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10044,7 +10110,7 @@ func (x *WatchBatch) String() string {
 func (*WatchBatch) ProtoMessage() {}
 
 func (x *WatchBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10057,7 +10123,7 @@ func (x *WatchBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBatch.ProtoReflect.Descriptor instead.
 func (*WatchBatch) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{102}
+	return file_gpuctl_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *WatchBatch) GetEpoch() string {
@@ -10137,7 +10203,7 @@ type Identity struct {
 
 func (x *Identity) Reset() {
 	*x = Identity{}
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10149,7 +10215,7 @@ func (x *Identity) String() string {
 func (*Identity) ProtoMessage() {}
 
 func (x *Identity) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10162,7 +10228,7 @@ func (x *Identity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Identity.ProtoReflect.Descriptor instead.
 func (*Identity) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{103}
+	return file_gpuctl_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *Identity) GetKind() IdentityKind {
@@ -10265,7 +10331,7 @@ type Revocation struct {
 
 func (x *Revocation) Reset() {
 	*x = Revocation{}
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10277,7 +10343,7 @@ func (x *Revocation) String() string {
 func (*Revocation) ProtoMessage() {}
 
 func (x *Revocation) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10290,7 +10356,7 @@ func (x *Revocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revocation.ProtoReflect.Descriptor instead.
 func (*Revocation) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{104}
+	return file_gpuctl_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *Revocation) GetSerial() string {
@@ -10346,7 +10412,7 @@ type JoinTokenUse struct {
 
 func (x *JoinTokenUse) Reset() {
 	*x = JoinTokenUse{}
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10358,7 +10424,7 @@ func (x *JoinTokenUse) String() string {
 func (*JoinTokenUse) ProtoMessage() {}
 
 func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10371,7 +10437,7 @@ func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinTokenUse.ProtoReflect.Descriptor instead.
 func (*JoinTokenUse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{105}
+	return file_gpuctl_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *JoinTokenUse) GetNode() string {
@@ -10408,7 +10474,7 @@ type JoinToken struct {
 
 func (x *JoinToken) Reset() {
 	*x = JoinToken{}
-	mi := &file_gpuctl_proto_msgTypes[106]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10420,7 +10486,7 @@ func (x *JoinToken) String() string {
 func (*JoinToken) ProtoMessage() {}
 
 func (x *JoinToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[106]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10433,7 +10499,7 @@ func (x *JoinToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
 func (*JoinToken) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{106}
+	return file_gpuctl_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *JoinToken) GetId() string {
@@ -10512,7 +10578,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[107]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10524,7 +10590,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[107]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10537,7 +10603,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{107}
+	return file_gpuctl_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *CreateJoinTokenRequest) GetTtlSeconds() int64 {
@@ -10571,7 +10637,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[108]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10583,7 +10649,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[108]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10596,7 +10662,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{108}
+	return file_gpuctl_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *CreateJoinTokenResponse) GetToken() string {
@@ -10621,7 +10687,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_gpuctl_proto_msgTypes[109]
+	mi := &file_gpuctl_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10633,7 +10699,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[109]
+	mi := &file_gpuctl_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10646,7 +10712,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{109}
+	return file_gpuctl_proto_rawDescGZIP(), []int{110}
 }
 
 type ListTokensResponse struct {
@@ -10658,7 +10724,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_gpuctl_proto_msgTypes[110]
+	mi := &file_gpuctl_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10670,7 +10736,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[110]
+	mi := &file_gpuctl_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10683,7 +10749,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{110}
+	return file_gpuctl_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *ListTokensResponse) GetTokens() []*JoinToken {
@@ -10703,7 +10769,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[111]
+	mi := &file_gpuctl_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10715,7 +10781,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[111]
+	mi := &file_gpuctl_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10728,7 +10794,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{111}
+	return file_gpuctl_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -10747,7 +10813,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[112]
+	mi := &file_gpuctl_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10759,7 +10825,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[112]
+	mi := &file_gpuctl_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10772,7 +10838,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{112}
+	return file_gpuctl_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *RevokeTokenResponse) GetToken() *JoinToken {
@@ -10797,7 +10863,7 @@ type AddUserRequest struct {
 
 func (x *AddUserRequest) Reset() {
 	*x = AddUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[113]
+	mi := &file_gpuctl_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10809,7 +10875,7 @@ func (x *AddUserRequest) String() string {
 func (*AddUserRequest) ProtoMessage() {}
 
 func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[113]
+	mi := &file_gpuctl_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10822,7 +10888,7 @@ func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserRequest.ProtoReflect.Descriptor instead.
 func (*AddUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{113}
+	return file_gpuctl_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *AddUserRequest) GetName() string {
@@ -10857,7 +10923,7 @@ type AddUserResponse struct {
 
 func (x *AddUserResponse) Reset() {
 	*x = AddUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[114]
+	mi := &file_gpuctl_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10869,7 +10935,7 @@ func (x *AddUserResponse) String() string {
 func (*AddUserResponse) ProtoMessage() {}
 
 func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[114]
+	mi := &file_gpuctl_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10882,7 +10948,7 @@ func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserResponse.ProtoReflect.Descriptor instead.
 func (*AddUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{114}
+	return file_gpuctl_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *AddUserResponse) GetUser() *Identity {
@@ -10916,7 +10982,7 @@ type ListIdentitiesRequest struct {
 
 func (x *ListIdentitiesRequest) Reset() {
 	*x = ListIdentitiesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[115]
+	mi := &file_gpuctl_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10928,7 +10994,7 @@ func (x *ListIdentitiesRequest) String() string {
 func (*ListIdentitiesRequest) ProtoMessage() {}
 
 func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[115]
+	mi := &file_gpuctl_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10941,7 +11007,7 @@ func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesRequest.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{115}
+	return file_gpuctl_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *ListIdentitiesRequest) GetKind() IdentityKind {
@@ -10966,7 +11032,7 @@ type ListIdentitiesResponse struct {
 
 func (x *ListIdentitiesResponse) Reset() {
 	*x = ListIdentitiesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[116]
+	mi := &file_gpuctl_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10978,7 +11044,7 @@ func (x *ListIdentitiesResponse) String() string {
 func (*ListIdentitiesResponse) ProtoMessage() {}
 
 func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[116]
+	mi := &file_gpuctl_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10991,7 +11057,7 @@ func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesResponse.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{116}
+	return file_gpuctl_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *ListIdentitiesResponse) GetIdentities() []*Identity {
@@ -11037,7 +11103,7 @@ type SSHKey struct {
 
 func (x *SSHKey) Reset() {
 	*x = SSHKey{}
-	mi := &file_gpuctl_proto_msgTypes[117]
+	mi := &file_gpuctl_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11049,7 +11115,7 @@ func (x *SSHKey) String() string {
 func (*SSHKey) ProtoMessage() {}
 
 func (x *SSHKey) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[117]
+	mi := &file_gpuctl_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11062,7 +11128,7 @@ func (x *SSHKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SSHKey.ProtoReflect.Descriptor instead.
 func (*SSHKey) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{117}
+	return file_gpuctl_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *SSHKey) GetName() string {
@@ -11103,7 +11169,7 @@ type RevokeUserRequest struct {
 
 func (x *RevokeUserRequest) Reset() {
 	*x = RevokeUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[118]
+	mi := &file_gpuctl_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11115,7 +11181,7 @@ func (x *RevokeUserRequest) String() string {
 func (*RevokeUserRequest) ProtoMessage() {}
 
 func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[118]
+	mi := &file_gpuctl_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11128,7 +11194,7 @@ func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserRequest.ProtoReflect.Descriptor instead.
 func (*RevokeUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{118}
+	return file_gpuctl_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *RevokeUserRequest) GetName() string {
@@ -11157,7 +11223,7 @@ type RevokeUserResponse struct {
 
 func (x *RevokeUserResponse) Reset() {
 	*x = RevokeUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[119]
+	mi := &file_gpuctl_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11169,7 +11235,7 @@ func (x *RevokeUserResponse) String() string {
 func (*RevokeUserResponse) ProtoMessage() {}
 
 func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[119]
+	mi := &file_gpuctl_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11182,7 +11248,7 @@ func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserResponse.ProtoReflect.Descriptor instead.
 func (*RevokeUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{119}
+	return file_gpuctl_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *RevokeUserResponse) GetRevoked() []*Identity {
@@ -11200,16 +11266,21 @@ func (x *RevokeUserResponse) GetDisconnected() uint32 {
 }
 
 type RemoveNodeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Name   string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Reason string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The caller confirms that the node, lost, and its ranks are down for
+	// good: every job waiting for the node's fence (too few of its witnesses
+	// acknowledged, being gone too) goes on at once. Refused for a node that
+	// is connected or that no job waits for.
+	ConfirmFenced bool `protobuf:"varint,3,opt,name=confirm_fenced,json=confirmFenced,proto3" json:"confirm_fenced,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_gpuctl_proto_msgTypes[120]
+	mi := &file_gpuctl_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11221,7 +11292,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[120]
+	mi := &file_gpuctl_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11234,7 +11305,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{120}
+	return file_gpuctl_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *RemoveNodeRequest) GetName() string {
@@ -11251,18 +11322,27 @@ func (x *RemoveNodeRequest) GetReason() string {
 	return ""
 }
 
+func (x *RemoveNodeRequest) GetConfirmFenced() bool {
+	if x != nil {
+		return x.ConfirmFenced
+	}
+	return false
+}
+
 type RemoveNodeResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Revoked []*Identity            `protobuf:"bytes,1,rep,name=revoked,proto3" json:"revoked,omitempty"`
 	// Whether the node was connected and has been disconnected.
-	WasConnected  bool `protobuf:"varint,2,opt,name=was_connected,json=wasConnected,proto3" json:"was_connected,omitempty"`
+	WasConnected bool `protobuf:"varint,2,opt,name=was_connected,json=wasConnected,proto3" json:"was_connected,omitempty"`
+	// With confirm_fenced: the jobs whose fence on the node was lifted.
+	FencedJobs    []string `protobuf:"bytes,3,rep,name=fenced_jobs,json=fencedJobs,proto3" json:"fenced_jobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_gpuctl_proto_msgTypes[121]
+	mi := &file_gpuctl_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11274,7 +11354,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[121]
+	mi := &file_gpuctl_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11287,7 +11367,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{121}
+	return file_gpuctl_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *RemoveNodeResponse) GetRevoked() []*Identity {
@@ -11302,6 +11382,13 @@ func (x *RemoveNodeResponse) GetWasConnected() bool {
 		return x.WasConnected
 	}
 	return false
+}
+
+func (x *RemoveNodeResponse) GetFencedJobs() []string {
+	if x != nil {
+		return x.FencedJobs
+	}
+	return nil
 }
 
 var File_gpuctl_proto protoreflect.FileDescriptor
@@ -11618,14 +11705,17 @@ const file_gpuctl_proto_rawDesc = "" +
 	"commandAck\x12(\n" +
 	"\x05event\x18\x05 \x01(\v2\x10.gpuctl.v1.EventH\x00R\x05event\x124\n" +
 	"\ttelemetry\x18\x06 \x01(\v2\x14.gpuctl.v1.TelemetryH\x00R\ttelemetryB\x06\n" +
-	"\x04body\"\x8c\x02\n" +
+	"\x04body\"\xc9\x02\n" +
 	"\rServerMessage\x12.\n" +
 	"\awelcome\x18\x01 \x01(\v2\x12.gpuctl.v1.WelcomeH\x00R\awelcome\x12.\n" +
 	"\acommand\x18\x02 \x01(\v2\x12.gpuctl.v1.CommandH\x00R\acommand\x122\n" +
 	"\tevent_ack\x18\x03 \x01(\v2\x13.gpuctl.v1.EventAckH\x00R\beventAck\x12/\n" +
 	"\x05lease\x18\x04 \x01(\v2\x17.gpuctl.v1.LeaseRenewalH\x00R\x05lease\x12.\n" +
-	"\x04pace\x18\x05 \x01(\v2\x18.gpuctl.v1.TelemetryPaceH\x00R\x04paceB\x06\n" +
+	"\x04pace\x18\x05 \x01(\v2\x18.gpuctl.v1.TelemetryPaceH\x00R\x04pace\x12;\n" +
+	"\fdenied_peers\x18\x06 \x01(\v2\x16.gpuctl.v1.DeniedPeersH\x00R\vdeniedPeersB\x06\n" +
 	"\x04body\"'\n" +
+	"\vDeniedPeers\x12\x18\n" +
+	"\aserials\x18\x01 \x03(\tR\aserials\"'\n" +
 	"\rTelemetryPace\x12\x16\n" +
 	"\x06factor\x18\x01 \x01(\rR\x06factor\"\xa2\x01\n" +
 	"\tGPUStatus\x12&\n" +
@@ -12208,13 +12298,16 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"g\n" +
 	"\x12RevokeUserResponse\x12-\n" +
 	"\arevoked\x18\x01 \x03(\v2\x13.gpuctl.v1.IdentityR\arevoked\x12\"\n" +
-	"\fdisconnected\x18\x02 \x01(\rR\fdisconnected\"?\n" +
+	"\fdisconnected\x18\x02 \x01(\rR\fdisconnected\"f\n" +
 	"\x11RemoveNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"h\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12%\n" +
+	"\x0econfirm_fenced\x18\x03 \x01(\bR\rconfirmFenced\"\x89\x01\n" +
 	"\x12RemoveNodeResponse\x12-\n" +
 	"\arevoked\x18\x01 \x03(\v2\x13.gpuctl.v1.IdentityR\arevoked\x12#\n" +
-	"\rwas_connected\x18\x02 \x01(\bR\fwasConnected*\x88\x02\n" +
+	"\rwas_connected\x18\x02 \x01(\bR\fwasConnected\x12\x1f\n" +
+	"\vfenced_jobs\x18\x03 \x03(\tR\n" +
+	"fencedJobs*\x88\x02\n" +
 	"\x06NCCLOp\x12\x17\n" +
 	"\x13NCCL_OP_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12NCCL_OP_ALL_REDUCE\x10\x01\x12\x16\n" +
@@ -12319,7 +12412,7 @@ func file_gpuctl_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 126)
+var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 127)
 var file_gpuctl_proto_goTypes = []any{
 	(NCCLOp)(0),                     // 0: gpuctl.v1.NCCLOp
 	(EventKind)(0),                  // 1: gpuctl.v1.EventKind
@@ -12367,96 +12460,97 @@ var file_gpuctl_proto_goTypes = []any{
 	(*RankStatus)(nil),              // 43: gpuctl.v1.RankStatus
 	(*AgentMessage)(nil),            // 44: gpuctl.v1.AgentMessage
 	(*ServerMessage)(nil),           // 45: gpuctl.v1.ServerMessage
-	(*TelemetryPace)(nil),           // 46: gpuctl.v1.TelemetryPace
-	(*GPUStatus)(nil),               // 47: gpuctl.v1.GPUStatus
-	(*NodeStatus)(nil),              // 48: gpuctl.v1.NodeStatus
-	(*CollectiveStat)(nil),          // 49: gpuctl.v1.CollectiveStat
-	(*ListNodesRequest)(nil),        // 50: gpuctl.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),       // 51: gpuctl.v1.ListNodesResponse
-	(*ListEventsRequest)(nil),       // 52: gpuctl.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),      // 53: gpuctl.v1.ListEventsResponse
-	(*ListCollectivesRequest)(nil),  // 54: gpuctl.v1.ListCollectivesRequest
-	(*ListCollectivesResponse)(nil), // 55: gpuctl.v1.ListCollectivesResponse
-	(*GPUHistoryRequest)(nil),       // 56: gpuctl.v1.GPUHistoryRequest
-	(*GPUHistoryResponse)(nil),      // 57: gpuctl.v1.GPUHistoryResponse
-	(*ObserveFilter)(nil),           // 58: gpuctl.v1.ObserveFilter
-	(*ObserveRequest)(nil),          // 59: gpuctl.v1.ObserveRequest
-	(*ObserveItem)(nil),             // 60: gpuctl.v1.ObserveItem
-	(*ObserveBatch)(nil),            // 61: gpuctl.v1.ObserveBatch
-	(*VersionRequest)(nil),          // 62: gpuctl.v1.VersionRequest
-	(*VersionResponse)(nil),         // 63: gpuctl.v1.VersionResponse
-	(*StatusRequest)(nil),           // 64: gpuctl.v1.StatusRequest
-	(*ServerStatus)(nil),            // 65: gpuctl.v1.ServerStatus
-	(*StoreMember)(nil),             // 66: gpuctl.v1.StoreMember
-	(*StatusResponse)(nil),          // 67: gpuctl.v1.StatusResponse
-	(*TelemetryShed)(nil),           // 68: gpuctl.v1.TelemetryShed
-	(*InjectFaultRequest)(nil),      // 69: gpuctl.v1.InjectFaultRequest
-	(*InjectFaultResponse)(nil),     // 70: gpuctl.v1.InjectFaultResponse
-	(*ClientRequest)(nil),           // 71: gpuctl.v1.ClientRequest
-	(*ClientResponse)(nil),          // 72: gpuctl.v1.ClientResponse
-	(*JobPlan)(nil),                 // 73: gpuctl.v1.JobPlan
-	(*JobRank)(nil),                 // 74: gpuctl.v1.JobRank
-	(*JobNode)(nil),                 // 75: gpuctl.v1.JobNode
-	(*Job)(nil),                     // 76: gpuctl.v1.Job
-	(*JobAttempt)(nil),              // 77: gpuctl.v1.JobAttempt
-	(*SubmitJobRequest)(nil),        // 78: gpuctl.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),       // 79: gpuctl.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 80: gpuctl.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 81: gpuctl.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),        // 82: gpuctl.v1.CancelJobRequest
-	(*ReleaseJobRequest)(nil),       // 83: gpuctl.v1.ReleaseJobRequest
-	(*ReleaseJobResponse)(nil),      // 84: gpuctl.v1.ReleaseJobResponse
-	(*CancelJobResponse)(nil),       // 85: gpuctl.v1.CancelJobResponse
-	(*AssignJobRequest)(nil),        // 86: gpuctl.v1.AssignJobRequest
-	(*AssignJobResponse)(nil),       // 87: gpuctl.v1.AssignJobResponse
-	(*Packing)(nil),                 // 88: gpuctl.v1.Packing
-	(*RebalanceMove)(nil),           // 89: gpuctl.v1.RebalanceMove
-	(*RebalanceRequest)(nil),        // 90: gpuctl.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),       // 91: gpuctl.v1.RebalanceResponse
-	(*StalledRank)(nil),             // 92: gpuctl.v1.StalledRank
-	(*Stall)(nil),                   // 93: gpuctl.v1.Stall
-	(*ListStallsRequest)(nil),       // 94: gpuctl.v1.ListStallsRequest
-	(*ListStallsResponse)(nil),      // 95: gpuctl.v1.ListStallsResponse
-	(*RankLateness)(nil),            // 96: gpuctl.v1.RankLateness
-	(*SlowFinding)(nil),             // 97: gpuctl.v1.SlowFinding
-	(*SlowQuiet)(nil),               // 98: gpuctl.v1.SlowQuiet
-	(*QuietSlowRequest)(nil),        // 99: gpuctl.v1.QuietSlowRequest
-	(*QuietSlowResponse)(nil),       // 100: gpuctl.v1.QuietSlowResponse
-	(*CordonRequest)(nil),           // 101: gpuctl.v1.CordonRequest
-	(*CordonResponse)(nil),          // 102: gpuctl.v1.CordonResponse
-	(*DrainedJob)(nil),              // 103: gpuctl.v1.DrainedJob
-	(*CheckpointJobRequest)(nil),    // 104: gpuctl.v1.CheckpointJobRequest
-	(*CheckpointJobResponse)(nil),   // 105: gpuctl.v1.CheckpointJobResponse
-	(*RestartJobRequest)(nil),       // 106: gpuctl.v1.RestartJobRequest
-	(*RestartJobResponse)(nil),      // 107: gpuctl.v1.RestartJobResponse
-	(*LogsRequest)(nil),             // 108: gpuctl.v1.LogsRequest
-	(*LogsChunk)(nil),               // 109: gpuctl.v1.LogsChunk
-	(*WatchRequest)(nil),            // 110: gpuctl.v1.WatchRequest
-	(*WatchChange)(nil),             // 111: gpuctl.v1.WatchChange
-	(*WatchBatch)(nil),              // 112: gpuctl.v1.WatchBatch
-	(*Identity)(nil),                // 113: gpuctl.v1.Identity
-	(*Revocation)(nil),              // 114: gpuctl.v1.Revocation
-	(*JoinTokenUse)(nil),            // 115: gpuctl.v1.JoinTokenUse
-	(*JoinToken)(nil),               // 116: gpuctl.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),  // 117: gpuctl.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil), // 118: gpuctl.v1.CreateJoinTokenResponse
-	(*ListTokensRequest)(nil),       // 119: gpuctl.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),      // 120: gpuctl.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),      // 121: gpuctl.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),     // 122: gpuctl.v1.RevokeTokenResponse
-	(*AddUserRequest)(nil),          // 123: gpuctl.v1.AddUserRequest
-	(*AddUserResponse)(nil),         // 124: gpuctl.v1.AddUserResponse
-	(*ListIdentitiesRequest)(nil),   // 125: gpuctl.v1.ListIdentitiesRequest
-	(*ListIdentitiesResponse)(nil),  // 126: gpuctl.v1.ListIdentitiesResponse
-	(*SSHKey)(nil),                  // 127: gpuctl.v1.SSHKey
-	(*RevokeUserRequest)(nil),       // 128: gpuctl.v1.RevokeUserRequest
-	(*RevokeUserResponse)(nil),      // 129: gpuctl.v1.RevokeUserResponse
-	(*RemoveNodeRequest)(nil),       // 130: gpuctl.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),      // 131: gpuctl.v1.RemoveNodeResponse
-	nil,                             // 132: gpuctl.v1.NodeRegistration.LabelsEntry
-	nil,                             // 133: gpuctl.v1.RDMAPortSample.CountersEntry
-	nil,                             // 134: gpuctl.v1.Event.AttrsEntry
-	nil,                             // 135: gpuctl.v1.LaunchRanks.EnvEntry
+	(*DeniedPeers)(nil),             // 46: gpuctl.v1.DeniedPeers
+	(*TelemetryPace)(nil),           // 47: gpuctl.v1.TelemetryPace
+	(*GPUStatus)(nil),               // 48: gpuctl.v1.GPUStatus
+	(*NodeStatus)(nil),              // 49: gpuctl.v1.NodeStatus
+	(*CollectiveStat)(nil),          // 50: gpuctl.v1.CollectiveStat
+	(*ListNodesRequest)(nil),        // 51: gpuctl.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),       // 52: gpuctl.v1.ListNodesResponse
+	(*ListEventsRequest)(nil),       // 53: gpuctl.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),      // 54: gpuctl.v1.ListEventsResponse
+	(*ListCollectivesRequest)(nil),  // 55: gpuctl.v1.ListCollectivesRequest
+	(*ListCollectivesResponse)(nil), // 56: gpuctl.v1.ListCollectivesResponse
+	(*GPUHistoryRequest)(nil),       // 57: gpuctl.v1.GPUHistoryRequest
+	(*GPUHistoryResponse)(nil),      // 58: gpuctl.v1.GPUHistoryResponse
+	(*ObserveFilter)(nil),           // 59: gpuctl.v1.ObserveFilter
+	(*ObserveRequest)(nil),          // 60: gpuctl.v1.ObserveRequest
+	(*ObserveItem)(nil),             // 61: gpuctl.v1.ObserveItem
+	(*ObserveBatch)(nil),            // 62: gpuctl.v1.ObserveBatch
+	(*VersionRequest)(nil),          // 63: gpuctl.v1.VersionRequest
+	(*VersionResponse)(nil),         // 64: gpuctl.v1.VersionResponse
+	(*StatusRequest)(nil),           // 65: gpuctl.v1.StatusRequest
+	(*ServerStatus)(nil),            // 66: gpuctl.v1.ServerStatus
+	(*StoreMember)(nil),             // 67: gpuctl.v1.StoreMember
+	(*StatusResponse)(nil),          // 68: gpuctl.v1.StatusResponse
+	(*TelemetryShed)(nil),           // 69: gpuctl.v1.TelemetryShed
+	(*InjectFaultRequest)(nil),      // 70: gpuctl.v1.InjectFaultRequest
+	(*InjectFaultResponse)(nil),     // 71: gpuctl.v1.InjectFaultResponse
+	(*ClientRequest)(nil),           // 72: gpuctl.v1.ClientRequest
+	(*ClientResponse)(nil),          // 73: gpuctl.v1.ClientResponse
+	(*JobPlan)(nil),                 // 74: gpuctl.v1.JobPlan
+	(*JobRank)(nil),                 // 75: gpuctl.v1.JobRank
+	(*JobNode)(nil),                 // 76: gpuctl.v1.JobNode
+	(*Job)(nil),                     // 77: gpuctl.v1.Job
+	(*JobAttempt)(nil),              // 78: gpuctl.v1.JobAttempt
+	(*SubmitJobRequest)(nil),        // 79: gpuctl.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),       // 80: gpuctl.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 81: gpuctl.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 82: gpuctl.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),        // 83: gpuctl.v1.CancelJobRequest
+	(*ReleaseJobRequest)(nil),       // 84: gpuctl.v1.ReleaseJobRequest
+	(*ReleaseJobResponse)(nil),      // 85: gpuctl.v1.ReleaseJobResponse
+	(*CancelJobResponse)(nil),       // 86: gpuctl.v1.CancelJobResponse
+	(*AssignJobRequest)(nil),        // 87: gpuctl.v1.AssignJobRequest
+	(*AssignJobResponse)(nil),       // 88: gpuctl.v1.AssignJobResponse
+	(*Packing)(nil),                 // 89: gpuctl.v1.Packing
+	(*RebalanceMove)(nil),           // 90: gpuctl.v1.RebalanceMove
+	(*RebalanceRequest)(nil),        // 91: gpuctl.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),       // 92: gpuctl.v1.RebalanceResponse
+	(*StalledRank)(nil),             // 93: gpuctl.v1.StalledRank
+	(*Stall)(nil),                   // 94: gpuctl.v1.Stall
+	(*ListStallsRequest)(nil),       // 95: gpuctl.v1.ListStallsRequest
+	(*ListStallsResponse)(nil),      // 96: gpuctl.v1.ListStallsResponse
+	(*RankLateness)(nil),            // 97: gpuctl.v1.RankLateness
+	(*SlowFinding)(nil),             // 98: gpuctl.v1.SlowFinding
+	(*SlowQuiet)(nil),               // 99: gpuctl.v1.SlowQuiet
+	(*QuietSlowRequest)(nil),        // 100: gpuctl.v1.QuietSlowRequest
+	(*QuietSlowResponse)(nil),       // 101: gpuctl.v1.QuietSlowResponse
+	(*CordonRequest)(nil),           // 102: gpuctl.v1.CordonRequest
+	(*CordonResponse)(nil),          // 103: gpuctl.v1.CordonResponse
+	(*DrainedJob)(nil),              // 104: gpuctl.v1.DrainedJob
+	(*CheckpointJobRequest)(nil),    // 105: gpuctl.v1.CheckpointJobRequest
+	(*CheckpointJobResponse)(nil),   // 106: gpuctl.v1.CheckpointJobResponse
+	(*RestartJobRequest)(nil),       // 107: gpuctl.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),      // 108: gpuctl.v1.RestartJobResponse
+	(*LogsRequest)(nil),             // 109: gpuctl.v1.LogsRequest
+	(*LogsChunk)(nil),               // 110: gpuctl.v1.LogsChunk
+	(*WatchRequest)(nil),            // 111: gpuctl.v1.WatchRequest
+	(*WatchChange)(nil),             // 112: gpuctl.v1.WatchChange
+	(*WatchBatch)(nil),              // 113: gpuctl.v1.WatchBatch
+	(*Identity)(nil),                // 114: gpuctl.v1.Identity
+	(*Revocation)(nil),              // 115: gpuctl.v1.Revocation
+	(*JoinTokenUse)(nil),            // 116: gpuctl.v1.JoinTokenUse
+	(*JoinToken)(nil),               // 117: gpuctl.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),  // 118: gpuctl.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil), // 119: gpuctl.v1.CreateJoinTokenResponse
+	(*ListTokensRequest)(nil),       // 120: gpuctl.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),      // 121: gpuctl.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),      // 122: gpuctl.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),     // 123: gpuctl.v1.RevokeTokenResponse
+	(*AddUserRequest)(nil),          // 124: gpuctl.v1.AddUserRequest
+	(*AddUserResponse)(nil),         // 125: gpuctl.v1.AddUserResponse
+	(*ListIdentitiesRequest)(nil),   // 126: gpuctl.v1.ListIdentitiesRequest
+	(*ListIdentitiesResponse)(nil),  // 127: gpuctl.v1.ListIdentitiesResponse
+	(*SSHKey)(nil),                  // 128: gpuctl.v1.SSHKey
+	(*RevokeUserRequest)(nil),       // 129: gpuctl.v1.RevokeUserRequest
+	(*RevokeUserResponse)(nil),      // 130: gpuctl.v1.RevokeUserResponse
+	(*RemoveNodeRequest)(nil),       // 131: gpuctl.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),      // 132: gpuctl.v1.RemoveNodeResponse
+	nil,                             // 133: gpuctl.v1.NodeRegistration.LabelsEntry
+	nil,                             // 134: gpuctl.v1.RDMAPortSample.CountersEntry
+	nil,                             // 135: gpuctl.v1.Event.AttrsEntry
+	nil,                             // 136: gpuctl.v1.LaunchRanks.EnvEntry
 }
 var file_gpuctl_proto_depIdxs = []int32{
 	10,  // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
@@ -12465,12 +12559,12 @@ var file_gpuctl_proto_depIdxs = []int32{
 	15,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
 	16,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
 	17,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
-	132, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
+	133, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
 	43,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
 	19,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
 	20,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
 	0,   // 10: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
-	133, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
+	134, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
 	21,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
 	22,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
 	23,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
@@ -12480,9 +12574,9 @@ var file_gpuctl_proto_depIdxs = []int32{
 	1,   // 18: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
 	2,   // 19: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
 	3,   // 20: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
-	134, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
+	135, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
 	4,   // 22: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
-	135, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
+	136, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
 	31,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
 	33,  // 25: gpuctl.v1.LaunchRanks.witnesses:type_name -> gpuctl.v1.Witness
 	36,  // 26: gpuctl.v1.VouchRequest.attempts:type_name -> gpuctl.v1.JobAttemptRef
@@ -12503,143 +12597,144 @@ var file_gpuctl_proto_depIdxs = []int32{
 	41,  // 41: gpuctl.v1.ServerMessage.command:type_name -> gpuctl.v1.Command
 	27,  // 42: gpuctl.v1.ServerMessage.event_ack:type_name -> gpuctl.v1.EventAck
 	29,  // 43: gpuctl.v1.ServerMessage.lease:type_name -> gpuctl.v1.LeaseRenewal
-	46,  // 44: gpuctl.v1.ServerMessage.pace:type_name -> gpuctl.v1.TelemetryPace
-	16,  // 45: gpuctl.v1.GPUStatus.info:type_name -> gpuctl.v1.GPUInfo
-	21,  // 46: gpuctl.v1.GPUStatus.last:type_name -> gpuctl.v1.GPUSample
-	18,  // 47: gpuctl.v1.NodeStatus.registration:type_name -> gpuctl.v1.NodeRegistration
-	5,   // 48: gpuctl.v1.NodeStatus.state:type_name -> gpuctl.v1.NodeState
-	47,  // 49: gpuctl.v1.NodeStatus.gpus:type_name -> gpuctl.v1.GPUStatus
-	0,   // 50: gpuctl.v1.CollectiveStat.op:type_name -> gpuctl.v1.NCCLOp
-	48,  // 51: gpuctl.v1.ListNodesResponse.nodes:type_name -> gpuctl.v1.NodeStatus
-	26,  // 52: gpuctl.v1.ListEventsResponse.events:type_name -> gpuctl.v1.Event
-	49,  // 53: gpuctl.v1.ListCollectivesResponse.collectives:type_name -> gpuctl.v1.CollectiveStat
-	21,  // 54: gpuctl.v1.GPUHistoryResponse.samples:type_name -> gpuctl.v1.GPUSample
-	0,   // 55: gpuctl.v1.ObserveFilter.op:type_name -> gpuctl.v1.NCCLOp
-	58,  // 56: gpuctl.v1.ObserveRequest.filter:type_name -> gpuctl.v1.ObserveFilter
-	22,  // 57: gpuctl.v1.ObserveItem.collective:type_name -> gpuctl.v1.CollectiveRecord
-	23,  // 58: gpuctl.v1.ObserveItem.flow:type_name -> gpuctl.v1.NetFlowSample
-	60,  // 59: gpuctl.v1.ObserveBatch.items:type_name -> gpuctl.v1.ObserveItem
-	10,  // 60: gpuctl.v1.VersionResponse.protocol:type_name -> gpuctl.v1.Version
-	65,  // 61: gpuctl.v1.StatusResponse.self:type_name -> gpuctl.v1.ServerStatus
-	65,  // 62: gpuctl.v1.StatusResponse.leader:type_name -> gpuctl.v1.ServerStatus
-	65,  // 63: gpuctl.v1.StatusResponse.servers:type_name -> gpuctl.v1.ServerStatus
-	66,  // 64: gpuctl.v1.StatusResponse.store_members:type_name -> gpuctl.v1.StoreMember
-	26,  // 65: gpuctl.v1.StatusResponse.leadership:type_name -> gpuctl.v1.Event
-	68,  // 66: gpuctl.v1.StatusResponse.telemetry_shed:type_name -> gpuctl.v1.TelemetryShed
-	30,  // 67: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
-	50,  // 68: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
-	52,  // 69: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
-	54,  // 70: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
-	56,  // 71: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
-	59,  // 72: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
-	69,  // 73: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
-	78,  // 74: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
-	80,  // 75: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
-	82,  // 76: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
-	86,  // 77: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
-	90,  // 78: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
-	94,  // 79: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
-	101, // 80: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
-	104, // 81: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
-	106, // 82: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
-	108, // 83: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
-	110, // 84: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
-	83,  // 85: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
-	99,  // 86: gpuctl.v1.ClientRequest.quiet_slow:type_name -> gpuctl.v1.QuietSlowRequest
-	117, // 87: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
-	119, // 88: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
-	121, // 89: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
-	123, // 90: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
-	125, // 91: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
-	128, // 92: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
-	130, // 93: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
-	62,  // 94: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
-	64,  // 95: gpuctl.v1.ClientRequest.status:type_name -> gpuctl.v1.StatusRequest
-	51,  // 96: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
-	53,  // 97: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
-	55,  // 98: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
-	57,  // 99: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
-	61,  // 100: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
-	70,  // 101: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
-	79,  // 102: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
-	81,  // 103: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
-	85,  // 104: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
-	87,  // 105: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
-	91,  // 106: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
-	95,  // 107: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
-	102, // 108: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
-	105, // 109: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
-	107, // 110: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
-	109, // 111: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
-	112, // 112: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
-	84,  // 113: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
-	100, // 114: gpuctl.v1.ClientResponse.quiet_slow:type_name -> gpuctl.v1.QuietSlowResponse
-	63,  // 115: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
-	118, // 116: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
-	120, // 117: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
-	122, // 118: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
-	124, // 119: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
-	126, // 120: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
-	129, // 121: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
-	131, // 122: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
-	67,  // 123: gpuctl.v1.ClientResponse.status:type_name -> gpuctl.v1.StatusResponse
-	74,  // 124: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
-	73,  // 125: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
-	6,   // 126: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
-	75,  // 127: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
-	7,   // 128: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
-	75,  // 129: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
-	77,  // 130: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
-	98,  // 131: gpuctl.v1.Job.slow_quiet:type_name -> gpuctl.v1.SlowQuiet
-	76,  // 132: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
-	76,  // 133: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
-	76,  // 134: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
-	76,  // 135: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
-	76,  // 136: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
-	75,  // 137: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
-	75,  // 138: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
-	88,  // 139: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
-	88,  // 140: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
-	89,  // 141: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
-	88,  // 142: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
-	88,  // 143: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
-	0,   // 144: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
-	92,  // 145: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
-	92,  // 146: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
-	93,  // 147: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
-	97,  // 148: gpuctl.v1.ListStallsResponse.slow:type_name -> gpuctl.v1.SlowFinding
-	96,  // 149: gpuctl.v1.ListStallsResponse.lateness:type_name -> gpuctl.v1.RankLateness
-	76,  // 150: gpuctl.v1.QuietSlowResponse.job:type_name -> gpuctl.v1.Job
-	97,  // 151: gpuctl.v1.QuietSlowResponse.covered:type_name -> gpuctl.v1.SlowFinding
-	48,  // 152: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
-	103, // 153: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
-	76,  // 154: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
-	76,  // 155: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
-	8,   // 156: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
-	8,   // 157: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
-	48,  // 158: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
-	76,  // 159: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
-	26,  // 160: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
-	93,  // 161: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
-	8,   // 162: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
-	111, // 163: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
-	9,   // 164: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
-	9,   // 165: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
-	115, // 166: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
-	116, // 167: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
-	116, // 168: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
-	116, // 169: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
-	113, // 170: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
-	9,   // 171: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
-	113, // 172: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
-	127, // 173: gpuctl.v1.ListIdentitiesResponse.ssh_keys:type_name -> gpuctl.v1.SSHKey
-	113, // 174: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
-	113, // 175: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
-	176, // [176:176] is the sub-list for method output_type
-	176, // [176:176] is the sub-list for method input_type
-	176, // [176:176] is the sub-list for extension type_name
-	176, // [176:176] is the sub-list for extension extendee
-	0,   // [0:176] is the sub-list for field type_name
+	47,  // 44: gpuctl.v1.ServerMessage.pace:type_name -> gpuctl.v1.TelemetryPace
+	46,  // 45: gpuctl.v1.ServerMessage.denied_peers:type_name -> gpuctl.v1.DeniedPeers
+	16,  // 46: gpuctl.v1.GPUStatus.info:type_name -> gpuctl.v1.GPUInfo
+	21,  // 47: gpuctl.v1.GPUStatus.last:type_name -> gpuctl.v1.GPUSample
+	18,  // 48: gpuctl.v1.NodeStatus.registration:type_name -> gpuctl.v1.NodeRegistration
+	5,   // 49: gpuctl.v1.NodeStatus.state:type_name -> gpuctl.v1.NodeState
+	48,  // 50: gpuctl.v1.NodeStatus.gpus:type_name -> gpuctl.v1.GPUStatus
+	0,   // 51: gpuctl.v1.CollectiveStat.op:type_name -> gpuctl.v1.NCCLOp
+	49,  // 52: gpuctl.v1.ListNodesResponse.nodes:type_name -> gpuctl.v1.NodeStatus
+	26,  // 53: gpuctl.v1.ListEventsResponse.events:type_name -> gpuctl.v1.Event
+	50,  // 54: gpuctl.v1.ListCollectivesResponse.collectives:type_name -> gpuctl.v1.CollectiveStat
+	21,  // 55: gpuctl.v1.GPUHistoryResponse.samples:type_name -> gpuctl.v1.GPUSample
+	0,   // 56: gpuctl.v1.ObserveFilter.op:type_name -> gpuctl.v1.NCCLOp
+	59,  // 57: gpuctl.v1.ObserveRequest.filter:type_name -> gpuctl.v1.ObserveFilter
+	22,  // 58: gpuctl.v1.ObserveItem.collective:type_name -> gpuctl.v1.CollectiveRecord
+	23,  // 59: gpuctl.v1.ObserveItem.flow:type_name -> gpuctl.v1.NetFlowSample
+	61,  // 60: gpuctl.v1.ObserveBatch.items:type_name -> gpuctl.v1.ObserveItem
+	10,  // 61: gpuctl.v1.VersionResponse.protocol:type_name -> gpuctl.v1.Version
+	66,  // 62: gpuctl.v1.StatusResponse.self:type_name -> gpuctl.v1.ServerStatus
+	66,  // 63: gpuctl.v1.StatusResponse.leader:type_name -> gpuctl.v1.ServerStatus
+	66,  // 64: gpuctl.v1.StatusResponse.servers:type_name -> gpuctl.v1.ServerStatus
+	67,  // 65: gpuctl.v1.StatusResponse.store_members:type_name -> gpuctl.v1.StoreMember
+	26,  // 66: gpuctl.v1.StatusResponse.leadership:type_name -> gpuctl.v1.Event
+	69,  // 67: gpuctl.v1.StatusResponse.telemetry_shed:type_name -> gpuctl.v1.TelemetryShed
+	30,  // 68: gpuctl.v1.InjectFaultRequest.fault:type_name -> gpuctl.v1.InjectFault
+	51,  // 69: gpuctl.v1.ClientRequest.list_nodes:type_name -> gpuctl.v1.ListNodesRequest
+	53,  // 70: gpuctl.v1.ClientRequest.list_events:type_name -> gpuctl.v1.ListEventsRequest
+	55,  // 71: gpuctl.v1.ClientRequest.list_collectives:type_name -> gpuctl.v1.ListCollectivesRequest
+	57,  // 72: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
+	60,  // 73: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
+	70,  // 74: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
+	79,  // 75: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
+	81,  // 76: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
+	83,  // 77: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
+	87,  // 78: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
+	91,  // 79: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
+	95,  // 80: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
+	102, // 81: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
+	105, // 82: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
+	107, // 83: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
+	109, // 84: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
+	111, // 85: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
+	84,  // 86: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
+	100, // 87: gpuctl.v1.ClientRequest.quiet_slow:type_name -> gpuctl.v1.QuietSlowRequest
+	118, // 88: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
+	120, // 89: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
+	122, // 90: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
+	124, // 91: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
+	126, // 92: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
+	129, // 93: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
+	131, // 94: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
+	63,  // 95: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
+	65,  // 96: gpuctl.v1.ClientRequest.status:type_name -> gpuctl.v1.StatusRequest
+	52,  // 97: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
+	54,  // 98: gpuctl.v1.ClientResponse.list_events:type_name -> gpuctl.v1.ListEventsResponse
+	56,  // 99: gpuctl.v1.ClientResponse.list_collectives:type_name -> gpuctl.v1.ListCollectivesResponse
+	58,  // 100: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
+	62,  // 101: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
+	71,  // 102: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
+	80,  // 103: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
+	82,  // 104: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
+	86,  // 105: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
+	88,  // 106: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
+	92,  // 107: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
+	96,  // 108: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
+	103, // 109: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
+	106, // 110: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
+	108, // 111: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
+	110, // 112: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
+	113, // 113: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
+	85,  // 114: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
+	101, // 115: gpuctl.v1.ClientResponse.quiet_slow:type_name -> gpuctl.v1.QuietSlowResponse
+	64,  // 116: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
+	119, // 117: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
+	121, // 118: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
+	123, // 119: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
+	125, // 120: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
+	127, // 121: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
+	130, // 122: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
+	132, // 123: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
+	68,  // 124: gpuctl.v1.ClientResponse.status:type_name -> gpuctl.v1.StatusResponse
+	75,  // 125: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
+	74,  // 126: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
+	6,   // 127: gpuctl.v1.Job.state:type_name -> gpuctl.v1.JobState
+	76,  // 128: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
+	7,   // 129: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
+	76,  // 130: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
+	78,  // 131: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
+	99,  // 132: gpuctl.v1.Job.slow_quiet:type_name -> gpuctl.v1.SlowQuiet
+	77,  // 133: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
+	77,  // 134: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
+	77,  // 135: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
+	77,  // 136: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
+	77,  // 137: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
+	76,  // 138: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
+	76,  // 139: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
+	89,  // 140: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
+	89,  // 141: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
+	90,  // 142: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
+	89,  // 143: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
+	89,  // 144: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
+	0,   // 145: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
+	93,  // 146: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
+	93,  // 147: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
+	94,  // 148: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
+	98,  // 149: gpuctl.v1.ListStallsResponse.slow:type_name -> gpuctl.v1.SlowFinding
+	97,  // 150: gpuctl.v1.ListStallsResponse.lateness:type_name -> gpuctl.v1.RankLateness
+	77,  // 151: gpuctl.v1.QuietSlowResponse.job:type_name -> gpuctl.v1.Job
+	98,  // 152: gpuctl.v1.QuietSlowResponse.covered:type_name -> gpuctl.v1.SlowFinding
+	49,  // 153: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
+	104, // 154: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
+	77,  // 155: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
+	77,  // 156: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
+	8,   // 157: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
+	8,   // 158: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
+	49,  // 159: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
+	77,  // 160: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
+	26,  // 161: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
+	94,  // 162: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
+	8,   // 163: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
+	112, // 164: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
+	9,   // 165: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
+	9,   // 166: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
+	116, // 167: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
+	117, // 168: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
+	117, // 169: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
+	117, // 170: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
+	114, // 171: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
+	9,   // 172: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
+	114, // 173: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
+	128, // 174: gpuctl.v1.ListIdentitiesResponse.ssh_keys:type_name -> gpuctl.v1.SSHKey
+	114, // 175: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
+	114, // 176: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
+	177, // [177:177] is the sub-list for method output_type
+	177, // [177:177] is the sub-list for method input_type
+	177, // [177:177] is the sub-list for extension type_name
+	177, // [177:177] is the sub-list for extension extendee
+	0,   // [0:177] is the sub-list for field type_name
 }
 
 func init() { file_gpuctl_proto_init() }
@@ -12668,12 +12763,13 @@ func file_gpuctl_proto_init() {
 		(*ServerMessage_EventAck)(nil),
 		(*ServerMessage_Lease)(nil),
 		(*ServerMessage_Pace)(nil),
+		(*ServerMessage_DeniedPeers)(nil),
 	}
-	file_gpuctl_proto_msgTypes[50].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[51].OneofWrappers = []any{
 		(*ObserveItem_Collective)(nil),
 		(*ObserveItem_Flow)(nil),
 	}
-	file_gpuctl_proto_msgTypes[61].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[62].OneofWrappers = []any{
 		(*ClientRequest_ListNodes)(nil),
 		(*ClientRequest_ListEvents)(nil),
 		(*ClientRequest_ListCollectives)(nil),
@@ -12703,7 +12799,7 @@ func file_gpuctl_proto_init() {
 		(*ClientRequest_Version)(nil),
 		(*ClientRequest_Status)(nil),
 	}
-	file_gpuctl_proto_msgTypes[62].OneofWrappers = []any{
+	file_gpuctl_proto_msgTypes[63].OneofWrappers = []any{
 		(*ClientResponse_ListNodes)(nil),
 		(*ClientResponse_ListEvents)(nil),
 		(*ClientResponse_ListCollectives)(nil),
@@ -12740,7 +12836,7 @@ func file_gpuctl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuctl_proto_rawDesc), len(file_gpuctl_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   126,
+			NumMessages:   127,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

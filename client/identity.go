@@ -110,7 +110,18 @@ func (c *Client) RevokeUser(ctx context.Context, name, reason string) (*api.Revo
 // RemoveNode revokes node name's certificates, disconnects it and forgets
 // it, so that the name may join again (with a new key).
 func (c *Client) RemoveNode(ctx context.Context, name, reason string) (*api.RemoveNodeResponse, error) {
-	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_RemoveNode{RemoveNode: &api.RemoveNodeRequest{Name: name, Reason: reason}}})
+	return c.removeNode(ctx, &api.RemoveNodeRequest{Name: name, Reason: reason})
+}
+
+// RemoveLostNode removes node name as RemoveNode does, confirming that the
+// node, lost, and its ranks are down for good: the jobs waiting for its
+// fence go on without its witnesses' word.
+func (c *Client) RemoveLostNode(ctx context.Context, name, reason string) (*api.RemoveNodeResponse, error) {
+	return c.removeNode(ctx, &api.RemoveNodeRequest{Name: name, Reason: reason, ConfirmFenced: true})
+}
+
+func (c *Client) removeNode(ctx context.Context, req *api.RemoveNodeRequest) (*api.RemoveNodeResponse, error) {
+	r, err := c.do(ctx, &api.ClientRequest{Body: &api.ClientRequest_RemoveNode{RemoveNode: req}})
 	if err != nil {
 		return nil, err
 	}

@@ -214,6 +214,8 @@ func (s *Server) audit(caller Caller, req *api.ClientRequest, result error) {
 		e.Node = b.Cordon.GetNode()
 	case *api.ClientRequest_InjectFault:
 		e.Node = b.InjectFault.GetNode()
+	case *api.ClientRequest_RemoveNode:
+		e.Node = b.RemoveNode.GetName()
 	case *api.ClientRequest_CancelJob:
 		e.Job = b.CancelJob.GetJob()
 	case *api.ClientRequest_AssignJob:

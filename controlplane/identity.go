@@ -380,10 +380,21 @@ func (s *Server) revokeUser(who string, r *api.RevokeUserRequest) (*api.RevokeUs
 const nodeGoneTimeout = 10 * time.Second
 
 func (s *Server) removeNode(ctx context.Context, who string, r *api.RemoveNodeRequest) (*api.RemoveNodeResponse, error) {
+	// Whatever the outcome, what was revoked reaches the witnesses.
+	defer s.refreshDeniedPeers()
 	name, reason := r.GetName(), api.CleanText(r.GetReason(), 0)
 	rev := &api.Revocation{RevokedUnixNano: s.now().UnixNano(), RevokedBy: who, Reason: reason}
 	ids := s.identities()
 	resp := &api.RemoveNodeResponse{}
+	if r.GetConfirmFenced() {
+		// The fences go first: a node refused here (connected, or no job
+		// waits for it) is not removed either.
+		jobs, err := s.jobs.ConfirmFenced(ctx, name, who)
+		if err != nil {
+			return nil, err
+		}
+		resp.FencedJobs = jobs
+	}
 	if conn := s.nodes.Conn(name); conn != nil {
 		// Revoke first, so that the node cannot reconnect, then end its
 		// session: its jobs learn the node is down from that, and its
@@ -422,6 +433,29 @@ func (s *Server) removeNode(ctx context.Context, who string, r *api.RemoveNodeRe
 	resp.Revoked = append(resp.Revoked, revoked...)
 	s.nodes.Forget(name)
 	return resp, nil
+}
+
+// refreshDeniedPeers tells the registry the node certificates revoked
+// and not yet expired, for the witnesses (nodes.SetDeniedPeers). A list
+// that cannot be read leaves the one nodes were told.
+func (s *Server) refreshDeniedPeers() {
+	ids := s.identities()
+	if ids == nil {
+		return
+	}
+	known, err := ids.Identities(api.IdentityKind_IDENTITY_KIND_NODE)
+	if err != nil {
+		s.log.Warn("read revoked node certificates; witnesses keep the deny-list they have", "err", err)
+		return
+	}
+	now := s.now().UnixNano()
+	var serials []string
+	for _, id := range known {
+		if id.GetRevokedUnixNano() != 0 && (id.GetNotAfterUnixNano() == 0 || id.GetNotAfterUnixNano() > now) {
+			serials = append(serials, id.GetSerial())
+		}
+	}
+	s.nodes.SetDeniedPeers(serials)
 }
 
 // auditEvent records an action that is no client request (a node's join)

@@ -381,6 +381,7 @@ func (s *Server) Hub() *watch.Hub { return s.hub }
 func (s *Server) run(ctx context.Context) {
 	stop := s.cfg.ReadOnly.Notify(s.announceReadOnly)
 	context.AfterFunc(ctx, stop)
+	s.refreshDeniedPeers()
 	s.wg.Add(3)
 	go func() {
 		defer s.wg.Done()

@@ -272,7 +272,18 @@ func TestNodeRemove(t *testing.T) {
 		t.Fatalf("join under a known name with another key: %v", err)
 	}
 
+	// --confirm-fenced is refused, and removes nothing, for a node no job
+	// waits for and for a connected one.
+	if _, _, err := gpuctl(t, "node", "remove", "gpu-01", "--confirm-fenced", "--config", admin); err == nil || !strings.Contains(err.Error(), "no job waits for node gpu-01 to be fenced: remove it without --confirm-fenced") {
+		t.Fatalf("confirm-fenced with no fence pending: %v", err)
+	}
 	conn := registerNode(t, ctx, srv, id)
+	if _, _, err := gpuctl(t, "node", "remove", "gpu-01", "--confirm-fenced", "--config", admin); err == nil || !strings.Contains(err.Error(), "node gpu-01 is connected") {
+		t.Fatalf("confirm-fenced of a connected node: %v", err)
+	}
+	if conn.Err() != nil {
+		t.Fatalf("a refused --confirm-fenced disconnected the node: %v", conn.Err())
+	}
 	out := mustGpuctl(t, "node", "remove", "gpu-01", "--reason", "reinstalled", "--config", admin)
 	if !strings.Contains(out, "node gpu-01 removed (it was connected and has been disconnected)") || !strings.Contains(out, "revoked certificate serial "+transport.Serial(id.Certificate.Leaf)) {
 		t.Fatalf("node remove printed:\n%s", out)

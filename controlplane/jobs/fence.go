@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"slices"
@@ -39,6 +40,8 @@ type fence struct {
 	// those that acknowledged the attempt superseded.
 	witnesses []string
 	acks      []fencing.Ack
+	// stuckNoted: the event saying too few witnesses answer was raised.
+	stuckNoted bool
 }
 
 // until is when the node's lease has surely passed; ok is false while too
@@ -216,7 +219,18 @@ func (m *Manager) unfenced(en *entry, now time.Time) []string {
 	var wait []string
 	for _, node := range slices.Sorted(mapKeys(en.fences)) {
 		f := en.fences[node]
-		if until, ok := f.until(m.cfg.Lease); !ok || now.Before(until) {
+		until, ok := f.until(m.cfg.Lease)
+		if !ok && !f.stuckNoted && !now.Before(f.lastContact.Add(m.cfg.Lease+fenceMargin)) {
+			// Past the lease the node's own renewals are over; only its
+			// witnesses' silence holds the job back now, and if they are
+			// gone for good only the operator can say the node is down.
+			f.stuckNoted = true
+			en.fences[node] = f
+			m.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, 0,
+				"attempt %d still waits on %s: %d of its %d witnesses acknowledged it superseded, %d are needed; if %s and its ranks are down for good, run `gpuctl node remove %s --confirm-fenced`",
+				f.attempt, node, len(f.acks), len(f.witnesses), fencing.AcksToFence(len(f.witnesses)), node, node)
+		}
+		if !ok || now.Before(until) {
 			wait = append(wait, node)
 			continue
 		}
@@ -240,16 +254,53 @@ func (m *Manager) unfenced(en *entry, now time.Time) []string {
 }
 
 // confirmFenced drops the fence of en on node: the node says the attempt
-// is gone there.
-func (m *Manager) confirmFenced(en *entry, node, how string) {
+// is gone there (or the operator does, with sev a warning).
+func (m *Manager) confirmFenced(en *entry, node string, sev api.Severity, how string) {
 	f, ok := en.fences[node]
 	if !ok {
 		return
 	}
 	delete(en.fences, node)
 	m.keepFences(en)
-	m.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, 0, "attempt %d fenced on %s: %s", f.attempt, node, how)
+	m.recoveryEvent(en.job, sev, 0, "attempt %d fenced on %s: %s", f.attempt, node, how)
 	m.kick()
+}
+
+// ConfirmFenced lifts every fence that waits on node, on the word of
+// the operator who that the node and its ranks are down for good: the way
+// out when its witnesses are gone too, so that too few of them can ever
+// acknowledge the Supersede. It returns the jobs whose fence was lifted.
+// A node that is connected, or that no fence waits on, is refused.
+func (m *Manager) ConfirmFenced(ctx context.Context, node, who string) ([]string, error) {
+	v, err := m.do(ctx, func() (any, error) { return m.confirmFencedBy(node, who) })
+	if err != nil {
+		return nil, err
+	}
+	return v.([]string), nil
+}
+
+func (m *Manager) confirmFencedBy(node, who string) ([]string, error) {
+	for _, n := range m.cfg.Nodes.Nodes() {
+		if n.GetRegistration().GetName() == node && n.GetConnected() {
+			return nil, fmt.Errorf("node %s is connected, so it fences its own ranks: there is nothing to confirm; remove it without --confirm-fenced", node)
+		}
+	}
+	var ids []string
+	for _, en := range m.sorted() {
+		f, ok := en.fences[node]
+		if !ok {
+			continue
+		}
+		ids = append(ids, en.job.GetId())
+		m.confirmFenced(en, node, api.Severity_SEVERITY_WARNING, fmt.Sprintf(
+			"%s confirmed that the node and its ranks are down (gpuctl node remove --confirm-fenced), with %d of its %d witnesses acknowledging; if they are not, two attempts may run",
+			who, len(f.acks), len(f.witnesses)))
+	}
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("no job waits for node %s to be fenced: remove it without --confirm-fenced", node)
+	}
+	m.log.Warn("fence confirmed by the operator", "node", node, "who", who, "jobs", strings.Join(ids, ","))
+	return ids, nil
 }
 
 // fenceOnReturn handles a node's registration: ranks of superseded
@@ -274,7 +325,7 @@ func (m *Manager) fenceOnReturn(node string, running []*api.RankStatus) {
 			return rk.GetJob() == en.job.GetId() && rk.GetAttempt() <= f.attempt
 		})
 		if !left {
-			m.confirmFenced(en, node, "the node came back without any of its ranks")
+			m.confirmFenced(en, node, api.Severity_SEVERITY_INFO, "the node came back without any of its ranks")
 		}
 	}
 }
@@ -322,7 +373,7 @@ func (m *Manager) fenced(msg msgFenced) {
 		for _, rk := range msg.killed {
 			killed = append(killed, fmt.Sprintf("rank %d (pid %d)", rk.GetRank(), rk.GetPid()))
 		}
-		m.confirmFenced(en, msg.node, fmt.Sprintf("the node killed %s of attempt %d", strings.Join(killed, ", "), msg.attempt))
+		m.confirmFenced(en, msg.node, api.Severity_SEVERITY_INFO, fmt.Sprintf("the node killed %s of attempt %d", strings.Join(killed, ", "), msg.attempt))
 	}
 }
 

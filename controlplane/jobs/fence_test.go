@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
@@ -271,5 +272,85 @@ func (h *harness) launchesOnlyAfter(id string, fenced time.Time) {
 	h.clock.add(200 * time.Millisecond)
 	if !launched() {
 		h.t.Fatalf("%s not launched once its lost node's lease passed: %s %s", id, stateName(h.job(id).GetState()), h.job(id).GetReason())
+	}
+}
+
+// TestConfirmFencedByTheOperator: a lost node whose witnesses are gone
+// too (they answer no Supersede) holds its job's next attempt back for
+// good, long past the lease; the operator's confirmation (gpuctl node
+// remove --confirm-fenced) lifts the fence, with a warning event, and the
+// job relaunches. It is refused for a node that is connected, or that no
+// job waits for.
+func TestConfirmFencedByTheOperator(t *testing.T) {
+	const lease = 5 * time.Second
+	witness := func(name string) *api.NodeStatus {
+		n := readyNode(name, 4, "r0", "s0")
+		n.Registration.PeerAddr = "127.0.0.1:7" + name[1:]
+		return n
+	}
+	// n0..n3 can witness; n4 (no peer listener) is the spare.
+	h := newHarness(t, "fifo", witness("n0"), witness("n1"), witness("n2"), witness("n3"), readyNode("n4", 4, "r0", "s0"))
+	h.lease = lease
+	h.restart("fifo")
+	id := h.submit(ringSpec("ring", 2, 4, "restart_policy: replace-node\n"), false)
+	h.reconcile()
+	h.started(id)
+	if got := h.job(id).GetWitnesses(); !slices.Equal(got, []string{"n0", "n1", "n2", "n3"}) {
+		t.Fatalf("witness pool %v, want the job's nodes n0, n1 and the others n2, n3", got)
+	}
+	h.nodes.take()
+	h.nodes.mu.Lock()
+	h.nodes.deaf = map[string]bool{"n2": true, "n3": true}
+	h.nodes.mu.Unlock()
+	h.lose("n2")
+	h.lose("n3")
+	h.lose("n1") // witnessed by n2, n3 and n0: one acknowledgement of the two needed
+	for _, r := range findNode(h.job(id), "n0").GetRanks() {
+		h.exit(id, "n0", r.GetRank(), -1, "SIGTERM")
+	}
+	for end := h.clock.now().Add(10 * lease); h.clock.now().Before(end); h.clock.add(250 * time.Millisecond) {
+		h.reconcile()
+		if l := launches(h.nodes.take()); len(l) > 0 {
+			t.Fatalf("attempt 2 launched on %v while n1's witnesses cannot say it is fenced", l)
+		}
+	}
+
+	if evs := strings.Join(h.recoveryEvents(id), "\n"); !strings.Contains(evs, "attempt 1 still waits on n1: 1 of its 3 witnesses acknowledged it superseded, 2 are needed; if n1 and its ranks are down for good, run `gpuctl node remove n1 --confirm-fenced`") {
+		t.Errorf("no event tells the operator what holds the job back:\n%s", evs)
+	}
+	confirm := func(node string) ([]string, error) {
+		v, err := h.call(func(ctx context.Context) (any, error) { return h.m.ConfirmFenced(ctx, node, "alice") })
+		jobs, _ := v.([]string)
+		return jobs, err
+	}
+	if _, err := confirm("n0"); err == nil || !strings.Contains(err.Error(), "node n0 is connected") {
+		t.Errorf("confirming a connected node: %v", err)
+	}
+	if _, err := confirm("n2"); err == nil || !strings.Contains(err.Error(), "no job waits for node n2") {
+		t.Errorf("confirming a node no job waits for: %v", err)
+	}
+	jobs, err := confirm("n1")
+	if err != nil || !slices.Equal(jobs, []string{id}) {
+		t.Fatalf("confirm n1: %v %v, want [%s]", jobs, err, id)
+	}
+	if f := h.job(id).GetFencedNodes(); len(f) != 0 {
+		t.Errorf("the stored job still waits for %v", f)
+	}
+	h.reconcile()
+	if l := launches(h.nodes.take()); len(l) == 0 {
+		t.Fatalf("attempt 2 not launched once the operator confirmed n1 fenced: %s", h.job(id).GetReason())
+	}
+	var warned bool
+	for _, e := range h.jobEvents(id, api.EventKind_EVENT_KIND_RECOVERY) {
+		if strings.Contains(e.GetMessage(), "fenced on n1: alice confirmed that the node and its ranks are down") &&
+			e.GetSeverity() == api.Severity_SEVERITY_WARNING {
+			warned = true
+		}
+	}
+	if !warned {
+		t.Errorf("no warning event names alice's confirmation:\n%s", strings.Join(h.recoveryEvents(id), "\n"))
+	}
+	if _, err := confirm("n1"); err == nil {
+		t.Error("confirming n1 again: no fence waits, yet it was taken")
 	}
 }

@@ -45,6 +45,8 @@ type fakeNodes struct {
 	suspects bool
 	now      func() time.Time
 	actions  []string
+	// deaf nodes answer no command, as nodes gone for good.
+	deaf map[string]bool
 }
 
 type sentCmd struct {
@@ -93,6 +95,9 @@ func (f *fakeNodes) Command(_ context.Context, node string, c *api.Command) (*ap
 		sc.stored = f.storeAt(job)
 	}
 	f.cmds = append(f.cmds, sc)
+	if f.deaf[node] {
+		return nil, fmt.Errorf("node %s is not connected", node)
+	}
 	if msg := f.refuse[node]; msg != "" && c.GetLaunch() != nil {
 		return nil, fmt.Errorf("node %s: %s", node, msg)
 	}

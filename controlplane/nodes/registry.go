@@ -125,6 +125,8 @@ type Registry struct {
 	// store refused (etcd away), oldest first, at most HeldEvents: the
 	// detector stores them once it takes them (storeHeld).
 	held []*api.Event
+	// denied is the deny-list nodes are told (SetDeniedPeers).
+	denied deniedPeers
 }
 
 // entry is one node. rec is its current status; it is replaced, never

@@ -53,6 +53,9 @@ type session struct {
 	// its arrival (0: none yet).
 	sampled  atomic.Uint64
 	leastGap atomic.Int64
+	// deniedSent is the revision of the deny-list the node heard on this
+	// session (sendDeniedPeers; the control reader's alone).
+	deniedSent uint64
 }
 
 // hear notes that the node was heard from at t.
@@ -312,7 +315,9 @@ func (r *Registry) usedFeatures() []string {
 		return api.NodeFeatures()
 	}
 	// Without a lease there is nothing for witnesses to renew either.
-	return slices.DeleteFunc(api.NodeFeatures(), func(f string) bool { return f == api.FeatureLease || f == api.FeaturePeerLease })
+	return slices.DeleteFunc(api.NodeFeatures(), func(f string) bool {
+		return f == api.FeatureLease || f == api.FeaturePeerLease || f == api.FeatureDenyList
+	})
 }
 
 // uses reports whether this session uses feature f with the node.
@@ -348,6 +353,9 @@ func (ns *session) readControl() error {
 				if err := ns.send(renewal); err != nil {
 					return fmt.Errorf("renew lease: %w", err)
 				}
+			}
+			if err := ns.sendDeniedPeers(); err != nil {
+				return fmt.Errorf("send denied peers: %w", err)
 			}
 		case *api.AgentMessage_CommandAck:
 			ns.mu.Lock()

@@ -40,12 +40,12 @@ func TestProtocolSkew(t *testing.T) {
 		{name: "v1.2 without a list", lease: 5 * time.Second, hello: &api.Hello{Version: v(2)},
 			uses: []string{"fence", "lease", "node-rank", "run-as"}},
 		{name: "this release", lease: 5 * time.Second, hello: &api.Hello{Version: api.CurrentVersion(), Features: api.NodeFeatures()},
-			uses: []string{"fence", "lease", "node-rank", "peer-lease", "run-as", "telemetry-pace"}},
+			uses: []string{"deny-list", "fence", "lease", "node-rank", "peer-lease", "run-as", "telemetry-pace"}},
 		{name: "this release, server without leases", hello: &api.Hello{Version: api.CurrentVersion(), Features: api.NodeFeatures()},
 			uses: []string{"fence", "node-rank", "run-as", "telemetry-pace"}},
 		{name: "a later release with a feature this server lacks", lease: 5 * time.Second,
 			hello: &api.Hello{Version: v(9), Features: append(api.NodeFeatures(), "lease-v3")},
-			uses:  []string{"fence", "lease", "node-rank", "peer-lease", "run-as", "telemetry-pace"}},
+			uses:  []string{"deny-list", "fence", "lease", "node-rank", "peer-lease", "run-as", "telemetry-pace"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
