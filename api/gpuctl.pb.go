@@ -12829,7 +12829,7 @@ func file_gpuctl_proto_init() {
 		(*ClientResponse_RemoveNode)(nil),
 		(*ClientResponse_Status)(nil),
 	}
-	file_gpuctl_proto_msgTypes[66].OneofWrappers = []any{}
+	file_gpuctl_proto_msgTypes[67].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
