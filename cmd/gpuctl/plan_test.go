@@ -121,8 +121,16 @@ func planDocOf(t *testing.T, args ...string) planDoc {
 	return doc
 }
 
+// TestPlanLlama405BOn8192H100: Llama 3's 126 layers split evenly only
+// over pp 1 or 2, where the model does not fit an H100 with ZeRO-1; as a
+// job could not run the published uneven pp 16 either, the plan is refused
+// with a pointer at --uneven, which finds it.
 func TestPlanLlama405BOn8192H100(t *testing.T) {
-	doc := planDocOf(t, "--model", "llama3-405b", "--gpus", "8192", "--gpu", "h100")
+	args := []string{"--model", "llama3-405b", "--gpus", "8192", "--gpu", "h100"}
+	if out, err := runPlanCmd(t, args...); err == nil || !strings.Contains(err.Error(), "layers not divisible by pp") || !strings.Contains(err.Error(), "--uneven") {
+		t.Fatalf("even pipelines only: err %v\n%s", err, out)
+	}
+	doc := planDocOf(t, append(args, "--uneven")...)
 	if len(doc.Plans) == 0 || !doc.Plans[0].Fits {
 		t.Fatalf("no fitting plan: %+v", doc.Rejections)
 	}
