@@ -160,17 +160,9 @@ func (s *Snapshot) Job(key string) *api.Job {
 		if j.GetId() == key {
 			return j
 		}
-		if j.GetName() == key && (named == nil || !terminalState(j.GetState())) {
+		if j.GetName() == key && (named == nil || !j.GetState().Ended()) {
 			named = j
 		}
 	}
 	return named
-}
-
-func terminalState(s api.JobState) bool {
-	switch s {
-	case api.JobState_JOB_STATE_SUCCEEDED, api.JobState_JOB_STATE_FAILED, api.JobState_JOB_STATE_CANCELLED:
-		return true
-	}
-	return false
 }

@@ -208,7 +208,7 @@ func (f jobFilter) apply(jobs []*api.Job, now time.Time) ([]*api.Job, error) {
 		switch {
 		case len(f.states) > 0 && !slices.Contains(f.states, state):
 		case f.tenant != "" && j.GetTenant() != f.tenant:
-		case len(f.names) == 0 && !f.all && len(f.states) == 0 && views.JobFinished(j.GetState()) &&
+		case len(f.names) == 0 && !f.all && len(f.states) == 0 && j.GetState().Ended() &&
 			j.GetEndUnixNano() != 0 && now.Sub(time.Unix(0, j.GetEndUnixNano())) > finishedShownFor:
 		default:
 			out = append(out, j)
