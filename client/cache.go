@@ -153,16 +153,9 @@ func (s *Snapshot) Node(name string) *api.NodeStatus {
 	return s.Nodes[i]
 }
 
-// Job returns the job with id, or the active one named so, or nil.
+// Job returns the job key means, by api.FindJob, or nil when it means
+// none or is ambiguous.
 func (s *Snapshot) Job(key string) *api.Job {
-	var named *api.Job
-	for _, j := range s.Jobs {
-		if j.GetId() == key {
-			return j
-		}
-		if j.GetName() == key && (named == nil || !j.GetState().Ended()) {
-			named = j
-		}
-	}
-	return named
+	j, _ := api.FindJob(s.Jobs, key)
+	return j
 }

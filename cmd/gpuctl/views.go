@@ -230,13 +230,7 @@ func (t *snapshotTransport) Call(ctx context.Context, req *api.ClientRequest, fn
 	case *api.ClientRequest_ListJobs:
 		key, jobs := b.ListJobs.GetJob(), t.snap.Jobs
 		if key != "" {
-			jobs = nil
-			for _, j := range t.snap.Jobs {
-				if j.GetId() == key || j.GetName() == key {
-					jobs = append(jobs, j)
-				}
-			}
-			if len(jobs) == 0 {
+			if jobs = api.MatchJobs(t.snap.Jobs, key); len(jobs) == 0 {
 				return unknownJob(key)
 			}
 		}
@@ -244,9 +238,9 @@ func (t *snapshotTransport) Call(ctx context.Context, req *api.ClientRequest, fn
 	case *api.ClientRequest_ListStalls:
 		stalls := t.snap.Stalls
 		if key := b.ListStalls.GetJob(); key != "" {
-			j := t.snap.Job(key)
-			if j == nil {
-				return unknownJob(key)
+			j, err := api.FindJob(t.snap.Jobs, key)
+			if err != nil {
+				return fn(&api.ClientResponse{Error: err.Error()})
 			}
 			stalls = nil
 			for _, s := range t.snap.Stalls {
