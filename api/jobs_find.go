@@ -43,9 +43,12 @@ func FindJob(jobs []*Job, key string) (*Job, error) {
 func MatchJobs(jobs []*Job, key string) []*Job {
 	var out []*Job
 	for _, j := range jobs {
-		if j.GetId() == key || j.GetName() == key {
+		if j.Is(key) {
 			out = append(out, j)
 		}
 	}
 	return out
 }
+
+// Is reports whether key names j: its id or its name.
+func (j *Job) Is(key string) bool { return j.GetId() == key || j.GetName() == key }

@@ -222,15 +222,7 @@ func unknownNames(kind string, missing, known []string, hint string) error {
 	if len(missing) == 1 {
 		s = ""
 	}
-	return fmt.Errorf("no %s%s named %s: known %ss are %s (%s)", kind, s, strings.Join(quoteAll(missing), ", "), kind, list, hint)
-}
-
-func quoteAll(ss []string) []string {
-	out := make([]string, len(ss))
-	for i, s := range ss {
-		out[i] = strconv.Quote(s)
-	}
-	return out
+	return fmt.Errorf("no %s%s named %s: known %ss are %s (%s)", kind, s, strings.Join(views.Quoted(missing), ", "), kind, list, hint)
 }
 
 // selectNodes keeps the named nodes, in the order named; none named keeps
