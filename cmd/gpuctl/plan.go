@@ -418,62 +418,11 @@ func writePlanTable(w io.Writer, in planInput, ranked []costmodel.Evaluation, re
 	return nil
 }
 
-// planDoc is -o json's document; docs/costmodel.md, "JSON output",
-// documents every field.
-type planDoc struct {
-	Model    costmodel.Model    `json:"model"`
-	GPU      costmodel.Hardware `json:"gpu"`
-	GPUs     int                `json:"gpus"`
-	Training costmodel.Training `json:"training"`
-	Tunables costmodel.Tunables `json:"tunables"`
-	// MTBFSource says where the failure rate comes from.
-	MTBFSource  string                 `json:"mtbf_source,omitempty"`
-	Calibration *costmodel.Calibration `json:"calibration,omitempty"`
-	Plans       []costmodel.Evaluation `json:"plans"`
-	// Rejections counts why plans lost, by reason.
-	Rejections    []planner.ReasonCount `json:"rejections"`
-	ClosestLosers []planLoserJSON       `json:"closest_losers"`
-}
-
-// planLoserJSON is one plan that lost, with the figures that decided it.
-type planLoserJSON struct {
-	costmodel.Plan
-	Reason         costmodel.Reason `json:"reason"`
-	Detail         string           `json:"detail"`
-	StepSeconds    float64          `json:"predicted_step_seconds,omitempty"`
-	MemPerGPUBytes int64            `json:"predicted_mem_per_gpu_bytes,omitempty"`
-}
-
-// planDocument builds -o json's document from a search.
-func planDocument(in planInput, ranked []costmodel.Evaluation, rejected []costmodel.Rejection, top int) planDoc {
-	shown := ranked
-	if top > 0 && len(shown) > top {
-		shown = shown[:top]
-	}
-	lost := planner.Lost(ranked, rejected, len(shown))
-	doc := planDoc{Model: in.model, GPU: in.hw, GPUs: in.gpus, Training: in.tr, Tunables: in.tun, Calibration: in.cal,
-		Plans: shown, Rejections: planner.Reasons(lost), ClosestLosers: []planLoserJSON{}}
-	if in.tun.MTBF > 0 {
-		doc.MTBFSource = in.mtbfSource
-	}
-	if doc.Plans == nil {
-		doc.Plans = []costmodel.Evaluation{}
-	}
-	for _, r := range planner.Closest(lost, 5) {
-		l := planLoserJSON{Plan: r.Plan, Reason: r.Reason, Detail: r.Detail, MemPerGPUBytes: r.MemPerGPUBytes}
-		if r.Evaluation != nil {
-			l.StepSeconds = r.Evaluation.StepSeconds
-			l.MemPerGPUBytes = r.Evaluation.MemPerGPUBytes
-		}
-		doc.ClosestLosers = append(doc.ClosestLosers, l)
-	}
-	return doc
-}
-
 func writePlanJSON(w io.Writer, in planInput, ranked []costmodel.Evaluation, rejected []costmodel.Rejection, top int) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	doc, err := views.WithNulls(planDocument(in, ranked, rejected, top))
+	req := planner.Request{Model: in.model, Training: in.tr, Hardware: in.hw, Tunables: in.tun, GPUs: in.gpus}
+	doc, err := views.WithNulls(planner.NewDocument(req, in.cal, in.mtbfSource, ranked, rejected, top))
 	if err != nil {
 		return fmt.Errorf("plan: write json: %w", err)
 	}

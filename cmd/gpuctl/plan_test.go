@@ -7,6 +7,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/gpuctl/gpuctl/scheduler/planner"
 )
 
 // runPlanCmd runs `gpuctl plan args…` in-process.
@@ -108,13 +110,13 @@ func TestPlanLaunchOutputs(t *testing.T) {
 }
 
 // planDocOf runs plan -o json and decodes its document.
-func planDocOf(t *testing.T, args ...string) planDoc {
+func planDocOf(t *testing.T, args ...string) planner.Document {
 	t.Helper()
 	out, err := runPlanCmd(t, append(args, "-o", "json")...)
 	if err != nil {
 		t.Fatalf("plan %v: %v\n%s", args, err, out)
 	}
-	var doc planDoc
+	var doc planner.Document
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("output is not the plan document: %v\n%s", err, out)
 	}
