@@ -153,24 +153,9 @@ func (s *Snapshot) Node(name string) *api.NodeStatus {
 	return s.Nodes[i]
 }
 
-// Job returns the job with id, or the active one named so, or nil.
+// Job returns the job key means, by api.FindJob, or nil when it means
+// none or is ambiguous.
 func (s *Snapshot) Job(key string) *api.Job {
-	var named *api.Job
-	for _, j := range s.Jobs {
-		if j.GetId() == key {
-			return j
-		}
-		if j.GetName() == key && (named == nil || !terminalState(j.GetState())) {
-			named = j
-		}
-	}
-	return named
-}
-
-func terminalState(s api.JobState) bool {
-	switch s {
-	case api.JobState_JOB_STATE_SUCCEEDED, api.JobState_JOB_STATE_FAILED, api.JobState_JOB_STATE_CANCELLED:
-		return true
-	}
-	return false
+	j, _ := api.FindJob(s.Jobs, key)
+	return j
 }

@@ -211,12 +211,7 @@ func (sb *Standby) listJobs(_ context.Context, c *call) error {
 		return c.fail("standby: read jobs from the store: %v", err)
 	}
 	if want := c.req.GetListJobs().GetJob(); want != "" {
-		var match []*api.Job
-		for _, j := range js {
-			if j.GetId() == want || j.GetName() == want {
-				match = append(match, j)
-			}
-		}
+		match := api.MatchJobs(js, want)
 		if len(match) == 0 {
 			return c.fail("job %q not found", want)
 		}

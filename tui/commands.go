@@ -22,13 +22,124 @@ import (
 	"github.com/gpuctl/gpuctl/tui/view/stalls"
 )
 
-// commandNames are the `:` commands, for help and completion.
-var commandNames = []string{"overview", "nodes", "node", "gpu", "jobs", "job", "stalls", "events", "observe", "flows", "plan",
-	"submit", "rebalance", "help", "quit"}
+// argKind is what a command's first argument names, for completion.
+type argKind int
 
-// aliases map short forms to commands, k9s style.
-var aliases = map[string]string{"ov": "overview", "no": "nodes", "jo": "jobs", "st": "stalls", "ev": "events",
-	"ob": "observe", "q": "quit", "q!": "quit", "n": "node", "j": "job"}
+const (
+	argNone argKind = iota
+	argNode
+	argJob
+)
+
+// command is one `:` command. Names, aliases, completion, help and what
+// runs all come from the one registry below.
+type command struct {
+	name    string
+	aliases []string
+	// gate is the action the role must be allowed; "" is anyone.
+	gate app.Action
+	arg  argKind
+	// pushed views stack on the current one; the others replace the
+	// stack above the overview, as k9s does.
+	pushed bool
+	// act runs a command that opens no view; open builds a view.
+	act  func(m *Model) tea.Cmd
+	open func(m *Model, args []string) (app.View, error)
+}
+
+// commands are the console's `:` commands, in the order help lists them.
+var commands = []command{
+	{name: "overview", aliases: []string{"ov"}, open: func(m *Model, _ []string) (app.View, error) { return overview.New(m.ctx), nil }},
+	{name: "nodes", aliases: []string{"no"}, open: func(m *Model, _ []string) (app.View, error) { return nodes.New(m.ctx), nil }},
+	{name: "node", aliases: []string{"n"}, arg: argNode, pushed: true, open: func(m *Model, args []string) (app.View, error) {
+		if len(args) != 1 {
+			return nil, fmt.Errorf(":node NAME — tab completes the names")
+		}
+		return node.New(m.ctx, args[0]), nil
+	}},
+	{name: "gpu", arg: argNode, pushed: true, open: func(m *Model, args []string) (app.View, error) {
+		if len(args) != 2 {
+			return nil, fmt.Errorf(":gpu NODE INDEX")
+		}
+		i, err := strconv.Atoi(args[1])
+		if err != nil || i < 0 {
+			return nil, fmt.Errorf(":gpu %s %s: the index is a GPU number, e.g. 0", args[0], args[1])
+		}
+		return gpu.New(m.ctx, args[0], i), nil
+	}},
+	{name: "jobs", aliases: []string{"jo"}, open: func(m *Model, _ []string) (app.View, error) { return jobs.New(m.ctx), nil }},
+	{name: "job", aliases: []string{"j"}, arg: argJob, pushed: true, open: func(m *Model, args []string) (app.View, error) {
+		if len(args) != 1 && !(len(args) == 3 && args[1] == "rank") {
+			return nil, fmt.Errorf(":job ID [rank R]")
+		}
+		rank := -1
+		if len(args) == 3 {
+			r, err := strconv.Atoi(args[2])
+			if err != nil {
+				return nil, fmt.Errorf(":job %s rank %s: a rank is a number", args[0], args[2])
+			}
+			rank = r
+		}
+		return job.New(m.ctx, args[0], rank), nil
+	}},
+	{name: "stalls", aliases: []string{"st"}, open: func(m *Model, _ []string) (app.View, error) { return stalls.New(m.ctx), nil }},
+	{name: "events", aliases: []string{"ev"}, open: func(m *Model, args []string) (app.View, error) {
+		v := events.New(m.ctx)
+		if len(args) > 0 {
+			v.SetFilter(strings.Join(args, " "))
+		}
+		return v, nil
+	}},
+	{name: "observe", aliases: []string{"ob"}, open: func(m *Model, args []string) (app.View, error) {
+		v := observe.New(m.ctx)
+		if len(args) > 0 {
+			v.SetFilter(strings.Join(args, " "))
+		}
+		return v, nil
+	}},
+	{name: "flows", arg: argNode, pushed: true, open: func(m *Model, args []string) (app.View, error) {
+		if len(args) != 1 {
+			return nil, fmt.Errorf(":flows NODE — tab completes the names")
+		}
+		return observe.Flows(m.ctx, args[0]), nil
+	}},
+	{name: "plan", open: func(m *Model, args []string) (app.View, error) { return plan.New(m.ctx, args), nil }},
+	{name: "submit", gate: app.ActSubmit, act: func(m *Model) tea.Cmd { return actions.Submit(m.ctx) }},
+	{name: "rebalance", gate: app.ActRebalance, act: func(m *Model) tea.Cmd { return actions.Rebalance(m.ctx) }},
+	{name: "help", act: func(m *Model) tea.Cmd { m.showHelp = true; return nil }},
+	{name: "quit", aliases: []string{"q", "q!"}, act: func(*Model) tea.Cmd { return tea.Quit }},
+}
+
+// lookupCommand finds a command by its name or an alias.
+func lookupCommand(name string) (*command, bool) {
+	for i := range commands {
+		if c := &commands[i]; c.name == name || slices.Contains(c.aliases, name) {
+			return c, true
+		}
+	}
+	return nil, false
+}
+
+// commandNames are every command's name, for errors.
+func commandNames() []string {
+	out := make([]string, len(commands))
+	for i, c := range commands {
+		out[i] = c.name
+	}
+	return out
+}
+
+// allowedCommands are the names this console's role may run, for help and
+// completion.
+func (m *Model) allowedCommands() []string {
+	var out []string
+	for _, c := range commands {
+		if c.gate == "" || m.ctx.Can(c.gate) {
+			out = append(out, c.name)
+		}
+	}
+	return out
+}
 
 // run carries out a `:` command.
 func (m *Model) run(line string) tea.Cmd {
@@ -36,38 +147,23 @@ func (m *Model) run(line string) tea.Cmd {
 	if len(f) == 0 {
 		return nil
 	}
-	name := f[0]
-	if a, ok := aliases[name]; ok {
-		name = a
+	c, ok := lookupCommand(f[0])
+	if ok && c.gate != "" && !m.ctx.Can(c.gate) {
+		return m.deny(c.name)
 	}
-	switch name {
-	case "quit":
-		return tea.Quit
-	case "help":
-		m.showHelp = true
-		return nil
-	case "submit":
-		if !m.ctx.Can(app.ActSubmit) {
-			return m.deny("submit")
-		}
-		return actions.Submit(m.ctx)
-	case "rebalance":
-		if !m.ctx.Can(app.ActRebalance) {
-			return m.deny("rebalance")
-		}
-		return actions.Rebalance(m.ctx)
+	if ok && c.act != nil {
+		return c.act(m)
 	}
-	v, err := m.open(strings.Join(append([]string{name}, f[1:]...), " "))
+	v, err := m.open(line)
 	if err != nil {
 		m.flash, m.flashErr = err.Error(), true
 		return nil
 	}
-	// A top-level list replaces the stack above the overview, as k9s does.
-	if name != "node" && name != "gpu" && name != "job" && name != "flows" {
+	if !c.pushed {
 		for len(m.stack) > 1 {
 			m.pop()
 		}
-		if name == "overview" {
+		if c.name == "overview" {
 			return nil
 		}
 	}
@@ -88,67 +184,11 @@ func (m *Model) open(line string) (app.View, error) {
 	if len(f) == 0 {
 		return nil, fmt.Errorf("empty command")
 	}
-	name, args := f[0], f[1:]
-	if a, ok := aliases[name]; ok {
-		name = a
+	c, ok := lookupCommand(f[0])
+	if !ok || c.open == nil {
+		return nil, fmt.Errorf("unknown command %q: try %s", f[0], strings.Join(commandNames(), ", "))
 	}
-	switch name {
-	case "overview":
-		return overview.New(m.ctx), nil
-	case "nodes":
-		return nodes.New(m.ctx), nil
-	case "node":
-		if len(args) != 1 {
-			return nil, fmt.Errorf(":node NAME — tab completes the names")
-		}
-		return node.New(m.ctx, args[0]), nil
-	case "gpu":
-		if len(args) != 2 {
-			return nil, fmt.Errorf(":gpu NODE INDEX")
-		}
-		i, err := strconv.Atoi(args[1])
-		if err != nil || i < 0 {
-			return nil, fmt.Errorf(":gpu %s %s: the index is a GPU number, e.g. 0", args[0], args[1])
-		}
-		return gpu.New(m.ctx, args[0], i), nil
-	case "jobs":
-		return jobs.New(m.ctx), nil
-	case "job":
-		if len(args) != 1 && !(len(args) == 3 && args[1] == "rank") {
-			return nil, fmt.Errorf(":job ID [rank R]")
-		}
-		rank := -1
-		if len(args) == 3 {
-			r, err := strconv.Atoi(args[2])
-			if err != nil {
-				return nil, fmt.Errorf(":job %s rank %s: a rank is a number", args[0], args[2])
-			}
-			rank = r
-		}
-		return job.New(m.ctx, args[0], rank), nil
-	case "stalls":
-		return stalls.New(m.ctx), nil
-	case "events":
-		v := events.New(m.ctx)
-		if len(args) > 0 {
-			v.SetFilter(strings.Join(args, " "))
-		}
-		return v, nil
-	case "observe":
-		v := observe.New(m.ctx)
-		if len(args) > 0 {
-			v.SetFilter(strings.Join(args, " "))
-		}
-		return v, nil
-	case "flows":
-		if len(args) != 1 {
-			return nil, fmt.Errorf(":flows NODE — tab completes the names")
-		}
-		return observe.Flows(m.ctx, args[0]), nil
-	case "plan":
-		return plan.New(m.ctx, args), nil
-	}
-	return nil, fmt.Errorf("unknown command %q: try %s", name, strings.Join(commandNames, ", "))
+	return c.open(m, f[1:])
 }
 
 // complete offers the commands (and node names or job ids after node,
@@ -162,7 +202,7 @@ func (m *Model) complete(prefix string) []string {
 			p = f[0]
 		}
 		var out []string
-		for _, c := range commandNames {
+		for _, c := range m.allowedCommands() {
 			if strings.HasPrefix(c, p) {
 				out = append(out, c)
 			}
@@ -173,16 +213,20 @@ func (m *Model) complete(prefix string) []string {
 	if !trailing {
 		arg = f[len(f)-1]
 	}
+	c, ok := lookupCommand(f[0])
+	if !ok {
+		return nil
+	}
 	var pool []string
-	switch f[0] {
-	case "node", "n", "gpu", "flows":
+	switch c.arg {
+	case argNode:
 		if len(f) > 2 || (len(f) == 2 && trailing) {
 			return nil
 		}
 		for _, n := range m.ctx.Snap.Nodes {
 			pool = append(pool, app.NodeName(n))
 		}
-	case "job", "j":
+	case argJob:
 		if len(f) > 2 || (len(f) == 2 && trailing) {
 			return nil
 		}

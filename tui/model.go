@@ -675,13 +675,6 @@ func (m *Model) renderHelp() string {
 		}
 		b.WriteString("\n")
 	}
-	var cmds []string
-	for _, c := range commandNames {
-		if (c == "submit" && !m.ctx.Can(app.ActSubmit)) || (c == "rebalance" && !m.ctx.Can(app.ActRebalance)) {
-			continue
-		}
-		cmds = append(cmds, c)
-	}
-	b.WriteString(st.Dim.Render("commands: " + strings.Join(cmds, " ") + "  (tab completes, ↑/↓ history)"))
+	b.WriteString(st.Dim.Render("commands: " + strings.Join(m.allowedCommands(), " ") + "  (tab completes, ↑/↓ history)"))
 	return b.String()
 }

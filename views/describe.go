@@ -371,7 +371,7 @@ func DescribeGPU(w io.Writer, o Options, n *api.NodeStatus, g *api.GPUStatus, hi
 			hist.add(txt(sr.name), f(lo), f(sum/float64(len(history))), f(hi))
 		}
 		first, last := timeOf(history[0].GetTimeUnixNano()), timeOf(history[len(history)-1].GetTimeUnixNano())
-		d.section(fmt.Sprintf("History (%d samples over %s)", len(history), shortDuration(last.Sub(first))), hist)
+		d.section(fmt.Sprintf("History (%d samples over %s)", len(history), Duration(last.Sub(first))), hist)
 	}
 	var mine []*api.Event
 	for _, e := range events {

@@ -193,19 +193,21 @@ func Collectives(w io.Writer, o Options, cs []*api.CollectiveStat) error {
 			return cell{text: "-"}
 		}
 		a := seconds / float64(n)
-		return num(fmtDuration(time.Duration(a*1e9)), a)
+		return num(latency(time.Duration(a*1e9)), a)
 	}
 	for _, c := range cs {
 		v := CollectiveFromAPI(c)
 		last := timeOrZero(v.LastCallTime)
 		t.add(txt(v.Node), txt(dash(deref(v.Job))), count(v.Rank), count(v.PID), txt(v.Comm), txt(v.Op), count(v.Seq), count(v.Calls),
-			num(Bytes(v.Bytes), float64(v.Bytes)), num(fmtDuration(time.Duration(v.InCallSeconds*1e9)), v.InCallSeconds),
+			num(Bytes(v.Bytes), float64(v.Bytes)), num(latency(time.Duration(v.InCallSeconds*1e9)), v.InCallSeconds),
 			avg(v.InCallSeconds, v.Calls), avg(v.GPUSeconds, v.Completions), num(age(now, last), now.Sub(last).Seconds()))
 	}
 	return o.writeTable(w, t)
 }
 
-func fmtDuration(d time.Duration) string {
+// latency renders a call's time to the precision calls differ by (ns to
+// ms), where Duration, made for spans, would show 0.0s.
+func latency(d time.Duration) string {
 	switch {
 	case d < time.Microsecond:
 		return fmt.Sprintf("%dns", d.Nanoseconds())

@@ -131,11 +131,6 @@ func JobStateNames() []string {
 	return []string{"pending", "running", "recovering", "succeeded", "failed", "cancelled"}
 }
 
-// JobFinished says whether a job is in a final state.
-func JobFinished(s api.JobState) bool {
-	return s == api.JobState_JOB_STATE_SUCCEEDED || s == api.JobState_JOB_STATE_FAILED || s == api.JobState_JOB_STATE_CANCELLED
-}
-
 func stopName(s api.JobStop) *string {
 	switch s {
 	case api.JobStop_JOB_STOP_CANCEL:

@@ -166,7 +166,7 @@ func (o *ObserveWriter) item(it *api.ObserveItem) error {
 		}
 		_, err = fmt.Fprintf(o.w, "%s %s %s rank=%d pid=%d %-13s comm=%s seq=%d bytes=%s%s %s\n",
 			v.Time.Local().Format("15:04:05.000000"), api.EscapeText(v.Node), api.EscapeText(dash(deref(v.Job))), v.Rank, v.PID, v.Op, v.Comm, v.Seq,
-			Bytes(v.Bytes), peer, fmtDuration(time.Duration(v.DurationSeconds*1e9)))
+			Bytes(v.Bytes), peer, latency(time.Duration(v.DurationSeconds*1e9)))
 	case FlowLineJSON:
 		_, err = fmt.Fprintf(o.w, "%s %s %s pid=%d %s %s -> %s tx=%s rx=%s retrans=%d\n",
 			v.Time.Local().Format("15:04:05.000000"), api.EscapeText(v.Node), api.EscapeText(dash(deref(v.Job))), v.PID, api.EscapeText(v.Protocol),

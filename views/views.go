@@ -143,10 +143,12 @@ func age(now, t time.Time) string {
 	if t.IsZero() {
 		return "never"
 	}
-	return shortDuration(now.Sub(t))
+	return Duration(now.Sub(t))
 }
 
-func shortDuration(d time.Duration) string {
+// Duration renders a span as a person reads it in a table: 4.2s, 3m12s,
+// 5h3m, 2d. The CLI's tables and the console both use it.
+func Duration(d time.Duration) string {
 	switch {
 	case d < 0:
 		return "0s"

@@ -88,7 +88,7 @@ func describeJob(ctx context.Context, c *client.Client, w io.Writer, o views.Opt
 	if err != nil {
 		return err
 	}
-	sel, err := jobFilter{names: []string{key}}.apply(jobs, o.Now)
+	sel, err := views.JobFilter{Names: []string{key}}.Apply(jobs, o.Now)
 	if err != nil {
 		return err
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"time"
 
@@ -157,82 +156,10 @@ func runSubmit(cmd *cobra.Command, f *submitFlags, args []string) error {
 	return err
 }
 
-// jobFilter is what `gpuctl jobs` shows: the named jobs, or every job
-// but those finished more than a day ago (as squeue), narrowed by state
-// and tenant.
-type jobFilter struct {
-	names  []string
-	states []string
-	tenant string
-	all    bool
-}
-
-// finishedShownFor is how long a finished job stays in `gpuctl jobs`
-// without --all.
-const finishedShownFor = 24 * time.Hour
-
-func (f jobFilter) apply(jobs []*api.Job, now time.Time) ([]*api.Job, error) {
-	for _, s := range f.states {
-		if !slices.Contains(views.JobStateNames(), s) {
-			return nil, fmt.Errorf("--state %q: use %s", s, strings.Join(views.JobStateNames(), ", "))
-		}
-	}
-	if len(f.names) > 0 {
-		var known []string
-		matched := map[string]bool{}
-		var out []*api.Job
-		for _, j := range jobs {
-			known = append(known, j.GetId()+" ("+j.GetName()+")")
-			for _, n := range f.names {
-				if j.GetId() == n || j.GetName() == n {
-					matched[n] = true
-					out = append(out, j)
-					break
-				}
-			}
-		}
-		var missing []string
-		for _, n := range f.names {
-			if !matched[n] {
-				missing = append(missing, n)
-			}
-		}
-		if len(missing) > 0 {
-			return nil, unknownJobs(missing, known)
-		}
-		jobs = out
-	}
-	var out []*api.Job
-	for _, j := range jobs {
-		state := views.JobStateName(j.GetState())
-		switch {
-		case len(f.states) > 0 && !slices.Contains(f.states, state):
-		case f.tenant != "" && j.GetTenant() != f.tenant:
-		case len(f.names) == 0 && !f.all && len(f.states) == 0 && views.JobFinished(j.GetState()) &&
-			j.GetEndUnixNano() != 0 && now.Sub(time.Unix(0, j.GetEndUnixNano())) > finishedShownFor:
-		default:
-			out = append(out, j)
-		}
-	}
-	return out, nil
-}
-
-// unknownJobs says which names matched no job and which jobs there are.
-func unknownJobs(missing, known []string) error {
-	list := "there are none"
-	switch {
-	case len(known) > 10:
-		list = "known: " + strings.Join(known[len(known)-10:], ", ") + fmt.Sprintf(" and %d older", len(known)-10)
-	case len(known) > 0:
-		list = "known: " + strings.Join(known, ", ")
-	}
-	return fmt.Errorf("no job with id or name %s; %s (`gpuctl jobs --all` lists them)", strings.Join(quoteAll(missing), ", "), list)
-}
-
 func newJobsCmd() *cobra.Command {
 	var (
 		v viewFlags
-		f jobFilter
+		f views.JobFilter
 	)
 	cmd := &cobra.Command{
 		Use:   "jobs [JOB...]",
@@ -242,13 +169,13 @@ unless named, asked for by --state, or --all is given (as squeue). NODES is a
 Slurm-style host list (node-[00-03]); GPUS reads 4/8 while an elastic job runs
 smaller than it was submitted.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			f.names = args
+			f.Names = args
 			return v.run(cmd, func(ctx context.Context, c *client.Client, w io.Writer, o views.Options) error {
 				jobs, err := c.Jobs(ctx, "")
 				if err != nil {
 					return err
 				}
-				if jobs, err = f.apply(jobs, o.Now); err != nil {
+				if jobs, err = f.Apply(jobs, o.Now); err != nil {
 					return err
 				}
 				return views.Jobs(w, o, jobs)
@@ -257,9 +184,9 @@ smaller than it was submitted.`,
 	}
 	v.add(cmd)
 	v.kinds = []api.WatchKind{api.WatchKind_WATCH_KIND_JOBS}
-	cmd.Flags().StringSliceVar(&f.states, "state", nil, "only jobs in these states: "+strings.Join(views.JobStateNames(), ", "))
-	cmd.Flags().StringVar(&f.tenant, "tenant", "", "only this tenant's jobs")
-	cmd.Flags().BoolVarP(&f.all, "all", "a", false, "include jobs that finished more than a day ago")
+	cmd.Flags().StringSliceVar(&f.States, "state", nil, "only jobs in these states: "+strings.Join(views.JobStateNames(), ", "))
+	cmd.Flags().StringVar(&f.Tenant, "tenant", "", "only this tenant's jobs")
+	cmd.Flags().BoolVarP(&f.All, "all", "a", false, "include jobs that finished more than a day ago")
 	return cmd
 }
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
+	"github.com/gpuctl/gpuctl/scheduler/planner"
 	"github.com/spf13/cobra"
 )
 
@@ -22,7 +23,7 @@ var jsonDocs = []struct {
 	heading string
 	typ     reflect.Type
 }{
-	{"`plan`", reflect.TypeFor[planDoc]()},
+	{"`plan`", reflect.TypeFor[planner.Document]()},
 	{"`simulate` (with `--trace`)", reflect.TypeFor[simTraceDoc]()},
 	{"`simulate` (with `--model`)", reflect.TypeFor[simRunDoc]()},
 }
@@ -204,7 +205,7 @@ func TestJSONDocumentsAreDocumented(t *testing.T) {
 // document's names for the same things.
 func TestJSONNamesMatchJobs(t *testing.T) {
 	fields := map[string]bool{}
-	jsonPaths(reflect.TypeFor[planDoc](), "", fields)
+	jsonPaths(reflect.TypeFor[planner.Document](), "", fields)
 	for _, n := range []string{"tp", "pp", "dp", "micro_batch", "num_micro_batches", "virtual_stages",
 		"predicted_step_seconds", "predicted_mfu", "predicted_mem_per_gpu_bytes"} {
 		if !fields["plans[]."+n] {

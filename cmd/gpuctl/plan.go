@@ -1,12 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
 	"github.com/gpuctl/gpuctl/scheduler/launch"
+	"github.com/gpuctl/gpuctl/scheduler/planner"
 	"github.com/gpuctl/gpuctl/views"
 	"github.com/spf13/cobra"
 )
@@ -54,14 +56,15 @@ func newPlanCmd() *cobra.Command {
 		Short: "Choose tensor/pipeline/data parallelism for a model on N GPUs",
 		Long: `plan predicts step time, TFLOP/s per GPU, MFU and memory per GPU for every
 parallel layout of a transformer on a number of GPUs — tensor, context, pipeline
-(plain or interleaved 1F1B, uneven stages included) and data parallelism with any
-ZeRO stage — ranks the ones that fit, and says why the others lost. Kernel speeds
+(plain or interleaved 1F1B) and data parallelism with any ZeRO stage — ranks the ones that fit, and says why the others lost. Kernel speeds
 are fitted per GPU to published runs (docs/costmodel.md); every tunable is in
 -o json and settable with --set. With a failure rate (--mtbf for the job, or
 --gpu-mtbf per GPU; by default the Llama 3 run's 419 interruptions in 54 days on
 16,384 H100s) each plan also gets its goodput and effective step time, and with
 --tokens the run's effective training time. It can also emit the launch
-configuration of the best plan.`,
+configuration of the best plan. With -f it makes the same search gpuctl serve
+makes for that job file (cp 1, even pipelines); --cp, --max-cp and --uneven
+widen it to plans a job cannot run yet.`,
 		Example: `  gpuctl plan --model gpt3-175b --gpus 1024 --gpu a100-80gb
   gpuctl plan --model gpt-1t --gpus 3072 --gpu h100 --top 3 -o json
   gpuctl plan --model llama3-405b --gpus 16384 --gpu h100 --mtbf 3h --tokens 15.6e12
@@ -79,7 +82,7 @@ configuration of the best plan.`,
 	fl.StringVar(&f.gpu, "gpu", "", "GPU profile: "+strings.Join(costmodel.HardwareNames(), ", ")+" (default h100)")
 	fl.IntVar(&f.tp, "tp", 0, "fix tensor parallelism")
 	fl.IntVar(&f.cp, "cp", 0, "fix context parallelism (ring attention)")
-	fl.IntVar(&f.maxCP, "max-cp", 0, "largest context parallelism to try (default: up to 16 for sequences of 32K and more)")
+	fl.IntVar(&f.maxCP, "max-cp", 0, "largest context parallelism to try (default none: gpuctl serve runs cp 1, as a job file has no cp)")
 	fl.IntVar(&f.pp, "pp", 0, "fix pipeline parallelism")
 	fl.IntVar(&f.dp, "dp", 0, "fix data parallelism")
 	fl.IntVar(&f.top, "top", 5, "plans to show")
@@ -88,8 +91,8 @@ configuration of the best plan.`,
 	fl.IntSliceVar(&f.microBatch, "micro-batch", nil, "micro-batch sizes to try (default 1,2,4,8)")
 	fl.IntVar(&f.zero, "zero", -1, "ZeRO stage 0-3 (default: the preset's, 1)")
 	fl.StringVar(&f.recompute, "recompute", "", "activation recomputation: none, selective or full")
-	fl.IntVar(&f.maxVirtual, "max-virtual-stages", 8, "largest interleaving (virtual pipeline stages) to try")
-	fl.BoolVar(&f.uneven, "uneven", true, "allow pipeline sizes that do not divide the layers (the first and last stages count the embedding and output layers)")
+	fl.IntVar(&f.maxVirtual, "max-virtual-stages", planner.MaxVirtualStages, "largest interleaving (virtual pipeline stages) to try")
+	fl.BoolVar(&f.uneven, "uneven", false, "also try pipelines that do not divide the layers (first and last stages count the embedding and output layers); a what-if: a job file refuses them, so gpuctl serve never runs one")
 	fl.StringVar(&f.attention, "attention", "", "attention kernel: flash (default) or unfused")
 	fl.StringArrayVar(&f.set, "set", nil, "override a GPU field or tunable by its -o json name, key=value (e.g. net_bytes_per_second=25GB/s, compute_scale=0.9, checkpoint_write_bytes_per_second=2TB/s); repeatable")
 	fl.Float64Var(&f.measured, "measured-step", 0, "measured seconds per step of the fixed plan: calibrate to it first (reports the term moved)")
@@ -104,24 +107,20 @@ configuration of the best plan.`,
 
 // planInput is what the command plans for, from flags or a job file.
 type planInput struct {
-	spec   *jobspec.Spec
-	model  costmodel.Model
-	tr     costmodel.Training
-	hw     costmodel.Hardware
-	tun    costmodel.Tunables
-	gpus   int
-	fixed  costmodel.Plan
-	mbsSet bool
+	spec  *jobspec.Spec
+	model costmodel.Model
+	tr    costmodel.Training
+	hw    costmodel.Hardware
+	tun   costmodel.Tunables
+	gpus  int
+	fixed costmodel.Plan
+	// mbs are the micro-batch sizes the job file allows (nil: any).
+	mbs []int
 	// cal is what --measured-step moved.
 	cal *costmodel.Calibration
 	// mtbfSource says where the failure rate comes from.
 	mtbfSource string
 }
-
-// planPriorGPUMTBF is the per-GPU mean time between interruptions a plan
-// assumes without --mtbf: 419 unexpected interruptions in 54 days on 16,384
-// H100s (Dubey et al. 2024, §3.3.4), the control plane's prior too.
-const planPriorGPUMTBF = 50_700 * time.Hour
 
 func runPlan(cmd *cobra.Command, f planFlags) error {
 	switch f.output {
@@ -155,26 +154,12 @@ func runPlan(cmd *cobra.Command, f planFlags) error {
 		in.tun, in.cal = cfg.Tunables, &cal
 	}
 
-	opt := costmodel.Options{
-		Training: in.tr, Tunables: in.tun,
-		TP: in.fixed.TP, CP: in.fixed.CP, PP: in.fixed.PP, DP: in.fixed.DP,
-		MaxCP:               f.maxCP,
-		MaxVirtualStages:    f.maxVirtual,
-		AllowUnevenPipeline: f.uneven,
-	}
+	req := planner.Request{Model: in.model, Training: in.tr, Hardware: in.hw, Tunables: in.tun, GPUs: in.gpus,
+		Fixed: in.fixed, MicroBatchSizes: in.mbs, MaxCP: f.maxCP, MaxVirtualStages: f.maxVirtual, Uneven: f.uneven}
 	if len(f.microBatch) > 0 {
-		opt.MicroBatchSizes = f.microBatch
-	} else if in.fixed.MicroBatch > 0 && in.mbsSet {
-		opt.MicroBatchSizes = []int{in.fixed.MicroBatch}
+		req.MicroBatchSizes = f.microBatch
 	}
-	if in.fixed.VirtualStages > 0 {
-		opt.MaxVirtualStages = in.fixed.VirtualStages
-	}
-	ranked, rejected := costmodel.Search(in.model, in.hw, in.gpus, opt)
-	if in.fixed.VirtualStages > 1 {
-		// A fixed interleaving keeps only that v.
-		ranked = planKeep(ranked, func(e costmodel.Evaluation) bool { return e.VirtualStages == in.fixed.VirtualStages })
-	}
+	ranked, rejected := planner.Search(req)
 	out := cmd.OutOrStdout()
 	if len(ranked) == 0 {
 		if f.output == "json" {
@@ -192,22 +177,12 @@ func runPlan(cmd *cobra.Command, f planFlags) error {
 		return writePlanJSON(out, in, ranked, rejected, f.top)
 	}
 	// The launch configurations split layers evenly over the chunks.
-	even := planKeep(ranked, func(e costmodel.Evaluation) bool { return in.model.Layers%(e.PP*max(e.VirtualStages, 1)) == 0 })
+	even := slices.DeleteFunc(slices.Clone(ranked), func(e costmodel.Evaluation) bool { return in.model.Layers%(e.PP*max(e.VirtualStages, 1)) != 0 })
 	if len(even) == 0 {
-		return fmt.Errorf("plan: every plan that fits splits the %d layers unevenly (best: %s), which -o %s does not emit: fix --pp to a divisor of the layers",
+		return fmt.Errorf("plan: every plan that fits splits the %d layers unevenly (best: %s), which -o %s does not emit: drop --uneven or fix --pp to a divisor of the layers",
 			in.model.Layers, ranked[0].Plan, f.output)
 	}
 	return writePlanLaunch(out, f, in, even[0])
-}
-
-func planKeep(evs []costmodel.Evaluation, ok func(costmodel.Evaluation) bool) []costmodel.Evaluation {
-	var out []costmodel.Evaluation
-	for _, e := range evs {
-		if ok(e) {
-			out = append(out, e)
-		}
-	}
-	return out
 }
 
 // planInputs resolves the job file and flags (flags win) into planInput.
@@ -220,24 +195,16 @@ func planInputs(cmd *cobra.Command, f planFlags) (planInput, error) {
 			return in, err
 		}
 		in.spec = s
-		m, tr, ok, err := s.CostModel()
+		req, ok, err := planner.ForSpec(s)
 		if err != nil {
 			return in, fmt.Errorf("%s: %w", f.file, err)
 		}
 		if !ok && f.model == "" {
 			return in, fmt.Errorf("%s has no model section: add one (model: {preset: gpt3-175b}) or pass --model", f.file)
 		}
-		in.model, in.tr = m, tr
-		in.gpus = s.TotalGPUs()
-		if gpuName == "" {
-			gpuName = s.GPUModel
-		}
-		if p, ok := s.FixedPlan(); ok {
-			in.fixed = p
-			in.mbsSet = s.Model != nil && s.Model.MicroBatch > 0
-		} else if s.Model != nil && s.Model.MicroBatch > 0 {
-			in.fixed.MicroBatch = s.Model.MicroBatch
-			in.mbsSet = true
+		in.model, in.tr, in.gpus, in.fixed, in.mbs, in.tun = req.Model, req.Training, req.GPUs, req.Fixed, req.MicroBatchSizes, req.Tunables
+		if f.gpu == "" {
+			in.hw = req.Hardware
 		}
 	}
 	if f.model != "" {
@@ -256,19 +223,16 @@ func planInputs(cmd *cobra.Command, f planFlags) (planInput, error) {
 	if in.gpus <= 0 {
 		return in, errors.New("plan: how many GPUs? pass --gpus N (or gpus in the job file)")
 	}
-	if gpuName == "" {
-		gpuName = "h100"
+	if in.hw.Name == "" {
+		hw, err := costmodel.LookupHardware(cmp.Or(gpuName, planner.DefaultGPU))
+		if err != nil {
+			return in, fmt.Errorf("plan: %w", err)
+		}
+		in.hw = hw
 	}
-	hw, err := costmodel.LookupHardware(gpuName)
-	if err != nil {
-		return in, fmt.Errorf("plan: %w", err)
+	if in.spec == nil {
+		in.tun = planner.Tunables()
 	}
-	in.hw = hw
-	in.tun = costmodel.DefaultTunables()
-	if in.spec != nil && in.spec.Checkpoint.Interval > 0 {
-		in.tun.CheckpointInterval = in.spec.Checkpoint.Interval
-	}
-	in.tun.MTBF, in.tun.MTBFReferenceGPUs = planPriorGPUMTBF, 1
 	in.mtbfSource = "Llama 3's 419 interruptions in 54 days on 16,384 H100s, per GPU"
 	for _, kv := range f.set {
 		k, v, ok := strings.Cut(kv, "=")
@@ -367,15 +331,6 @@ func planOrDefault(s, d string) string {
 	return s
 }
 
-// planEffective is what a plan is ranked by: its step, or the step
-// failures and checkpoints make when a failure rate is known.
-func planEffective(e *costmodel.Evaluation) float64 {
-	if e.Goodput != nil {
-		return e.Goodput.EffectiveStepSec
-	}
-	return e.StepSeconds
-}
-
 // planDuration renders seconds as the largest sensible unit.
 func planDuration(sec float64) string {
 	switch {
@@ -409,7 +364,7 @@ func writePlanTable(w io.Writer, in planInput, ranked []costmodel.Evaluation, re
 			goodput = fmt.Sprintf("%.1f%%", e.Goodput.Fraction*100)
 		}
 		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%.2fs\t%.2fs\t%.0f\t%.1f%%\t%s\t%.1f%%\t%s\t%.0f\t\n",
-			i+1, e.TP, max(e.CP, 1), e.PP, e.DP, e.MicroBatch, e.NumMicroBatches, e.VirtualStages, e.StepSeconds, planEffective(&e),
+			i+1, e.TP, max(e.CP, 1), e.PP, e.DP, e.MicroBatch, e.NumMicroBatches, e.VirtualStages, e.StepSeconds, planner.Effective(&e),
 			e.TFLOPSPerGPU, e.MFU*100, costmodel.FormatBytes(e.MemPerGPUBytes), e.BubbleSec/e.StepSeconds*100, goodput, e.TokensPerSec)
 	}
 	if err := tw.Flush(); err != nil {
@@ -446,20 +401,15 @@ func writePlanTable(w io.Writer, in planInput, ranked []costmodel.Evaluation, re
 	}
 
 	// Plans beyond the shown ones lost on speed.
-	lost := planCopyRejections(rejected)
-	for _, e := range ranked[len(shown):] {
-		ev := e
-		lost = append(lost, costmodel.Rejection{Plan: e.Plan, Reason: costmodel.ReasonSlower, Evaluation: &ev,
-			Detail: fmt.Sprintf("slower by %.1f%%", (planEffective(&ev)/planEffective(&best)-1)*100)})
-	}
+	lost := planner.Lost(ranked, rejected, len(shown))
 	if len(lost) == 0 {
 		return nil
 	}
 	fmt.Fprintf(w, "\nwhy the others lost (%d plans or families):\n", len(lost))
-	for _, rc := range planReasonCounts(lost) {
-		fmt.Fprintf(w, "  %-28s %d\n", rc.reason, rc.count)
+	for _, rc := range planner.Reasons(lost) {
+		fmt.Fprintf(w, "  %-28s %d\n", rc.Reason, rc.Count)
 	}
-	if cl := planClosest(lost, 5); len(cl) > 0 {
+	if cl := planner.Closest(lost, 5); len(cl) > 0 {
 		fmt.Fprintln(w, "closest losers:")
 		for _, r := range cl {
 			fmt.Fprintf(w, "  %-40s %s: %s\n", r.Plan, r.Reason, r.Detail)
@@ -468,130 +418,11 @@ func writePlanTable(w io.Writer, in planInput, ranked []costmodel.Evaluation, re
 	return nil
 }
 
-// planCopyRejections copies rejections so the table can append to them.
-func planCopyRejections(r []costmodel.Rejection) []costmodel.Rejection {
-	return append([]costmodel.Rejection(nil), r...)
-}
-
-type planReasonCount struct {
-	reason costmodel.Reason
-	count  int
-}
-
-func planReasonCounts(rej []costmodel.Rejection) []planReasonCount {
-	m := map[costmodel.Reason]int{}
-	for _, r := range rej {
-		m[r.Reason]++
-	}
-	out := make([]planReasonCount, 0, len(m))
-	for r, c := range m {
-		out = append(out, planReasonCount{r, c})
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].count != out[j].count {
-			return out[i].count > out[j].count
-		}
-		return out[i].reason < out[j].reason
-	})
-	return out
-}
-
-// planClosest picks the losers nearest to winning: fitting plans by how
-// little slower they are, alternating with out-of-memory plans by how
-// little they overflow.
-func planClosest(rej []costmodel.Rejection, n int) []costmodel.Rejection {
-	var slower, oom []costmodel.Rejection
-	for _, r := range rej {
-		switch {
-		case r.Reason == costmodel.ReasonSlower && r.Evaluation != nil:
-			slower = append(slower, r)
-		case r.Reason == costmodel.ReasonOutOfMemory && r.MemPerGPUBytes > 0:
-			oom = append(oom, r)
-		}
-	}
-	sort.SliceStable(slower, func(a, b int) bool { return planEffective(slower[a].Evaluation) < planEffective(slower[b].Evaluation) })
-	sort.SliceStable(oom, func(a, b int) bool { return oom[a].MemPerGPUBytes < oom[b].MemPerGPUBytes })
-	var out []costmodel.Rejection
-	for i := 0; len(out) < n && (i < len(slower) || i < len(oom)); i++ {
-		if i < len(slower) {
-			out = append(out, slower[i])
-		}
-		if i < len(oom) && len(out) < n {
-			out = append(out, oom[i])
-		}
-	}
-	return out
-}
-
-// planDoc is -o json's document; docs/costmodel.md, "JSON output",
-// documents every field.
-type planDoc struct {
-	Model    costmodel.Model    `json:"model"`
-	GPU      costmodel.Hardware `json:"gpu"`
-	GPUs     int                `json:"gpus"`
-	Training costmodel.Training `json:"training"`
-	Tunables costmodel.Tunables `json:"tunables"`
-	// MTBFSource says where the failure rate comes from.
-	MTBFSource  string                 `json:"mtbf_source,omitempty"`
-	Calibration *costmodel.Calibration `json:"calibration,omitempty"`
-	Plans       []costmodel.Evaluation `json:"plans"`
-	// Rejections counts why plans lost, by reason.
-	Rejections    []planReasonJSON `json:"rejections"`
-	ClosestLosers []planLoserJSON  `json:"closest_losers"`
-}
-
-type planReasonJSON struct {
-	Reason costmodel.Reason `json:"reason"`
-	Count  int              `json:"count"`
-}
-
-// planLoserJSON is one plan that lost, with the figures that decided it.
-type planLoserJSON struct {
-	costmodel.Plan
-	Reason         costmodel.Reason `json:"reason"`
-	Detail         string           `json:"detail"`
-	StepSeconds    float64          `json:"predicted_step_seconds,omitempty"`
-	MemPerGPUBytes int64            `json:"predicted_mem_per_gpu_bytes,omitempty"`
-}
-
-// planDocument builds -o json's document from a search.
-func planDocument(in planInput, ranked []costmodel.Evaluation, rejected []costmodel.Rejection, top int) planDoc {
-	shown := ranked
-	lost := planCopyRejections(rejected)
-	if top > 0 && len(shown) > top {
-		for _, e := range shown[top:] {
-			ev := e
-			lost = append(lost, costmodel.Rejection{Plan: e.Plan, Reason: costmodel.ReasonSlower, Evaluation: &ev,
-				Detail: fmt.Sprintf("slower by %.1f%%", (planEffective(&ev)/planEffective(&shown[0])-1)*100)})
-		}
-		shown = shown[:top]
-	}
-	doc := planDoc{Model: in.model, GPU: in.hw, GPUs: in.gpus, Training: in.tr, Tunables: in.tun, Calibration: in.cal,
-		Plans: shown, Rejections: []planReasonJSON{}, ClosestLosers: []planLoserJSON{}}
-	if in.tun.MTBF > 0 {
-		doc.MTBFSource = in.mtbfSource
-	}
-	if doc.Plans == nil {
-		doc.Plans = []costmodel.Evaluation{}
-	}
-	for _, rc := range planReasonCounts(lost) {
-		doc.Rejections = append(doc.Rejections, planReasonJSON{rc.reason, rc.count})
-	}
-	for _, r := range planClosest(lost, 5) {
-		l := planLoserJSON{Plan: r.Plan, Reason: r.Reason, Detail: r.Detail, MemPerGPUBytes: r.MemPerGPUBytes}
-		if r.Evaluation != nil {
-			l.StepSeconds = r.Evaluation.StepSeconds
-			l.MemPerGPUBytes = r.Evaluation.MemPerGPUBytes
-		}
-		doc.ClosestLosers = append(doc.ClosestLosers, l)
-	}
-	return doc
-}
-
 func writePlanJSON(w io.Writer, in planInput, ranked []costmodel.Evaluation, rejected []costmodel.Rejection, top int) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	doc, err := views.WithNulls(planDocument(in, ranked, rejected, top))
+	req := planner.Request{Model: in.model, Training: in.tr, Hardware: in.hw, Tunables: in.tun, GPUs: in.gpus}
+	doc, err := views.WithNulls(planner.NewDocument(req, in.cal, in.mtbfSource, ranked, rejected, top))
 	if err != nil {
 		return fmt.Errorf("plan: write json: %w", err)
 	}
@@ -605,20 +436,23 @@ func writePlanJSON(w io.Writer, in planInput, ranked []costmodel.Evaluation, rej
 func planNoFitError(in planInput, rejected []costmodel.Rejection) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "plan: no plan for %s fits\n", planDescribe(in))
-	for _, rc := range planReasonCounts(rejected) {
-		fmt.Fprintf(&b, "  %-28s %d\n", rc.reason, rc.count)
+	for _, rc := range planner.Reasons(rejected) {
+		fmt.Fprintf(&b, "  %-28s %d\n", rc.Reason, rc.Count)
 	}
 	for _, r := range rejected {
 		if r.Reason == costmodel.ReasonInvalidInput {
 			return fmt.Errorf("plan: %s", r.Detail)
 		}
 	}
-	if cl := planClosest(rejected, 1); len(cl) > 0 {
+	if cl := planner.Closest(rejected, 1); len(cl) > 0 {
 		fmt.Fprintf(&b, "closest: %s: %s\n", cl[0].Plan, cl[0].Detail)
 	} else if len(rejected) > 0 {
 		fmt.Fprintf(&b, "for example: %s: %s\n", rejected[0].Plan, rejected[0].Detail)
 	}
 	b.WriteString("try: more GPUs (--gpus), --recompute full, --zero 3, a larger GPU (--gpu h200), or drop a fixed --tp/--cp/--pp/--dp")
+	if slices.ContainsFunc(rejected, func(r costmodel.Rejection) bool { return r.Reason == costmodel.ReasonLayersNotDivisible }) {
+		fmt.Fprintf(&b, "; --uneven shows the plans whose pipeline does not divide the %d layers (a job cannot run those)", in.model.Layers)
+	}
 	return errors.New(b.String())
 }
 

@@ -7,6 +7,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/gpuctl/gpuctl/scheduler/planner"
 )
 
 // runPlanCmd runs `gpuctl plan args…` in-process.
@@ -108,21 +110,29 @@ func TestPlanLaunchOutputs(t *testing.T) {
 }
 
 // planDocOf runs plan -o json and decodes its document.
-func planDocOf(t *testing.T, args ...string) planDoc {
+func planDocOf(t *testing.T, args ...string) planner.Document {
 	t.Helper()
 	out, err := runPlanCmd(t, append(args, "-o", "json")...)
 	if err != nil {
 		t.Fatalf("plan %v: %v\n%s", args, err, out)
 	}
-	var doc planDoc
+	var doc planner.Document
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("output is not the plan document: %v\n%s", err, out)
 	}
 	return doc
 }
 
+// TestPlanLlama405BOn8192H100: Llama 3's 126 layers split evenly only
+// over pp 1 or 2, where the model does not fit an H100 with ZeRO-1; as a
+// job could not run the published uneven pp 16 either, the plan is refused
+// with a pointer at --uneven, which finds it.
 func TestPlanLlama405BOn8192H100(t *testing.T) {
-	doc := planDocOf(t, "--model", "llama3-405b", "--gpus", "8192", "--gpu", "h100")
+	args := []string{"--model", "llama3-405b", "--gpus", "8192", "--gpu", "h100"}
+	if out, err := runPlanCmd(t, args...); err == nil || !strings.Contains(err.Error(), "layers not divisible by pp") || !strings.Contains(err.Error(), "--uneven") {
+		t.Fatalf("even pipelines only: err %v\n%s", err, out)
+	}
+	doc := planDocOf(t, append(args, "--uneven")...)
 	if len(doc.Plans) == 0 || !doc.Plans[0].Fits {
 		t.Fatalf("no fitting plan: %+v", doc.Rejections)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
+	"github.com/gpuctl/gpuctl/scheduler/planner"
 	"github.com/gpuctl/gpuctl/scheduler/simulate"
 	"github.com/gpuctl/gpuctl/scheduler/trace"
 	"github.com/gpuctl/gpuctl/views"
@@ -38,6 +39,7 @@ type simFlags struct {
 	gpus               int
 	tp, cp, pp, zero   int
 	virtual            int
+	uneven             bool
 	mtbf, gpuMTBF      time.Duration
 	tokens             float64
 	steps              int
@@ -64,7 +66,7 @@ trace is committed at scheduler/trace/testdata/philly-multigpu-3034.json.
 With --model: replay one long synchronous training run on a simulated cluster of
 its nodes plus hot spares, with node and GPU failures drawn at random (--seed)
 at the job's failure rate (--mtbf, or --gpu-mtbf per GPU). The cost model gives
-the plan (the best one, or --tp/--cp/--pp), its step time and its checkpoint and
+the plan (gpuctl plan's best one, or --tp/--cp/--pp), its step time and its checkpoint and
 restart costs; the run checkpoints at the Young–Daly interval, each failure loses
 the work since the last checkpoint and is recovered by the scheduler's own
 recovery decision (a spare swapped in, or a wait for a repair). It reports the
@@ -106,7 +108,8 @@ for DNN Training Workloads", USENIX ATC 2019 (marwage/philly-traces, CC BY 4.0).
 	fl.IntVar(&f.tp, "tp", 0, "fix tensor parallelism")
 	fl.IntVar(&f.cp, "cp", 0, "fix context parallelism")
 	fl.IntVar(&f.pp, "pp", 0, "fix pipeline parallelism")
-	fl.IntVar(&f.virtual, "max-virtual-stages", 8, "largest interleaving to try")
+	fl.IntVar(&f.virtual, "max-virtual-stages", planner.MaxVirtualStages, "largest interleaving to try")
+	fl.BoolVar(&f.uneven, "uneven", false, "also try pipelines that do not divide the layers, as gpuctl plan --uneven")
 	fl.IntVar(&f.zero, "zero", -1, "ZeRO stage 0-3 (default: the preset's)")
 	fl.StringVar(&f.recompute, "recompute", "", "activation recomputation: none, selective or full")
 	fl.StringVar(&f.attnArg, "attention", "", "attention kernel: flash or unfused")
@@ -358,8 +361,8 @@ func simRunInput(f simFlags) (costmodel.Config, costmodel.Evaluation, simulate.F
 	default:
 		return zero, costmodel.Evaluation{}, simulate.FailureConfig{}, 0, errors.New("simulate: how long is the run? pass --tokens (e.g. 15.6e12) or --steps")
 	}
-	ranked, rejected := costmodel.Search(m, hw, f.gpus, costmodel.Options{Training: tr, Tunables: tun,
-		TP: f.tp, CP: f.cp, PP: f.pp, MaxVirtualStages: f.virtual, AllowUnevenPipeline: true, Top: 1})
+	ranked, rejected := planner.Search(planner.Request{Model: m, Training: tr, Hardware: hw, Tunables: tun, GPUs: f.gpus,
+		Fixed: costmodel.Plan{TP: f.tp, CP: f.cp, PP: f.pp}, MaxVirtualStages: f.virtual, Uneven: f.uneven})
 	if len(ranked) == 0 {
 		return zero, costmodel.Evaluation{}, simulate.FailureConfig{}, 0, fmt.Errorf("simulate: no plan of %s fits %d %s GPUs (%d rejected): see gpuctl plan --model %s --gpus %d --gpu %s",
 			m.Name, f.gpus, hw.Name, len(rejected), f.model, f.gpus, hw.Name)

@@ -150,7 +150,7 @@ func (v *viewFlags) run(cmd *cobra.Command, render func(ctx context.Context, c *
 				return err
 			}
 		}
-		if err := refresh(client.New(&snapshotTransport{snap: snapshot(), next: c.Transport()})); err != nil {
+		if err := refresh(client.New(client.SnapshotTransport(snapshot(), c.Transport()))); err != nil {
 			return err
 		}
 		t := time.NewTimer(v.every)
@@ -211,55 +211,6 @@ func isTerminal(w io.Writer) bool {
 	return err == nil
 }
 
-// snapshotTransport answers the list requests a watch covers from its
-// snapshot, as the server would, and passes every other request on.
-type snapshotTransport struct {
-	snap client.Snapshot
-	next client.Transport
-}
-
-func (t *snapshotTransport) Close() error { return nil }
-
-func (t *snapshotTransport) Call(ctx context.Context, req *api.ClientRequest, fn func(*api.ClientResponse) error) error {
-	unknownJob := func(key string) error {
-		return fn(&api.ClientResponse{Error: fmt.Sprintf("unknown job %q: `gpuctl jobs` lists them", key)})
-	}
-	switch b := req.Body.(type) {
-	case *api.ClientRequest_ListNodes:
-		return fn(&api.ClientResponse{Body: &api.ClientResponse_ListNodes{ListNodes: &api.ListNodesResponse{Nodes: t.snap.Nodes}}})
-	case *api.ClientRequest_ListJobs:
-		key, jobs := b.ListJobs.GetJob(), t.snap.Jobs
-		if key != "" {
-			jobs = nil
-			for _, j := range t.snap.Jobs {
-				if j.GetId() == key || j.GetName() == key {
-					jobs = append(jobs, j)
-				}
-			}
-			if len(jobs) == 0 {
-				return unknownJob(key)
-			}
-		}
-		return fn(&api.ClientResponse{Body: &api.ClientResponse_ListJobs{ListJobs: &api.ListJobsResponse{Jobs: jobs}}})
-	case *api.ClientRequest_ListStalls:
-		stalls := t.snap.Stalls
-		if key := b.ListStalls.GetJob(); key != "" {
-			j := t.snap.Job(key)
-			if j == nil {
-				return unknownJob(key)
-			}
-			stalls = nil
-			for _, s := range t.snap.Stalls {
-				if s.GetJob() == j.GetId() {
-					stalls = append(stalls, s)
-				}
-			}
-		}
-		return fn(&api.ClientResponse{Body: &api.ClientResponse_ListStalls{ListStalls: &api.ListStallsResponse{Stalls: stalls}}})
-	}
-	return t.next.Call(ctx, req, fn)
-}
-
 // unknownNames is the error for names that match nothing: it says which
 // exist, so a typo is never an empty table.
 func unknownNames(kind string, missing, known []string, hint string) error {
@@ -271,15 +222,7 @@ func unknownNames(kind string, missing, known []string, hint string) error {
 	if len(missing) == 1 {
 		s = ""
 	}
-	return fmt.Errorf("no %s%s named %s: known %ss are %s (%s)", kind, s, strings.Join(quoteAll(missing), ", "), kind, list, hint)
-}
-
-func quoteAll(ss []string) []string {
-	out := make([]string, len(ss))
-	for i, s := range ss {
-		out[i] = strconv.Quote(s)
-	}
-	return out
+	return fmt.Errorf("no %s%s named %s: known %ss are %s (%s)", kind, s, strings.Join(views.Quoted(missing), ", "), kind, list, hint)
 }
 
 // selectNodes keeps the named nodes, in the order named; none named keeps

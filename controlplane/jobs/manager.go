@@ -747,28 +747,7 @@ func (v *View) Find(key string) (*api.Job, error) {
 	if j, ok := v.byID[key]; ok {
 		return j, nil
 	}
-	var all, live []*api.Job
-	for _, j := range v.Jobs {
-		if j.GetName() == key {
-			all = append(all, j)
-			if !terminal(j.GetState()) {
-				live = append(live, j)
-			}
-		}
-	}
-	switch {
-	case len(all) == 0:
-		return nil, fmt.Errorf("unknown job %q: `gpuctl jobs` lists them", key)
-	case len(all) == 1:
-		return all[0], nil
-	case len(live) == 1:
-		return live[0], nil
-	}
-	ids := make([]string, len(all))
-	for i, j := range all {
-		ids[i] = j.GetId() + " (" + stateName(j.GetState()) + ")"
-	}
-	return nil, fmt.Errorf("job name %q matches %s: name one by id", key, strings.Join(ids, ", "))
+	return api.FindJob(v.Jobs, key)
 }
 
 // findEntry resolves an id or a name on the owner.

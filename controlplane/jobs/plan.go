@@ -2,12 +2,12 @@ package jobs
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
+	"github.com/gpuctl/gpuctl/scheduler/planner"
 )
 
 // Plan sources, as JobPlan.source reports them.
@@ -18,68 +18,36 @@ const (
 )
 
 // planFor resolves a job's parallel layout: the plan section when the job
-// fixes one, else the cost model's fastest plan that fits when the job
+// fixes one, else the planner's fastest plan that fits when the job
 // describes its model, else plain data parallelism over its GPUs.
 func planFor(s *jobspec.Spec) (*api.JobPlan, error) {
-	gpus := s.TotalGPUs()
-	cfg, hasModel, err := costConfig(s)
+	req, hasModel, err := planner.ForSpec(s)
 	if err != nil {
 		return nil, err
 	}
-	m, hw, tr, tun := cfg.Model, cfg.Hardware, cfg.Training, cfg.Tunables
 	if p, ok := s.FixedPlan(); ok {
 		out := &api.JobPlan{Tp: int32(p.TP), Pp: int32(p.PP), Dp: int32(p.DP), MicroBatch: int32(p.MicroBatch),
 			NumMicroBatches: int32(p.NumMicroBatches), VirtualStages: int32(p.VirtualStages), Source: planFixed}
 		if hasModel {
-			if ev, err := cfg.Evaluate(p); err == nil {
+			if ev, err := req.Config().Evaluate(p); err == nil {
 				predict(out, ev)
 			}
 		}
 		return out, nil
 	}
 	if !hasModel {
-		return &api.JobPlan{Tp: 1, Pp: 1, Dp: int32(gpus), Source: planGPUs}, nil
+		return &api.JobPlan{Tp: 1, Pp: 1, Dp: int32(s.TotalGPUs()), Source: planGPUs}, nil
 	}
-	opt := costmodel.Options{Training: tr, Tunables: tun}
-	if s.Model.MicroBatch > 0 {
-		opt.MicroBatchSizes = []int{s.Model.MicroBatch}
-	}
-	ranked, rejected := costmodel.Search(m, hw, gpus, opt)
+	ranked, rejected := planner.Search(req)
 	if len(ranked) == 0 {
 		return nil, fmt.Errorf("job %s: no parallel plan of model %s fits %d %s GPUs (%s); run `gpuctl plan -f` on the job file to see every plan and why it lost",
-			s.Name, m.Name, gpus, hw.Name, rejectionSummary(rejected))
+			s.Name, req.Model.Name, req.GPUs, req.Hardware.Name, rejectionSummary(rejected))
 	}
 	best := ranked[0]
 	out := &api.JobPlan{Tp: int32(best.TP), Pp: int32(best.PP), Dp: int32(best.DP), MicroBatch: int32(best.MicroBatch),
 		NumMicroBatches: int32(best.NumMicroBatches), VirtualStages: int32(best.VirtualStages), Source: planPlanner}
 	predict(out, best)
 	return out, nil
-}
-
-// costConfig is the cost model's view of a job: its model, the hardware of
-// the GPUs it asks for, its training settings and the default tunables.
-func costConfig(s *jobspec.Spec) (costmodel.Config, bool, error) {
-	m, tr, hasModel, err := s.CostModel()
-	if err != nil {
-		return costmodel.Config{}, false, fmt.Errorf("job %s: model: %w", s.Name, err)
-	}
-	hwName := s.GPUModel
-	if hwName == "" {
-		hwName = "h100"
-	}
-	hw, err := costmodel.LookupHardware(hwName)
-	if err != nil {
-		return costmodel.Config{}, false, fmt.Errorf("job %s: gpu_model: %w", s.Name, err)
-	}
-	if s.GPUsPerNode > 0 && s.GPUsPerNode < hw.GPUsPerNode {
-		// Tensor parallelism stays inside the GPUs the job takes per node.
-		hw.GPUsPerNode = s.GPUsPerNode
-	}
-	tun := costmodel.DefaultTunables()
-	if s.Checkpoint.Interval > 0 {
-		tun.CheckpointInterval = s.Checkpoint.Interval
-	}
-	return costmodel.Config{Model: m, Hardware: hw, Training: tr, Tunables: tun}, hasModel, nil
 }
 
 // minCalibrationSteps is how many steps an attempt must have run before
@@ -94,10 +62,11 @@ func calibrate(s *jobspec.Spec, p *api.JobPlan, measured float64) {
 		return
 	}
 	p.MeasuredStepSeconds = measured
-	cfg, hasModel, err := costConfig(s)
+	req, hasModel, err := planner.ForSpec(s)
 	if err != nil || !hasModel {
 		return
 	}
+	cfg := req.Config()
 	plan := costmodel.Plan{TP: int(p.GetTp()), PP: int(p.GetPp()), DP: int(p.GetDp()), MicroBatch: int(p.GetMicroBatch()),
 		NumMicroBatches: int(p.GetNumMicroBatches()), VirtualStages: int(p.GetVirtualStages())}
 	cal, err := cfg.CalibrateReport(plan, measured)
@@ -117,23 +86,9 @@ func predict(p *api.JobPlan, ev costmodel.Evaluation) {
 
 // rejectionSummary counts the planner's rejections by reason, most first.
 func rejectionSummary(rs []costmodel.Rejection) string {
-	counts := map[costmodel.Reason]int{}
-	for _, r := range rs {
-		counts[r.Reason]++
-	}
-	reasons := make([]costmodel.Reason, 0, len(counts))
-	for r := range counts {
-		reasons = append(reasons, r)
-	}
-	slices.SortFunc(reasons, func(a, b costmodel.Reason) int {
-		if d := counts[b] - counts[a]; d != 0 {
-			return d
-		}
-		return strings.Compare(string(a), string(b))
-	})
-	parts := make([]string, len(reasons))
-	for i, r := range reasons {
-		parts[i] = fmt.Sprintf("%s: %d", r, counts[r])
+	var parts []string
+	for _, rc := range planner.Reasons(rs) {
+		parts = append(parts, fmt.Sprintf("%s: %d", rc.Reason, rc.Count))
 	}
 	if len(parts) == 0 {
 		return "no candidates"

@@ -32,12 +32,7 @@ func (m *Manager) List(key string) ([]*api.Job, error) {
 	if key == "" {
 		return v.Jobs, nil
 	}
-	var out []*api.Job
-	for _, j := range v.Jobs {
-		if j.GetId() == key || j.GetName() == key {
-			out = append(out, j)
-		}
-	}
+	out := api.MatchJobs(v.Jobs, key)
 	if len(out) == 0 {
 		return nil, fmt.Errorf("unknown job %q: `gpuctl jobs` lists them", key)
 	}

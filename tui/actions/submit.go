@@ -16,6 +16,7 @@ import (
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
+	"github.com/gpuctl/gpuctl/scheduler/planner"
 	"github.com/gpuctl/gpuctl/tui/app"
 	"github.com/gpuctl/gpuctl/tui/components/dialog"
 )
@@ -96,18 +97,11 @@ func PlanOptions(model, gpu string, gpus int) []huh.Option[string] {
 	if model == "" || gpus <= 0 {
 		return opts
 	}
-	m, tr, err := costmodel.LookupModel(model)
+	req, err := planner.ForPreset(model, gpu, gpus)
 	if err != nil {
 		return opts
 	}
-	if gpu == "" {
-		gpu = "h100"
-	}
-	hw, err := costmodel.LookupHardware(gpu)
-	if err != nil {
-		return opts
-	}
-	ranked, _ := costmodel.Search(m, hw, gpus, costmodel.Options{Training: tr, Tunables: costmodel.DefaultTunables(), MaxVirtualStages: 8})
+	ranked, _ := planner.Search(req)
 	for i, e := range ranked {
 		if i == 5 {
 			break

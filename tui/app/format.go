@@ -67,20 +67,8 @@ func Age(now time.Time, unixNano int64) string {
 	return Duration(now.Sub(time.Unix(0, unixNano)))
 }
 
-// Duration renders d as a person reads it in a table: 4.2s, 3m12s, 5h3m, 2d.
-func Duration(d time.Duration) string {
-	switch {
-	case d < 0:
-		return "0s"
-	case d < 10*time.Second:
-		return fmt.Sprintf("%.1fs", d.Seconds())
-	case d < time.Hour:
-		return d.Round(time.Second).String()
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh%dm", int(d.Hours()), int(d.Minutes())%60)
-	}
-	return fmt.Sprintf("%dd", int(d.Hours()/24))
-}
+// Duration renders d as the CLI's tables do (views.Duration).
+func Duration(d time.Duration) string { return views.Duration(d) }
 
 // Bytes renders a byte count with a binary unit.
 func Bytes(b uint64) string { return views.Bytes(b) }

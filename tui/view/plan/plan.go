@@ -5,7 +5,6 @@ package plan
 
 import (
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -14,6 +13,7 @@ import (
 	tea "charm.land/bubbletea/v2"
 
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
+	"github.com/gpuctl/gpuctl/scheduler/planner"
 	"github.com/gpuctl/gpuctl/tui/app"
 	"github.com/gpuctl/gpuctl/tui/components/dialog"
 )
@@ -59,23 +59,14 @@ func New(ctx *app.Context, args []string) *Model {
 
 func (m *Model) compute() {
 	m.ranked, m.rejected, m.err = nil, nil, nil
-	mod, tr, err := costmodel.LookupModel(m.model)
+	req, err := planner.ForPreset(m.model, m.gpu, m.gpus)
 	if err != nil {
 		m.err = err
 		return
 	}
-	hw, err := costmodel.LookupHardware(m.gpu)
-	if err != nil {
-		m.err = err
-		return
-	}
-	if m.gpus <= 0 {
-		m.err = fmt.Errorf("GPUs must be at least 1")
-		return
-	}
-	m.hwName = hw.Name
-	m.describe = fmt.Sprintf("%s (%.1fB params) on %d × %s, global batch %d", mod.Name, mod.Params()/1e9, m.gpus, hw.Name, tr.GlobalBatch)
-	m.ranked, m.rejected = costmodel.Search(mod, hw, m.gpus, costmodel.Options{Training: tr, Tunables: costmodel.DefaultTunables(), MaxVirtualStages: 8})
+	m.hwName = req.Hardware.Name
+	m.describe = fmt.Sprintf("%s (%.1fB params) on %d × %s, global batch %d", req.Model.Name, req.Model.Params()/1e9, m.gpus, req.Hardware.Name, req.Training.GlobalBatch)
+	m.ranked, m.rejected = planner.Search(req)
 }
 
 // Best returns the ranked plans.
@@ -141,35 +132,14 @@ func (m *Model) Render() string {
 		fmt.Fprintf(&b, "\nbest %s: compute %.2fs, bubble %.2fs, tp comm %.2fs, pp comm %.2fs, dp comm %.2fs (%.2fs exposed)\n",
 			best.Plan, best.ComputeSec, best.BubbleSec, best.TPCommSec, best.PPCommSec, best.DPCommSec, best.DPExposedSec)
 	}
-	lost := append([]costmodel.Rejection(nil), m.rejected...)
-	if len(m.ranked) > 5 {
-		for _, e := range m.ranked[5:] {
-			ev := e
-			lost = append(lost, costmodel.Rejection{Plan: e.Plan, Reason: costmodel.ReasonSlower, Evaluation: &ev,
-				Detail: fmt.Sprintf("slower by %.1f%%", (e.StepSeconds/m.ranked[0].StepSeconds-1)*100)})
-		}
-	}
+	lost := planner.Lost(m.ranked, m.rejected, 5)
 	if len(lost) > 0 {
-		counts := map[costmodel.Reason]int{}
-		for _, r := range lost {
-			counts[r.Reason]++
-		}
-		reasons := make([]costmodel.Reason, 0, len(counts))
-		for r := range counts {
-			reasons = append(reasons, r)
-		}
-		sort.Slice(reasons, func(a, b int) bool {
-			if counts[reasons[a]] != counts[reasons[b]] {
-				return counts[reasons[a]] > counts[reasons[b]]
-			}
-			return reasons[a] < reasons[b]
-		})
 		fmt.Fprintf(&b, "\nwhy the others lost (%d):\n", len(lost))
-		for _, r := range reasons {
-			fmt.Fprintf(&b, "  %-28s %d\n", r, counts[r])
+		for _, rc := range planner.Reasons(lost) {
+			fmt.Fprintf(&b, "  %-28s %d\n", rc.Reason, rc.Count)
 		}
 		room := m.ctx.Height - strings.Count(b.String(), "\n") - 2
-		if cl := closest(lost, min(room, 5)); len(cl) > 0 {
+		if cl := planner.Closest(lost, min(room, 5)); len(cl) > 0 {
 			b.WriteString("closest losers:\n")
 			for _, r := range cl {
 				b.WriteString(app.Trunc(fmt.Sprintf("  %-34s %s: %s", r.Plan, r.Reason, r.Detail), m.ctx.Width) + "\n")
@@ -177,30 +147,4 @@ func (m *Model) Render() string {
 		}
 	}
 	return strings.TrimRight(b.String(), "\n")
-}
-
-// closest picks the losers nearest to winning: the least slower fitting
-// plans and the least overflowing out-of-memory ones, alternately.
-func closest(rej []costmodel.Rejection, n int) []costmodel.Rejection {
-	var slower, oom []costmodel.Rejection
-	for _, r := range rej {
-		switch {
-		case r.Reason == costmodel.ReasonSlower && r.Evaluation != nil:
-			slower = append(slower, r)
-		case r.Reason == costmodel.ReasonOutOfMemory && r.MemPerGPUBytes > 0:
-			oom = append(oom, r)
-		}
-	}
-	sort.SliceStable(slower, func(a, b int) bool { return slower[a].Evaluation.StepSeconds < slower[b].Evaluation.StepSeconds })
-	sort.SliceStable(oom, func(a, b int) bool { return oom[a].MemPerGPUBytes < oom[b].MemPerGPUBytes })
-	var out []costmodel.Rejection
-	for i := 0; len(out) < n && (i < len(slower) || i < len(oom)); i++ {
-		if i < len(slower) {
-			out = append(out, slower[i])
-		}
-		if i < len(oom) && len(out) < n {
-			out = append(out, oom[i])
-		}
-	}
-	return out
 }

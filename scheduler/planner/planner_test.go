@@ -1,0 +1,101 @@
+package planner
+
+import (
+	"testing"
+
+	"github.com/gpuctl/gpuctl/jobspec"
+	"github.com/gpuctl/gpuctl/scheduler/costmodel"
+)
+
+func TestOptionsAreWhatAJobCanRun(t *testing.T) {
+	tests := []struct {
+		name    string
+		req     Request
+		cp, mcp int
+		maxV    int
+		uneven  bool
+	}{
+		{"a job: cp 1, even, up to 8 chunks", Request{}, 1, 0, MaxVirtualStages, false},
+		{"a fixed interleaving is the only one", Request{Fixed: costmodel.Plan{VirtualStages: 3}}, 1, 0, 3, false},
+		{"a what-if widens cp", Request{MaxCP: 8}, 0, 8, MaxVirtualStages, false},
+		{"a fixed cp", Request{Fixed: costmodel.Plan{CP: 2}}, 2, 0, MaxVirtualStages, false},
+		{"a what-if allows uneven", Request{Uneven: true}, 1, 0, MaxVirtualStages, true},
+		{"fewer chunks asked", Request{MaxVirtualStages: 2}, 1, 0, 2, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := tt.req.Options()
+			if o.CP != tt.cp || o.MaxCP != tt.mcp || o.MaxVirtualStages != tt.maxV || o.AllowUnevenPipeline != tt.uneven {
+				t.Errorf("options cp %d max-cp %d v %d uneven %v, want %d %d %d %v", o.CP, o.MaxCP, o.MaxVirtualStages, o.AllowUnevenPipeline,
+					tt.cp, tt.mcp, tt.maxV, tt.uneven)
+			}
+		})
+	}
+}
+
+// TestForSpecIsForPreset: a job file that names only a preset, GPUs and a
+// GPU asks the console's question.
+func TestForSpecIsForPreset(t *testing.T) {
+	s, err := jobspec.Parse("job.yaml", []byte("name: j\nnodes: 16\ngpus_per_node: 8\ngpu_model: a100-80gb\ncommand: [x]\nmodel: {preset: llama2-70b}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromSpec, ok, err := ForSpec(s)
+	if err != nil || !ok {
+		t.Fatalf("ForSpec: %v %v", ok, err)
+	}
+	fromPreset, err := ForPreset("llama2-70b", "a100-80gb", 128)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := Search(fromSpec)
+	b, _ := Search(fromPreset)
+	if len(a) == 0 || len(b) == 0 || a[0].Plan != b[0].Plan {
+		t.Fatalf("job file's best %v, preset's %v", first(a), first(b))
+	}
+}
+
+func first(evs []costmodel.Evaluation) any {
+	if len(evs) == 0 {
+		return "none"
+	}
+	return evs[0].Plan
+}
+
+// TestClosestRanksByWhatSearchRanks: with a failure rate, a loser with a
+// shorter step but a worse effective step is further from winning.
+func TestClosestRanksByWhatSearchRanks(t *testing.T) {
+	fast := costmodel.Evaluation{Plan: costmodel.Plan{TP: 1}, StepSeconds: 1, Goodput: &costmodel.Goodput{EffectiveStepSec: 3}}
+	steady := costmodel.Evaluation{Plan: costmodel.Plan{TP: 2}, StepSeconds: 2, Goodput: &costmodel.Goodput{EffectiveStepSec: 2.5}}
+	lost := []costmodel.Rejection{
+		{Plan: fast.Plan, Reason: costmodel.ReasonSlower, Evaluation: &fast},
+		{Plan: costmodel.Plan{TP: 4}, Reason: costmodel.ReasonOutOfMemory, MemPerGPUBytes: 90 << 30},
+		{Plan: steady.Plan, Reason: costmodel.ReasonSlower, Evaluation: &steady},
+		{Plan: costmodel.Plan{TP: 8}, Reason: costmodel.ReasonOutOfMemory, MemPerGPUBytes: 85 << 30},
+		{Plan: costmodel.Plan{TP: 16}, Reason: costmodel.ReasonTPExceedsNode},
+	}
+	got := Closest(lost, 4)
+	want := []int{2, 8, 1, 4}
+	if len(got) != len(want) {
+		t.Fatalf("%d losers, want %d", len(got), len(want))
+	}
+	for i, r := range got {
+		if r.Plan.TP != want[i] {
+			t.Errorf("loser %d is tp %d, want tp %d", i, r.Plan.TP, want[i])
+		}
+	}
+	if rc := Reasons(lost); rc[0] != (ReasonCount{costmodel.ReasonOutOfMemory, 2}) || rc[1] != (ReasonCount{costmodel.ReasonSlower, 2}) {
+		t.Errorf("reasons %v", rc)
+	}
+}
+
+func TestLostAddsTheUnshownAsSlower(t *testing.T) {
+	ranked := []costmodel.Evaluation{{Plan: costmodel.Plan{TP: 1}, StepSeconds: 1}, {Plan: costmodel.Plan{TP: 2}, StepSeconds: 1.5}}
+	lost := Lost(ranked, nil, 1)
+	if len(lost) != 1 || lost[0].Reason != costmodel.ReasonSlower || lost[0].Detail != "slower by 50.0%" {
+		t.Fatalf("lost %+v", lost)
+	}
+	if len(Lost(ranked, nil, 2)) != 0 {
+		t.Error("a shown plan counted as lost")
+	}
+}
