@@ -27,7 +27,7 @@ workload:
 # hub.
 test: build lint
 	GPUCTL_BIN=$(CURDIR)/bin $(GOTEST) $(PKGS)
-	GPUCTL_BIN=$(CURDIR)/bin $(GOTEST) -race ./controlplane/...
+	GPUCTL_BIN=$(CURDIR)/bin $(GOTEST) -race ./controlplane/... ./agent/...
 
 # The GPU check (scripts/gpu-check.sh) runs on a GPU host from a bundle
 # built here: gpuctl and nodemon stripped into bin/gpu-check (about 50 MiB
