@@ -269,19 +269,32 @@ check_completions() {
 		n=$(grep -o '"completions": *[0-9]*' "$work/coll.json" | grep -o '[0-9]*$' | awk '{n += $1} END {print n + 0}')
 		record pass profiler "the profiler plugin ($plugin) reported $n completions: collectives are timed by when their work ended, not by the enqueue"
 	else
-		local v=""
+		local v="" seen loaded
 		[ -z "$simulate" ] && v=$("$py" -c 'import torch; print(".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null)
-		record fail profiler "no completion reported within 20s by $plugin (the plugin needs NCCL 2.25 or later${v:+; this NCCL is $v}; NCCL_DEBUG=INFO in the rank's log says whether it loaded): timing stays the enqueue's"
+		# The rank ran with NCCL_DEBUG=INFO: its log says whether NCCL
+		# loaded the plugin, and the plugin what NCCL gave it.
+		ended() { "$gpuctl" jobs "$job" -o json | grep -q '"state": *"\(succeeded\|failed\|cancelled\)"'; }
+		wait_for $((seconds + 10)) ended
+		local rlog
+		rlog=$(find "$work/node" -name 'rank-0.log' -path "*$job*" 2>/dev/null | head -1)
+		loaded=$(grep -m1 'PROFILER/Plugin: Loaded' "$rlog" 2>/dev/null | sed 's/.*PROFILER/PROFILER/')
+		seen=$(grep -m1 'gpuctl profiler plugin:' "$rlog" 2>/dev/null | sed 's/.*gpuctl profiler plugin: //')
+		if [ -n "$loaded" ] && [ -z "$simulate" ] && printf '%s' "$seen" | grep -q ': 0 collectives'; then
+			record skip profiler "NCCL${v:+ $v} loaded the plugin ($loaded) but gave it no collective ($seen): a one-rank communicator's all-reduce never reaches a profiler, and NCCL refuses two ranks on one GPU, so completions need a host with two GPUs or more"
+		else
+			record fail profiler "no completion reported within 20s by $plugin (the plugin needs NCCL 2.25 or later${v:+; this NCCL is $v}; ${loaded:-NCCL did not say it loaded it}; ${seen:-the plugin reported nothing}): timing stays the enqueue's"
+		fi
 	fi
 }
 
 # --- an NCCL all-reduce loop, traced ---------------------------------------
 expected=""
+jobenv=()
 if [ -n "$simulate" ]; then
 	expected="$workload/libnccl.so.2"
 	command=("$workload/ringtrain" --steps 0 --compute-ms 20 --bytes 64K)
 	# Completing asynchronously, as NCCL on a GPU does.
-	jobenv="REFNCCL_ASYNC"
+	jobenv=(REFNCCL_ASYNC=1)
 	what="ringtrain on the reference $expected (asynchronous)"
 	[ -x "$workload/ringtrain" ] || { record fail nccl "no $workload/ringtrain: run 'make workload'"; exit 1; }
 else
@@ -301,6 +314,9 @@ else
 	expected="$dir/libnccl.so.2"
 	[ -e "$expected" ] || expected=$(find / -xdev -name libnccl.so.2 2>/dev/null | head -1)
 	command=("$py" "$here/gpu-check.py" allreduce --seconds "$seconds")
+	# NCCL says in the rank's log whether it loaded the profiler plugin,
+	# and (at NCCL_DEBUG=INFO) the plugin what NCCL gave it.
+	jobenv=(NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV)
 	what="torch.distributed all_reduce (world size 1: NCCL refuses two ranks on one GPU) on $expected"
 fi
 spec="$work/job.yaml"
@@ -312,7 +328,8 @@ spec="$work/job.yaml"
 	sep=""
 	for a in "${command[@]}"; do printf '%s"%s"' "$sep" "$a"; sep=", "; done
 	echo "]"
-	[ -n "${jobenv:-}" ] && printf 'env:\n  %s: "1"\n' "$jobenv"
+	echo "env:"
+	for kv in "${jobenv[@]}"; do printf '  %s: "%s"\n' "${kv%%=*}" "${kv#*=}"; done
 } >"$spec"
 if ! job=$("$gpuctl" submit -f "$spec" 2>"$work/submit.err"); then
 	record fail nccl "submit: $(cat "$work/submit.err")"

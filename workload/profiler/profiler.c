@@ -16,7 +16,9 @@
 #define _GNU_SOURCE
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -45,6 +47,8 @@ struct coll_event {
 struct comm_ctx {
   pid_t pid;
   _Atomic uint64_t next;
+  /* What NCCL handed the communicator, said at finalize with NCCL_DEBUG=INFO. */
+  _Atomic uint64_t colls, proxy_ops, kernel_chs, done;
   struct coll_event ring[RING_SLOTS];
 };
 
@@ -99,6 +103,7 @@ static ncclResult_t prof_start(void *context, void **handle, ncclProfilerEventDe
       atomic_store(&e->children, 0);
       atomic_store(&e->start_ns, 0);
       *handle = e;
+      atomic_fetch_add(&c->colls, 1);
       gpuctl_coll_enqueued(e, e->comm_hash, e->seq);
       return ncclSuccess;
     }
@@ -111,6 +116,7 @@ static ncclResult_t prof_start(void *context, void **handle, ncclProfilerEventDe
       struct coll_event *e = d->parentObj;
       /* Children of point-to-point calls have no Coll parent here. */
       if (!e || ((uintptr_t)e & CHILD_TAG) || e->ctx != c) return ncclSuccess;
+      atomic_fetch_add(d->type == ncclProfileProxyOp ? &c->proxy_ops : &c->kernel_chs, 1);
       atomic_fetch_add(&e->refs, 1);
       atomic_fetch_add(&e->children, 1);
       uint64_t zero = 0;
@@ -128,8 +134,10 @@ static ncclResult_t prof_stop(void *handle) {
   struct coll_event *e = (struct coll_event *)((uintptr_t)handle & ~CHILD_TAG);
   /* Done when nothing of it runs any more and some work was seen: a Coll
    * event that stops before its children start is only enqueued. */
-  if (atomic_fetch_sub(&e->refs, 1) == 1 && atomic_load(&e->children) > 0)
+  if (atomic_fetch_sub(&e->refs, 1) == 1 && atomic_load(&e->children) > 0) {
+    atomic_fetch_add(&e->ctx->done, 1);
     gpuctl_coll_done(e, e->comm_hash, e->seq, atomic_load(&e->start_ns), now_ns());
+  }
   return ncclSuccess;
 }
 
@@ -140,6 +148,15 @@ static ncclResult_t prof_record(void *handle, ncclProfilerEventState_v3_t state,
 }
 
 static ncclResult_t prof_finalize(void *context) {
+  struct comm_ctx *c = context;
+  /* Whether NCCL loaded the plugin and which events it gave it, beside
+   * NCCL's own INFO lines: on a host where no completion shows, this says
+   * why. */
+  const char *debug = getenv("NCCL_DEBUG");
+  if (debug && strcasecmp(debug, "INFO") == 0)
+    fprintf(stderr, "gpuctl profiler plugin: pid %d: %llu collectives, %llu proxy ops, %llu kernel channels, %llu completed\n",
+            (int)c->pid, (unsigned long long)c->colls, (unsigned long long)c->proxy_ops,
+            (unsigned long long)c->kernel_chs, (unsigned long long)c->done);
   free(context);
   return ncclSuccess;
 }
