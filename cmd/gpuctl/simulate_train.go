@@ -76,7 +76,7 @@ runtimes, for gpuctl serve --policy learned+backfill --policy-weights FILE; belo
 				learn, tested = train, test
 				m := predict.Train(simulate.Records(train), minSupport)
 				var est, mean, actual []int64
-				all := predict.Train(simulate.Records(train), 1).Predict(predict.Features{GPUs: 1 << 30, Hour: -1}).Seconds
+				all := m.Overall()
 				for _, tj := range test {
 					est = append(est, max(m.Predict(simulate.Features(tj)).Seconds, 1))
 					mean = append(mean, all)

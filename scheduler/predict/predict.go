@@ -199,6 +199,16 @@ func (m *Model) Predict(f Features) Prediction {
 	return p
 }
 
+// Overall is one runtime for every job: the geometric mean of all the
+// jobs learned from, the baseline a model must beat (0 with none).
+func (m *Model) Overall() int64 {
+	g, ok := m.Groups["all:*"]
+	if !ok {
+		return 0
+	}
+	return max(int64(math.Round(math.Exp(g.LogMean))), 1)
+}
+
 // Remaining is what is left of a prediction for a job that has run ran
 // seconds, at least a minute. A job still running past its prediction is
 // expected to run half as long again as it has: the longer a job has

@@ -63,6 +63,12 @@ func TestPredictBacksOff(t *testing.T) {
 			t.Errorf("%s: predicted %d s from %q, want %d s from %q", tc.name, p.Seconds, p.Basis, tc.seconds, tc.basis)
 		}
 	}
+	if got := m.Overall(); got != 2776 {
+		t.Errorf("Overall = %d, want the all-jobs geometric mean 2776", got)
+	}
+	if got := Train(nil, 0).Overall(); got != 0 {
+		t.Errorf("Overall with nothing learned = %d, want 0", got)
+	}
 	if p := (*Model)(nil).Predict(Features{Limit: 900}); p.Seconds != 900 || p.Basis != "limit" {
 		t.Errorf("no model, a limit: %+v", p)
 	}

@@ -123,10 +123,7 @@ func StudyEstimates(jobs []trace.Job, fraction float64, seeds int, cfg Config, l
 	}
 	{
 		limits := Limits(test, 1)
-		all := model.Predict(predict.Features{Hour: -1}).Seconds
-		if g, ok := model.Groups["all:*"]; ok {
-			all = int64(math.Round(math.Exp(g.LogMean)))
-		}
+		all := model.Overall()
 		var pe, ue, le, me, actual []int64
 		for _, tj := range test {
 			pe = append(pe, predicted(limits)(tj))
