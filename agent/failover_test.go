@@ -15,6 +15,7 @@ import (
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane"
 	"github.com/gpuctl/gpuctl/internal/hatest"
+	"github.com/gpuctl/gpuctl/internal/servertest"
 	"github.com/gpuctl/gpuctl/transport"
 )
 
@@ -30,22 +31,7 @@ func startLeader(t *testing.T, dir, pki string, lease time.Duration) *controlpla
 	if pki != "" {
 		hatest.SharePKI(t, pki, filepath.Join(dir, "pki"))
 	}
-	s, err := controlplane.New(controlplane.Config{DataDir: dir, Listen: "127.0.0.1:0", Lease: lease})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := s.Listen(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	return s
+	return servertest.Start(t, controlplane.Config{DataDir: dir, Lease: lease})
 }
 
 // record is one log line with its time.

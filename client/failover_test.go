@@ -13,6 +13,7 @@ import (
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane"
 	"github.com/gpuctl/gpuctl/internal/hatest"
+	"github.com/gpuctl/gpuctl/internal/servertest"
 	"github.com/gpuctl/gpuctl/transport"
 )
 
@@ -28,22 +29,7 @@ func startServer(t *testing.T, dir, pki string) *controlplane.Server {
 	if pki != "" {
 		hatest.SharePKI(t, pki, filepath.Join(dir, "pki"))
 	}
-	s, err := controlplane.New(controlplane.Config{DataDir: dir, Listen: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := s.Listen(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	return s
+	return servertest.Start(t, controlplane.Config{DataDir: dir})
 }
 
 // admin is the administrator identity a server wrote into its data dir.

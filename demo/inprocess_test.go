@@ -7,27 +7,14 @@ import (
 
 	"github.com/gpuctl/gpuctl/agent"
 	"github.com/gpuctl/gpuctl/controlplane"
+	"github.com/gpuctl/gpuctl/internal/servertest"
 )
 
 // runServer starts a control plane in this process; stop ends it (and is
 // safe to call twice).
 func runServer(t *testing.T, dataDir, addr string) (*controlplane.Server, func()) {
 	t.Helper()
-	s, err := controlplane.New(controlplane.Config{DataDir: dataDir, Listen: addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := s.Listen(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		s.Serve(ctx)
-		close(done)
-	}()
-	return s, func() { cancel(); <-done }
+	return servertest.Run(t, controlplane.Config{DataDir: dataDir, Listen: addr})
 }
 
 // runAgent runs a nodemon in this process on a simulated DGX H100 without

@@ -42,22 +42,33 @@ type namedContext struct {
 	ClientConfig `yaml:",inline"`
 }
 
+// Context is one of a client config's clusters as a list shows it.
+type Context struct {
+	Name string
+	// Server is the context's server addresses, comma-separated.
+	Server string
+}
+
 // Contexts lists a client config's contexts in the file's order and the
 // one in use: named by $GPUCTL_CONTEXT, else the file's current_context.
 // A config without contexts has none.
-func Contexts(path string) (names []string, current string, err error) {
+func Contexts(path string) (list []Context, current string, err error) {
 	f, err := readConfigFile(path)
 	if err != nil {
 		return nil, "", err
 	}
 	for _, c := range f.Contexts {
-		names = append(names, c.Name)
+		servers := c.Servers
+		if c.Server != "" {
+			servers = append([]string{c.Server}, servers...)
+		}
+		list = append(list, Context{Name: c.Name, Server: strings.Join(servers, ",")})
 	}
 	current = f.CurrentContext
 	if env := os.Getenv(EnvContext); env != "" {
 		current = env
 	}
-	return names, current, nil
+	return list, current, nil
 }
 
 func readConfigFile(path string) (*configFile, error) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpuctl/gpuctl/tui/actions"
 	"github.com/gpuctl/gpuctl/tui/app"
+	"github.com/gpuctl/gpuctl/tui/view/contexts"
 	"github.com/gpuctl/gpuctl/tui/view/events"
 	"github.com/gpuctl/gpuctl/tui/view/gpu"
 	"github.com/gpuctl/gpuctl/tui/view/job"
@@ -29,6 +30,7 @@ const (
 	argNone argKind = iota
 	argNode
 	argJob
+	argContext
 )
 
 // command is one `:` command. Names, aliases, completion, help and what
@@ -43,7 +45,7 @@ type command struct {
 	// stack above the overview, as k9s does.
 	pushed bool
 	// act runs a command that opens no view; open builds a view.
-	act  func(m *Model) tea.Cmd
+	act  func(m *Model, args []string) tea.Cmd
 	open func(m *Model, args []string) (app.View, error)
 }
 
@@ -104,10 +106,20 @@ var commands = []command{
 		return observe.Flows(m.ctx, args[0]), nil
 	}},
 	{name: "plan", open: func(m *Model, args []string) (app.View, error) { return plan.New(m.ctx, args), nil }},
-	{name: "submit", gate: app.ActSubmit, act: func(m *Model) tea.Cmd { return actions.Submit(m.ctx) }},
-	{name: "rebalance", gate: app.ActRebalance, act: func(m *Model) tea.Cmd { return actions.Rebalance(m.ctx) }},
-	{name: "help", act: func(m *Model) tea.Cmd { m.showHelp = true; return nil }},
-	{name: "quit", aliases: []string{"q", "q!"}, act: func(*Model) tea.Cmd { return tea.Quit }},
+	{name: "submit", gate: app.ActSubmit, act: func(m *Model, _ []string) tea.Cmd { return actions.Submit(m.ctx) }},
+	{name: "rebalance", gate: app.ActRebalance, act: func(m *Model, _ []string) tea.Cmd { return actions.Rebalance(m.ctx) }},
+	{name: "ctx", aliases: []string{"context"}, arg: argContext, act: func(m *Model, args []string) tea.Cmd {
+		switch len(args) {
+		case 0:
+			return m.push(contexts.New(m.ctx))
+		case 1:
+			return m.switchContext(args[0])
+		}
+		m.flash, m.flashErr = ":ctx [NAME] — without a name it lists the client config's contexts", true
+		return nil
+	}},
+	{name: "help", act: func(m *Model, _ []string) tea.Cmd { m.showHelp = true; return nil }},
+	{name: "quit", aliases: []string{"q", "q!"}, act: func(*Model, []string) tea.Cmd { return tea.Quit }},
 }
 
 // lookupCommand finds a command by its name or an alias.
@@ -152,7 +164,7 @@ func (m *Model) run(line string) tea.Cmd {
 		return m.deny(c.name)
 	}
 	if ok && c.act != nil {
-		return c.act(m)
+		return c.act(m, f[1:])
 	}
 	v, err := m.open(line)
 	if err != nil {
@@ -238,6 +250,13 @@ func (m *Model) complete(prefix string) []string {
 		}
 		slices.Sort(pool)
 		pool = slices.Compact(pool)
+	case argContext:
+		if len(f) > 2 || (len(f) == 2 && trailing) {
+			return nil
+		}
+		for _, c := range m.ctx.Contexts {
+			pool = append(pool, c.Name)
+		}
 	default:
 		return nil
 	}

@@ -5,7 +5,10 @@ import (
 	"strings"
 	"testing"
 
+	tea "charm.land/bubbletea/v2"
+
 	"github.com/gpuctl/gpuctl/transport"
+	"github.com/gpuctl/gpuctl/tui/app"
 )
 
 // TestCommandRegistry: every name and alias means one command, and each
@@ -56,4 +59,82 @@ func TestCommandsHelpAndCompletionAgree(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withContexts gives the console a client config of three clusters,
+// following prod.
+func (hs *harness) withContexts() {
+	hs.m.ctx.Contexts = []transport.Context{
+		{Name: "prod", Server: "head-a:7443,head-b:7443"}, {Name: "lab", Server: "lab-head:7443"}, {Name: "staging", Server: "10.0.0.7:7443"},
+	}
+	hs.m.ctx.Cluster = "prod"
+}
+
+// TestContextSwitch: :ctx NAME and enter on :ctx's list both end the
+// console with the chosen context for its caller to follow; a context
+// that is not in the config, the one already followed and a console
+// without contexts each say so and keep the console.
+func TestContextSwitch(t *testing.T) {
+	t.Run("by name", func(t *testing.T) {
+		hs := newHarness(t, transport.RoleViewer, 120, 40)
+		hs.withContexts()
+		if got := hs.m.complete("ctx l"); !slices.Equal(got, []string{"ctx lab"}) {
+			t.Errorf("tab after :ctx l offers %v, want [ctx lab]", got)
+		}
+		_, cmd := hs.m.Update(app.JumpMsg{Command: "context lab"})
+		if hs.m.SwitchTo() != "lab" || cmd == nil {
+			t.Fatalf(":context lab: switch to %q, flash %q", hs.m.SwitchTo(), hs.m.flash)
+		}
+		if _, quit := runToMsg(cmd).(tea.QuitMsg); !quit {
+			t.Errorf(":context lab does not quit the console for its caller to follow lab")
+		}
+	})
+	t.Run("from the list", func(t *testing.T) {
+		hs := newHarness(t, transport.RoleViewer, 120, 40)
+		hs.withContexts()
+		hs.command("ctx")
+		if hs.m.Top().Name() != "ctx" || !strings.Contains(hs.screen(), "ctx prod · alice") {
+			t.Fatalf(":ctx did not open the list under a header naming prod:\n%s", hs.screen())
+		}
+		hs.keys("down", "down", "enter")
+		if hs.m.SwitchTo() != "staging" {
+			t.Errorf("enter on the third row switches to %q, want staging", hs.m.SwitchTo())
+		}
+	})
+	for _, tc := range []struct {
+		name, cmd, flash string
+		contexts         bool
+	}{
+		{"unknown", "ctx nope", `no context "nope": the client config has prod, lab, staging`, true},
+		{"current", "ctx prod", `already following context "prod"`, true},
+		{"no contexts", "ctx lab", "this console has no contexts", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hs := newHarness(t, transport.RoleViewer, 120, 40)
+			if tc.contexts {
+				hs.withContexts()
+			}
+			hs.command(tc.cmd)
+			if hs.m.SwitchTo() != "" || !strings.Contains(hs.m.flash, tc.flash) {
+				t.Errorf(":%s: switch to %q, flash %q, want %q", tc.cmd, hs.m.SwitchTo(), hs.m.flash, tc.flash)
+			}
+		})
+	}
+}
+
+// runToMsg runs cmd and the batches it returns until a message that is
+// not a batch.
+func runToMsg(cmd tea.Cmd) tea.Msg {
+	msg := cmd()
+	if b, ok := msg.(tea.BatchMsg); ok {
+		for _, c := range b {
+			if c != nil {
+				if m := runToMsg(c); m != nil {
+					return m
+				}
+			}
+		}
+		return nil
+	}
+	return msg
 }

@@ -50,6 +50,11 @@ type Options struct {
 	// DataFrame after the feed (MinFrame 0: a frame after every message).
 	// The SSH console sets them, as its sessions share one server's CPU.
 	MinFrame, DataFrame time.Duration
+	// Contexts are the client config's clusters and Cluster the one
+	// followed; :ctx lists them and follows another (Run then returns
+	// SwitchContext).
+	Contexts []transport.Context
+	Cluster  string
 }
 
 type mode int
@@ -84,6 +89,8 @@ type Model struct {
 	frames   frames
 	// rec records the history of snapshots that come without one.
 	rec *app.Recorder
+	// switchTo is the context :ctx chose; the console quits to follow it.
+	switchTo string
 }
 
 type globalKeys struct {
@@ -116,6 +123,7 @@ func New(o Options) *Model {
 	}
 	ctx := app.NewContext(styles.New(profile, dark), o.Role, o.Client)
 	ctx.ReadOnly, ctx.User, ctx.Run = o.ReadOnly, o.User, o.Run
+	ctx.Contexts, ctx.Cluster = o.Contexts, o.Cluster
 	if o.Log != nil {
 		ctx.Log = o.Log
 	}
@@ -137,6 +145,33 @@ func New(o Options) *Model {
 	m.stack = []app.View{v}
 	m.layout()
 	return m
+}
+
+// SwitchTo is the context the operator chose with :ctx, or "".
+func (m *Model) SwitchTo() string { return m.switchTo }
+
+// switchContext quits the console so that its caller follows the cluster
+// of context name: the feed, the client and every view belong to one
+// cluster, so the whole console starts again rather than views mixing two.
+func (m *Model) switchContext(name string) tea.Cmd {
+	if len(m.ctx.Contexts) == 0 {
+		m.flash, m.flashErr = ":ctx: this console has no contexts (the client config is one cluster, or the console is served over SSH)", true
+		return nil
+	}
+	if name == m.ctx.Cluster {
+		m.flash, m.flashErr = fmt.Sprintf("already following context %q", name), false
+		return nil
+	}
+	var names []string
+	for _, c := range m.ctx.Contexts {
+		if c.Name == name {
+			m.switchTo = name
+			return tea.Quit
+		}
+		names = append(names, c.Name)
+	}
+	m.flash, m.flashErr = fmt.Sprintf("no context %q: the client config has %s", name, strings.Join(names, ", ")), true
+	return nil
 }
 
 // Context returns the session's shared context (tests read it).
@@ -247,6 +282,8 @@ func (m *Model) update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, nil
 	case app.JumpMsg:
 		return m, m.run(msg.Command)
+	case app.SwitchContextMsg:
+		return m, m.switchContext(msg.Name)
 	case app.ConfirmMsg:
 		run := msg.Run
 		d := dialog.New(m.ctx.Styles, m.ctx.Now, msg.Title, msg.Body, msg.Danger, nil, func([]dialog.Field) tea.Cmd { return run })
@@ -623,6 +660,9 @@ func (m *Model) header() string {
 	who := role
 	if m.ctx.User != "" {
 		who = m.ctx.User + " (" + role + ")"
+	}
+	if m.ctx.Cluster != "" {
+		who = "ctx " + m.ctx.Cluster + " · " + who
 	}
 	s := m.ctx.Snap
 	sync := ""

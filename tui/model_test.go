@@ -210,6 +210,7 @@ func TestViewsGolden(t *testing.T) {
 		{"slow-job-grid", func(hs *harness) { hs.slow(); hs.command("job j-0a1b2c"); hs.keys("3") }},
 		{"slow-gpu", func(hs *harness) { hs.slow(); hs.keys("@") }},
 		{"slow-flows", func(hs *harness) { hs.slow(); hs.keys("@", "w") }},
+		{"contexts", func(hs *harness) { hs.withContexts(); hs.command("ctx") }},
 	}
 	for _, size := range [][2]int{{80, 24}, {160, 48}} {
 		for _, v := range views {

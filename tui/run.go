@@ -25,8 +25,19 @@ func Run(ctx context.Context, cl *client.Client, o Options) error {
 			o.Log.Error("console watch ended", "err", err)
 		}
 	}()
-	if _, err := p.Run(); err != nil && ctx.Err() == nil {
+	final, err := p.Run()
+	if err != nil && ctx.Err() == nil {
 		return fmt.Errorf("console: %w", err)
+	}
+	if m, ok := final.(*Model); ok && m.SwitchTo() != "" {
+		return SwitchContext{Name: m.SwitchTo()}
 	}
 	return nil
 }
+
+// SwitchContext is Run's answer when the operator chose another of the
+// client config's clusters with :ctx: the caller dials that one and runs
+// the console again.
+type SwitchContext struct{ Name string }
+
+func (s SwitchContext) Error() string { return fmt.Sprintf("switch to context %q", s.Name) }

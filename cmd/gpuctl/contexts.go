@@ -36,22 +36,22 @@ config with a name) and the one in use (current_context). Every command takes
 			if err != nil {
 				return err
 			}
-			names, current, err := transport.Contexts(p)
+			list, current, err := transport.Contexts(p)
 			if err != nil {
 				return err
 			}
-			if len(names) == 0 {
+			if len(list) == 0 {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s has no contexts: it is one cluster (add others with gpuctl config add-context NAME --from FILE)\n", p)
 				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "CURRENT\tNAME")
-			for _, n := range names {
+			fmt.Fprintln(tw, "CURRENT\tNAME\tSERVER")
+			for _, c := range list {
 				mark := ""
-				if n == current {
+				if c.Name == current {
 					mark = "*"
 				}
-				fmt.Fprintf(tw, "%s\t%s\n", mark, n)
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", mark, c.Name, c.Server)
 			}
 			return tw.Flush()
 		},

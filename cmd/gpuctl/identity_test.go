@@ -20,6 +20,7 @@ import (
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/controlplane"
+	"github.com/gpuctl/gpuctl/internal/servertest"
 	"github.com/gpuctl/gpuctl/transport"
 )
 
@@ -54,22 +55,7 @@ func mustGpuctl(t *testing.T, args ...string) string {
 // the path of its admin config.
 func startServer(t *testing.T, dir string) (*controlplane.Server, string) {
 	t.Helper()
-	srv, err := controlplane.New(controlplane.Config{DataDir: dir, Listen: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := srv.Listen(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	return srv, controlplane.AdminConfigPath(dir)
+	return servertest.Start(t, controlplane.Config{DataDir: dir}), controlplane.AdminConfigPath(dir)
 }
 
 // TestUserAddViewerThenRevoke: a viewer added with `gpuctl user add` may

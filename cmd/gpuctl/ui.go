@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -65,8 +66,7 @@ func runConsole(ctx context.Context, f consoleFlags, configPath string) error {
 		}
 		path = p
 	}
-	_, id, err := transport.LoadClientConfig(path)
-	if err != nil {
+	if _, _, err := transport.LoadClientConfig(path); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("client config %s not found: pass --config, set $%s, or try `gpuctl demo`", path, client.EnvConfig)
 		}
@@ -91,11 +91,42 @@ func runConsole(ctx context.Context, f consoleFlags, configPath string) error {
 	defer closer.Close()
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM)
 	defer stop()
-	cl, err := client.Dial(ctx, path)
+	for {
+		err := followCluster(ctx, f, path, log)
+		var sw tui.SwitchContext
+		if !errors.As(err, &sw) {
+			return err
+		}
+		// The choice lasts for this console; the file's current_context
+		// stays (gpuctl config use-context changes that).
+		previous := os.Getenv(transport.EnvContext)
+		if err := os.Setenv(transport.EnvContext, sw.Name); err != nil {
+			return fmt.Errorf("follow context %q: %w", sw.Name, err)
+		}
+		log.Info("console follows another context", "from", previous, "to", sw.Name)
+	}
+}
+
+// followCluster runs the console on the cluster the client config (and
+// $GPUCTL_CONTEXT) names until the operator quits or picks another.
+func followCluster(ctx context.Context, f consoleFlags, path string, log *slog.Logger) error {
+	_, id, err := transport.LoadClientConfig(path)
 	if err != nil {
 		return err
 	}
+	list, current, err := transport.Contexts(path)
+	if err != nil {
+		return err
+	}
+	cl, err := client.Dial(ctx, path)
+	if err != nil {
+		if current != "" {
+			return fmt.Errorf("context %q: %w (gpuctl --context NAME opens the console on another)", current, err)
+		}
+		return err
+	}
 	defer cl.Close()
-	log.Info("console start", "server", path, "user", id.Name, "role", string(id.Role), "readonly", f.readonly)
-	return tui.Run(ctx, cl, tui.Options{Role: id.Role, User: id.Name, ReadOnly: f.readonly, Start: f.start, Log: log})
+	log.Info("console start", "server", path, "context", current, "user", id.Name, "role", string(id.Role), "readonly", f.readonly)
+	return tui.Run(ctx, cl, tui.Options{Role: id.Role, User: id.Name, ReadOnly: f.readonly, Start: f.start, Log: log,
+		Contexts: list, Cluster: current})
 }

@@ -71,6 +71,11 @@ type Context struct {
 	// Run wraps every network command a view starts, so tests can run
 	// them synchronously or drop them; nil runs them as they are.
 	Run func(tea.Cmd) tea.Cmd
+	// Contexts are the client config's clusters and Cluster the one this
+	// console follows; both empty when the config is one cluster (or the
+	// console is served over SSH, which has no client config).
+	Contexts []transport.Context
+	Cluster  string
 
 	gen uint64
 }
@@ -203,6 +208,10 @@ type BackMsg struct{}
 
 // JumpMsg opens the view a command names (":job j-1a2b3c") from anywhere.
 type JumpMsg struct{ Command string }
+
+// SwitchContextMsg asks the console to follow another of the client
+// config's clusters.
+type SwitchContextMsg struct{ Name string }
 
 // FlashMsg shows a one-line result in the status line.
 type FlashMsg struct {
