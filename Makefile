@@ -7,7 +7,7 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 GOTEST    ?= $(GO) test -count=1 -p 1 -timeout 30m
 PKGS      := ./...
 
-.PHONY: all build workload test gpu-check gpu-check-bundle chaos soak soak-away soak-etcd bench bench-tui bench-store bench-stalls bench-failslow bench-swarm bench-estimates bench-carbon fuzz generate check-generated demo lint clean
+.PHONY: all build workload kube test gpu-check gpu-check-bundle chaos soak soak-away soak-etcd bench bench-tui bench-store bench-stalls bench-failslow bench-swarm bench-estimates bench-carbon fuzz generate check-generated demo lint clean
 
 all: build
 
@@ -20,12 +20,19 @@ build: workload
 workload:
 	$(MAKE) -C workload
 
+# The Kubernetes tests run a real kube-apiserver, kube-controller-manager
+# and kubelets, built from k8s.io/kubernetes into bin/kube (once: about ten
+# minutes on two cores; scripts/kube-build.sh says why it is not a plain
+# go install).
+kube:
+	scripts/kube-build.sh
+
 # Tests need the reference workload (ringtrain, libnccl.so.2) and the two
 # binaries, which the integration tests start as real processes. The
 # control plane's packages run again under the race detector: their
 # goroutines share the node registry, the job owner's inbox and the watch
 # hub.
-test: build lint
+test: build kube lint
 	GPUCTL_BIN=$(CURDIR)/bin $(GOTEST) $(PKGS)
 	GPUCTL_BIN=$(CURDIR)/bin $(GOTEST) -race ./controlplane/... ./agent/...
 

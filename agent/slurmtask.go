@@ -97,7 +97,7 @@ func mergeEnv(base, add []string) []string {
 	out := make([]string, 0, len(base)+len(add))
 	for _, kv := range append(append([]string{}, base...), add...) {
 		k, _, _ := strings.Cut(kv, "=")
-		if k == api.SlurmLaunchEnv {
+		if k == api.SlurmLaunchEnv || k == api.KubeLaunchEnv {
 			continue // read; the rank needs it no more than its children
 		}
 		if i, ok := idx[k]; ok {

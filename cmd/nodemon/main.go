@@ -85,7 +85,7 @@ func rootCmd(run func(o *options) error) *cobra.Command {
 	f.StringVar(&cfg.PeerAdvertise, "peer-advertise", "", "the host:port other nodes dial for --peer-listen (default: its host, or this host's address toward the server)")
 	f.StringVar(&cfg.SlurmNode, "slurm-node", "", "this node's Slurm name (usually --name): report the Slurm tasks on it (SLURMD_NODENAME) as ranks, for gpuctl serve --executor slurm and plain sbatch jobs")
 	f.BoolVar(&cfg.AllowRootRanks, "allow-root-ranks", false, "let ranks run as root (a job that names no user while nodemon runs as root, or names root); refused without it")
-	cmd.AddCommand(newShimCmd(), newSlurmTaskCmd())
+	cmd.AddCommand(newShimCmd(), newSlurmTaskCmd(), newKubeTaskCmd())
 	return cmd
 }
 
@@ -183,6 +183,23 @@ func newSlurmTaskCmd() *cobra.Command {
 		SilenceErrors:      true,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			os.Exit(agent.RunSlurmTask(args, os.Stderr))
+			return nil
+		},
+	}
+}
+
+// newKubeTaskCmd is what each pod of a job gpuctl runs on Kubernetes
+// starts (agent.RunKubeTask).
+func newKubeTaskCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:                agent.KubeTaskCommand + " -- COMMAND [ARG...]",
+		Short:              "run one rank of a job gpuctl runs on Kubernetes, with gpuctl's rank environment (its pod runs this)",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		SilenceUsage:       true,
+		SilenceErrors:      true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			os.Exit(agent.RunKubeTask(args, os.Stderr))
 			return nil
 		},
 	}

@@ -29,6 +29,10 @@ const (
 	Prometheus Feature = "GPUCTL_REQUIRE_PROMETHEUS"
 	// Slurm is a Slurm installation (slurmctld, slurmd, munged, the CLI).
 	Slurm Feature = "GPUCTL_REQUIRE_SLURM"
+	// Kube is Kubernetes: kube-apiserver, kube-controller-manager and
+	// kubelet built by make kube, and containerd, runc, the CNI plugins
+	// and buildah for the kubelets.
+	Kube Feature = "GPUCTL_REQUIRE_KUBE"
 )
 
 // Required reports whether this machine must have f: its variable is set

@@ -1,0 +1,340 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/gpuctl/gpuctl/controlplane/jobs"
+)
+
+// Config configures the Kubernetes executor.
+type Config struct {
+	Client kubernetes.Interface
+	Spec   Spec
+	// Usable says whether gpuctl still lets a node take ranks (not
+	// cordoned, not lost); nil: every node gpuctl placed on. A placed
+	// node must also be a Ready, schedulable Kubernetes Node.
+	Usable func(node string) bool
+	// StopGrace is the pods' grace period at a SIGTERM; default 30 s.
+	StopGrace time.Duration
+	Log       *slog.Logger
+}
+
+// Executor runs attempts as Kubernetes objects and binds their pods. One
+// goroutine (Run) owns the gangs waiting to be bound: the informers' events
+// and Launch reach it as messages, as the job owner's inbox does.
+type Executor struct {
+	cfg   Config
+	log   *slog.Logger
+	inbox chan func()
+	// Owned by Run's goroutine.
+	gangs map[string]*gang
+	pods  corelisters.PodLister
+	nodes corelisters.NodeLister
+	// ready closes once the watches have synced, stopped when Run returns.
+	ready, stopped chan struct{}
+}
+
+// gang is one attempt waiting for its pods to be bound.
+type gang struct {
+	job       string
+	attempt   uint32
+	placement []string
+	done      chan error
+	wait      string
+}
+
+// New returns the executor; Run must run for Launch to return.
+func New(cfg Config) *Executor {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.StopGrace == 0 {
+		cfg.StopGrace = 30 * time.Second
+	}
+	if cfg.Spec.Namespace == "" {
+		cfg.Spec.Namespace = "default"
+	}
+	return &Executor{cfg: cfg, log: cfg.Log, inbox: make(chan func(), 64), gangs: map[string]*gang{},
+		ready: make(chan struct{}), stopped: make(chan struct{})}
+}
+
+// Run watches the attempts' pods and the Nodes, and binds gangs, until
+// ctx ends.
+func (x *Executor) Run(ctx context.Context) error {
+	defer close(x.stopped)
+	podInf := informers.NewSharedInformerFactoryWithOptions(x.cfg.Client, 0, informers.WithNamespace(x.cfg.Spec.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelManaged + "=gpuctl" }))
+	nodeInf := informers.NewSharedInformerFactory(x.cfg.Client, 0)
+	pods, nodes := podInf.Core().V1().Pods(), nodeInf.Core().V1().Nodes()
+	x.pods, x.nodes = pods.Lister(), nodes.Lister()
+	onPod := func(obj any) {
+		if p, ok := obj.(*corev1.Pod); ok {
+			key := gangKey(p.Labels[LabelJob], p.Labels[LabelAttempt])
+			x.send(ctx, func() { x.decide(ctx, key) })
+		}
+	}
+	if _, err := pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: onPod, UpdateFunc: func(_, obj any) { onPod(obj) }, DeleteFunc: onPod,
+	}); err != nil {
+		return err
+	}
+	onNode := func(any) { x.send(ctx, func() { x.decideAll(ctx) }) }
+	if _, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: onNode, UpdateFunc: func(_, obj any) { onNode(obj) }, DeleteFunc: onNode,
+	}); err != nil {
+		return err
+	}
+	podInf.Start(ctx.Done())
+	nodeInf.Start(ctx.Done())
+	for _, synced := range []cache.InformerSynced{pods.Informer().HasSynced, nodes.Informer().HasSynced} {
+		if !cache.WaitForCacheSync(ctx.Done(), synced) {
+			return fmt.Errorf("kubernetes: the pod and node watches did not sync: %w", ctx.Err())
+		}
+	}
+	close(x.ready)
+	for {
+		select {
+		case f := <-x.inbox:
+			f()
+		case <-ctx.Done():
+			for key, g := range x.gangs {
+				g.done <- fmt.Errorf("kubernetes: the executor stopped before the pods were bound (%s)", g.wait)
+				delete(x.gangs, key)
+			}
+			return nil
+		}
+	}
+}
+
+// send runs f on Run's goroutine; false when it will not run.
+func (x *Executor) send(ctx context.Context, f func()) bool {
+	select {
+	case x.inbox <- f:
+		return true
+	case <-ctx.Done():
+	case <-x.stopped:
+	}
+	return false
+}
+
+func gangKey(job, attempt string) string { return job + "/" + attempt }
+
+// Launch creates the attempt's Service and Job and returns once every pod
+// is bound to its placed node; if that cannot happen (a placed node gone,
+// a pod elsewhere, a binding refused, ctx's deadline) it deletes what it
+// made and says why for every node.
+func (x *Executor) Launch(ctx context.Context, a jobs.AttemptLaunch) map[string]error {
+	fail := func(err error) map[string]error {
+		out := make(map[string]error, len(a.Nodes))
+		for _, n := range a.Nodes {
+			out[n] = err
+		}
+		return out
+	}
+	select {
+	case <-x.ready:
+	case <-ctx.Done():
+		return fail(fmt.Errorf("kubernetes: the pod and node watches have not synced: %w", ctx.Err()))
+	}
+	svc, job, err := Objects(a, x.cfg.Spec)
+	if err != nil {
+		return fail(err)
+	}
+	ns := x.cfg.Spec.Namespace
+	if _, err := x.cfg.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fail(fmt.Errorf("kubernetes: create Service %s/%s: %w", ns, svc.Name, err))
+	}
+	if _, err := x.cfg.Client.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		x.remove(context.WithoutCancel(ctx), a.Job, a.Attempt, 0)
+		return fail(fmt.Errorf("kubernetes: create Job %s/%s: %w", ns, job.Name, err))
+	}
+	g := &gang{job: a.Job, attempt: a.Attempt, placement: a.Nodes, done: make(chan error, 1), wait: "no pod seen yet"}
+	key := gangKey(labelValue(a.Job), strconv.FormatUint(uint64(a.Attempt), 10))
+	if !x.send(ctx, func() { x.gangs[key] = g; x.decide(ctx, key) }) {
+		x.remove(context.WithoutCancel(ctx), a.Job, a.Attempt, 0)
+		return fail(fmt.Errorf("kubernetes: the executor stopped"))
+	}
+	select {
+	case err := <-g.done:
+		if err != nil {
+			return fail(err)
+		}
+		x.log.Info("attempt bound", "job", a.Job, "attempt", a.Attempt, "nodes", a.Nodes)
+		return nil
+	case <-ctx.Done():
+		why := make(chan string, 1)
+		reason := "the executor stopped"
+		if x.send(context.WithoutCancel(ctx), func() {
+			if g, ok := x.gangs[key]; ok {
+				delete(x.gangs, key)
+				why <- g.wait
+				return
+			}
+			why <- "bound as the deadline came"
+		}) {
+			reason = <-why
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		x.remove(rctx, a.Job, a.Attempt, 0)
+		return fail(fmt.Errorf("kubernetes: attempt %d not bound in time (%s): deleted", a.Attempt, reason))
+	}
+}
+
+// decide binds what DecideGang says for one gang (on Run's goroutine).
+func (x *Executor) decide(ctx context.Context, key string) {
+	g, ok := x.gangs[key]
+	if !ok {
+		return
+	}
+	sel := labels.SelectorFromSet(AttemptLabels(g.job, g.attempt))
+	list, err := x.pods.Pods(x.cfg.Spec.Namespace).List(sel)
+	if err != nil {
+		g.wait = err.Error()
+		return
+	}
+	pods := make([]GangPod, 0, len(list))
+	for _, p := range list {
+		idx, err := strconv.Atoi(p.Annotations[batchv1.JobCompletionIndexAnnotation])
+		if err != nil {
+			continue // not an indexed pod of ours
+		}
+		pods = append(pods, GangPod{Name: p.Name, Rank: idx, Node: p.Spec.NodeName, Deleting: p.DeletionTimestamp != nil})
+	}
+	d := DecideGang(g.placement, pods, x.usable)
+	g.wait = d.Wait
+	if d.Undo != "" {
+		x.finish(ctx, key, g, fmt.Errorf("kubernetes: attempt %d undone: %s", g.attempt, d.Undo))
+		return
+	}
+	for _, b := range d.Bind {
+		bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := x.cfg.Client.CoreV1().Pods(x.cfg.Spec.Namespace).Bind(bctx, &corev1.Binding{
+			ObjectMeta: metav1.ObjectMeta{Name: b.Pod, Namespace: x.cfg.Spec.Namespace},
+			Target:     corev1.ObjectReference{Kind: "Node", Name: b.Node},
+		}, metav1.CreateOptions{})
+		cancel()
+		if err != nil {
+			x.finish(ctx, key, g, fmt.Errorf("kubernetes: bind pod %s to %s: %w (attempt %d undone)", b.Pod, b.Node, err, g.attempt))
+			return
+		}
+	}
+	if d.Wait == "" {
+		delete(x.gangs, key)
+		g.done <- nil
+	}
+}
+
+// finish ends a gang that cannot be bound: its objects go.
+func (x *Executor) finish(ctx context.Context, key string, g *gang, err error) {
+	delete(x.gangs, key)
+	x.log.Warn("attempt not bound", "job", g.job, "attempt", g.attempt, "err", err)
+	x.remove(ctx, g.job, g.attempt, 0)
+	g.done <- err
+}
+
+func (x *Executor) decideAll(ctx context.Context) {
+	for key := range x.gangs {
+		x.decide(ctx, key)
+	}
+}
+
+// usable: gpuctl lets the node take ranks and it is a Ready, schedulable
+// Node.
+func (x *Executor) usable(node string) bool {
+	if x.cfg.Usable != nil && !x.cfg.Usable(node) {
+		return false
+	}
+	n, err := x.nodes.Get(node)
+	if err != nil || n.Spec.Unschedulable {
+		return false
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// Signal stops an attempt (every attempt of job when attempt is 0):
+// SIGTERM deletes its objects with the stop grace, SIGKILL at once. A
+// checkpoint (SIGUSR1) reaches the ranks through nodemon on their nodes,
+// which the Kubernetes executor does not drive yet.
+func (x *Executor) Signal(ctx context.Context, job string, attempt uint32, nodes []string, sig string) map[string]error {
+	var grace time.Duration
+	switch sig {
+	case "SIGTERM":
+		grace = x.cfg.StopGrace
+	case "SIGKILL":
+	default:
+		err := fmt.Errorf("kubernetes: %s cannot reach pods through the API: a checkpoint needs nodemon on the node", sig)
+		out := map[string]error{}
+		for _, n := range nodes {
+			out[n] = err
+		}
+		return out
+	}
+	if err := x.remove(ctx, job, attempt, grace); err != nil {
+		out := map[string]error{}
+		for _, n := range nodes {
+			out[n] = err
+		}
+		return out
+	}
+	return nil
+}
+
+// remove deletes an attempt's Job, pods and Service (attempt 0: every
+// attempt of job); the pods get grace to stop.
+func (x *Executor) remove(ctx context.Context, job string, attempt uint32, grace time.Duration) error {
+	set := map[string]string{LabelJob: labelValue(job), LabelManaged: "gpuctl"}
+	if attempt != 0 {
+		set = AttemptLabels(job, attempt)
+	}
+	sel := labels.SelectorFromSet(set).String()
+	secs := int64(grace / time.Second)
+	bg := metav1.DeletePropagationBackground
+	opts := metav1.DeleteOptions{GracePeriodSeconds: &secs, PropagationPolicy: &bg}
+	list := metav1.ListOptions{LabelSelector: sel}
+	ns := x.cfg.Spec.Namespace
+	var errs []error
+	// The Job first, so its controller makes no new pod, then the pods
+	// with the grace asked (the garbage collector would give them their
+	// own), then the Service.
+	if err := x.cfg.Client.BatchV1().Jobs(ns).DeleteCollection(ctx, opts, list); err != nil {
+		errs = append(errs, fmt.Errorf("delete Jobs %s: %w", sel, err))
+	}
+	if err := x.cfg.Client.CoreV1().Pods(ns).DeleteCollection(ctx, opts, list); err != nil {
+		errs = append(errs, fmt.Errorf("delete pods %s: %w", sel, err))
+	}
+	svcs, err := x.cfg.Client.CoreV1().Services(ns).List(ctx, list)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("list Services %s: %w", sel, err))
+	} else {
+		for _, s := range svcs.Items {
+			if err := x.cfg.Client.CoreV1().Services(ns).Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("delete Service %s: %w", s.Name, err))
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	return nil
+}

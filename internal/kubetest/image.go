@@ -1,0 +1,72 @@
+package kubetest
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/gpuctl/gpuctl/internal/testbin"
+)
+
+// Image builds an OCI archive of an image named ref, from scratch, holding
+// files (path in the image → path here, each copied with its mode) and
+// running entrypoint, and returns the archive's path (in dir). buildah
+// builds it in storage of its own, so nothing outlives the test.
+func Image(t testing.TB, dir, ref string, files map[string]string, entrypoint []string) string {
+	t.Helper()
+	store := filepath.Join(dir, "buildah-"+strings.NewReplacer("/", "_", ":", "_").Replace(ref))
+	buildah := func(args ...string) string {
+		t.Helper()
+		all := append([]string{"--root", filepath.Join(store, "root"), "--runroot", filepath.Join(store, "run"), "--storage-driver", "vfs"}, args...)
+		out, err := exec.Command("buildah", all...).Output()
+		if err != nil {
+			var stderr []byte
+			if ee, ok := err.(*exec.ExitError); ok {
+				stderr = ee.Stderr
+			}
+			t.Fatalf("buildah %s: %v: %s", strings.Join(args, " "), err, stderr)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	defer func() {
+		buildah("rm", "--all")
+		exec.Command("chmod", "-R", "u+w", store).Run()
+		os.RemoveAll(store)
+	}()
+	ctr := buildah("from", "scratch")
+	dests := make([]string, 0, len(files))
+	for d := range files {
+		dests = append(dests, d)
+	}
+	sort.Strings(dests)
+	for _, d := range dests {
+		buildah("copy", ctr, files[d], d)
+	}
+	ep, err := json.Marshal(entrypoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buildah("config", "--entrypoint", string(ep), ctr)
+	buildah("commit", "--quiet", ctr, ref)
+	archive := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_").Replace(ref)+".tar")
+	buildah("push", "--quiet", ref, fmt.Sprintf("oci-archive:%s:%s", archive, ref))
+	return archive
+}
+
+// PauseArchive builds the pause image (PauseImage) into dir.
+func PauseArchive(t testing.TB, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "pause")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s", "-o", bin, "./internal/kubetest/pause")
+	cmd.Dir = testbin.Root(t)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the pause program: %v\n%s", err, out)
+	}
+	return Image(t, dir, PauseImage, map[string]string{"/pause": bin}, []string{"/pause"})
+}
