@@ -477,6 +477,13 @@ func (s *Server) Cordon(node, reason string) error {
 	return err
 }
 
+// SetCordon cordons or uncordons node (nodes.ActionCordon or
+// ActionUncordon), as an executor that follows another system's node
+// states does.
+func (s *Server) SetCordon(node, action, reason string) (*api.NodeStatus, error) {
+	return s.nodes.SetCordon(node, action, reason)
+}
+
 // Command sends a command to a connected node and waits for its ack.
 func (s *Server) Command(ctx context.Context, node string, c *api.Command) error {
 	_, err := s.nodes.Command(ctx, node, c)

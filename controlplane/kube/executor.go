@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,12 +14,15 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane/jobs"
+	"github.com/gpuctl/gpuctl/controlplane/nodes"
 )
 
 // Config configures the Kubernetes executor.
@@ -31,7 +35,18 @@ type Config struct {
 	Usable func(node string) bool
 	// StopGrace is the pods' grace period at a SIGTERM; default 30 s.
 	StopGrace time.Duration
+	// Registry, when set, follows the Nodes' states and they its
+	// cordons (SyncNodes), on every Node event and every SyncEvery
+	// (default 1 s) for gpuctl's side.
+	Registry  Registry
+	SyncEvery time.Duration
 	Log       *slog.Logger
+}
+
+// Registry is what the node sync needs of gpuctl's node registry.
+type Registry interface {
+	Nodes() []*api.NodeStatus
+	SetCordon(node, action, reason string) (*api.NodeStatus, error)
 }
 
 // Executor runs attempts as Kubernetes objects and binds their pods. One
@@ -66,6 +81,9 @@ func New(cfg Config) *Executor {
 	if cfg.StopGrace == 0 {
 		cfg.StopGrace = 30 * time.Second
 	}
+	if cfg.SyncEvery == 0 {
+		cfg.SyncEvery = time.Second
+	}
 	if cfg.Spec.Namespace == "" {
 		cfg.Spec.Namespace = "default"
 	}
@@ -93,7 +111,7 @@ func (x *Executor) Run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	onNode := func(any) { x.send(ctx, func() { x.decideAll(ctx) }) }
+	onNode := func(any) { x.send(ctx, func() { x.decideAll(ctx); x.syncNodes(ctx) }) }
 	if _, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: onNode, UpdateFunc: func(_, obj any) { onNode(obj) }, DeleteFunc: onNode,
 	}); err != nil {
@@ -107,10 +125,14 @@ func (x *Executor) Run(ctx context.Context) error {
 		}
 	}
 	close(x.ready)
+	tick := time.NewTicker(x.cfg.SyncEvery)
+	defer tick.Stop()
 	for {
 		select {
 		case f := <-x.inbox:
 			f()
+		case <-tick.C:
+			x.syncNodes(ctx)
 		case <-ctx.Done():
 			for key, g := range x.gangs {
 				g.done <- fmt.Errorf("kubernetes: the executor stopped before the pods were bound (%s)", g.wait)
@@ -252,6 +274,56 @@ func (x *Executor) decideAll(ctx context.Context) {
 	for key := range x.gangs {
 		x.decide(ctx, key)
 	}
+}
+
+// syncNodes brings gpuctl's and the Nodes' states together (on Run's
+// goroutine).
+func (x *Executor) syncNodes(ctx context.Context) {
+	if x.cfg.Registry == nil {
+		return
+	}
+	list, err := x.nodes.List(labels.Everything())
+	if err != nil {
+		return
+	}
+	views := make([]NodeView, len(list))
+	for i, n := range list {
+		views[i] = ViewOf(n)
+	}
+	for _, a := range SyncNodes(x.cfg.Registry.Nodes(), views) {
+		var err error
+		switch a.Do {
+		case nodes.ActionCordon, nodes.ActionUncordon:
+			_, err = x.cfg.Registry.SetCordon(a.Node, a.Do, a.Reason)
+		case ActionCordonNode, ActionUncordonNode:
+			err = x.cordonNode(ctx, a.Node, a.Do == ActionCordonNode, a.Reason)
+		}
+		if err != nil {
+			x.log.Error("sync node state with Kubernetes", "node", a.Node, "action", a.Do, "err", err)
+			continue
+		}
+		x.log.Info("node state synced with Kubernetes", "node", a.Node, "action", a.Do, "reason", a.Reason)
+	}
+}
+
+// cordonNode sets a Node's unschedulable and gpuctl's reason, or lifts
+// both.
+func (x *Executor) cordonNode(ctx context.Context, node string, cordon bool, reason string) error {
+	var reasonJSON any // null removes the annotation
+	if cordon {
+		reasonJSON = reason
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"annotations": map[string]any{CordonAnnotation: reasonJSON}},
+		"spec":     map[string]any{"unschedulable": cordon},
+	})
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = x.cfg.Client.CoreV1().Nodes().Patch(pctx, node, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	return err
 }
 
 // usable: gpuctl lets the node take ranks and it is a Ready, schedulable

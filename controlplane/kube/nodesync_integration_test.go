@@ -1,0 +1,96 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpuctl/gpuctl/controlplane"
+	"github.com/gpuctl/gpuctl/controlplane/nodes"
+	"github.com/gpuctl/gpuctl/internal/kubetest"
+	"github.com/gpuctl/gpuctl/internal/servertest"
+	"github.com/gpuctl/gpuctl/internal/simnodes"
+)
+
+// TestNodeStatesFollowEachOther: a real gpuctl server whose nodemons are
+// the nodes of a real Kubernetes. A gpuctl cordon cordons the Node with
+// gpuctl's reason and an uncordon lifts it; a Node cordoned in Kubernetes
+// is cordoned in gpuctl until uncordoned there; a stopped kubelet's Node
+// goes NotReady and gpuctl cordons it saying so.
+func TestNodeStatesFollowEachOther(t *testing.T) {
+	kubetest.Require(t, true)
+	c := kubetest.Start(t, kubetest.Options{Nodes: []string{"kn-1", "kn-2"}})
+	cs := c.Client()
+	dir := t.TempDir()
+	srv := servertest.Start(t, controlplane.Config{DataDir: dir + "/server"})
+	simnodes.Join(t, srv, dir, "kn-1", "kn-2")
+	x := New(Config{Client: cs, Registry: srv, SyncEvery: 200 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- x.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	gpuctlCordon := func(node string) (bool, string) {
+		for _, n := range srv.Nodes() {
+			if n.GetRegistration().GetName() == node {
+				return n.GetCordoned(), n.GetCordonReason()
+			}
+		}
+		return false, "no such node"
+	}
+	nodeCordon := func(node string) (bool, string) {
+		n, err := cs.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return n.Spec.Unschedulable, n.Annotations[CordonAnnotation]
+	}
+
+	if err := srv.Cordon("kn-1", "flaky NIC"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "gpuctl's cordon reaches the Node", func() (bool, string) {
+		on, why := nodeCordon("kn-1")
+		return on && why == "flaky NIC", fmt.Sprint(on, why)
+	})
+	if _, err := srv.SetCordon("kn-1", nodes.ActionUncordon, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "gpuctl's uncordon lifts its Node cordon", func() (bool, string) {
+		on, why := nodeCordon("kn-1")
+		return !on && why == "", fmt.Sprint(on, why)
+	})
+
+	patch := func(unschedulable bool) {
+		p := fmt.Sprintf(`{"spec":{"unschedulable":%v}}`, unschedulable)
+		if _, err := cs.CoreV1().Nodes().Patch(context.Background(), "kn-2", types.StrategicMergePatchType, []byte(p), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	patch(true)
+	waitFor(t, 10*time.Second, "a Kubernetes cordon reaches gpuctl", func() (bool, string) {
+		on, why := gpuctlCordon("kn-2")
+		return on && why == "Kubernetes: kn-2 is cordoned", fmt.Sprint(on, why)
+	})
+	patch(false)
+	waitFor(t, 10*time.Second, "a Kubernetes uncordon reaches gpuctl", func() (bool, string) {
+		on, why := gpuctlCordon("kn-2")
+		return !on, fmt.Sprint(on, why)
+	})
+
+	start := time.Now()
+	c.StopKubelet("kn-1")
+	waitFor(t, 60*time.Second, "a NotReady Node is cordoned in gpuctl", func() (bool, string) {
+		on, why := gpuctlCordon("kn-1")
+		return on && strings.HasPrefix(why, "Kubernetes: kn-1 is NotReady"), fmt.Sprint(on, why)
+	})
+	t.Logf("kubelet stopped → gpuctl cordon: %v", time.Since(start))
+	if on, why := nodeCordon("kn-1"); on {
+		t.Errorf("gpuctl echoed Kubernetes' NotReady back as a Node cordon (%q)", why)
+	}
+}
