@@ -484,6 +484,10 @@ func (s *Server) SetCordon(node, action, reason string) (*api.NodeStatus, error)
 	return s.nodes.SetCordon(node, action, reason)
 }
 
+// ExternalJobs lists jobs an executor found that gpuctl did not submit
+// (their GPUs count busy), replacing the last list.
+func (s *Server) ExternalJobs(jobs []*api.Job) { s.jobs.ExternalJobs(jobs) }
+
 // Command sends a command to a connected node and waits for its ack.
 func (s *Server) Command(ctx context.Context, node string, c *api.Command) error {
 	_, err := s.nodes.Command(ctx, node, c)

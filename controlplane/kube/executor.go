@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -40,13 +42,21 @@ type Config struct {
 	// (default 1 s) for gpuctl's side.
 	Registry  Registry
 	SyncEvery time.Duration
-	Log       *slog.Logger
+	// Owner, when set, hears of the pods gpuctl did not create that hold
+	// GPUs (ForeignJobs), whenever that list changes.
+	Owner Owner
+	Log   *slog.Logger
 }
 
 // Registry is what the node sync needs of gpuctl's node registry.
 type Registry interface {
 	Nodes() []*api.NodeStatus
 	SetCordon(node, action, reason string) (*api.NodeStatus, error)
+}
+
+// Owner is what the executor tells the job owner.
+type Owner interface {
+	ExternalJobs(jobs []*api.Job)
 }
 
 // Executor runs attempts as Kubernetes objects and binds their pods. One
@@ -60,6 +70,8 @@ type Executor struct {
 	gangs map[string]*gang
 	pods  corelisters.PodLister
 	nodes corelisters.NodeLister
+	// foreign is the last list of foreign GPU pods told to the owner.
+	foreign []*api.Job
 	// ready closes once the watches have synced, stopped when Run returns.
 	ready, stopped chan struct{}
 }
@@ -95,16 +107,27 @@ func New(cfg Config) *Executor {
 // ctx ends.
 func (x *Executor) Run(ctx context.Context) error {
 	defer close(x.stopped)
-	podInf := informers.NewSharedInformerFactoryWithOptions(x.cfg.Client, 0, informers.WithNamespace(x.cfg.Spec.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelManaged + "=gpuctl" }))
-	nodeInf := informers.NewSharedInformerFactory(x.cfg.Client, 0)
-	pods, nodes := podInf.Core().V1().Pods(), nodeInf.Core().V1().Nodes()
+	// Every namespace's pods: gpuctl's attempts' in its own, and any
+	// other pod that holds GPUs.
+	inf := informers.NewSharedInformerFactory(x.cfg.Client, 0)
+	pods, nodes := inf.Core().V1().Pods(), inf.Core().V1().Nodes()
 	x.pods, x.nodes = pods.Lister(), nodes.Lister()
 	onPod := func(obj any) {
-		if p, ok := obj.(*corev1.Pod); ok {
+		p, ok := obj.(*corev1.Pod)
+		if !ok {
+			if tomb, isTomb := obj.(cache.DeletedFinalStateUnknown); isTomb {
+				p, ok = tomb.Obj.(*corev1.Pod)
+			}
+		}
+		if !ok {
+			return
+		}
+		if p.Namespace == x.cfg.Spec.Namespace && p.Labels[LabelManaged] == "gpuctl" {
 			key := gangKey(p.Labels[LabelJob], p.Labels[LabelAttempt])
 			x.send(ctx, func() { x.decide(ctx, key) })
+			return
 		}
+		x.send(ctx, x.reportForeign)
 	}
 	if _, err := pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: onPod, UpdateFunc: func(_, obj any) { onPod(obj) }, DeleteFunc: onPod,
@@ -117,14 +140,14 @@ func (x *Executor) Run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	podInf.Start(ctx.Done())
-	nodeInf.Start(ctx.Done())
+	inf.Start(ctx.Done())
 	for _, synced := range []cache.InformerSynced{pods.Informer().HasSynced, nodes.Informer().HasSynced} {
 		if !cache.WaitForCacheSync(ctx.Done(), synced) {
 			return fmt.Errorf("kubernetes: the pod and node watches did not sync: %w", ctx.Err())
 		}
 	}
 	close(x.ready)
+	x.reportForeign()
 	tick := time.NewTicker(x.cfg.SyncEvery)
 	defer tick.Stop()
 	for {
@@ -274,6 +297,28 @@ func (x *Executor) decideAll(ctx context.Context) {
 	for key := range x.gangs {
 		x.decide(ctx, key)
 	}
+}
+
+// reportForeign tells the owner the foreign GPU pods when they changed
+// (on Run's goroutine).
+func (x *Executor) reportForeign() {
+	if x.cfg.Owner == nil {
+		return
+	}
+	all, err := x.pods.List(labels.Everything())
+	if err != nil {
+		return
+	}
+	resource := x.cfg.Spec.GPUResource
+	if resource == "" {
+		resource = GPUResource
+	}
+	next := ForeignJobs(all, resource)
+	if slices.EqualFunc(next, x.foreign, func(a, b *api.Job) bool { return proto.Equal(a, b) }) {
+		return
+	}
+	x.foreign = next
+	x.cfg.Owner.ExternalJobs(next)
 }
 
 // syncNodes brings gpuctl's and the Nodes' states together (on Run's

@@ -7,9 +7,12 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane"
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
 	"github.com/gpuctl/gpuctl/internal/kubetest"
@@ -20,8 +23,10 @@ import (
 // TestNodeStatesFollowEachOther: a real gpuctl server whose nodemons are
 // the nodes of a real Kubernetes. A gpuctl cordon cordons the Node with
 // gpuctl's reason and an uncordon lifts it; a Node cordoned in Kubernetes
-// is cordoned in gpuctl until uncordoned there; a stopped kubelet's Node
-// goes NotReady and gpuctl cordons it saying so.
+// is cordoned in gpuctl until uncordoned there; a pod gpuctl did not
+// create that holds GPUs is listed as a job on its node's GPUs, and goes
+// when the pod does; a stopped kubelet's Node goes NotReady and gpuctl
+// cordons it saying so.
 func TestNodeStatesFollowEachOther(t *testing.T) {
 	kubetest.Require(t, true)
 	c := kubetest.Start(t, kubetest.Options{Nodes: []string{"kn-1", "kn-2"}})
@@ -29,7 +34,7 @@ func TestNodeStatesFollowEachOther(t *testing.T) {
 	dir := t.TempDir()
 	srv := servertest.Start(t, controlplane.Config{DataDir: dir + "/server"})
 	simnodes.Join(t, srv, dir, "kn-1", "kn-2")
-	x := New(Config{Client: cs, Registry: srv, SyncEvery: 200 * time.Millisecond})
+	x := New(Config{Client: cs, Registry: srv, Owner: srv, SyncEvery: 200 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- x.Run(ctx) }()
@@ -81,6 +86,41 @@ func TestNodeStatesFollowEachOther(t *testing.T) {
 	waitFor(t, 10*time.Second, "a Kubernetes uncordon reaches gpuctl", func() (bool, string) {
 		on, why := gpuctlCordon("kn-2")
 		return !on, fmt.Sprint(on, why)
+	})
+
+	// kn-2 advertises GPUs as a device plugin would make its kubelet do.
+	capacity := `{"status":{"capacity":{"nvidia.com/gpu":"8"}}}`
+	if _, err := cs.CoreV1().Nodes().Patch(context.Background(), "kn-2", types.StrategicMergePatchType, []byte(capacity), metav1.PatchOptions{}, "status"); err != nil {
+		t.Fatal(err)
+	}
+	two := *resource.NewQuantity(2, resource.DecimalSI)
+	foreign := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "notebook", Namespace: "default"}, Spec: corev1.PodSpec{
+		NodeName: "kn-2", HostNetwork: true,
+		Containers: []corev1.Container{{Name: "c", Image: kubetest.PauseImage, ImagePullPolicy: corev1.PullNever,
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{GPUResource: two}}}}}}
+	if _, err := cs.CoreV1().Pods("default").Create(context.Background(), foreign, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	listed := func() (*api.Job, string) {
+		for _, j := range srv.Jobs() {
+			if j.GetId() == "k8s-default.notebook" {
+				return j, fmt.Sprint(j.GetState(), j.GetPlacement())
+			}
+		}
+		return nil, "not listed"
+	}
+	waitFor(t, 30*time.Second, "a foreign GPU pod is listed with its GPUs", func() (bool, string) {
+		j, state := listed()
+		return j != nil && j.GetState() == api.JobState_JOB_STATE_RUNNING && len(j.GetPlacement()) == 1 &&
+			j.GetPlacement()[0].GetNode() == "kn-2" && len(j.GetPlacement()[0].GetGpus()) == 2, state
+	})
+	zero := int64(0)
+	if err := cs.CoreV1().Pods("default").Delete(context.Background(), "notebook", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "a deleted foreign pod is no longer listed", func() (bool, string) {
+		j, state := listed()
+		return j == nil, state
 	})
 
 	start := time.Now()
