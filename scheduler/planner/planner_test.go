@@ -130,3 +130,21 @@ func TestLostAddsTheUnshownAsSlower(t *testing.T) {
 		t.Error("a shown plan counted as lost")
 	}
 }
+
+// BenchmarkSearch1T3072 is the planner's whole search for a
+// trillion-parameter model on 3,072 H100s, as gpuctl serve, gpuctl plan
+// and the console ask it: uneven pipelines, interleaving, the failure rate.
+// It must stay under 10 ms a search.
+func BenchmarkSearch1T3072(b *testing.B) {
+	req, err := ForPreset("gpt-1t", "h100", 3072)
+	if err != nil {
+		b.Fatal(err)
+	}
+	plans := 0
+	for b.Loop() {
+		ranked, rejected := Search(req)
+		plans += len(ranked) + len(rejected)
+	}
+	b.ReportMetric(b.Elapsed().Seconds()*1e3/float64(b.N), "ms/search")
+	b.ReportMetric(float64(plans)/float64(b.N), "plans/search")
+}
