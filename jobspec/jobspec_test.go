@@ -133,6 +133,7 @@ func TestValidationRules(t *testing.T) {
 		{"plan interleave micro-batches", base + "model: {preset: gpt3-175b, micro_batch: 128}\nplan: {tp: 8, pp: 4, virtual_stages: 2}\n", "job.yaml:5: plan.virtual_stages: 2 needs the micro-batches per step (6) to be a multiple of pp 4"},
 		{"plan cp sequence", base + "model: {preset: llama2-70b, seq_len: 4100}\nplan: {tp: 8, cp: 4, pp: 2}\n", "job.yaml:5: plan.cp: 4 needs the sequence length 4100 to split into 2×4 chunks"},
 		{"plan cp product", base + "plan: {tp: 8, cp: 2, pp: 2, dp: 4}\n", "job.yaml:4: plan: tp 8 × cp 2 × pp 2 × dp 4 = 128 GPUs, but the job asks for 64"},
+		{"plan cp elastic", base + "restart_policy: shrink\nelastic: {data_parallel: [1, 2]}\nplan: {tp: 8, cp: 2, pp: 2}\n", "job.yaml:6: plan.cp: 2 with elastic: an elastic job resizes data parallelism alone"},
 		{"plan cp negative", base + "plan: {tp: 8, cp: -2, pp: 2}\n", "job.yaml:4: plan.cp: -2: must be a positive whole number"},
 		{"plan pp beyond layers", "name: a\ncommand: [x]\ngpus: 256\nmodel: {preset: gpt3-175b}\nplan: {tp: 1, pp: 128}\n", "job.yaml:5: plan.pp: 128 exceeds the model's 96 layers"},
 		{"plan batch", base + "model: {preset: gpt3-175b, global_batch: 100, micro_batch: 4}\nplan: {tp: 1, pp: 8}\n", "job.yaml:4: model.global_batch: 100 is not divisible by dp 8 × micro_batch 4"},

@@ -394,6 +394,11 @@ func (s *Spec) validateRecovery(c *checker, tr costmodel.Training, hasModel bool
 			c.add(path, "%d does not divide global_batch %d", d, tr.GlobalBatch)
 		}
 	}
+	if s.Plan != nil && s.Plan.CP > 1 {
+		// Resizing changes dp in tp × pp units; a context-parallel group
+		// would be split.
+		c.add("plan.cp", "%d with elastic: an elastic job resizes data parallelism alone; drop plan.cp or elastic", s.Plan.CP)
+	}
 	if s.Plan != nil && s.Plan.TP > 0 && s.Plan.PP > 0 {
 		if p, ok := s.FixedPlan(); ok && p.DP > 0 && !slices.Contains(e.DataParallel, p.DP) {
 			c.add("elastic.data_parallel", "does not include the plan's dp %d", p.DP)
