@@ -178,7 +178,7 @@ func JobFromAPI(j *api.Job) JobJSON {
 			MeasuredStepSeconds: optFloat(p.GetMeasuredStepSeconds()), CalibratedComputeScale: optFloat(p.GetCalibratedComputeScale()),
 			CalibratedCommScale: optFloat(p.GetCalibratedCommScale()), CalibratedTerm: optString(p.GetCalibratedTerm()),
 			CalibrationNote: optString(p.GetCalibrationNote())},
-		GPUs:    int(p.GetTp() * p.GetPp() * p.GetDp()),
+		GPUs:    int(p.GPUs()),
 		Attempt: j.GetAttempt(), Attempts: []AttemptJSON{}, Restarts: j.GetRestarts(), Preemptions: j.GetPreemptions(),
 		Placement: jobNodesJSON(j.GetPlacement()), MoveTarget: jobNodesJSON(j.GetMoveTarget()),
 		CheckpointDir: optString(j.GetCheckpointDir()), ResumeStep: j.GetResumeStep(),
