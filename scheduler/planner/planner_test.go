@@ -1,6 +1,8 @@
 package planner
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/gpuctl/gpuctl/jobspec"
@@ -83,6 +85,32 @@ func TestLlama3PublishedLayoutIsReached(t *testing.T) {
 	ranked, _ = Search(req)
 	if len(ranked) == 0 || ranked[0].VirtualStages < 2 {
 		t.Errorf("at tp 8, pp 16 the best plan is %v, want an interleaved one", first(ranked))
+	}
+}
+
+// TestJobFileSearchesContextParallelism: a job file with a long sequence
+// and no plan is searched over cp as gpuctl plan searches it, and the
+// plan it gets is one a job file can fix.
+func TestJobFileSearchesContextParallelism(t *testing.T) {
+	s, err := jobspec.Parse("job.yaml", []byte("name: j\nnodes: 8\ngpus_per_node: 8\ngpu_model: h100\ncommand: [x]\n"+
+		"model: {preset: llama2-70b, seq_len: 65536, global_batch: 64}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _, err := ForSpec(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ranked, _ := Search(req)
+	if !slices.ContainsFunc(ranked, func(e costmodel.Evaluation) bool { return e.CP > 1 }) {
+		t.Fatalf("no plan with cp > 1 among %d; best %v", len(ranked), first(ranked))
+	}
+	best := ranked[0]
+	yaml := fmt.Sprintf("name: j\nnodes: 8\ngpus_per_node: 8\ngpu_model: h100\ncommand: [x]\n"+
+		"model: {preset: llama2-70b, seq_len: 65536, global_batch: 64, micro_batch: %d}\nplan: {tp: %d, cp: %d, pp: %d, virtual_stages: %d}\n",
+		best.MicroBatch, best.TP, best.CP, best.PP, best.VirtualStages)
+	if _, err := jobspec.Parse("best.yaml", []byte(yaml)); err != nil {
+		t.Errorf("the best plan %s cannot be written in a job file: %v", best.Plan, err)
 	}
 }
 
