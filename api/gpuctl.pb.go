@@ -6960,6 +6960,8 @@ type JobPlan struct {
 	MicroBatch      int32 `protobuf:"varint,4,opt,name=micro_batch,json=microBatch,proto3" json:"micro_batch,omitempty"`
 	NumMicroBatches int32 `protobuf:"varint,5,opt,name=num_micro_batches,json=numMicroBatches,proto3" json:"num_micro_batches,omitempty"`
 	VirtualStages   int32 `protobuf:"varint,6,opt,name=virtual_stages,json=virtualStages,proto3" json:"virtual_stages,omitempty"`
+	// Context parallelism (ring attention); 0 means 1.
+	Cp int32 `protobuf:"varint,100,opt,name=cp,proto3" json:"cp,omitempty"`
 	// "plan" (fixed in the job), "planner" (chosen by the cost model) or
 	// "gpus" (data parallel over the GPUs asked for).
 	Source string `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`
@@ -7051,6 +7053,13 @@ func (x *JobPlan) GetNumMicroBatches() int32 {
 func (x *JobPlan) GetVirtualStages() int32 {
 	if x != nil {
 		return x.VirtualStages
+	}
+	return 0
+}
+
+func (x *JobPlan) GetCp() int32 {
+	if x != nil {
+		return x.Cp
 	}
 	return 0
 }
@@ -11943,7 +11952,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x06status\x18< \x01(\v2\x19.gpuctl.v1.StatusResponseH\x00R\x06status\x12\x1f\n" +
 	"\vleader_addr\x18d \x01(\tR\n" +
 	"leaderAddrB\x06\n" +
-	"\x04bodyJ\x04\b\a\x10\bR\fcreate_token\"\x9b\x04\n" +
+	"\x04bodyJ\x04\b\a\x10\bR\fcreate_token\"\xab\x04\n" +
 	"\aJobPlan\x12\x0e\n" +
 	"\x02tp\x18\x01 \x01(\x05R\x02tp\x12\x0e\n" +
 	"\x02pp\x18\x02 \x01(\x05R\x02pp\x12\x0e\n" +
@@ -11951,7 +11960,8 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\vmicro_batch\x18\x04 \x01(\x05R\n" +
 	"microBatch\x12*\n" +
 	"\x11num_micro_batches\x18\x05 \x01(\x05R\x0fnumMicroBatches\x12%\n" +
-	"\x0evirtual_stages\x18\x06 \x01(\x05R\rvirtualStages\x12\x16\n" +
+	"\x0evirtual_stages\x18\x06 \x01(\x05R\rvirtualStages\x12\x0e\n" +
+	"\x02cp\x18d \x01(\x05R\x02cp\x12\x16\n" +
 	"\x06source\x18\a \x01(\tR\x06source\x12!\n" +
 	"\fstep_seconds\x18\b \x01(\x01R\vstepSeconds\x12\x10\n" +
 	"\x03mfu\x18\t \x01(\x01R\x03mfu\x12)\n" +

@@ -20,7 +20,7 @@ type Flags struct {
 	Model               string
 	GlobalBatch         int
 	MicroBatch          int
-	TP, PP, DP          int
+	TP, CP, PP, DP      int
 	VirtualStages       int
 	CheckpointDir       string
 	CheckpointInterval  time.Duration
@@ -45,7 +45,7 @@ var flagNames = map[string]string{
 	"command[0]": "command after --", "gpus": "--gpus", "nodes": "--nodes", "gpus_per_node": "--gpus-per-node",
 	"gpu_model": "--gpu", "allow_mixed": "--allow-mixed", "model": "--model", "model.preset": "--model",
 	"model.global_batch": "--global-batch", "model.micro_batch": "--micro-batch", "plan": "--tp/--pp/--dp",
-	"plan.tp": "--tp", "plan.pp": "--pp", "plan.dp": "--dp", "plan.virtual_stages": "--virtual-stages",
+	"plan.tp": "--tp", "plan.cp": "--cp", "plan.pp": "--pp", "plan.dp": "--dp", "plan.virtual_stages": "--virtual-stages",
 	"checkpoint.dir": "--checkpoint-dir", "checkpoint.interval": "--checkpoint-interval",
 	"stall_threshold": "--stall-threshold", "restart_policy": "--restart-policy", "max_restarts": "--max-restarts",
 	"elastic.data_parallel": "--elastic-dp", "estimated_runtime": "--estimated-runtime",
@@ -84,7 +84,7 @@ func FromFlags(f Flags) (*Spec, error) {
 	if f.Model != "" || f.GlobalBatch != 0 || f.MicroBatch != 0 {
 		s.Model = &ModelSpec{Preset: f.Model, GlobalBatch: f.GlobalBatch, MicroBatch: f.MicroBatch}
 	}
-	if f.TP != 0 || f.PP != 0 || f.DP != 0 || f.VirtualStages != 0 {
+	if f.TP != 0 || f.CP != 0 || f.PP != 0 || f.DP != 0 || f.VirtualStages != 0 {
 		tp, pp := f.TP, f.PP
 		// One of tp/pp alone means the other is 1.
 		if tp == 0 {
@@ -93,7 +93,7 @@ func FromFlags(f Flags) (*Spec, error) {
 		if pp == 0 {
 			pp = 1
 		}
-		s.Plan = &PlanSpec{TP: tp, PP: pp, DP: f.DP, VirtualStages: f.VirtualStages}
+		s.Plan = &PlanSpec{TP: tp, CP: f.CP, PP: pp, DP: f.DP, VirtualStages: f.VirtualStages}
 	}
 	if len(f.ElasticDataParallel) > 0 {
 		s.Elastic = &ElasticSpec{DataParallel: f.ElasticDataParallel}

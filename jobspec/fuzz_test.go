@@ -16,6 +16,8 @@ func FuzzParse(f *testing.F) {
 	f.Add(example)
 	f.Add([]byte(base))
 	f.Add([]byte("name: a\ncommand: [x]\nnodes: 4\nplan: {tp: 8, pp: 2}\nmodel: {preset: llama2-70b}\n"))
+	f.Add([]byte("name: a\ncommand: [x]\nnodes: 4\nplan: {tp: 8, cp: 2, pp: 2}\nmodel: {preset: llama2-70b}\n"))
+	f.Add([]byte("name: a\ncommand: [x]\ngpus: 384\nmodel: {layers: 70, hidden: 14336, heads: 112, seq_len: 2048, vocab: 250880, global_batch: 2048}\nplan: {tp: 4, pp: 12}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s, err := Parse("fuzz.yaml", data)
 		if err != nil {
@@ -30,7 +32,7 @@ func FuzzParse(f *testing.F) {
 		if err := s.Validate(); err != nil {
 			t.Fatalf("accepted job fails Validate: %v", err)
 		}
-		if p, ok := s.FixedPlan(); ok && p.TP*p.PP*p.DP != s.TotalGPUs() {
+		if p, ok := s.FixedPlan(); ok && p.GPUs() != s.TotalGPUs() {
 			t.Fatalf("accepted plan %+v does not cover %d GPUs", p, s.TotalGPUs())
 		}
 		if s.User != "" && !validAccount(s.User) || s.Group != "" && (!validAccount(s.Group) || s.User == "") {

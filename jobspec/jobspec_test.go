@@ -31,6 +31,31 @@ func TestExampleParses(t *testing.T) {
 	}
 }
 
+// TestUnevenAndContextParallelPlansAreWritable: a job file says every
+// layout the planner can choose. BLOOM's published 70 layers on 12 stages
+// (the first and last stages carry the embedding and output layers) and a
+// Llama 3-style tp 8 × cp 2 both validate and give the plan they say.
+func TestUnevenAndContextParallelPlansAreWritable(t *testing.T) {
+	bloom := "name: bloom\ncommand: [x]\ngpus: 384\ngpu_model: a100-80gb\n" +
+		"model: {layers: 70, hidden: 14336, heads: 112, seq_len: 2048, vocab: 250880, global_batch: 2048}\n" +
+		"plan: {tp: 4, pp: 12}\n"
+	s, err := Parse("bloom.yaml", []byte(bloom))
+	if err != nil {
+		t.Fatalf("BLOOM's layout: %v", err)
+	}
+	if p, _ := s.FixedPlan(); p.TP != 4 || p.PP != 12 || p.DP != 8 {
+		t.Fatalf("BLOOM's plan %+v", p)
+	}
+	llama := "name: llama\ncommand: [x]\ngpus: 128\nmodel: {preset: llama2-70b}\nplan: {tp: 8, cp: 2, pp: 4, virtual_stages: 5}\n"
+	s, err = Parse("llama.yaml", []byte(llama))
+	if err != nil {
+		t.Fatalf("tp 8 × cp 2 × pp 4, 5 chunks: %v", err)
+	}
+	if p, _ := s.FixedPlan(); p.TP != 8 || p.CP != 2 || p.PP != 4 || p.DP != 2 || p.VirtualStages != 5 {
+		t.Fatalf("cp plan %+v", p)
+	}
+}
+
 func TestDefaults(t *testing.T) {
 	s, err := Parse("job.yaml", []byte("name: a\ncommand: [x]\nnodes: 2\n"))
 	if err != nil {
@@ -104,7 +129,12 @@ func TestValidationRules(t *testing.T) {
 		{"plan interleave without pipeline", base + "plan: {tp: 8, pp: 1, virtual_stages: 2}\n", "job.yaml:4: plan.virtual_stages: 2 needs pp of at least 2"},
 		{"plan heads", base + "model: {layers: 8, hidden: 768, heads: 12, seq_len: 8, vocab: 10, global_batch: 64}\nplan: {tp: 8, pp: 1}\n", "job.yaml:5: plan.tp: 8 does not divide the model's 12 heads"},
 		{"plan kv heads", "name: a\ncommand: [x]\ngpus: 8\nmodel: {layers: 8, hidden: 1024, heads: 16, kv_heads: 4, seq_len: 8, vocab: 10, global_batch: 64}\nplan: {tp: 8, pp: 1}\n", "job.yaml:5: plan.tp: 8 does not divide the model's 4 kv heads"},
-		{"plan layers", base + "model: {preset: gpt3-175b}\nplan: {tp: 8, pp: 8, virtual_stages: 5}\n", "job.yaml:5: plan.pp: pp 8 × virtual_stages 5 does not divide the model's 96 layers"},
+		{"plan chunks", base + "model: {preset: gpt3-175b}\nplan: {tp: 8, pp: 8, virtual_stages: 13}\n", "job.yaml:5: plan.virtual_stages: pp 8 × virtual_stages 13 = 104 model chunks, more than the model's 96 layers plus the embedding and output layers"},
+		{"plan interleave micro-batches", base + "model: {preset: gpt3-175b, micro_batch: 128}\nplan: {tp: 8, pp: 4, virtual_stages: 2}\n", "job.yaml:5: plan.virtual_stages: 2 needs the micro-batches per step (6) to be a multiple of pp 4"},
+		{"plan cp sequence", base + "model: {preset: llama2-70b, seq_len: 4100}\nplan: {tp: 8, cp: 4, pp: 2}\n", "job.yaml:5: plan.cp: 4 needs the sequence length 4100 to split into 2×4 chunks"},
+		{"plan cp product", base + "plan: {tp: 8, cp: 2, pp: 2, dp: 4}\n", "job.yaml:4: plan: tp 8 × cp 2 × pp 2 × dp 4 = 128 GPUs, but the job asks for 64"},
+		{"plan cp elastic", base + "restart_policy: shrink\nelastic: {data_parallel: [1, 2]}\nplan: {tp: 8, cp: 2, pp: 2}\n", "job.yaml:6: plan.cp: 2 with elastic: an elastic job resizes data parallelism alone"},
+		{"plan cp negative", base + "plan: {tp: 8, cp: -2, pp: 2}\n", "job.yaml:4: plan.cp: -2: must be a positive whole number"},
 		{"plan pp beyond layers", "name: a\ncommand: [x]\ngpus: 256\nmodel: {preset: gpt3-175b}\nplan: {tp: 1, pp: 128}\n", "job.yaml:5: plan.pp: 128 exceeds the model's 96 layers"},
 		{"plan batch", base + "model: {preset: gpt3-175b, global_batch: 100, micro_batch: 4}\nplan: {tp: 1, pp: 8}\n", "job.yaml:4: model.global_batch: 100 is not divisible by dp 8 × micro_batch 4"},
 		{"plan micro batches", base + "model: {preset: gpt3-175b, micro_batch: 1}\nplan: {tp: 8, pp: 4, micro_batches: 7}\n", "job.yaml:5: plan.micro_batches: 7 × dp 2 × micro_batch 1 = 14, not global_batch 1536"},

@@ -182,9 +182,14 @@ type ModelSpec struct {
 }
 
 // PlanSpec fixes the parallel layout. DP may be left out and is then the
-// GPUs left after TP × PP.
+// GPUs left after TP × CP × PP. PP × VirtualStages need not divide the
+// layers: the embedding and the output layer then count as one layer each
+// and the first and last stages carry fewer blocks (the cost model's
+// uneven layout, as `gpuctl plan` shows it).
 type PlanSpec struct {
-	TP            int `yaml:"tp" json:"tp"`
+	TP int `yaml:"tp" json:"tp"`
+	// CP is context parallelism (ring attention); 0 means 1.
+	CP            int `yaml:"cp,omitempty" json:"cp,omitempty"`
 	PP            int `yaml:"pp" json:"pp"`
 	DP            int `yaml:"dp,omitempty" json:"dp,omitempty"`
 	VirtualStages int `yaml:"virtual_stages,omitempty" json:"virtual_stages,omitempty"`
@@ -312,9 +317,9 @@ func (s *Spec) FixedPlan() (costmodel.Plan, bool) {
 	if s.Plan == nil {
 		return costmodel.Plan{}, false
 	}
-	p := costmodel.Plan{TP: s.Plan.TP, PP: s.Plan.PP, DP: s.Plan.DP, VirtualStages: s.Plan.VirtualStages, NumMicroBatches: s.Plan.MicroBatches}
+	p := costmodel.Plan{TP: s.Plan.TP, CP: s.Plan.CP, PP: s.Plan.PP, DP: s.Plan.DP, VirtualStages: s.Plan.VirtualStages, NumMicroBatches: s.Plan.MicroBatches}
 	if p.DP == 0 && p.TP > 0 && p.PP > 0 {
-		p.DP = s.TotalGPUs() / (p.TP * p.PP)
+		p.DP = s.TotalGPUs() / (p.TP * max(p.CP, 1) * p.PP)
 	}
 	if s.Model != nil {
 		p.MicroBatch = s.Model.MicroBatch

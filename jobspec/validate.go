@@ -240,7 +240,7 @@ func (s *Spec) validatePlan(c *checker, m costmodel.Model, tr costmodel.Training
 		path string
 		v    int
 		need bool
-	}{{"tp", p.TP, true}, {"pp", p.PP, true}, {"dp", p.DP, false}, {"virtual_stages", p.VirtualStages, false}, {"micro_batches", p.MicroBatches, false}} {
+	}{{"tp", p.TP, true}, {"cp", p.CP, false}, {"pp", p.PP, true}, {"dp", p.DP, false}, {"virtual_stages", p.VirtualStages, false}, {"micro_batches", p.MicroBatches, false}} {
 		if f.v < 0 || (f.need && f.v == 0) {
 			c.add("plan."+f.path, "%d: must be a positive whole number", f.v)
 			bad = true
@@ -257,16 +257,21 @@ func (s *Spec) validatePlan(c *checker, m costmodel.Model, tr costmodel.Training
 		c.add("plan.tp", "%d does not divide the %d GPUs of a node: use a power of two", p.TP, node)
 		return
 	}
-	dp := p.DP
+	dp, cp := p.DP, max(p.CP, 1)
+	// Name cp in the sums only when the job uses it.
+	tpcp := fmt.Sprintf("tp %d", p.TP)
+	if cp > 1 {
+		tpcp += fmt.Sprintf(" × cp %d", cp)
+	}
 	if gpus > 0 {
 		if dp == 0 {
-			if gpus%(p.TP*p.PP) != 0 {
-				c.add("plan.pp", "tp %d × pp %d does not divide the job's %d GPUs", p.TP, p.PP, gpus)
+			if gpus%(p.TP*cp*p.PP) != 0 {
+				c.add("plan.pp", "%s × pp %d does not divide the job's %d GPUs", tpcp, p.PP, gpus)
 				return
 			}
-			dp = gpus / (p.TP * p.PP)
-		} else if p.TP*p.PP*dp != gpus {
-			c.add("plan", "tp %d × pp %d × dp %d = %d GPUs, but the job asks for %d", p.TP, p.PP, dp, p.TP*p.PP*dp, gpus)
+			dp = gpus / (p.TP * cp * p.PP)
+		} else if n := p.TP * cp * p.PP * dp; n != gpus {
+			c.add("plan", "%s × pp %d × dp %d = %d GPUs, but the job asks for %d", tpcp, p.PP, dp, n, gpus)
 			return
 		}
 	}
@@ -283,11 +288,16 @@ func (s *Spec) validatePlan(c *checker, m costmodel.Model, tr costmodel.Training
 	if kv := m.KVHeads; kv > 0 && kv%p.TP != 0 {
 		c.add("plan.tp", "%d does not divide the model's %d kv heads", p.TP, kv)
 	}
+	if cp > 1 && m.SeqLen%(2*cp) != 0 {
+		c.add("plan.cp", "%d needs the sequence length %d to split into 2×%d chunks (load-balanced ring attention): use a cp that divides seq_len/2", cp, m.SeqLen, cp)
+	}
+	// Stages need not divide the layers: the embedding and output layers
+	// then count as one layer each. Every model chunk needs one of them.
 	switch {
 	case p.PP > m.Layers:
 		c.add("plan.pp", "%d exceeds the model's %d layers", p.PP, m.Layers)
-	case m.Layers%(p.PP*v) != 0:
-		c.add("plan.pp", "pp %d × virtual_stages %d does not divide the model's %d layers", p.PP, v, m.Layers)
+	case p.PP*v > m.Layers+2:
+		c.add("plan.virtual_stages", "pp %d × virtual_stages %d = %d model chunks, more than the model's %d layers plus the embedding and output layers", p.PP, v, p.PP*v, m.Layers)
 	}
 	if dp == 0 {
 		return
@@ -302,6 +312,14 @@ func (s *Spec) validatePlan(c *checker, m costmodel.Model, tr costmodel.Training
 		c.add("plan.micro_batches", "%d × dp %d does not divide global_batch %d", p.MicroBatches, dp, tr.GlobalBatch)
 	case mbs == 0 && p.MicroBatches == 0 && tr.GlobalBatch%dp != 0:
 		c.add("model.global_batch", "%d is not divisible by dp %d", tr.GlobalBatch, dp)
+	default:
+		n := p.MicroBatches
+		if n == 0 {
+			n = tr.GlobalBatch / (dp * max(mbs, 1))
+		}
+		if v > 1 && n%p.PP != 0 {
+			c.add("plan.virtual_stages", "%d needs the micro-batches per step (%d) to be a multiple of pp %d (the interleaved schedule): change micro_batch or drop virtual_stages", v, n, p.PP)
+		}
 	}
 }
 
@@ -376,6 +394,11 @@ func (s *Spec) validateRecovery(c *checker, tr costmodel.Training, hasModel bool
 			c.add(path, "%d does not divide global_batch %d", d, tr.GlobalBatch)
 		}
 	}
+	if s.Plan != nil && s.Plan.CP > 1 {
+		// Resizing changes dp in tp × pp units; a context-parallel group
+		// would be split.
+		c.add("plan.cp", "%d with elastic: an elastic job resizes data parallelism alone; drop plan.cp or elastic", s.Plan.CP)
+	}
 	if s.Plan != nil && s.Plan.TP > 0 && s.Plan.PP > 0 {
 		if p, ok := s.FixedPlan(); ok && p.DP > 0 && !slices.Contains(e.DataParallel, p.DP) {
 			c.add("elastic.data_parallel", "does not include the plan's dp %d", p.DP)
@@ -403,7 +426,7 @@ func (s *Spec) checkBounds(c *checker) bool {
 		}
 	}
 	if p := s.Plan; p != nil {
-		fs = append(fs, field{"plan.tp", p.TP}, field{"plan.pp", p.PP}, field{"plan.dp", p.DP},
+		fs = append(fs, field{"plan.tp", p.TP}, field{"plan.cp", p.CP}, field{"plan.pp", p.PP}, field{"plan.dp", p.DP},
 			field{"plan.virtual_stages", p.VirtualStages}, field{"plan.micro_batches", p.MicroBatches})
 	}
 	if s.MaxRestarts != nil {

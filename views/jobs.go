@@ -70,6 +70,7 @@ type JobJSON struct {
 // it (null without a model section) and what the running job measured.
 type PlanJSON struct {
 	TP              int32    `json:"tp"`
+	CP              int32    `json:"cp,omitempty"`
 	PP              int32    `json:"pp"`
 	DP              int32    `json:"dp"`
 	MicroBatch      int32    `json:"micro_batch"`
@@ -171,13 +172,13 @@ func JobFromAPI(j *api.Job) JobJSON {
 		ID: j.GetId(), Name: j.GetName(), Tenant: optString(j.GetTenant()), Priority: j.GetPriority(),
 		State: JobStateName(j.GetState()), Stopping: stopName(j.GetStopping()),
 		PendingReason: optString(j.GetPendingReason()), Reason: optString(j.GetReason()), Hold: j.GetHold(),
-		Plan: PlanJSON{TP: p.GetTp(), PP: p.GetPp(), DP: p.GetDp(), MicroBatch: p.GetMicroBatch(),
+		Plan: PlanJSON{TP: p.GetTp(), CP: p.GetCp(), PP: p.GetPp(), DP: p.GetDp(), MicroBatch: p.GetMicroBatch(),
 			NumMicroBatches: p.GetNumMicroBatches(), VirtualStages: p.GetVirtualStages(), Source: p.GetSource(),
 			StepSeconds: optFloat(p.GetStepSeconds()), MFU: optFloat(p.GetMfu()), MemPerGPUBytes: optInt64(p.GetMemPerGpuBytes()),
 			MeasuredStepSeconds: optFloat(p.GetMeasuredStepSeconds()), CalibratedComputeScale: optFloat(p.GetCalibratedComputeScale()),
 			CalibratedCommScale: optFloat(p.GetCalibratedCommScale()), CalibratedTerm: optString(p.GetCalibratedTerm()),
 			CalibrationNote: optString(p.GetCalibrationNote())},
-		GPUs:    int(p.GetTp() * p.GetPp() * p.GetDp()),
+		GPUs:    int(p.GPUs()),
 		Attempt: j.GetAttempt(), Attempts: []AttemptJSON{}, Restarts: j.GetRestarts(), Preemptions: j.GetPreemptions(),
 		Placement: jobNodesJSON(j.GetPlacement()), MoveTarget: jobNodesJSON(j.GetMoveTarget()),
 		CheckpointDir: optString(j.GetCheckpointDir()), ResumeStep: j.GetResumeStep(),

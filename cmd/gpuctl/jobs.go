@@ -69,6 +69,7 @@ scheduler would choose now, without queueing the job. --hold queues it for a man
 	fl.IntVar(&s.GlobalBatch, "global-batch", 0, "global batch in sequences")
 	fl.IntVar(&s.MicroBatch, "micro-batch", 0, "micro-batch size")
 	fl.IntVar(&s.TP, "tp", 0, "tensor parallelism")
+	fl.IntVar(&s.CP, "cp", 0, "context parallelism (ring attention)")
 	fl.IntVar(&s.PP, "pp", 0, "pipeline parallelism")
 	fl.IntVar(&s.DP, "dp", 0, "data parallelism")
 	fl.StringVar(&s.CheckpointDir, "checkpoint-dir", "", "checkpoint dir (GPUCTL_CHECKPOINT_DIR); makes the job preemptible and movable")
@@ -89,7 +90,7 @@ func submitRequest(cmd *cobra.Command, f *submitFlags, args []string) (*api.Subm
 		if len(args) > 0 {
 			return nil, errors.New("submit: give the command in the job file or after --, not both")
 		}
-		for _, name := range []string{"name", "gpus", "nodes", "gpus-per-node", "tp", "pp", "dp", "model", "user", "group"} {
+		for _, name := range []string{"name", "gpus", "nodes", "gpus-per-node", "tp", "cp", "pp", "dp", "model", "user", "group"} {
 			if cmd.Flags().Changed(name) {
 				return nil, fmt.Errorf("submit: --%s and -f both describe the job: put it in the file", name)
 			}

@@ -63,8 +63,9 @@ are fitted per GPU to published runs (docs/costmodel.md); every tunable is in
 16,384 H100s) each plan also gets its goodput and effective step time, and with
 --tokens the run's effective training time. It can also emit the launch
 configuration of the best plan. With -f it makes the same search gpuctl serve
-makes for that job file (cp 1, even pipelines); --cp, --max-cp and --uneven
-widen it to plans a job cannot run yet.`,
+makes for that job file: context parallelism for long sequences, pipelines
+whose stages do not divide the layers, interleaving; --max-cp widens the
+context parallelism tried, --uneven=false keeps to even pipelines.`,
 		Example: `  gpuctl plan --model gpt3-175b --gpus 1024 --gpu a100-80gb
   gpuctl plan --model gpt-1t --gpus 3072 --gpu h100 --top 3 -o json
   gpuctl plan --model llama3-405b --gpus 16384 --gpu h100 --mtbf 3h --tokens 15.6e12
@@ -82,7 +83,7 @@ widen it to plans a job cannot run yet.`,
 	fl.StringVar(&f.gpu, "gpu", "", "GPU profile: "+strings.Join(costmodel.HardwareNames(), ", ")+" (default h100)")
 	fl.IntVar(&f.tp, "tp", 0, "fix tensor parallelism")
 	fl.IntVar(&f.cp, "cp", 0, "fix context parallelism (ring attention)")
-	fl.IntVar(&f.maxCP, "max-cp", 0, "largest context parallelism to try (default none: gpuctl serve runs cp 1, as a job file has no cp)")
+	fl.IntVar(&f.maxCP, "max-cp", 0, "largest context parallelism to try (default: up to 16 for sequences of 32K tokens and more, else none)")
 	fl.IntVar(&f.pp, "pp", 0, "fix pipeline parallelism")
 	fl.IntVar(&f.dp, "dp", 0, "fix data parallelism")
 	fl.IntVar(&f.top, "top", 5, "plans to show")
@@ -92,7 +93,7 @@ widen it to plans a job cannot run yet.`,
 	fl.IntVar(&f.zero, "zero", -1, "ZeRO stage 0-3 (default: the preset's, 1)")
 	fl.StringVar(&f.recompute, "recompute", "", "activation recomputation: none, selective or full")
 	fl.IntVar(&f.maxVirtual, "max-virtual-stages", planner.MaxVirtualStages, "largest interleaving (virtual pipeline stages) to try")
-	fl.BoolVar(&f.uneven, "uneven", false, "also try pipelines that do not divide the layers (first and last stages count the embedding and output layers); a what-if: a job file refuses them, so gpuctl serve never runs one")
+	fl.BoolVar(&f.uneven, "uneven", true, "also try pipelines that do not divide the layers (first and last stages count the embedding and output layers), as a job file can say; =false keeps to even ones")
 	fl.StringVar(&f.attention, "attention", "", "attention kernel: flash (default) or unfused")
 	fl.StringArrayVar(&f.set, "set", nil, "override a GPU field or tunable by its -o json name, key=value (e.g. net_bytes_per_second=25GB/s, compute_scale=0.9, checkpoint_write_bytes_per_second=2TB/s); repeatable")
 	fl.Float64Var(&f.measured, "measured-step", 0, "measured seconds per step of the fixed plan: calibrate to it first (reports the term moved)")
@@ -155,7 +156,7 @@ func runPlan(cmd *cobra.Command, f planFlags) error {
 	}
 
 	req := planner.Request{Model: in.model, Training: in.tr, Hardware: in.hw, Tunables: in.tun, GPUs: in.gpus,
-		Fixed: in.fixed, MicroBatchSizes: in.mbs, MaxCP: f.maxCP, MaxVirtualStages: f.maxVirtual, Uneven: f.uneven}
+		Fixed: in.fixed, MicroBatchSizes: in.mbs, MaxCP: f.maxCP, MaxVirtualStages: f.maxVirtual, EvenOnly: !f.uneven}
 	if len(f.microBatch) > 0 {
 		req.MicroBatchSizes = f.microBatch
 	}
@@ -179,7 +180,7 @@ func runPlan(cmd *cobra.Command, f planFlags) error {
 	// The launch configurations split layers evenly over the chunks.
 	even := slices.DeleteFunc(slices.Clone(ranked), func(e costmodel.Evaluation) bool { return in.model.Layers%(e.PP*max(e.VirtualStages, 1)) != 0 })
 	if len(even) == 0 {
-		return fmt.Errorf("plan: every plan that fits splits the %d layers unevenly (best: %s), which -o %s does not emit: drop --uneven or fix --pp to a divisor of the layers",
+		return fmt.Errorf("plan: every plan that fits splits the %d layers unevenly (best: %s), which -o %s does not emit: use --uneven=false or fix --pp to a divisor of the layers",
 			in.model.Layers, ranked[0].Plan, f.output)
 	}
 	return writePlanLaunch(out, f, in, even[0])
@@ -451,7 +452,7 @@ func planNoFitError(in planInput, rejected []costmodel.Rejection) error {
 	}
 	b.WriteString("try: more GPUs (--gpus), --recompute full, --zero 3, a larger GPU (--gpu h200), or drop a fixed --tp/--cp/--pp/--dp")
 	if slices.ContainsFunc(rejected, func(r costmodel.Rejection) bool { return r.Reason == costmodel.ReasonLayersNotDivisible }) {
-		fmt.Fprintf(&b, "; --uneven shows the plans whose pipeline does not divide the %d layers (a job cannot run those)", in.model.Layers)
+		fmt.Fprintf(&b, "; --uneven (the default) also tries the plans whose pipeline does not divide the %d layers", in.model.Layers)
 	}
 	return errors.New(b.String())
 }

@@ -124,15 +124,15 @@ func planDocOf(t *testing.T, args ...string) planner.Document {
 }
 
 // TestPlanLlama405BOn8192H100: Llama 3's 126 layers split evenly only
-// over pp 1 or 2, where the model does not fit an H100 with ZeRO-1; as a
-// job could not run the published uneven pp 16 either, the plan is refused
-// with a pointer at --uneven, which finds it.
+// over pp 1 or 2, where the model does not fit an H100; kept to even
+// pipelines the plan is refused with a pointer at --uneven, and by default
+// the search finds the published uneven pp 16.
 func TestPlanLlama405BOn8192H100(t *testing.T) {
 	args := []string{"--model", "llama3-405b", "--gpus", "8192", "--gpu", "h100"}
-	if out, err := runPlanCmd(t, args...); err == nil || !strings.Contains(err.Error(), "layers not divisible by pp") || !strings.Contains(err.Error(), "--uneven") {
+	if out, err := runPlanCmd(t, append(args, "--uneven=false")...); err == nil || !strings.Contains(err.Error(), "layers not divisible by pp") || !strings.Contains(err.Error(), "--uneven") {
 		t.Fatalf("even pipelines only: err %v\n%s", err, out)
 	}
-	doc := planDocOf(t, append(args, "--uneven")...)
+	doc := planDocOf(t, args...)
 	if len(doc.Plans) == 0 || !doc.Plans[0].Fits {
 		t.Fatalf("no fitting plan: %+v", doc.Rejections)
 	}

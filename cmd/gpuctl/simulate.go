@@ -109,7 +109,7 @@ for DNN Training Workloads", USENIX ATC 2019 (marwage/philly-traces, CC BY 4.0).
 	fl.IntVar(&f.cp, "cp", 0, "fix context parallelism")
 	fl.IntVar(&f.pp, "pp", 0, "fix pipeline parallelism")
 	fl.IntVar(&f.virtual, "max-virtual-stages", planner.MaxVirtualStages, "largest interleaving to try")
-	fl.BoolVar(&f.uneven, "uneven", false, "also try pipelines that do not divide the layers, as gpuctl plan --uneven")
+	fl.BoolVar(&f.uneven, "uneven", true, "also try pipelines that do not divide the layers, as gpuctl plan --uneven (=false: even ones only)")
 	fl.IntVar(&f.zero, "zero", -1, "ZeRO stage 0-3 (default: the preset's)")
 	fl.StringVar(&f.recompute, "recompute", "", "activation recomputation: none, selective or full")
 	fl.StringVar(&f.attnArg, "attention", "", "attention kernel: flash or unfused")
@@ -362,7 +362,7 @@ func simRunInput(f simFlags) (costmodel.Config, costmodel.Evaluation, simulate.F
 		return zero, costmodel.Evaluation{}, simulate.FailureConfig{}, 0, errors.New("simulate: how long is the run? pass --tokens (e.g. 15.6e12) or --steps")
 	}
 	ranked, rejected := planner.Search(planner.Request{Model: m, Training: tr, Hardware: hw, Tunables: tun, GPUs: f.gpus,
-		Fixed: costmodel.Plan{TP: f.tp, CP: f.cp, PP: f.pp}, MaxVirtualStages: f.virtual, Uneven: f.uneven})
+		Fixed: costmodel.Plan{TP: f.tp, CP: f.cp, PP: f.pp}, MaxVirtualStages: f.virtual, EvenOnly: !f.uneven})
 	if len(ranked) == 0 {
 		return zero, costmodel.Evaluation{}, simulate.FailureConfig{}, 0, fmt.Errorf("simulate: no plan of %s fits %d %s GPUs (%d rejected): see gpuctl plan --model %s --gpus %d --gpu %s",
 			m.Name, f.gpus, hw.Name, len(rejected), f.model, f.gpus, hw.Name)

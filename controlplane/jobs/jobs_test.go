@@ -1094,6 +1094,8 @@ func TestPlanFor(t *testing.T) {
 		{"gpus only", "name: a\ncommand: [x]\ngpus: 16\n", 1, 1, 16, planGPUs, ""},
 		{"fixed", "name: a\ncommand: [x]\ngpus: 16\nplan: {tp: 4, pp: 2}\n", 4, 2, 2, planFixed, ""},
 		{"planner", "name: a\ncommand: [x]\ngpus: 64\ngpu_model: h100\nmodel: {preset: llama2-70b}\n", 0, 0, 0, planPlanner, ""},
+		// Context parallelism takes its share of the GPUs: dp is what is left.
+		{"fixed cp", "name: a\ncommand: [x]\ngpus: 64\nmodel: {preset: llama2-70b}\nplan: {tp: 8, cp: 2, pp: 2}\n", 8, 2, 2, planFixed, ""},
 		{"no plan fits", "name: a\ncommand: [x]\ngpus: 1\nmodel: {preset: gpt3-175b}\n", 0, 0, 0, "", "no parallel plan of model"},
 	}
 	for _, c := range cases {
@@ -1116,8 +1118,11 @@ func TestPlanFor(t *testing.T) {
 			if c.tp > 0 && (p.GetTp() != c.tp || p.GetPp() != c.pp || p.GetDp() != c.dp) {
 				t.Errorf("plan tp%d pp%d dp%d", p.GetTp(), p.GetPp(), p.GetDp())
 			}
-			if c.source == planPlanner && (p.GetTp()*p.GetPp()*p.GetDp() != 64 || p.GetStepSeconds() <= 0) {
+			if c.source == planPlanner && (p.GPUs() != 64 || p.GetStepSeconds() <= 0) {
 				t.Errorf("planner plan %v", p)
+			}
+			if j := r.GetJob(); j.GetFullGpus() != p.GPUs() || shapeOf(j).Size() != int(p.GPUs()) {
+				t.Errorf("full GPUs %d, placement shape %s, plan %v", j.GetFullGpus(), shapeOf(j), p)
 			}
 		})
 	}

@@ -26,7 +26,7 @@ func planFor(s *jobspec.Spec) (*api.JobPlan, error) {
 		return nil, err
 	}
 	if p, ok := s.FixedPlan(); ok {
-		out := &api.JobPlan{Tp: int32(p.TP), Pp: int32(p.PP), Dp: int32(p.DP), MicroBatch: int32(p.MicroBatch),
+		out := &api.JobPlan{Tp: int32(p.TP), Cp: contextParallel(p.CP), Pp: int32(p.PP), Dp: int32(p.DP), MicroBatch: int32(p.MicroBatch),
 			NumMicroBatches: int32(p.NumMicroBatches), VirtualStages: int32(p.VirtualStages), Source: planFixed}
 		if hasModel {
 			if ev, err := req.Config().Evaluate(p); err == nil {
@@ -44,10 +44,19 @@ func planFor(s *jobspec.Spec) (*api.JobPlan, error) {
 			s.Name, req.Model.Name, req.GPUs, req.Hardware.Name, rejectionSummary(rejected))
 	}
 	best := ranked[0]
-	out := &api.JobPlan{Tp: int32(best.TP), Pp: int32(best.PP), Dp: int32(best.DP), MicroBatch: int32(best.MicroBatch),
+	out := &api.JobPlan{Tp: int32(best.TP), Cp: contextParallel(best.CP), Pp: int32(best.PP), Dp: int32(best.DP), MicroBatch: int32(best.MicroBatch),
 		NumMicroBatches: int32(best.NumMicroBatches), VirtualStages: int32(best.VirtualStages), Source: planPlanner}
 	predict(out, best)
 	return out, nil
+}
+
+// contextParallel is cp as JobPlan holds it: 0 for none, so plans without
+// context parallelism read as before it existed.
+func contextParallel(cp int) int32 {
+	if cp <= 1 {
+		return 0
+	}
+	return int32(cp)
 }
 
 // minCalibrationSteps is how many steps an attempt must have run before
@@ -67,7 +76,7 @@ func calibrate(s *jobspec.Spec, p *api.JobPlan, measured float64) {
 		return
 	}
 	cfg := req.Config()
-	plan := costmodel.Plan{TP: int(p.GetTp()), PP: int(p.GetPp()), DP: int(p.GetDp()), MicroBatch: int(p.GetMicroBatch()),
+	plan := costmodel.Plan{TP: int(p.GetTp()), CP: int(p.GetCp()), PP: int(p.GetPp()), DP: int(p.GetDp()), MicroBatch: int(p.GetMicroBatch()),
 		NumMicroBatches: int(p.GetNumMicroBatches()), VirtualStages: int(p.GetVirtualStages())}
 	cal, err := cfg.CalibrateReport(plan, measured)
 	if err != nil {

@@ -86,7 +86,7 @@ func (m *Manager) submit(req *api.SubmitJobRequest, source string, spec *jobspec
 	j := &api.Job{Name: spec.Name, Tenant: spec.Tenant, Priority: int32(spec.Priority), SpecYaml: req.GetSpecYaml(),
 		SpecSource: source, Plan: plan, State: api.JobState_JOB_STATE_PENDING, SubmitUnixNano: now.UnixNano(),
 		Hold: req.GetHold(), CheckpointDir: spec.Checkpoint.Dir, PendingReason: "waiting for the scheduler",
-		FullGpus: plan.GetTp() * plan.GetPp() * plan.GetDp()}
+		FullGpus: plan.GPUs()}
 	en := &entry{job: j, spec: spec}
 	if req.GetDryRun() {
 		return m.dryRun(en), nil

@@ -288,9 +288,12 @@ func remaining(j *api.Job, s *jobspec.Spec) int64 {
 	return predictor.Remaining(est, int64(j.GetUsefulSeconds()))
 }
 
+// shapeOf is the job's shape for placement. Context-parallel groups sit
+// between tensor and data parallelism in rank order, so they are placed
+// as data-parallel replicas: cp × dp of them.
 func shapeOf(j *api.Job) scheduler.Shape {
 	p := j.GetPlan()
-	return scheduler.Shape{TP: int(p.GetTp()), PP: int(p.GetPp()), DP: int(p.GetDp())}
+	return scheduler.Shape{TP: int(p.GetTp()), PP: int(p.GetPp()), DP: int(p.GetDp() * max(p.GetCp(), 1))}
 }
 
 // placementOf rebuilds the scheduler's placement from a job's nodes.

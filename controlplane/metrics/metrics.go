@@ -345,7 +345,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		live[id] = true
 		p := j.GetPlan()
 		gauge(jobInfoDesc, 1, id, j.GetName(), j.GetTenant(), JobStateName(j.GetState()))
-		gauge(jobGPUsDesc, float64(p.GetTp()*p.GetPp()*p.GetDp()), id)
+		gauge(jobGPUsDesc, float64(p.GPUs()), id)
 		gauge(jobStepDesc, float64(j.GetStep()), id)
 		gauge(jobRateDesc, m.stepRate(id, j.GetStep(), now), id)
 		if v := p.GetMeasuredStepSeconds(); v > 0 {

@@ -16,6 +16,7 @@
 package costmodel
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"sort"
@@ -177,10 +178,12 @@ func (m Model) IterationFLOPs(globalBatch int, r Recompute) (model, hardware flo
 	return model, hardware
 }
 
-// preset is a published model shape with the global batch it was trained with.
+// preset is a published model shape with the global batch it was trained
+// with, and the ZeRO stage where the publication used another than 1.
 type preset struct {
 	model Model
 	batch int
+	zero  int
 }
 
 // presets hold published shapes. The parameter counts in the notes are what
@@ -206,6 +209,9 @@ var presets = map[string]preset{
 		model: Model{Name: "llama3-405b", Layers: 126, Hidden: 16384, Heads: 128, KVHeads: 8, FFN: 53248,
 			SeqLen: 8192, Vocab: 128256, GatedMLP: true},
 		batch: 2048,
+		// §3.3.2: FSDP shards optimizer state and gradients, not the
+		// parameters after the forward pass: ZeRO-2's memory.
+		zero: 2,
 	},
 	"gpt-1t": {
 		// Narayanan et al. SC'21, Table 1 (last row): 128 layers, h 25600, 160 heads, batch 3072.
@@ -228,7 +234,8 @@ func ModelNames() []string {
 
 // LookupModel returns a preset's shape and the training setup it was
 // published with (global batch, bf16, selective recomputation, sequence
-// parallelism, ZeRO stage 1 — Megatron's distributed optimizer).
+// parallelism, ZeRO stage 1 — Megatron's distributed optimizer — unless the
+// publication says another).
 func LookupModel(name string) (Model, Training, error) {
 	p, ok := presets[strings.ToLower(strings.TrimSpace(name))]
 	if !ok {
@@ -238,7 +245,7 @@ func LookupModel(name string) (Model, Training, error) {
 	return p.model, Training{
 		GlobalBatch:      p.batch,
 		Precision:        PrecisionBF16,
-		ZeROStage:        1,
+		ZeROStage:        cmp.Or(p.zero, 1),
 		Recompute:        RecomputeSelective,
 		SequenceParallel: true,
 	}, nil

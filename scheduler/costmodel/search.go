@@ -184,7 +184,7 @@ mbs:
 			continue
 		}
 		p.NumMicroBatches = c.Training.GlobalBatch / (dp * mbs)
-		for v := 1; v <= maxV; v++ {
+		for _, v := range virtualCandidates(layers, pp, maxV) {
 			q := p
 			q.VirtualStages = v
 			if v > 1 {
@@ -214,6 +214,25 @@ mbs:
 		}
 	}
 	return ranked, rejected
+}
+
+// virtualCandidates are the interleavings tried on a pp-stage pipeline:
+// 1 to maxV, and the one-block-per-chunk layouts beyond it, with pp·v equal
+// to the layers (Megatron-Core's published H100 runs) or to the layers plus
+// the embedding and output layers as chunks of their own (Llama 3 405B:
+// 126 layers on 16 stages × 8 chunks). Those are the finest interleavings,
+// with the smallest bubble, so a bound on v must not hide them.
+func virtualCandidates(layers, pp, maxV int) []int {
+	out := make([]int, 0, maxV+2)
+	for v := 1; v <= maxV; v++ {
+		out = append(out, v)
+	}
+	for _, chunks := range []int{layers, layers + 2} {
+		if v := chunks / pp; chunks%pp == 0 && v > maxV && !slices.Contains(out, v) {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // stateBytes is weights + gradients + optimizer state + reserves of the

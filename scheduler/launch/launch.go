@@ -174,6 +174,9 @@ func (r resolved) megatronArgs() []string {
 		"--tensor-model-parallel-size", itoa(p.TP),
 		"--pipeline-model-parallel-size", itoa(p.PP),
 	}
+	if p.CP > 1 {
+		a = append(a, "--context-parallel-size", itoa(p.CP))
+	}
 	if p.VirtualStages > 1 {
 		a = append(a, "--num-layers-per-virtual-pipeline-stage", itoa(m.Layers/(p.PP*p.VirtualStages)))
 	}

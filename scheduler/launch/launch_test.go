@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -78,6 +79,22 @@ func TestMegatronArgs(t *testing.T) {
 	}
 	if len(want) > 0 {
 		t.Errorf("missing arguments: %v", want)
+	}
+}
+
+// TestMegatronArgsContextParallel: a plan with cp > 1 tells Megatron-LM,
+// or its world of tp × cp × pp × dp ranks would read as more data
+// parallelism.
+func TestMegatronArgsContextParallel(t *testing.T) {
+	j := llamaJob(t, false)
+	j.Plan = costmodel.Plan{TP: 8, CP: 2, PP: 2, DP: 1, MicroBatch: 1, VirtualStages: 2}
+	args, err := MegatronArgs(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.Index(args, "--context-parallel-size")
+	if i < 0 || args[i+1] != "2" {
+		t.Errorf("no --context-parallel-size 2 in %v", args)
 	}
 }
 

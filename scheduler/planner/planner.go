@@ -40,20 +40,20 @@ type Request struct {
 	Fixed costmodel.Plan
 	// MicroBatchSizes are the micro-batch sizes tried; nil tries 1, 2, 4, 8.
 	MicroBatchSizes []int
-	// MaxCP tries context parallelism up to it. gpuctl serve cannot run
-	// context parallelism (a job file has no cp), so 0 keeps cp at 1.
+	// MaxCP tries context parallelism up to it; 0 tries it for sequences
+	// of 32K tokens and more (see costmodel.Options.MaxCP).
 	MaxCP int
 	// MaxVirtualStages overrides MaxVirtualStages when positive.
 	MaxVirtualStages int
-	// Uneven also tries pipelines that do not split the layers evenly: a
-	// what-if for published runs, never for a job (a job file refuses a
-	// pp × virtual_stages that does not divide the layers).
-	Uneven bool
+	// EvenOnly leaves out pipelines that do not split the layers evenly
+	// (by default they are tried: the first and last stages then count
+	// the embedding and output layers, as a job file can say).
+	EvenOnly bool
 }
 
-// Options is the cost model's search space for r: by default what a job
-// file can express and gpuctl serve can run (cp 1, even pipelines, up to
-// MaxVirtualStages).
+// Options is the cost model's search space for r: everything a job file
+// can express and gpuctl serve can run (context parallelism, uneven
+// pipelines, interleaving up to MaxVirtualStages), less what r fixes.
 func (r Request) Options() costmodel.Options {
 	opt := costmodel.Options{
 		Training: r.Training, Tunables: r.Tunables,
@@ -61,10 +61,7 @@ func (r Request) Options() costmodel.Options {
 		MaxCP:               r.MaxCP,
 		MicroBatchSizes:     r.MicroBatchSizes,
 		MaxVirtualStages:    cmp.Or(r.MaxVirtualStages, MaxVirtualStages),
-		AllowUnevenPipeline: r.Uneven,
-	}
-	if opt.CP == 0 && opt.MaxCP == 0 {
-		opt.CP = 1
+		AllowUnevenPipeline: !r.EvenOnly,
 	}
 	if r.Fixed.VirtualStages > 0 {
 		opt.MaxVirtualStages = r.Fixed.VirtualStages

@@ -1,6 +1,8 @@
 package planner
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/gpuctl/gpuctl/jobspec"
@@ -15,12 +17,12 @@ func TestOptionsAreWhatAJobCanRun(t *testing.T) {
 		maxV    int
 		uneven  bool
 	}{
-		{"a job: cp 1, even, up to 8 chunks", Request{}, 1, 0, MaxVirtualStages, false},
-		{"a fixed interleaving is the only one", Request{Fixed: costmodel.Plan{VirtualStages: 3}}, 1, 0, 3, false},
-		{"a what-if widens cp", Request{MaxCP: 8}, 0, 8, MaxVirtualStages, false},
-		{"a fixed cp", Request{Fixed: costmodel.Plan{CP: 2}}, 2, 0, MaxVirtualStages, false},
-		{"a what-if allows uneven", Request{Uneven: true}, 1, 0, MaxVirtualStages, true},
-		{"fewer chunks asked", Request{MaxVirtualStages: 2}, 1, 0, 2, false},
+		{"a job: cp for long sequences, uneven, up to 8 chunks", Request{}, 0, 0, MaxVirtualStages, true},
+		{"a fixed interleaving is the only one", Request{Fixed: costmodel.Plan{VirtualStages: 3}}, 0, 0, 3, true},
+		{"wider cp asked", Request{MaxCP: 8}, 0, 8, MaxVirtualStages, true},
+		{"a fixed cp", Request{Fixed: costmodel.Plan{CP: 2}}, 2, 0, MaxVirtualStages, true},
+		{"even pipelines only", Request{EvenOnly: true}, 0, 0, MaxVirtualStages, false},
+		{"fewer chunks asked", Request{MaxVirtualStages: 2}, 0, 0, 2, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -52,6 +54,63 @@ func TestForSpecIsForPreset(t *testing.T) {
 	b, _ := Search(fromPreset)
 	if len(a) == 0 || len(b) == 0 || a[0].Plan != b[0].Plan {
 		t.Fatalf("job file's best %v, preset's %v", first(a), first(b))
+	}
+}
+
+// TestLlama3PublishedLayoutIsReached: Llama 3 405B on 16,384 H100s ran
+// tp 8, pp 16 with 8 model chunks per stage, the first and last stages one
+// block lighter (Dubey et al. 2024, §3.3.2). Asked only the preset and the
+// GPUs, the planner's best plan is predicted at least as fast.
+func TestLlama3PublishedLayoutIsReached(t *testing.T) {
+	req, err := ForPreset("llama3-405b", "h100", 16384)
+	if err != nil {
+		t.Fatal(err)
+	}
+	published, err := req.Config().Evaluate(costmodel.Plan{TP: 8, PP: 16, DP: 128, MicroBatch: 1, VirtualStages: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !published.Fits {
+		t.Fatalf("the published layout needs %s", costmodel.FormatBytes(published.MemPerGPUBytes))
+	}
+	ranked, _ := Search(req)
+	if len(ranked) == 0 {
+		t.Fatal("no plan")
+	}
+	if best := ranked[0]; Effective(&best) > Effective(&published)*(1+1e-9) || best.VirtualStages < 2 {
+		t.Errorf("best %s: %.2f s per step, %.0f TFLOP/s per GPU; the published layout %.2f s, %.0f TFLOP/s",
+			best.Plan, best.StepSeconds, best.TFLOPSPerGPU, published.StepSeconds, published.TFLOPSPerGPU)
+	}
+	req.Fixed = costmodel.Plan{TP: 8, PP: 16}
+	ranked, _ = Search(req)
+	if len(ranked) == 0 || ranked[0].VirtualStages < 2 {
+		t.Errorf("at tp 8, pp 16 the best plan is %v, want an interleaved one", first(ranked))
+	}
+}
+
+// TestJobFileSearchesContextParallelism: a job file with a long sequence
+// and no plan is searched over cp as gpuctl plan searches it, and the
+// plan it gets is one a job file can fix.
+func TestJobFileSearchesContextParallelism(t *testing.T) {
+	s, err := jobspec.Parse("job.yaml", []byte("name: j\nnodes: 8\ngpus_per_node: 8\ngpu_model: h100\ncommand: [x]\n"+
+		"model: {preset: llama2-70b, seq_len: 65536, global_batch: 64}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _, err := ForSpec(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ranked, _ := Search(req)
+	if !slices.ContainsFunc(ranked, func(e costmodel.Evaluation) bool { return e.CP > 1 }) {
+		t.Fatalf("no plan with cp > 1 among %d; best %v", len(ranked), first(ranked))
+	}
+	best := ranked[0]
+	yaml := fmt.Sprintf("name: j\nnodes: 8\ngpus_per_node: 8\ngpu_model: h100\ncommand: [x]\n"+
+		"model: {preset: llama2-70b, seq_len: 65536, global_batch: 64, micro_batch: %d}\nplan: {tp: %d, cp: %d, pp: %d, virtual_stages: %d}\n",
+		best.MicroBatch, best.TP, best.CP, best.PP, best.VirtualStages)
+	if _, err := jobspec.Parse("best.yaml", []byte(yaml)); err != nil {
+		t.Errorf("the best plan %s cannot be written in a job file: %v", best.Plan, err)
 	}
 }
 
@@ -98,4 +157,22 @@ func TestLostAddsTheUnshownAsSlower(t *testing.T) {
 	if len(Lost(ranked, nil, 2)) != 0 {
 		t.Error("a shown plan counted as lost")
 	}
+}
+
+// BenchmarkSearch1T3072 is the planner's whole search for a
+// trillion-parameter model on 3,072 H100s, as gpuctl serve, gpuctl plan
+// and the console ask it: uneven pipelines, interleaving, the failure rate.
+// It must stay under 10 ms a search.
+func BenchmarkSearch1T3072(b *testing.B) {
+	req, err := ForPreset("gpt-1t", "h100", 3072)
+	if err != nil {
+		b.Fatal(err)
+	}
+	plans := 0
+	for b.Loop() {
+		ranked, rejected := Search(req)
+		plans += len(ranked) + len(rejected)
+	}
+	b.ReportMetric(b.Elapsed().Seconds()*1e3/float64(b.N), "ms/search")
+	b.ReportMetric(float64(plans)/float64(b.N), "plans/search")
 }
