@@ -84,11 +84,15 @@ func Rate(b uint64) string {
 // JobState is a job's state name.
 func JobState(j *api.Job) string { return views.JobStateName(j.GetState()) }
 
-// Plan renders a job's tp·pp·dp, "-" when it has none.
+// Plan renders a job's tp·pp·dp (tp·cp·pp·dp with context parallelism),
+// "-" when it has none.
 func Plan(j *api.Job) string {
 	p := j.GetPlan()
 	if p.GetTp() == 0 && p.GetPp() == 0 && p.GetDp() == 0 {
 		return "-"
+	}
+	if p.GetCp() > 1 {
+		return fmt.Sprintf("%d·%d·%d·%d", max(p.GetTp(), 1), p.GetCp(), max(p.GetPp(), 1), max(p.GetDp(), 1))
 	}
 	return fmt.Sprintf("%d·%d·%d", max(p.GetTp(), 1), max(p.GetPp(), 1), max(p.GetDp(), 1))
 }

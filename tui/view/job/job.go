@@ -84,6 +84,11 @@ func Coords(r, tp, dp int) (t, d, p int) {
 	return r % tp, (r / tp) % dp, r / (tp * dp)
 }
 
+// replicas is how many groups of tp ranks each pipeline stage has: the
+// data-parallel replicas times the context-parallel ranks (Megatron's
+// order puts cp between tp and dp), which the views show as replicas.
+func replicas(p *api.JobPlan) int { return max(int(p.GetDp()), 1) * max(int(p.GetCp()), 1) }
+
 // Model is the job view.
 type Model struct {
 	ctx  *app.Context
@@ -231,7 +236,7 @@ func (m *Model) Ranks() []RankState {
 	var out []RankState
 	for _, pn := range j.GetPlacement() {
 		for _, r := range pn.GetRanks() {
-			t, d, pp := Coords(int(r.GetRank()), int(p.GetTp()), int(p.GetDp()))
+			t, d, pp := Coords(int(r.GetRank()), int(p.GetTp()), replicas(p))
 			rs := RankState{Rank: int(r.GetRank()), TP: t, PP: pp, DP: d, Node: pn.GetNode(), GPU: r.GetGpu(), PID: r.GetPid(),
 				Exited: r.GetExited(), ExitCode: r.GetExitCode(), InCall: -1, Lagging: lag[r.GetRank()], Late: -1,
 				Slow: m.ctx.Slow.SlowRank(j.GetId(), r.GetRank()) != nil}
@@ -548,12 +553,16 @@ func (m *Model) Xray() []string {
 	j := m.Job()
 	rs := m.Ranks()
 	p := j.GetPlan()
-	tp, pp, dp := max(int(p.GetTp()), 1), max(int(p.GetPp()), 1), max(int(p.GetDp()), 1)
+	tp, pp, dp := max(int(p.GetTp()), 1), max(int(p.GetPp()), 1), replicas(p)
 	by := map[[3]int]RankState{}
 	for _, r := range rs {
 		by[[3]int{r.DP, r.PP, r.TP}] = r
 	}
 	lines := []string{fmt.Sprintf("%s: %d ranks = tp %d × pp %d × dp %d (rank = tp + %d·(dp + %d·pp))", j.GetName(), len(rs), tp, pp, dp, tp, dp)}
+	if cp := int(p.GetCp()); cp > 1 {
+		lines[0] = fmt.Sprintf("%s: %d ranks = tp %d × pp %d × (cp %d · dp %d) (rank = tp + %d·(cp + %d·dp + %d·pp); a replica below is one cp rank of one dp replica)",
+			j.GetName(), len(rs), tp, pp, cp, int(p.GetDp()), tp, cp, dp)
+	}
 	for d := range dp {
 		lines = append(lines, fmt.Sprintf("├─ data-parallel replica %d", d))
 		for s := range pp {
@@ -605,7 +614,7 @@ type GroupCell struct {
 // replica.
 func (m *Model) Grid() [][]GroupCell {
 	p := m.Job().GetPlan()
-	pp, dp := max(int(p.GetPp()), 1), max(int(p.GetDp()), 1)
+	pp, dp := max(int(p.GetPp()), 1), replicas(p)
 	g := make([][]GroupCell, pp)
 	for s := range pp {
 		g[s] = make([]GroupCell, dp)
