@@ -75,6 +75,10 @@ type Config struct {
 	// CarbonAware holds deferrable jobs for cleaner hours or sites
 	// (scheduler.WithCarbon); it needs CarbonIntensity.
 	CarbonAware bool
+	// Hetero, when set (scheduler.Objectives), allocates GPU models to
+	// jobs allowing several by their throughput on each
+	// (scheduler.WithHetero).
+	Hetero string
 	// ValidateCommand is the short all-reduce a recovering job's new nodes
 	// run first, one rank per node (e.g. ringtrain --steps 3 --compute-ms 0
 	// --bytes 1M); empty skips it.
@@ -208,6 +212,13 @@ func New(cfg Config) (*Server, error) {
 	}
 	if policy, cfg.Jobs.Intensity, err = carbonPolicy(cfg, policy); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
+	}
+	if cfg.Hetero != "" {
+		o, err := scheduler.ParseObjective(cfg.Hetero)
+		if err != nil {
+			return nil, fmt.Errorf("serve: --hetero: %w", err)
+		}
+		policy = scheduler.WithHetero(policy, o)
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("serve: create data dir: %w", err)
