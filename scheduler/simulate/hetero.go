@@ -39,11 +39,16 @@ func (m *Mix) speed(rates []float64, model string) float64 {
 }
 
 // types is a job's options: on each model the data-parallel shape the
-// trace gives (a trace job is placed as its GPUs) at its rate there.
-func (m *Mix) types(gpus int, rates []float64) []scheduler.TypeOption {
+// trace gives (a trace job is placed as its GPUs) at its rate there. Each
+// job lists the models starting at one drawn by a hash of its id, as
+// users list them in no particular order: a type-agnostic placement,
+// which breaks ties by the job's order, then favours no model.
+func (m *Mix) types(id string, gpus int, rates []float64) []scheduler.TypeOption {
 	out := make([]scheduler.TypeOption, len(m.Models))
-	for k, name := range m.Models {
-		out[k] = scheduler.TypeOption{Model: name, Shape: scheduler.Shape{TP: 1, PP: 1, DP: gpus}, Rate: rates[k]}
+	first := int(mixHash(0, id) % uint64(len(m.Models)))
+	for i := range m.Models {
+		k := (first + i) % len(m.Models)
+		out[i] = scheduler.TypeOption{Model: m.Models[k], Shape: scheduler.Shape{TP: 1, PP: 1, DP: gpus}, Rate: rates[k]}
 	}
 	return out
 }

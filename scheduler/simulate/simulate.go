@@ -398,7 +398,7 @@ func (s *sim) enqueue(i int) {
 		GPUs: j.tj.GPUs, Attained: j.attained, Preemptible: true, Checkpoint: true, Until: j.until,
 	}
 	if m := s.cfg.Mix; m != nil {
-		req.Types = m.types(j.tj.GPUs, j.rates)
+		req.Types = m.types(j.tj.ID, j.tj.GPUs, j.rates)
 		req.StartedOn, req.Reshardable = j.startedOn, m.Reshardable
 	}
 	switch {
