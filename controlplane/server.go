@@ -213,12 +213,8 @@ func New(cfg Config) (*Server, error) {
 	if policy, cfg.Jobs.Intensity, err = carbonPolicy(cfg, policy); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	if cfg.Hetero != "" {
-		o, err := scheduler.ParseObjective(cfg.Hetero)
-		if err != nil {
-			return nil, fmt.Errorf("serve: --hetero: %w", err)
-		}
-		policy = scheduler.WithHetero(policy, o)
+	if policy, err = heteroPolicy(cfg, policy); err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("serve: create data dir: %w", err)
@@ -265,6 +261,19 @@ func carbonPolicy(cfg Config, p scheduler.Policy) (scheduler.Policy, *carbon.Int
 		p = scheduler.WithCarbon(p, in)
 	}
 	return p, in, nil
+}
+
+// heteroPolicy wraps the policy with type allocation when Hetero names an
+// objective.
+func heteroPolicy(cfg Config, p scheduler.Policy) (scheduler.Policy, error) {
+	if cfg.Hetero == "" {
+		return p, nil
+	}
+	o, err := scheduler.ParseObjective(cfg.Hetero)
+	if err != nil {
+		return nil, fmt.Errorf("--hetero: %w", err)
+	}
+	return scheduler.WithHetero(p, o), nil
 }
 
 // newServer wires the parts over an open store.
