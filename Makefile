@@ -7,7 +7,7 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 GOTEST    ?= $(GO) test -count=1 -p 1 -timeout 30m
 PKGS      := ./...
 
-.PHONY: all build workload kube test gpu-check gpu-check-bundle chaos soak soak-away soak-etcd bench bench-tui bench-store bench-stalls bench-failslow bench-swarm bench-estimates bench-carbon fuzz generate check-generated demo lint clean
+.PHONY: all build workload kube test gpu-check gpu-check-bundle chaos soak soak-away soak-etcd bench bench-tui bench-store bench-stalls bench-failslow bench-swarm bench-estimates bench-carbon bench-hetero fuzz generate check-generated demo lint clean
 
 all: build
 
@@ -128,6 +128,13 @@ bench-swarm: build
 # two-site curves. Prints the table of docs/scheduling.md.
 bench-carbon:
 	$(GO) test -count=1 -timeout 10m -run '^TestCarbonAwareOnPhilly$$' -v ./scheduler/simulate -carbon-study
+
+# Heterogeneity-aware allocation on a mixed A100/H100 cluster: the Philly
+# trace's held-out 40%, 5 seeds of cost-model throughputs, type-agnostic
+# against max-throughput and max-min-fair. Prints the table of
+# docs/scheduling.md.
+bench-hetero:
+	$(GO) test -count=1 -timeout 10m -run '^TestStudyHeteroOnPhilly$$' -v ./scheduler/simulate -hetero-study
 
 # Every fuzz target (each `func Fuzz` in a _test.go), one at a time, for
 # FUZZTIME each. Minimizing an interesting input is capped by count, or a

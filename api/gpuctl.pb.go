@@ -7381,7 +7381,15 @@ type Job struct {
 	// intensity of its node's curve at that hour (gpuctl serve
 	// --carbon-intensity). Unset while any of its energy ran where no curve
 	// applies: unknown, not zero.
-	Co2EGrams     *float64 `protobuf:"fixed64,70,opt,name=co2e_grams,json=co2eGrams,proto3,oneof" json:"co2e_grams,omitempty"`
+	Co2EGrams *float64 `protobuf:"fixed64,70,opt,name=co2e_grams,json=co2eGrams,proto3,oneof" json:"co2e_grams,omitempty"`
+	// For a job allowing several GPU models (gpu_models): the plan chosen
+	// for each, in the job's order. plan is the one of gpu_type once the
+	// job has started.
+	TypePlans []*JobTypePlan `protobuf:"bytes,80,rep,name=type_plans,json=typePlans,proto3" json:"type_plans,omitempty"`
+	// The GPU model of the current or last attempt, and why the scheduler
+	// gave it ("h100: 1.90× its a100-80gb throughput; max-throughput").
+	GpuType       string `protobuf:"bytes,81,opt,name=gpu_type,json=gpuType,proto3" json:"gpu_type,omitempty"`
+	GpuTypeReason string `protobuf:"bytes,82,opt,name=gpu_type_reason,json=gpuTypeReason,proto3" json:"gpu_type_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -7780,6 +7788,80 @@ func (x *Job) GetCo2EGrams() float64 {
 	return 0
 }
 
+func (x *Job) GetTypePlans() []*JobTypePlan {
+	if x != nil {
+		return x.TypePlans
+	}
+	return nil
+}
+
+func (x *Job) GetGpuType() string {
+	if x != nil {
+		return x.GpuType
+	}
+	return ""
+}
+
+func (x *Job) GetGpuTypeReason() string {
+	if x != nil {
+		return x.GpuTypeReason
+	}
+	return ""
+}
+
+// JobTypePlan is a job's plan on one GPU model it allows.
+type JobTypePlan struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GpuModel      string                 `protobuf:"bytes,1,opt,name=gpu_model,json=gpuModel,proto3" json:"gpu_model,omitempty"`
+	Plan          *JobPlan               `protobuf:"bytes,2,opt,name=plan,proto3" json:"plan,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobTypePlan) Reset() {
+	*x = JobTypePlan{}
+	mi := &file_gpuctl_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobTypePlan) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobTypePlan) ProtoMessage() {}
+
+func (x *JobTypePlan) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuctl_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobTypePlan.ProtoReflect.Descriptor instead.
+func (*JobTypePlan) Descriptor() ([]byte, []int) {
+	return file_gpuctl_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *JobTypePlan) GetGpuModel() string {
+	if x != nil {
+		return x.GpuModel
+	}
+	return ""
+}
+
+func (x *JobTypePlan) GetPlan() *JobPlan {
+	if x != nil {
+		return x.Plan
+	}
+	return nil
+}
+
 // JobAttempt is one launch of a job.
 type JobAttempt struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -7806,7 +7888,7 @@ type JobAttempt struct {
 
 func (x *JobAttempt) Reset() {
 	*x = JobAttempt{}
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7818,7 +7900,7 @@ func (x *JobAttempt) String() string {
 func (*JobAttempt) ProtoMessage() {}
 
 func (x *JobAttempt) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[68]
+	mi := &file_gpuctl_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7831,7 +7913,7 @@ func (x *JobAttempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobAttempt.ProtoReflect.Descriptor instead.
 func (*JobAttempt) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{68}
+	return file_gpuctl_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *JobAttempt) GetAttempt() uint32 {
@@ -7935,7 +8017,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7947,7 +8029,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[69]
+	mi := &file_gpuctl_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7960,7 +8042,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{69}
+	return file_gpuctl_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *SubmitJobRequest) GetSpecYaml() string {
@@ -8011,7 +8093,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8023,7 +8105,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[70]
+	mi := &file_gpuctl_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8036,7 +8118,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{70}
+	return file_gpuctl_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *SubmitJobResponse) GetJob() *Job {
@@ -8063,7 +8145,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8075,7 +8157,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[71]
+	mi := &file_gpuctl_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8088,7 +8170,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{71}
+	return file_gpuctl_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ListJobsRequest) GetJob() string {
@@ -8107,7 +8189,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8119,7 +8201,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[72]
+	mi := &file_gpuctl_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8132,7 +8214,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{72}
+	return file_gpuctl_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -8151,7 +8233,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8163,7 +8245,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[73]
+	mi := &file_gpuctl_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8176,7 +8258,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{73}
+	return file_gpuctl_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *CancelJobRequest) GetJob() string {
@@ -8196,7 +8278,7 @@ type ReleaseJobRequest struct {
 
 func (x *ReleaseJobRequest) Reset() {
 	*x = ReleaseJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8208,7 +8290,7 @@ func (x *ReleaseJobRequest) String() string {
 func (*ReleaseJobRequest) ProtoMessage() {}
 
 func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[74]
+	mi := &file_gpuctl_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8221,7 +8303,7 @@ func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseJobRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{74}
+	return file_gpuctl_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ReleaseJobRequest) GetJob() string {
@@ -8240,7 +8322,7 @@ type ReleaseJobResponse struct {
 
 func (x *ReleaseJobResponse) Reset() {
 	*x = ReleaseJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8252,7 +8334,7 @@ func (x *ReleaseJobResponse) String() string {
 func (*ReleaseJobResponse) ProtoMessage() {}
 
 func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[75]
+	mi := &file_gpuctl_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8265,7 +8347,7 @@ func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseJobResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{75}
+	return file_gpuctl_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ReleaseJobResponse) GetJob() *Job {
@@ -8284,7 +8366,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8296,7 +8378,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[76]
+	mi := &file_gpuctl_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8309,7 +8391,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{76}
+	return file_gpuctl_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -8329,7 +8411,7 @@ type AssignJobRequest struct {
 
 func (x *AssignJobRequest) Reset() {
 	*x = AssignJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8341,7 +8423,7 @@ func (x *AssignJobRequest) String() string {
 func (*AssignJobRequest) ProtoMessage() {}
 
 func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[77]
+	mi := &file_gpuctl_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8354,7 +8436,7 @@ func (x *AssignJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobRequest.ProtoReflect.Descriptor instead.
 func (*AssignJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{77}
+	return file_gpuctl_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *AssignJobRequest) GetJob() string {
@@ -8380,7 +8462,7 @@ type AssignJobResponse struct {
 
 func (x *AssignJobResponse) Reset() {
 	*x = AssignJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8392,7 +8474,7 @@ func (x *AssignJobResponse) String() string {
 func (*AssignJobResponse) ProtoMessage() {}
 
 func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[78]
+	mi := &file_gpuctl_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8405,7 +8487,7 @@ func (x *AssignJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignJobResponse.ProtoReflect.Descriptor instead.
 func (*AssignJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{78}
+	return file_gpuctl_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *AssignJobResponse) GetJob() *Job {
@@ -8427,7 +8509,7 @@ type Packing struct {
 
 func (x *Packing) Reset() {
 	*x = Packing{}
-	mi := &file_gpuctl_proto_msgTypes[79]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8439,7 +8521,7 @@ func (x *Packing) String() string {
 func (*Packing) ProtoMessage() {}
 
 func (x *Packing) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[79]
+	mi := &file_gpuctl_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8452,7 +8534,7 @@ func (x *Packing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Packing.ProtoReflect.Descriptor instead.
 func (*Packing) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{79}
+	return file_gpuctl_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *Packing) GetFragmentedNodes() int32 {
@@ -8496,7 +8578,7 @@ type RebalanceMove struct {
 
 func (x *RebalanceMove) Reset() {
 	*x = RebalanceMove{}
-	mi := &file_gpuctl_proto_msgTypes[80]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8508,7 +8590,7 @@ func (x *RebalanceMove) String() string {
 func (*RebalanceMove) ProtoMessage() {}
 
 func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[80]
+	mi := &file_gpuctl_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8521,7 +8603,7 @@ func (x *RebalanceMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceMove.ProtoReflect.Descriptor instead.
 func (*RebalanceMove) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{80}
+	return file_gpuctl_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *RebalanceMove) GetJob() string {
@@ -8570,7 +8652,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_gpuctl_proto_msgTypes[81]
+	mi := &file_gpuctl_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8582,7 +8664,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[81]
+	mi := &file_gpuctl_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8595,7 +8677,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{81}
+	return file_gpuctl_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *RebalanceRequest) GetApply() bool {
@@ -8625,7 +8707,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_gpuctl_proto_msgTypes[82]
+	mi := &file_gpuctl_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8637,7 +8719,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[82]
+	mi := &file_gpuctl_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8650,7 +8732,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{82}
+	return file_gpuctl_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *RebalanceResponse) GetMoves() []*RebalanceMove {
@@ -8697,7 +8779,7 @@ type StalledRank struct {
 
 func (x *StalledRank) Reset() {
 	*x = StalledRank{}
-	mi := &file_gpuctl_proto_msgTypes[83]
+	mi := &file_gpuctl_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8709,7 +8791,7 @@ func (x *StalledRank) String() string {
 func (*StalledRank) ProtoMessage() {}
 
 func (x *StalledRank) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[83]
+	mi := &file_gpuctl_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8722,7 +8804,7 @@ func (x *StalledRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StalledRank.ProtoReflect.Descriptor instead.
 func (*StalledRank) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{83}
+	return file_gpuctl_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *StalledRank) GetRank() int32 {
@@ -8792,7 +8874,7 @@ type Stall struct {
 
 func (x *Stall) Reset() {
 	*x = Stall{}
-	mi := &file_gpuctl_proto_msgTypes[84]
+	mi := &file_gpuctl_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8804,7 +8886,7 @@ func (x *Stall) String() string {
 func (*Stall) ProtoMessage() {}
 
 func (x *Stall) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[84]
+	mi := &file_gpuctl_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8817,7 +8899,7 @@ func (x *Stall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stall.ProtoReflect.Descriptor instead.
 func (*Stall) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{84}
+	return file_gpuctl_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *Stall) GetJob() string {
@@ -8878,7 +8960,7 @@ type ListStallsRequest struct {
 
 func (x *ListStallsRequest) Reset() {
 	*x = ListStallsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[85]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8890,7 +8972,7 @@ func (x *ListStallsRequest) String() string {
 func (*ListStallsRequest) ProtoMessage() {}
 
 func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[85]
+	mi := &file_gpuctl_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8903,7 +8985,7 @@ func (x *ListStallsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsRequest.ProtoReflect.Descriptor instead.
 func (*ListStallsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{85}
+	return file_gpuctl_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ListStallsRequest) GetJob() string {
@@ -8926,7 +9008,7 @@ type ListStallsResponse struct {
 
 func (x *ListStallsResponse) Reset() {
 	*x = ListStallsResponse{}
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8938,7 +9020,7 @@ func (x *ListStallsResponse) String() string {
 func (*ListStallsResponse) ProtoMessage() {}
 
 func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[86]
+	mi := &file_gpuctl_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8951,7 +9033,7 @@ func (x *ListStallsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStallsResponse.ProtoReflect.Descriptor instead.
 func (*ListStallsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{86}
+	return file_gpuctl_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ListStallsResponse) GetStalls() []*Stall {
@@ -8988,7 +9070,7 @@ type RankLateness struct {
 
 func (x *RankLateness) Reset() {
 	*x = RankLateness{}
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9000,7 +9082,7 @@ func (x *RankLateness) String() string {
 func (*RankLateness) ProtoMessage() {}
 
 func (x *RankLateness) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[87]
+	mi := &file_gpuctl_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9013,7 +9095,7 @@ func (x *RankLateness) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankLateness.ProtoReflect.Descriptor instead.
 func (*RankLateness) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{87}
+	return file_gpuctl_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *RankLateness) GetJob() string {
@@ -9065,7 +9147,7 @@ type SlowFinding struct {
 
 func (x *SlowFinding) Reset() {
 	*x = SlowFinding{}
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9077,7 +9159,7 @@ func (x *SlowFinding) String() string {
 func (*SlowFinding) ProtoMessage() {}
 
 func (x *SlowFinding) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[88]
+	mi := &file_gpuctl_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9090,7 +9172,7 @@ func (x *SlowFinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlowFinding.ProtoReflect.Descriptor instead.
 func (*SlowFinding) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{88}
+	return file_gpuctl_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *SlowFinding) GetJob() string {
@@ -9192,7 +9274,7 @@ type SlowQuiet struct {
 
 func (x *SlowQuiet) Reset() {
 	*x = SlowQuiet{}
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9204,7 +9286,7 @@ func (x *SlowQuiet) String() string {
 func (*SlowQuiet) ProtoMessage() {}
 
 func (x *SlowQuiet) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[89]
+	mi := &file_gpuctl_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9217,7 +9299,7 @@ func (x *SlowQuiet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlowQuiet.ProtoReflect.Descriptor instead.
 func (*SlowQuiet) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{89}
+	return file_gpuctl_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *SlowQuiet) GetKeys() []string {
@@ -9285,7 +9367,7 @@ type QuietSlowRequest struct {
 
 func (x *QuietSlowRequest) Reset() {
 	*x = QuietSlowRequest{}
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9297,7 +9379,7 @@ func (x *QuietSlowRequest) String() string {
 func (*QuietSlowRequest) ProtoMessage() {}
 
 func (x *QuietSlowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[90]
+	mi := &file_gpuctl_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9310,7 +9392,7 @@ func (x *QuietSlowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuietSlowRequest.ProtoReflect.Descriptor instead.
 func (*QuietSlowRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{90}
+	return file_gpuctl_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *QuietSlowRequest) GetJob() string {
@@ -9359,7 +9441,7 @@ type QuietSlowResponse struct {
 
 func (x *QuietSlowResponse) Reset() {
 	*x = QuietSlowResponse{}
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9371,7 +9453,7 @@ func (x *QuietSlowResponse) String() string {
 func (*QuietSlowResponse) ProtoMessage() {}
 
 func (x *QuietSlowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[91]
+	mi := &file_gpuctl_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9384,7 +9466,7 @@ func (x *QuietSlowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuietSlowResponse.ProtoReflect.Descriptor instead.
 func (*QuietSlowResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{91}
+	return file_gpuctl_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *QuietSlowResponse) GetJob() *Job {
@@ -9413,7 +9495,7 @@ type CordonRequest struct {
 
 func (x *CordonRequest) Reset() {
 	*x = CordonRequest{}
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9425,7 +9507,7 @@ func (x *CordonRequest) String() string {
 func (*CordonRequest) ProtoMessage() {}
 
 func (x *CordonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[92]
+	mi := &file_gpuctl_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9438,7 +9520,7 @@ func (x *CordonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonRequest.ProtoReflect.Descriptor instead.
 func (*CordonRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{92}
+	return file_gpuctl_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *CordonRequest) GetNode() string {
@@ -9473,7 +9555,7 @@ type CordonResponse struct {
 
 func (x *CordonResponse) Reset() {
 	*x = CordonResponse{}
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9485,7 +9567,7 @@ func (x *CordonResponse) String() string {
 func (*CordonResponse) ProtoMessage() {}
 
 func (x *CordonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[93]
+	mi := &file_gpuctl_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9498,7 +9580,7 @@ func (x *CordonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonResponse.ProtoReflect.Descriptor instead.
 func (*CordonResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{93}
+	return file_gpuctl_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *CordonResponse) GetNode() *NodeStatus {
@@ -9530,7 +9612,7 @@ type DrainedJob struct {
 
 func (x *DrainedJob) Reset() {
 	*x = DrainedJob{}
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9542,7 +9624,7 @@ func (x *DrainedJob) String() string {
 func (*DrainedJob) ProtoMessage() {}
 
 func (x *DrainedJob) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[94]
+	mi := &file_gpuctl_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9555,7 +9637,7 @@ func (x *DrainedJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainedJob.ProtoReflect.Descriptor instead.
 func (*DrainedJob) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{94}
+	return file_gpuctl_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *DrainedJob) GetJob() string {
@@ -9595,7 +9677,7 @@ type CheckpointJobRequest struct {
 
 func (x *CheckpointJobRequest) Reset() {
 	*x = CheckpointJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9607,7 +9689,7 @@ func (x *CheckpointJobRequest) String() string {
 func (*CheckpointJobRequest) ProtoMessage() {}
 
 func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[95]
+	mi := &file_gpuctl_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9620,7 +9702,7 @@ func (x *CheckpointJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{95}
+	return file_gpuctl_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *CheckpointJobRequest) GetJob() string {
@@ -9639,7 +9721,7 @@ type CheckpointJobResponse struct {
 
 func (x *CheckpointJobResponse) Reset() {
 	*x = CheckpointJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9651,7 +9733,7 @@ func (x *CheckpointJobResponse) String() string {
 func (*CheckpointJobResponse) ProtoMessage() {}
 
 func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[96]
+	mi := &file_gpuctl_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9664,7 +9746,7 @@ func (x *CheckpointJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointJobResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{96}
+	return file_gpuctl_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *CheckpointJobResponse) GetJob() *Job {
@@ -9686,7 +9768,7 @@ type RestartJobRequest struct {
 
 func (x *RestartJobRequest) Reset() {
 	*x = RestartJobRequest{}
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9698,7 +9780,7 @@ func (x *RestartJobRequest) String() string {
 func (*RestartJobRequest) ProtoMessage() {}
 
 func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[97]
+	mi := &file_gpuctl_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9711,7 +9793,7 @@ func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobRequest.ProtoReflect.Descriptor instead.
 func (*RestartJobRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{97}
+	return file_gpuctl_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *RestartJobRequest) GetJob() string {
@@ -9744,7 +9826,7 @@ type RestartJobResponse struct {
 
 func (x *RestartJobResponse) Reset() {
 	*x = RestartJobResponse{}
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9756,7 +9838,7 @@ func (x *RestartJobResponse) String() string {
 func (*RestartJobResponse) ProtoMessage() {}
 
 func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[98]
+	mi := &file_gpuctl_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9769,7 +9851,7 @@ func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobResponse.ProtoReflect.Descriptor instead.
 func (*RestartJobResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{98}
+	return file_gpuctl_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *RestartJobResponse) GetJob() *Job {
@@ -9792,7 +9874,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9804,7 +9886,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[99]
+	mi := &file_gpuctl_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9817,7 +9899,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{99}
+	return file_gpuctl_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *LogsRequest) GetJob() string {
@@ -9858,7 +9940,7 @@ type LogsChunk struct {
 
 func (x *LogsChunk) Reset() {
 	*x = LogsChunk{}
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9870,7 +9952,7 @@ func (x *LogsChunk) String() string {
 func (*LogsChunk) ProtoMessage() {}
 
 func (x *LogsChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[100]
+	mi := &file_gpuctl_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9883,7 +9965,7 @@ func (x *LogsChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsChunk.ProtoReflect.Descriptor instead.
 func (*LogsChunk) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{100}
+	return file_gpuctl_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *LogsChunk) GetData() []byte {
@@ -9922,7 +10004,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9934,7 +10016,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[101]
+	mi := &file_gpuctl_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9947,7 +10029,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{101}
+	return file_gpuctl_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *WatchRequest) GetKinds() []WatchKind {
@@ -9999,7 +10081,7 @@ type WatchChange struct {
 
 func (x *WatchChange) Reset() {
 	*x = WatchChange{}
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10011,7 +10093,7 @@ func (x *WatchChange) String() string {
 func (*WatchChange) ProtoMessage() {}
 
 func (x *WatchChange) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[102]
+	mi := &file_gpuctl_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10024,7 +10106,7 @@ func (x *WatchChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchChange.ProtoReflect.Descriptor instead.
 func (*WatchChange) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{102}
+	return file_gpuctl_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *WatchChange) GetRevision() uint64 {
@@ -10107,7 +10189,7 @@ type WatchBatch struct {
 
 func (x *WatchBatch) Reset() {
 	*x = WatchBatch{}
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10119,7 +10201,7 @@ func (x *WatchBatch) String() string {
 func (*WatchBatch) ProtoMessage() {}
 
 func (x *WatchBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[103]
+	mi := &file_gpuctl_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10132,7 +10214,7 @@ func (x *WatchBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBatch.ProtoReflect.Descriptor instead.
 func (*WatchBatch) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{103}
+	return file_gpuctl_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *WatchBatch) GetEpoch() string {
@@ -10212,7 +10294,7 @@ type Identity struct {
 
 func (x *Identity) Reset() {
 	*x = Identity{}
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10224,7 +10306,7 @@ func (x *Identity) String() string {
 func (*Identity) ProtoMessage() {}
 
 func (x *Identity) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[104]
+	mi := &file_gpuctl_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10237,7 +10319,7 @@ func (x *Identity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Identity.ProtoReflect.Descriptor instead.
 func (*Identity) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{104}
+	return file_gpuctl_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *Identity) GetKind() IdentityKind {
@@ -10340,7 +10422,7 @@ type Revocation struct {
 
 func (x *Revocation) Reset() {
 	*x = Revocation{}
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10352,7 +10434,7 @@ func (x *Revocation) String() string {
 func (*Revocation) ProtoMessage() {}
 
 func (x *Revocation) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[105]
+	mi := &file_gpuctl_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10365,7 +10447,7 @@ func (x *Revocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revocation.ProtoReflect.Descriptor instead.
 func (*Revocation) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{105}
+	return file_gpuctl_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *Revocation) GetSerial() string {
@@ -10421,7 +10503,7 @@ type JoinTokenUse struct {
 
 func (x *JoinTokenUse) Reset() {
 	*x = JoinTokenUse{}
-	mi := &file_gpuctl_proto_msgTypes[106]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10433,7 +10515,7 @@ func (x *JoinTokenUse) String() string {
 func (*JoinTokenUse) ProtoMessage() {}
 
 func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[106]
+	mi := &file_gpuctl_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10446,7 +10528,7 @@ func (x *JoinTokenUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinTokenUse.ProtoReflect.Descriptor instead.
 func (*JoinTokenUse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{106}
+	return file_gpuctl_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *JoinTokenUse) GetNode() string {
@@ -10483,7 +10565,7 @@ type JoinToken struct {
 
 func (x *JoinToken) Reset() {
 	*x = JoinToken{}
-	mi := &file_gpuctl_proto_msgTypes[107]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10495,7 +10577,7 @@ func (x *JoinToken) String() string {
 func (*JoinToken) ProtoMessage() {}
 
 func (x *JoinToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[107]
+	mi := &file_gpuctl_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10508,7 +10590,7 @@ func (x *JoinToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
 func (*JoinToken) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{107}
+	return file_gpuctl_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *JoinToken) GetId() string {
@@ -10587,7 +10669,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[108]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10599,7 +10681,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[108]
+	mi := &file_gpuctl_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10612,7 +10694,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{108}
+	return file_gpuctl_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *CreateJoinTokenRequest) GetTtlSeconds() int64 {
@@ -10646,7 +10728,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[109]
+	mi := &file_gpuctl_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10658,7 +10740,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[109]
+	mi := &file_gpuctl_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10671,7 +10753,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{109}
+	return file_gpuctl_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *CreateJoinTokenResponse) GetToken() string {
@@ -10696,7 +10778,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_gpuctl_proto_msgTypes[110]
+	mi := &file_gpuctl_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10708,7 +10790,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[110]
+	mi := &file_gpuctl_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10721,7 +10803,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{110}
+	return file_gpuctl_proto_rawDescGZIP(), []int{111}
 }
 
 type ListTokensResponse struct {
@@ -10733,7 +10815,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_gpuctl_proto_msgTypes[111]
+	mi := &file_gpuctl_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10745,7 +10827,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[111]
+	mi := &file_gpuctl_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10758,7 +10840,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{111}
+	return file_gpuctl_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *ListTokensResponse) GetTokens() []*JoinToken {
@@ -10778,7 +10860,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_gpuctl_proto_msgTypes[112]
+	mi := &file_gpuctl_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10790,7 +10872,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[112]
+	mi := &file_gpuctl_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10803,7 +10885,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{112}
+	return file_gpuctl_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -10822,7 +10904,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_gpuctl_proto_msgTypes[113]
+	mi := &file_gpuctl_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10834,7 +10916,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[113]
+	mi := &file_gpuctl_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10847,7 +10929,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{113}
+	return file_gpuctl_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *RevokeTokenResponse) GetToken() *JoinToken {
@@ -10872,7 +10954,7 @@ type AddUserRequest struct {
 
 func (x *AddUserRequest) Reset() {
 	*x = AddUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[114]
+	mi := &file_gpuctl_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10884,7 +10966,7 @@ func (x *AddUserRequest) String() string {
 func (*AddUserRequest) ProtoMessage() {}
 
 func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[114]
+	mi := &file_gpuctl_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10897,7 +10979,7 @@ func (x *AddUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserRequest.ProtoReflect.Descriptor instead.
 func (*AddUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{114}
+	return file_gpuctl_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *AddUserRequest) GetName() string {
@@ -10932,7 +11014,7 @@ type AddUserResponse struct {
 
 func (x *AddUserResponse) Reset() {
 	*x = AddUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[115]
+	mi := &file_gpuctl_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10944,7 +11026,7 @@ func (x *AddUserResponse) String() string {
 func (*AddUserResponse) ProtoMessage() {}
 
 func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[115]
+	mi := &file_gpuctl_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10957,7 +11039,7 @@ func (x *AddUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUserResponse.ProtoReflect.Descriptor instead.
 func (*AddUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{115}
+	return file_gpuctl_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *AddUserResponse) GetUser() *Identity {
@@ -10991,7 +11073,7 @@ type ListIdentitiesRequest struct {
 
 func (x *ListIdentitiesRequest) Reset() {
 	*x = ListIdentitiesRequest{}
-	mi := &file_gpuctl_proto_msgTypes[116]
+	mi := &file_gpuctl_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11003,7 +11085,7 @@ func (x *ListIdentitiesRequest) String() string {
 func (*ListIdentitiesRequest) ProtoMessage() {}
 
 func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[116]
+	mi := &file_gpuctl_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11016,7 +11098,7 @@ func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesRequest.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{116}
+	return file_gpuctl_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *ListIdentitiesRequest) GetKind() IdentityKind {
@@ -11041,7 +11123,7 @@ type ListIdentitiesResponse struct {
 
 func (x *ListIdentitiesResponse) Reset() {
 	*x = ListIdentitiesResponse{}
-	mi := &file_gpuctl_proto_msgTypes[117]
+	mi := &file_gpuctl_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11053,7 +11135,7 @@ func (x *ListIdentitiesResponse) String() string {
 func (*ListIdentitiesResponse) ProtoMessage() {}
 
 func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[117]
+	mi := &file_gpuctl_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11066,7 +11148,7 @@ func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesResponse.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{117}
+	return file_gpuctl_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *ListIdentitiesResponse) GetIdentities() []*Identity {
@@ -11112,7 +11194,7 @@ type SSHKey struct {
 
 func (x *SSHKey) Reset() {
 	*x = SSHKey{}
-	mi := &file_gpuctl_proto_msgTypes[118]
+	mi := &file_gpuctl_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11124,7 +11206,7 @@ func (x *SSHKey) String() string {
 func (*SSHKey) ProtoMessage() {}
 
 func (x *SSHKey) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[118]
+	mi := &file_gpuctl_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11137,7 +11219,7 @@ func (x *SSHKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SSHKey.ProtoReflect.Descriptor instead.
 func (*SSHKey) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{118}
+	return file_gpuctl_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *SSHKey) GetName() string {
@@ -11178,7 +11260,7 @@ type RevokeUserRequest struct {
 
 func (x *RevokeUserRequest) Reset() {
 	*x = RevokeUserRequest{}
-	mi := &file_gpuctl_proto_msgTypes[119]
+	mi := &file_gpuctl_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11190,7 +11272,7 @@ func (x *RevokeUserRequest) String() string {
 func (*RevokeUserRequest) ProtoMessage() {}
 
 func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[119]
+	mi := &file_gpuctl_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11203,7 +11285,7 @@ func (x *RevokeUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserRequest.ProtoReflect.Descriptor instead.
 func (*RevokeUserRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{119}
+	return file_gpuctl_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *RevokeUserRequest) GetName() string {
@@ -11232,7 +11314,7 @@ type RevokeUserResponse struct {
 
 func (x *RevokeUserResponse) Reset() {
 	*x = RevokeUserResponse{}
-	mi := &file_gpuctl_proto_msgTypes[120]
+	mi := &file_gpuctl_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11244,7 +11326,7 @@ func (x *RevokeUserResponse) String() string {
 func (*RevokeUserResponse) ProtoMessage() {}
 
 func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[120]
+	mi := &file_gpuctl_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11257,7 +11339,7 @@ func (x *RevokeUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeUserResponse.ProtoReflect.Descriptor instead.
 func (*RevokeUserResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{120}
+	return file_gpuctl_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *RevokeUserResponse) GetRevoked() []*Identity {
@@ -11289,7 +11371,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_gpuctl_proto_msgTypes[121]
+	mi := &file_gpuctl_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11301,7 +11383,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[121]
+	mi := &file_gpuctl_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11314,7 +11396,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{121}
+	return file_gpuctl_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *RemoveNodeRequest) GetName() string {
@@ -11351,7 +11433,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_gpuctl_proto_msgTypes[122]
+	mi := &file_gpuctl_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11363,7 +11445,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuctl_proto_msgTypes[122]
+	mi := &file_gpuctl_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11376,7 +11458,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_gpuctl_proto_rawDescGZIP(), []int{122}
+	return file_gpuctl_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *RemoveNodeResponse) GetRevoked() []*Identity {
@@ -11984,7 +12066,7 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\aJobNode\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12(\n" +
-	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xcb\x0f\n" +
+	"\x05ranks\x18\x03 \x03(\v2\x12.gpuctl.v1.JobRankR\x05ranks\"\xc5\x10\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -12046,8 +12128,15 @@ const file_gpuctl_proto_rawDesc = "" +
 	"\x10estimate_seconds\x18< \x01(\x03R\x0festimateSeconds\x12%\n" +
 	"\x0eestimate_basis\x18= \x01(\tR\restimateBasis\x12\"\n" +
 	"\n" +
-	"co2e_grams\x18F \x01(\x01H\x00R\tco2eGrams\x88\x01\x01B\r\n" +
-	"\v_co2e_grams\"\xee\x02\n" +
+	"co2e_grams\x18F \x01(\x01H\x00R\tco2eGrams\x88\x01\x01\x125\n" +
+	"\n" +
+	"type_plans\x18P \x03(\v2\x16.gpuctl.v1.JobTypePlanR\ttypePlans\x12\x19\n" +
+	"\bgpu_type\x18Q \x01(\tR\agpuType\x12&\n" +
+	"\x0fgpu_type_reason\x18R \x01(\tR\rgpuTypeReasonB\r\n" +
+	"\v_co2e_grams\"R\n" +
+	"\vJobTypePlan\x12\x1b\n" +
+	"\tgpu_model\x18\x01 \x01(\tR\bgpuModel\x12&\n" +
+	"\x04plan\x18\x02 \x01(\v2\x12.gpuctl.v1.JobPlanR\x04plan\"\xee\x02\n" +
 	"\n" +
 	"JobAttempt\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\rR\aattempt\x12&\n" +
@@ -12422,7 +12511,7 @@ func file_gpuctl_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuctl_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 127)
+var file_gpuctl_proto_msgTypes = make([]protoimpl.MessageInfo, 128)
 var file_gpuctl_proto_goTypes = []any{
 	(NCCLOp)(0),                     // 0: gpuctl.v1.NCCLOp
 	(EventKind)(0),                  // 1: gpuctl.v1.EventKind
@@ -12502,65 +12591,66 @@ var file_gpuctl_proto_goTypes = []any{
 	(*JobRank)(nil),                 // 75: gpuctl.v1.JobRank
 	(*JobNode)(nil),                 // 76: gpuctl.v1.JobNode
 	(*Job)(nil),                     // 77: gpuctl.v1.Job
-	(*JobAttempt)(nil),              // 78: gpuctl.v1.JobAttempt
-	(*SubmitJobRequest)(nil),        // 79: gpuctl.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),       // 80: gpuctl.v1.SubmitJobResponse
-	(*ListJobsRequest)(nil),         // 81: gpuctl.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 82: gpuctl.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),        // 83: gpuctl.v1.CancelJobRequest
-	(*ReleaseJobRequest)(nil),       // 84: gpuctl.v1.ReleaseJobRequest
-	(*ReleaseJobResponse)(nil),      // 85: gpuctl.v1.ReleaseJobResponse
-	(*CancelJobResponse)(nil),       // 86: gpuctl.v1.CancelJobResponse
-	(*AssignJobRequest)(nil),        // 87: gpuctl.v1.AssignJobRequest
-	(*AssignJobResponse)(nil),       // 88: gpuctl.v1.AssignJobResponse
-	(*Packing)(nil),                 // 89: gpuctl.v1.Packing
-	(*RebalanceMove)(nil),           // 90: gpuctl.v1.RebalanceMove
-	(*RebalanceRequest)(nil),        // 91: gpuctl.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),       // 92: gpuctl.v1.RebalanceResponse
-	(*StalledRank)(nil),             // 93: gpuctl.v1.StalledRank
-	(*Stall)(nil),                   // 94: gpuctl.v1.Stall
-	(*ListStallsRequest)(nil),       // 95: gpuctl.v1.ListStallsRequest
-	(*ListStallsResponse)(nil),      // 96: gpuctl.v1.ListStallsResponse
-	(*RankLateness)(nil),            // 97: gpuctl.v1.RankLateness
-	(*SlowFinding)(nil),             // 98: gpuctl.v1.SlowFinding
-	(*SlowQuiet)(nil),               // 99: gpuctl.v1.SlowQuiet
-	(*QuietSlowRequest)(nil),        // 100: gpuctl.v1.QuietSlowRequest
-	(*QuietSlowResponse)(nil),       // 101: gpuctl.v1.QuietSlowResponse
-	(*CordonRequest)(nil),           // 102: gpuctl.v1.CordonRequest
-	(*CordonResponse)(nil),          // 103: gpuctl.v1.CordonResponse
-	(*DrainedJob)(nil),              // 104: gpuctl.v1.DrainedJob
-	(*CheckpointJobRequest)(nil),    // 105: gpuctl.v1.CheckpointJobRequest
-	(*CheckpointJobResponse)(nil),   // 106: gpuctl.v1.CheckpointJobResponse
-	(*RestartJobRequest)(nil),       // 107: gpuctl.v1.RestartJobRequest
-	(*RestartJobResponse)(nil),      // 108: gpuctl.v1.RestartJobResponse
-	(*LogsRequest)(nil),             // 109: gpuctl.v1.LogsRequest
-	(*LogsChunk)(nil),               // 110: gpuctl.v1.LogsChunk
-	(*WatchRequest)(nil),            // 111: gpuctl.v1.WatchRequest
-	(*WatchChange)(nil),             // 112: gpuctl.v1.WatchChange
-	(*WatchBatch)(nil),              // 113: gpuctl.v1.WatchBatch
-	(*Identity)(nil),                // 114: gpuctl.v1.Identity
-	(*Revocation)(nil),              // 115: gpuctl.v1.Revocation
-	(*JoinTokenUse)(nil),            // 116: gpuctl.v1.JoinTokenUse
-	(*JoinToken)(nil),               // 117: gpuctl.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),  // 118: gpuctl.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil), // 119: gpuctl.v1.CreateJoinTokenResponse
-	(*ListTokensRequest)(nil),       // 120: gpuctl.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),      // 121: gpuctl.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),      // 122: gpuctl.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),     // 123: gpuctl.v1.RevokeTokenResponse
-	(*AddUserRequest)(nil),          // 124: gpuctl.v1.AddUserRequest
-	(*AddUserResponse)(nil),         // 125: gpuctl.v1.AddUserResponse
-	(*ListIdentitiesRequest)(nil),   // 126: gpuctl.v1.ListIdentitiesRequest
-	(*ListIdentitiesResponse)(nil),  // 127: gpuctl.v1.ListIdentitiesResponse
-	(*SSHKey)(nil),                  // 128: gpuctl.v1.SSHKey
-	(*RevokeUserRequest)(nil),       // 129: gpuctl.v1.RevokeUserRequest
-	(*RevokeUserResponse)(nil),      // 130: gpuctl.v1.RevokeUserResponse
-	(*RemoveNodeRequest)(nil),       // 131: gpuctl.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),      // 132: gpuctl.v1.RemoveNodeResponse
-	nil,                             // 133: gpuctl.v1.NodeRegistration.LabelsEntry
-	nil,                             // 134: gpuctl.v1.RDMAPortSample.CountersEntry
-	nil,                             // 135: gpuctl.v1.Event.AttrsEntry
-	nil,                             // 136: gpuctl.v1.LaunchRanks.EnvEntry
+	(*JobTypePlan)(nil),             // 78: gpuctl.v1.JobTypePlan
+	(*JobAttempt)(nil),              // 79: gpuctl.v1.JobAttempt
+	(*SubmitJobRequest)(nil),        // 80: gpuctl.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),       // 81: gpuctl.v1.SubmitJobResponse
+	(*ListJobsRequest)(nil),         // 82: gpuctl.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),        // 83: gpuctl.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),        // 84: gpuctl.v1.CancelJobRequest
+	(*ReleaseJobRequest)(nil),       // 85: gpuctl.v1.ReleaseJobRequest
+	(*ReleaseJobResponse)(nil),      // 86: gpuctl.v1.ReleaseJobResponse
+	(*CancelJobResponse)(nil),       // 87: gpuctl.v1.CancelJobResponse
+	(*AssignJobRequest)(nil),        // 88: gpuctl.v1.AssignJobRequest
+	(*AssignJobResponse)(nil),       // 89: gpuctl.v1.AssignJobResponse
+	(*Packing)(nil),                 // 90: gpuctl.v1.Packing
+	(*RebalanceMove)(nil),           // 91: gpuctl.v1.RebalanceMove
+	(*RebalanceRequest)(nil),        // 92: gpuctl.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),       // 93: gpuctl.v1.RebalanceResponse
+	(*StalledRank)(nil),             // 94: gpuctl.v1.StalledRank
+	(*Stall)(nil),                   // 95: gpuctl.v1.Stall
+	(*ListStallsRequest)(nil),       // 96: gpuctl.v1.ListStallsRequest
+	(*ListStallsResponse)(nil),      // 97: gpuctl.v1.ListStallsResponse
+	(*RankLateness)(nil),            // 98: gpuctl.v1.RankLateness
+	(*SlowFinding)(nil),             // 99: gpuctl.v1.SlowFinding
+	(*SlowQuiet)(nil),               // 100: gpuctl.v1.SlowQuiet
+	(*QuietSlowRequest)(nil),        // 101: gpuctl.v1.QuietSlowRequest
+	(*QuietSlowResponse)(nil),       // 102: gpuctl.v1.QuietSlowResponse
+	(*CordonRequest)(nil),           // 103: gpuctl.v1.CordonRequest
+	(*CordonResponse)(nil),          // 104: gpuctl.v1.CordonResponse
+	(*DrainedJob)(nil),              // 105: gpuctl.v1.DrainedJob
+	(*CheckpointJobRequest)(nil),    // 106: gpuctl.v1.CheckpointJobRequest
+	(*CheckpointJobResponse)(nil),   // 107: gpuctl.v1.CheckpointJobResponse
+	(*RestartJobRequest)(nil),       // 108: gpuctl.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),      // 109: gpuctl.v1.RestartJobResponse
+	(*LogsRequest)(nil),             // 110: gpuctl.v1.LogsRequest
+	(*LogsChunk)(nil),               // 111: gpuctl.v1.LogsChunk
+	(*WatchRequest)(nil),            // 112: gpuctl.v1.WatchRequest
+	(*WatchChange)(nil),             // 113: gpuctl.v1.WatchChange
+	(*WatchBatch)(nil),              // 114: gpuctl.v1.WatchBatch
+	(*Identity)(nil),                // 115: gpuctl.v1.Identity
+	(*Revocation)(nil),              // 116: gpuctl.v1.Revocation
+	(*JoinTokenUse)(nil),            // 117: gpuctl.v1.JoinTokenUse
+	(*JoinToken)(nil),               // 118: gpuctl.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),  // 119: gpuctl.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil), // 120: gpuctl.v1.CreateJoinTokenResponse
+	(*ListTokensRequest)(nil),       // 121: gpuctl.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),      // 122: gpuctl.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),      // 123: gpuctl.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),     // 124: gpuctl.v1.RevokeTokenResponse
+	(*AddUserRequest)(nil),          // 125: gpuctl.v1.AddUserRequest
+	(*AddUserResponse)(nil),         // 126: gpuctl.v1.AddUserResponse
+	(*ListIdentitiesRequest)(nil),   // 127: gpuctl.v1.ListIdentitiesRequest
+	(*ListIdentitiesResponse)(nil),  // 128: gpuctl.v1.ListIdentitiesResponse
+	(*SSHKey)(nil),                  // 129: gpuctl.v1.SSHKey
+	(*RevokeUserRequest)(nil),       // 130: gpuctl.v1.RevokeUserRequest
+	(*RevokeUserResponse)(nil),      // 131: gpuctl.v1.RevokeUserResponse
+	(*RemoveNodeRequest)(nil),       // 132: gpuctl.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),      // 133: gpuctl.v1.RemoveNodeResponse
+	nil,                             // 134: gpuctl.v1.NodeRegistration.LabelsEntry
+	nil,                             // 135: gpuctl.v1.RDMAPortSample.CountersEntry
+	nil,                             // 136: gpuctl.v1.Event.AttrsEntry
+	nil,                             // 137: gpuctl.v1.LaunchRanks.EnvEntry
 }
 var file_gpuctl_proto_depIdxs = []int32{
 	10,  // 0: gpuctl.v1.Hello.version:type_name -> gpuctl.v1.Version
@@ -12569,12 +12659,12 @@ var file_gpuctl_proto_depIdxs = []int32{
 	15,  // 3: gpuctl.v1.GPUInfo.nvlink_peers:type_name -> gpuctl.v1.NVLinkPeer
 	16,  // 4: gpuctl.v1.NodeRegistration.gpus:type_name -> gpuctl.v1.GPUInfo
 	17,  // 5: gpuctl.v1.NodeRegistration.nics:type_name -> gpuctl.v1.NIC
-	133, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
+	134, // 6: gpuctl.v1.NodeRegistration.labels:type_name -> gpuctl.v1.NodeRegistration.LabelsEntry
 	43,  // 7: gpuctl.v1.NodeRegistration.running:type_name -> gpuctl.v1.RankStatus
 	19,  // 8: gpuctl.v1.GPUSample.ecc:type_name -> gpuctl.v1.ECCCounts
 	20,  // 9: gpuctl.v1.GPUSample.processes:type_name -> gpuctl.v1.GPUProcess
 	0,   // 10: gpuctl.v1.CollectiveRecord.op:type_name -> gpuctl.v1.NCCLOp
-	134, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
+	135, // 11: gpuctl.v1.RDMAPortSample.counters:type_name -> gpuctl.v1.RDMAPortSample.CountersEntry
 	21,  // 12: gpuctl.v1.Telemetry.gpus:type_name -> gpuctl.v1.GPUSample
 	22,  // 13: gpuctl.v1.Telemetry.collectives:type_name -> gpuctl.v1.CollectiveRecord
 	23,  // 14: gpuctl.v1.Telemetry.flows:type_name -> gpuctl.v1.NetFlowSample
@@ -12584,9 +12674,9 @@ var file_gpuctl_proto_depIdxs = []int32{
 	1,   // 18: gpuctl.v1.Event.kind:type_name -> gpuctl.v1.EventKind
 	2,   // 19: gpuctl.v1.Event.severity:type_name -> gpuctl.v1.Severity
 	3,   // 20: gpuctl.v1.Event.xid_class:type_name -> gpuctl.v1.XIDClass
-	135, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
+	136, // 21: gpuctl.v1.Event.attrs:type_name -> gpuctl.v1.Event.AttrsEntry
 	4,   // 22: gpuctl.v1.InjectFault.kind:type_name -> gpuctl.v1.FaultKind
-	136, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
+	137, // 23: gpuctl.v1.LaunchRanks.env:type_name -> gpuctl.v1.LaunchRanks.EnvEntry
 	31,  // 24: gpuctl.v1.LaunchRanks.ranks:type_name -> gpuctl.v1.RankSpec
 	33,  // 25: gpuctl.v1.LaunchRanks.witnesses:type_name -> gpuctl.v1.Witness
 	36,  // 26: gpuctl.v1.VouchRequest.attempts:type_name -> gpuctl.v1.JobAttemptRef
@@ -12638,26 +12728,26 @@ var file_gpuctl_proto_depIdxs = []int32{
 	57,  // 72: gpuctl.v1.ClientRequest.gpu_history:type_name -> gpuctl.v1.GPUHistoryRequest
 	60,  // 73: gpuctl.v1.ClientRequest.observe:type_name -> gpuctl.v1.ObserveRequest
 	70,  // 74: gpuctl.v1.ClientRequest.inject_fault:type_name -> gpuctl.v1.InjectFaultRequest
-	79,  // 75: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
-	81,  // 76: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
-	83,  // 77: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
-	87,  // 78: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
-	91,  // 79: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
-	95,  // 80: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
-	102, // 81: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
-	105, // 82: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
-	107, // 83: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
-	109, // 84: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
-	111, // 85: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
-	84,  // 86: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
-	100, // 87: gpuctl.v1.ClientRequest.quiet_slow:type_name -> gpuctl.v1.QuietSlowRequest
-	118, // 88: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
-	120, // 89: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
-	122, // 90: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
-	124, // 91: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
-	126, // 92: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
-	129, // 93: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
-	131, // 94: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
+	80,  // 75: gpuctl.v1.ClientRequest.submit_job:type_name -> gpuctl.v1.SubmitJobRequest
+	82,  // 76: gpuctl.v1.ClientRequest.list_jobs:type_name -> gpuctl.v1.ListJobsRequest
+	84,  // 77: gpuctl.v1.ClientRequest.cancel_job:type_name -> gpuctl.v1.CancelJobRequest
+	88,  // 78: gpuctl.v1.ClientRequest.assign_job:type_name -> gpuctl.v1.AssignJobRequest
+	92,  // 79: gpuctl.v1.ClientRequest.rebalance:type_name -> gpuctl.v1.RebalanceRequest
+	96,  // 80: gpuctl.v1.ClientRequest.list_stalls:type_name -> gpuctl.v1.ListStallsRequest
+	103, // 81: gpuctl.v1.ClientRequest.cordon:type_name -> gpuctl.v1.CordonRequest
+	106, // 82: gpuctl.v1.ClientRequest.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobRequest
+	108, // 83: gpuctl.v1.ClientRequest.restart_job:type_name -> gpuctl.v1.RestartJobRequest
+	110, // 84: gpuctl.v1.ClientRequest.logs:type_name -> gpuctl.v1.LogsRequest
+	112, // 85: gpuctl.v1.ClientRequest.watch:type_name -> gpuctl.v1.WatchRequest
+	85,  // 86: gpuctl.v1.ClientRequest.release_job:type_name -> gpuctl.v1.ReleaseJobRequest
+	101, // 87: gpuctl.v1.ClientRequest.quiet_slow:type_name -> gpuctl.v1.QuietSlowRequest
+	119, // 88: gpuctl.v1.ClientRequest.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenRequest
+	121, // 89: gpuctl.v1.ClientRequest.list_tokens:type_name -> gpuctl.v1.ListTokensRequest
+	123, // 90: gpuctl.v1.ClientRequest.revoke_token:type_name -> gpuctl.v1.RevokeTokenRequest
+	125, // 91: gpuctl.v1.ClientRequest.add_user:type_name -> gpuctl.v1.AddUserRequest
+	127, // 92: gpuctl.v1.ClientRequest.list_identities:type_name -> gpuctl.v1.ListIdentitiesRequest
+	130, // 93: gpuctl.v1.ClientRequest.revoke_user:type_name -> gpuctl.v1.RevokeUserRequest
+	132, // 94: gpuctl.v1.ClientRequest.remove_node:type_name -> gpuctl.v1.RemoveNodeRequest
 	63,  // 95: gpuctl.v1.ClientRequest.version:type_name -> gpuctl.v1.VersionRequest
 	65,  // 96: gpuctl.v1.ClientRequest.status:type_name -> gpuctl.v1.StatusRequest
 	52,  // 97: gpuctl.v1.ClientResponse.list_nodes:type_name -> gpuctl.v1.ListNodesResponse
@@ -12666,27 +12756,27 @@ var file_gpuctl_proto_depIdxs = []int32{
 	58,  // 100: gpuctl.v1.ClientResponse.gpu_history:type_name -> gpuctl.v1.GPUHistoryResponse
 	62,  // 101: gpuctl.v1.ClientResponse.observe:type_name -> gpuctl.v1.ObserveBatch
 	71,  // 102: gpuctl.v1.ClientResponse.inject_fault:type_name -> gpuctl.v1.InjectFaultResponse
-	80,  // 103: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
-	82,  // 104: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
-	86,  // 105: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
-	88,  // 106: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
-	92,  // 107: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
-	96,  // 108: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
-	103, // 109: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
-	106, // 110: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
-	108, // 111: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
-	110, // 112: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
-	113, // 113: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
-	85,  // 114: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
-	101, // 115: gpuctl.v1.ClientResponse.quiet_slow:type_name -> gpuctl.v1.QuietSlowResponse
+	81,  // 103: gpuctl.v1.ClientResponse.submit_job:type_name -> gpuctl.v1.SubmitJobResponse
+	83,  // 104: gpuctl.v1.ClientResponse.list_jobs:type_name -> gpuctl.v1.ListJobsResponse
+	87,  // 105: gpuctl.v1.ClientResponse.cancel_job:type_name -> gpuctl.v1.CancelJobResponse
+	89,  // 106: gpuctl.v1.ClientResponse.assign_job:type_name -> gpuctl.v1.AssignJobResponse
+	93,  // 107: gpuctl.v1.ClientResponse.rebalance:type_name -> gpuctl.v1.RebalanceResponse
+	97,  // 108: gpuctl.v1.ClientResponse.list_stalls:type_name -> gpuctl.v1.ListStallsResponse
+	104, // 109: gpuctl.v1.ClientResponse.cordon:type_name -> gpuctl.v1.CordonResponse
+	107, // 110: gpuctl.v1.ClientResponse.checkpoint_job:type_name -> gpuctl.v1.CheckpointJobResponse
+	109, // 111: gpuctl.v1.ClientResponse.restart_job:type_name -> gpuctl.v1.RestartJobResponse
+	111, // 112: gpuctl.v1.ClientResponse.logs:type_name -> gpuctl.v1.LogsChunk
+	114, // 113: gpuctl.v1.ClientResponse.watch:type_name -> gpuctl.v1.WatchBatch
+	86,  // 114: gpuctl.v1.ClientResponse.release_job:type_name -> gpuctl.v1.ReleaseJobResponse
+	102, // 115: gpuctl.v1.ClientResponse.quiet_slow:type_name -> gpuctl.v1.QuietSlowResponse
 	64,  // 116: gpuctl.v1.ClientResponse.version:type_name -> gpuctl.v1.VersionResponse
-	119, // 117: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
-	121, // 118: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
-	123, // 119: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
-	125, // 120: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
-	127, // 121: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
-	130, // 122: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
-	132, // 123: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
+	120, // 117: gpuctl.v1.ClientResponse.create_join_token:type_name -> gpuctl.v1.CreateJoinTokenResponse
+	122, // 118: gpuctl.v1.ClientResponse.list_tokens:type_name -> gpuctl.v1.ListTokensResponse
+	124, // 119: gpuctl.v1.ClientResponse.revoke_token:type_name -> gpuctl.v1.RevokeTokenResponse
+	126, // 120: gpuctl.v1.ClientResponse.add_user:type_name -> gpuctl.v1.AddUserResponse
+	128, // 121: gpuctl.v1.ClientResponse.list_identities:type_name -> gpuctl.v1.ListIdentitiesResponse
+	131, // 122: gpuctl.v1.ClientResponse.revoke_user:type_name -> gpuctl.v1.RevokeUserResponse
+	133, // 123: gpuctl.v1.ClientResponse.remove_node:type_name -> gpuctl.v1.RemoveNodeResponse
 	68,  // 124: gpuctl.v1.ClientResponse.status:type_name -> gpuctl.v1.StatusResponse
 	75,  // 125: gpuctl.v1.JobNode.ranks:type_name -> gpuctl.v1.JobRank
 	74,  // 126: gpuctl.v1.Job.plan:type_name -> gpuctl.v1.JobPlan
@@ -12694,57 +12784,59 @@ var file_gpuctl_proto_depIdxs = []int32{
 	76,  // 128: gpuctl.v1.Job.placement:type_name -> gpuctl.v1.JobNode
 	7,   // 129: gpuctl.v1.Job.stopping:type_name -> gpuctl.v1.JobStop
 	76,  // 130: gpuctl.v1.Job.move_target:type_name -> gpuctl.v1.JobNode
-	78,  // 131: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
-	99,  // 132: gpuctl.v1.Job.slow_quiet:type_name -> gpuctl.v1.SlowQuiet
-	77,  // 133: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
-	77,  // 134: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
-	77,  // 135: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
-	77,  // 136: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
-	77,  // 137: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
-	76,  // 138: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
-	76,  // 139: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
-	89,  // 140: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
-	89,  // 141: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
-	90,  // 142: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
-	89,  // 143: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
-	89,  // 144: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
-	0,   // 145: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
-	93,  // 146: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
-	93,  // 147: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
-	94,  // 148: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
-	98,  // 149: gpuctl.v1.ListStallsResponse.slow:type_name -> gpuctl.v1.SlowFinding
-	97,  // 150: gpuctl.v1.ListStallsResponse.lateness:type_name -> gpuctl.v1.RankLateness
-	77,  // 151: gpuctl.v1.QuietSlowResponse.job:type_name -> gpuctl.v1.Job
-	98,  // 152: gpuctl.v1.QuietSlowResponse.covered:type_name -> gpuctl.v1.SlowFinding
-	49,  // 153: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
-	104, // 154: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
-	77,  // 155: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
-	77,  // 156: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
-	8,   // 157: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
-	8,   // 158: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
-	49,  // 159: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
-	77,  // 160: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
-	26,  // 161: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
-	94,  // 162: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
-	8,   // 163: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
-	112, // 164: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
-	9,   // 165: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
-	9,   // 166: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
-	116, // 167: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
-	117, // 168: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
-	117, // 169: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
-	117, // 170: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
-	114, // 171: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
-	9,   // 172: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
-	114, // 173: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
-	128, // 174: gpuctl.v1.ListIdentitiesResponse.ssh_keys:type_name -> gpuctl.v1.SSHKey
-	114, // 175: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
-	114, // 176: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
-	177, // [177:177] is the sub-list for method output_type
-	177, // [177:177] is the sub-list for method input_type
-	177, // [177:177] is the sub-list for extension type_name
-	177, // [177:177] is the sub-list for extension extendee
-	0,   // [0:177] is the sub-list for field type_name
+	79,  // 131: gpuctl.v1.Job.attempts:type_name -> gpuctl.v1.JobAttempt
+	100, // 132: gpuctl.v1.Job.slow_quiet:type_name -> gpuctl.v1.SlowQuiet
+	78,  // 133: gpuctl.v1.Job.type_plans:type_name -> gpuctl.v1.JobTypePlan
+	74,  // 134: gpuctl.v1.JobTypePlan.plan:type_name -> gpuctl.v1.JobPlan
+	77,  // 135: gpuctl.v1.SubmitJobResponse.job:type_name -> gpuctl.v1.Job
+	77,  // 136: gpuctl.v1.ListJobsResponse.jobs:type_name -> gpuctl.v1.Job
+	77,  // 137: gpuctl.v1.ReleaseJobResponse.job:type_name -> gpuctl.v1.Job
+	77,  // 138: gpuctl.v1.CancelJobResponse.job:type_name -> gpuctl.v1.Job
+	77,  // 139: gpuctl.v1.AssignJobResponse.job:type_name -> gpuctl.v1.Job
+	76,  // 140: gpuctl.v1.RebalanceMove.from:type_name -> gpuctl.v1.JobNode
+	76,  // 141: gpuctl.v1.RebalanceMove.to:type_name -> gpuctl.v1.JobNode
+	90,  // 142: gpuctl.v1.RebalanceMove.before:type_name -> gpuctl.v1.Packing
+	90,  // 143: gpuctl.v1.RebalanceMove.after:type_name -> gpuctl.v1.Packing
+	91,  // 144: gpuctl.v1.RebalanceResponse.moves:type_name -> gpuctl.v1.RebalanceMove
+	90,  // 145: gpuctl.v1.RebalanceResponse.before:type_name -> gpuctl.v1.Packing
+	90,  // 146: gpuctl.v1.RebalanceResponse.after:type_name -> gpuctl.v1.Packing
+	0,   // 147: gpuctl.v1.StalledRank.op:type_name -> gpuctl.v1.NCCLOp
+	94,  // 148: gpuctl.v1.Stall.lagging_ranks:type_name -> gpuctl.v1.StalledRank
+	94,  // 149: gpuctl.v1.Stall.waiting_ranks:type_name -> gpuctl.v1.StalledRank
+	95,  // 150: gpuctl.v1.ListStallsResponse.stalls:type_name -> gpuctl.v1.Stall
+	99,  // 151: gpuctl.v1.ListStallsResponse.slow:type_name -> gpuctl.v1.SlowFinding
+	98,  // 152: gpuctl.v1.ListStallsResponse.lateness:type_name -> gpuctl.v1.RankLateness
+	77,  // 153: gpuctl.v1.QuietSlowResponse.job:type_name -> gpuctl.v1.Job
+	99,  // 154: gpuctl.v1.QuietSlowResponse.covered:type_name -> gpuctl.v1.SlowFinding
+	49,  // 155: gpuctl.v1.CordonResponse.node:type_name -> gpuctl.v1.NodeStatus
+	105, // 156: gpuctl.v1.CordonResponse.jobs:type_name -> gpuctl.v1.DrainedJob
+	77,  // 157: gpuctl.v1.CheckpointJobResponse.job:type_name -> gpuctl.v1.Job
+	77,  // 158: gpuctl.v1.RestartJobResponse.job:type_name -> gpuctl.v1.Job
+	8,   // 159: gpuctl.v1.WatchRequest.kinds:type_name -> gpuctl.v1.WatchKind
+	8,   // 160: gpuctl.v1.WatchChange.kind:type_name -> gpuctl.v1.WatchKind
+	49,  // 161: gpuctl.v1.WatchChange.node:type_name -> gpuctl.v1.NodeStatus
+	77,  // 162: gpuctl.v1.WatchChange.job:type_name -> gpuctl.v1.Job
+	26,  // 163: gpuctl.v1.WatchChange.event:type_name -> gpuctl.v1.Event
+	95,  // 164: gpuctl.v1.WatchChange.stall:type_name -> gpuctl.v1.Stall
+	8,   // 165: gpuctl.v1.WatchBatch.kinds:type_name -> gpuctl.v1.WatchKind
+	113, // 166: gpuctl.v1.WatchBatch.changes:type_name -> gpuctl.v1.WatchChange
+	9,   // 167: gpuctl.v1.Identity.kind:type_name -> gpuctl.v1.IdentityKind
+	9,   // 168: gpuctl.v1.Revocation.kind:type_name -> gpuctl.v1.IdentityKind
+	117, // 169: gpuctl.v1.JoinToken.used:type_name -> gpuctl.v1.JoinTokenUse
+	118, // 170: gpuctl.v1.CreateJoinTokenResponse.info:type_name -> gpuctl.v1.JoinToken
+	118, // 171: gpuctl.v1.ListTokensResponse.tokens:type_name -> gpuctl.v1.JoinToken
+	118, // 172: gpuctl.v1.RevokeTokenResponse.token:type_name -> gpuctl.v1.JoinToken
+	115, // 173: gpuctl.v1.AddUserResponse.user:type_name -> gpuctl.v1.Identity
+	9,   // 174: gpuctl.v1.ListIdentitiesRequest.kind:type_name -> gpuctl.v1.IdentityKind
+	115, // 175: gpuctl.v1.ListIdentitiesResponse.identities:type_name -> gpuctl.v1.Identity
+	129, // 176: gpuctl.v1.ListIdentitiesResponse.ssh_keys:type_name -> gpuctl.v1.SSHKey
+	115, // 177: gpuctl.v1.RevokeUserResponse.revoked:type_name -> gpuctl.v1.Identity
+	115, // 178: gpuctl.v1.RemoveNodeResponse.revoked:type_name -> gpuctl.v1.Identity
+	179, // [179:179] is the sub-list for method output_type
+	179, // [179:179] is the sub-list for method input_type
+	179, // [179:179] is the sub-list for extension type_name
+	179, // [179:179] is the sub-list for extension extendee
+	0,   // [0:179] is the sub-list for field type_name
 }
 
 func init() { file_gpuctl_proto_init() }
@@ -12846,7 +12938,7 @@ func file_gpuctl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuctl_proto_rawDesc), len(file_gpuctl_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   127,
+			NumMessages:   128,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

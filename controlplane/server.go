@@ -75,6 +75,10 @@ type Config struct {
 	// CarbonAware holds deferrable jobs for cleaner hours or sites
 	// (scheduler.WithCarbon); it needs CarbonIntensity.
 	CarbonAware bool
+	// Hetero, when set (scheduler.Objectives), allocates GPU models to
+	// jobs allowing several by their throughput on each
+	// (scheduler.WithHetero).
+	Hetero string
 	// ValidateCommand is the short all-reduce a recovering job's new nodes
 	// run first, one rank per node (e.g. ringtrain --steps 3 --compute-ms 0
 	// --bytes 1M); empty skips it.
@@ -209,6 +213,9 @@ func New(cfg Config) (*Server, error) {
 	if policy, cfg.Jobs.Intensity, err = carbonPolicy(cfg, policy); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
+	if policy, err = heteroPolicy(cfg, policy); err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("serve: create data dir: %w", err)
 	}
@@ -254,6 +261,19 @@ func carbonPolicy(cfg Config, p scheduler.Policy) (scheduler.Policy, *carbon.Int
 		p = scheduler.WithCarbon(p, in)
 	}
 	return p, in, nil
+}
+
+// heteroPolicy wraps the policy with type allocation when Hetero names an
+// objective.
+func heteroPolicy(cfg Config, p scheduler.Policy) (scheduler.Policy, error) {
+	if cfg.Hetero == "" {
+		return p, nil
+	}
+	o, err := scheduler.ParseObjective(cfg.Hetero)
+	if err != nil {
+		return nil, fmt.Errorf("--hetero: %w", err)
+	}
+	return scheduler.WithHetero(p, o), nil
 }
 
 // newServer wires the parts over an open store.

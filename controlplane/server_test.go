@@ -343,3 +343,22 @@ func TestCarbonPolicy(t *testing.T) {
 		}
 	}
 }
+
+func TestHeteroPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		hetero, name, wantErr string
+	}{
+		{"", "fifo", ""},
+		{"max-throughput", "fifo+max-throughput", ""},
+		{"max-min-fair", "fifo+max-min-fair", ""},
+		{"fastest", "", `--hetero: unknown heterogeneity objective "fastest"; use max-throughput or max-min-fair`},
+	} {
+		p, err := heteroPolicy(Config{Hetero: tc.hetero}, scheduler.FIFO{})
+		switch {
+		case tc.wantErr != "" && (err == nil || err.Error() != tc.wantErr):
+			t.Errorf("%q: error %v; want %q", tc.hetero, err, tc.wantErr)
+		case tc.wantErr == "" && (err != nil || p.Name() != tc.name):
+			t.Errorf("%q: %v, %v; want policy %s", tc.hetero, p, err, tc.name)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -110,6 +111,14 @@ func TestValidationRules(t *testing.T) {
 		{"gpus not whole nodes of given size", "name: a\ncommand: [x]\ngpus: 12\ngpus_per_node: 8\n", "job.yaml:3: gpus: 12 is not a whole number of nodes of 8 GPUs"},
 		{"gpu model unknown", base + "gpu_model: v100\n", `job.yaml:4: gpu_model: unknown gpu "v100"`},
 		{"allow mixed with model", base + "gpu_model: h100\nallow_mixed: true\n", "job.yaml:5: allow_mixed: true contradicts gpu_model h100"},
+		{"gpu models", base + "gpu_models: [h100, a100]\ncheckpoint: {dir: /ckpt, reshardable: true}\n", ""},
+		{"gpu models and gpu model", base + "gpu_model: h100\ngpu_models: [h100, a100]\n",
+			"job.yaml:5: gpu_models: given with gpu_model h100: give gpu_model (one model) or gpu_models (any one of several), not both"},
+		{"gpu models and allow mixed", base + "gpu_models: [h100, a100]\nallow_mixed: true\n",
+			"job.yaml:5: allow_mixed: true contradicts gpu_models: a job on gpu_models runs on one of them at a time; drop one of the fields"},
+		{"gpu models unknown", base + "gpu_models: [h100, v100]\n", `job.yaml:4: gpu_models: unknown gpu "v100"`},
+		{"gpu models twice", base + "gpu_models: [a100, a100-80gb]\n", "job.yaml:4: gpu_models: a100 and a100-80gb are the same profile (a100-80gb): list it once"},
+		{"reshardable without dir", base + "checkpoint: {reshardable: true}\n", "job.yaml:4: checkpoint.reshardable: needs checkpoint.dir: a job without checkpoints has nothing to reshard"},
 		{"preset unknown", base + "model:\n  preset: gpt5\n", `job.yaml:5: model.preset: unknown model preset "gpt5"`},
 		{"model without preset incomplete", base + "model:\n  layers: 4\n  global_batch: 8\n", "job.yaml:4: model.hidden: required without a preset"},
 		{"model negative", base + "model:\n  preset: gpt3-175b\n  layers: -3\n", "job.yaml:6: model.layers: -3 is negative"},
@@ -324,5 +333,20 @@ func TestDeadline(t *testing.T) {
 	}
 	if !s.Deadline(submit).IsZero() {
 		t.Error("a job that is not deferrable has a deadline")
+	}
+}
+
+func TestModels(t *testing.T) {
+	for _, tc := range []struct {
+		spec Spec
+		want []string
+	}{
+		{Spec{}, nil},
+		{Spec{GPUModel: "a100"}, []string{"a100-80gb"}},
+		{Spec{GPUModels: []string{"h100-sxm", "a100"}}, []string{"h100", "a100-80gb"}},
+	} {
+		if got := tc.spec.Models(); !slices.Equal(got, tc.want) {
+			t.Errorf("%+v: Models() = %v, want %v", tc.spec, got, tc.want)
+		}
 	}
 }

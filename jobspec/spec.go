@@ -5,6 +5,7 @@ package jobspec
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -98,6 +99,12 @@ type Spec struct {
 	GPUsPerNode int `yaml:"gpus_per_node,omitempty" json:"gpus_per_node,omitempty"`
 	// GPUModel constrains placement to one hardware profile (h100, …).
 	GPUModel string `yaml:"gpu_model,omitempty" json:"gpu_model,omitempty"`
+	// GPUModels lets the job run on any one of several profiles, with the
+	// plan chosen for each; it never spans two of them. Give GPUModel (one
+	// model) or GPUModels (several), not both; AllowMixed (any models at
+	// once) goes with neither. With none of the three the job runs on one
+	// model, whichever places it best.
+	GPUModels []string `yaml:"gpu_models,omitempty" json:"gpu_models,omitempty"`
 	// AllowMixed lets the job span GPU models (only without GPUModel).
 	AllowMixed bool `yaml:"allow_mixed,omitempty" json:"allow_mixed,omitempty"`
 
@@ -202,6 +209,12 @@ type CheckpointSpec struct {
 	Interval time.Duration `yaml:"interval,omitempty" json:"interval,omitempty"`
 	// Dir is exported to ranks as GPUCTL_CHECKPOINT_DIR.
 	Dir string `yaml:"dir,omitempty" json:"dir,omitempty"`
+	// Reshardable says the job's checkpoints can be loaded by another
+	// parallel plan (Megatron's and PyTorch's distributed checkpoints
+	// can), so a job allowing several GPU models may restart on another
+	// model with that model's plan. Otherwise it restarts only on the
+	// model it started on.
+	Reshardable bool `yaml:"reshardable,omitempty" json:"reshardable,omitempty"`
 	// IntervalAuto is set when the job gave a dir but no interval: the
 	// server then asks for checkpoints (SIGUSR1) at the Young–Daly interval
 	// it advises, and Interval holds the default only for planning.
@@ -219,6 +232,23 @@ func (s *Spec) NodeSize() int {
 		return hw.GPUsPerNode
 	}
 	return DefaultGPUsPerNode
+}
+
+// Models are the hardware profiles the job may run on, by their profile
+// names: GPUModels, or GPUModel alone; nil when any model will do.
+// Validate refuses unknown names.
+func (s *Spec) Models() []string {
+	names := s.GPUModels
+	if s.GPUModel != "" {
+		names = []string{s.GPUModel}
+	}
+	var out []string
+	for _, n := range names {
+		if hw, err := costmodel.LookupHardware(n); err == nil && !slices.Contains(out, hw.Name) {
+			out = append(out, hw.Name)
+		}
+	}
+	return out
 }
 
 // TotalGPUs is the job's GPU count in either form.

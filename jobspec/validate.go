@@ -111,6 +111,32 @@ func (s *Spec) validate(lines map[string]int) *ValidationError {
 	return &ValidationError{Problems: c.probs}
 }
 
+// validateGPUModels checks gpu_models against gpu_model and allow_mixed.
+func (s *Spec) validateGPUModels(c *checker) {
+	if len(s.GPUModels) == 0 {
+		return
+	}
+	if s.GPUModel != "" {
+		c.add("gpu_models", "given with gpu_model %s: give gpu_model (one model) or gpu_models (any one of several), not both", s.GPUModel)
+	}
+	if s.AllowMixed {
+		c.add("allow_mixed", "true contradicts gpu_models: a job on gpu_models runs on one of them at a time; drop one of the fields")
+	}
+	seen := map[string]string{}
+	for _, n := range s.GPUModels {
+		hw, err := costmodel.LookupHardware(n)
+		if err != nil {
+			c.add("gpu_models", "%v", err)
+			continue
+		}
+		if first, ok := seen[hw.Name]; ok {
+			c.add("gpu_models", "%s and %s are the same profile (%s): list it once", first, n, hw.Name)
+			continue
+		}
+		seen[hw.Name] = n
+	}
+}
+
 func (s *Spec) validateGPUs(c *checker) {
 	node := s.NodeSize()
 	if s.GPUModel != "" {
@@ -120,6 +146,7 @@ func (s *Spec) validateGPUs(c *checker) {
 			c.add("allow_mixed", "true contradicts gpu_model %s: drop one of them", s.GPUModel)
 		}
 	}
+	s.validateGPUModels(c)
 	switch {
 	case s.GPUs == 0 && s.Nodes == 0:
 		c.add("gpus", "required: give gpus, or nodes and gpus_per_node")
@@ -332,6 +359,9 @@ func (s *Spec) validateRecovery(c *checker, tr costmodel.Training, hasModel bool
 		c.add("checkpoint.interval", "%s is under a second: no checkpoint writes that fast", cp.Interval)
 	case cp.Interval > 0 && cp.Dir == "":
 		c.add("checkpoint.dir", "required when checkpoint.interval is set: where ranks write step-N/")
+	}
+	if cp.Reshardable && cp.Dir == "" {
+		c.add("checkpoint.reshardable", "needs checkpoint.dir: a job without checkpoints has nothing to reshard")
 	}
 	if cp.Dir != "" && !filepath.IsAbs(cp.Dir) {
 		c.add("checkpoint.dir", "%q is not an absolute path", cp.Dir)

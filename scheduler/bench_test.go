@@ -75,14 +75,53 @@ func benchIntensity() *carbon.Intensities {
 	return in
 }
 
+// mixTypes makes every other node an A100 node and every other queued job
+// allow both models, with a plan per model and an H100 speedup of 1.2 to
+// 3 (the spread of docs/scheduling.md's study).
+func mixTypes(s *Snapshot) {
+	for i := range s.Nodes {
+		if i%2 == 1 {
+			s.Nodes[i].GPUModel = "A100"
+		}
+	}
+	for i := range s.Pending {
+		r := &s.Pending[i]
+		if i%2 == 1 {
+			continue
+		}
+		g := r.GPUs
+		r.Types = []TypeOption{
+			{Model: "H100", Shape: Shape{TP: 8, PP: 1, DP: g / 8}, Rate: 1.2 + float64(i%10)*0.2},
+			{Model: "A100", Shape: Shape{TP: 4, PP: 1, DP: g / 4}, Rate: 1},
+		}
+	}
+}
+
 // BenchmarkSchedule's "+carbon" runs mark every third queued job deferrable
 // by a day, so the carbon rule is asked for a third of the queue each pass.
+// Its "mixed" runs make half the cluster A100s and half the queue allow
+// both models (mixTypes), without and with type allocation.
 func BenchmarkSchedule(b *testing.B) {
 	in := benchIntensity()
+	type run struct {
+		name string
+		p    Policy
+	}
+	runs := []run{}
 	for _, p := range []Policy{FIFO{}, EASY{Base: FIFO{}}, FairShare{}, WithCarbon(FIFO{}, in), WithCarbon(EASY{Base: FIFO{}}, in)} {
-		b.Run(p.Name(), func(b *testing.B) {
+		runs = append(runs, run{p.Name(), p})
+	}
+	for _, p := range []Policy{FIFO{}, WithHetero(FIFO{}, MaxThroughput), WithHetero(FIFO{}, MaxMinFair), WithHetero(EASY{Base: FIFO{}}, MaxThroughput)} {
+		runs = append(runs, run{"mixed/" + p.Name(), p})
+	}
+	for _, r := range runs {
+		p := r.p
+		b.Run(r.name, func(b *testing.B) {
 			s := benchCluster()
-			if _, ok := p.(Deferrer); ok {
+			if strings.HasPrefix(r.name, "mixed/") {
+				mixTypes(s)
+			}
+			if strings.HasSuffix(r.name, "+carbon") {
 				for i := range s.Pending {
 					if i%3 == 0 {
 						s.Pending[i].Until = s.Now + 86400

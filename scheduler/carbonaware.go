@@ -38,7 +38,7 @@ type Deferrer interface {
 // deferrable are never held, so the base order, backfill and preemption
 // are otherwise unchanged.
 type CarbonAware struct {
-	Base      Policy
+	wrapped
 	Intensity *carbon.Intensities
 	// MinSaving is the fraction by which a later window must be cleaner.
 	MinSaving float64
@@ -46,31 +46,11 @@ type CarbonAware struct {
 
 // WithCarbon wraps p with carbon-aware deferral over in.
 func WithCarbon(p Policy, in *carbon.Intensities) CarbonAware {
-	return CarbonAware{Base: p, Intensity: in, MinSaving: DefaultCarbonMinSaving}
+	return CarbonAware{wrapped: wrapped{p}, Intensity: in, MinSaving: DefaultCarbonMinSaving}
 }
 
 // Name returns the base's name with "+carbon".
 func (c CarbonAware) Name() string { return c.Base.Name() + "+carbon" }
-
-// Order delegates to the base policy.
-func (c CarbonAware) Order(s *Snapshot, pending []*JobRequest) { c.Base.Order(s, pending) }
-
-// Backfills delegates to the base policy.
-func (c CarbonAware) Backfills() bool {
-	b, ok := c.Base.(Backfiller)
-	return ok && b.Backfills()
-}
-
-// Preempts delegates to the base policy.
-func (c CarbonAware) Preempts() bool { return preempts(c.Base) }
-
-// Outranks delegates to the base policy.
-func (c CarbonAware) Outranks(s *Snapshot, w *JobRequest, r *RunningJob) bool {
-	return outranks(c.Base, s, w, r)
-}
-
-// Grace delegates to the base policy.
-func (c CarbonAware) Grace() int64 { return grace(c.Base) }
 
 // Deferral finds, once per pass, the curves of the ready nodes of each GPU
 // model (the sites a job of that model could run on), then decides per job.

@@ -47,6 +47,9 @@ type Placement struct {
 	Shape Shape
 	Ranks []Slot
 	Score Score
+	// Model is the type chosen for a job allowing several models; empty
+	// otherwise.
+	Model string
 }
 
 // Nodes returns the distinct nodes of the placement in rank order.
@@ -309,8 +312,45 @@ func Place(s *Snapshot, req *JobRequest) (Placement, error) {
 	return newState(s).place(req, placeOpts{})
 }
 
-// place runs Filter, Score and Reserve for one request on the state.
+// place runs Filter, Score and Reserve for one request on the state. A
+// request allowing several models is placed on each as a request for that
+// model with that model's shape: the first that fits when ordered, else
+// the best-scoring one (as a job without a model is placed per model).
 func (st *state) place(req *JobRequest, o placeOpts) (Placement, error) {
+	opts := req.options()
+	if len(opts) == 0 {
+		return st.placeOne(req, o)
+	}
+	var (
+		best     Placement
+		found    bool
+		firstErr error
+	)
+	for _, t := range opts {
+		one := *req
+		one.Types, one.GPUModel, one.Shape, one.GPUs = nil, t.Model, t.Shape, 0
+		p, err := st.placeOne(&one, o)
+		if err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		p.Model = t.Model
+		if req.ordered {
+			return p, nil
+		}
+		if !found || p.Score.Total > best.Score.Total {
+			best, found = p, true
+		}
+	}
+	if found {
+		return best, nil
+	}
+	return Placement{}, firstErr
+}
+
+func (st *state) placeOne(req *JobRequest, o placeOpts) (Placement, error) {
 	full := req.shape()
 	dps := []int{full.DP}
 	if len(req.ElasticDP) > 0 {
@@ -440,32 +480,40 @@ func (st *state) placeShape(req *JobRequest, sh Shape, o placeOpts) (Placement, 
 }
 
 func (st *state) byModel(cands []cand) [][]cand {
-	first := st.nodes[cands[0].ni].node.GPUModel
-	same := true
+	// A cluster has few models: a linear scan beats a map, and the shadow
+	// search calls this once per release it tries.
+	var models []string
+	var counts []int
 	for _, c := range cands {
-		if st.nodes[c.ni].node.GPUModel != first {
-			same = false
-			break
+		m := st.nodes[c.ni].node.GPUModel
+		k := slices.Index(models, m)
+		if k < 0 {
+			models, counts = append(models, m), append(counts, 0)
+			k = len(models) - 1
 		}
+		counts[k]++
 	}
-	if same {
+	if len(models) == 1 {
 		return [][]cand{cands}
 	}
-	m := map[string][]cand{}
-	var models []string
+	order := make([]int, len(models))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(models[a], models[b]) })
+	out := make([][]cand, len(models))
+	for _, k := range order {
+		out[k] = make([]cand, 0, counts[k])
+	}
 	for _, c := range cands {
-		mod := st.nodes[c.ni].node.GPUModel
-		if _, ok := m[mod]; !ok {
-			models = append(models, mod)
-		}
-		m[mod] = append(m[mod], c)
+		k := slices.Index(models, st.nodes[c.ni].node.GPUModel)
+		out[k] = append(out[k], c)
 	}
-	slices.Sort(models)
-	out := make([][]cand, 0, len(models))
-	for _, mod := range models {
-		out = append(out, m[mod])
+	sorted := make([][]cand, len(models))
+	for i, k := range order {
+		sorted[i] = out[k]
 	}
-	return out
+	return sorted
 }
 
 // explain builds the PlacementError, recording a verdict for every node.

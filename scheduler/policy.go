@@ -318,6 +318,49 @@ func (e EASY) Outranks(s *Snapshot, w *JobRequest, r *RunningJob) bool {
 // Grace delegates to the base policy.
 func (e EASY) Grace() int64 { return grace(e.Base) }
 
+// wrapped is a policy option around a base policy: it orders, backfills,
+// preempts, defers and allocates types as the base does, except where the
+// option defines its own. Options therefore stack in any order.
+type wrapped struct {
+	Base Policy
+}
+
+// Order delegates to the base policy.
+func (w wrapped) Order(s *Snapshot, pending []*JobRequest) { w.Base.Order(s, pending) }
+
+// Backfills delegates to the base policy.
+func (w wrapped) Backfills() bool {
+	b, ok := w.Base.(Backfiller)
+	return ok && b.Backfills()
+}
+
+// Preempts delegates to the base policy.
+func (w wrapped) Preempts() bool { return preempts(w.Base) }
+
+// Outranks delegates to the base policy.
+func (w wrapped) Outranks(s *Snapshot, waiting *JobRequest, r *RunningJob) bool {
+	return outranks(w.Base, s, waiting, r)
+}
+
+// Grace delegates to the base policy.
+func (w wrapped) Grace() int64 { return grace(w.Base) }
+
+// Deferral delegates to the base policy; nil when it defers nothing.
+func (w wrapped) Deferral(s *Snapshot) func(r *JobRequest) (Hold, *Preference, bool) {
+	if d, ok := w.Base.(Deferrer); ok {
+		return d.Deferral(s)
+	}
+	return nil
+}
+
+// Allocate delegates to the base policy; nil when it allocates no types.
+func (w wrapped) Allocate(s *Snapshot, queue []*JobRequest) map[string]Allocation {
+	if a, ok := w.Base.(Allocator); ok {
+		return a.Allocate(s, queue)
+	}
+	return nil
+}
+
 // preempts, outranks and grace are a wrapping policy's Preemptor methods:
 // its base's, or no preemption when the base has none.
 func preempts(base Policy) bool {

@@ -19,6 +19,9 @@ type Start struct {
 	Placement Placement
 	// Backfilled marks a job started ahead of a blocked, reserved job.
 	Backfilled bool
+	// TypeReason says why a job allowing several models got
+	// Placement.Model (the policy's allocation, or the best placement).
+	TypeReason string
 }
 
 // Preempt stops a running job to make room for For. When CheckpointFirst is
@@ -120,6 +123,7 @@ func Schedule(s *Snapshot, p Policy) []Decision {
 		queue = append(queue, r)
 	}
 	p.Order(s, queue)
+	reasons := allocate(s, p, queue)
 
 	st := newState(s)
 	free := st.freeGPUs()
@@ -136,7 +140,7 @@ func Schedule(s *Snapshot, p Policy) []Decision {
 				if pl, err := st.place(r, quiet); err == nil {
 					st.take(&pl)
 					free -= len(pl.Ranks)
-					out = append(out, Start{Job: r.ID, Placement: pl})
+					out = append(out, Start{Job: r.ID, Placement: pl, TypeReason: typeReason(r, &pl, reasons)})
 					if r.Estimate > 0 {
 						pc := pl
 						started = append(started, ending{s.Now + r.Estimate, &pc})
@@ -176,7 +180,7 @@ func Schedule(s *Snapshot, p Policy) []Decision {
 		st.take(&pl)
 		beyond.take(&pl)
 		free -= len(pl.Ranks)
-		out = append(out, Start{Job: r.ID, Placement: pl, Backfilled: true})
+		out = append(out, Start{Job: r.ID, Placement: pl, Backfilled: true, TypeReason: typeReason(r, &pl, reasons)})
 	}
 	return out
 }

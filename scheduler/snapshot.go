@@ -119,7 +119,21 @@ type JobRequest struct {
 	// job still never mixes models unless AllowMixed.
 	GPUModel   string
 	AllowMixed bool
-	Prefer     []Preference
+	// Types, when set, lets the job run on any one of these models, each
+	// with its own shape (the plan chosen for that model); GPUModel, Shape
+	// and AllowMixed are then unset. Without a heterogeneity-aware policy
+	// the job is placed as a job without a model is, on its models only;
+	// with one (Allocator) it tries them in the order allocated.
+	Types []TypeOption
+	// StartedOn is the model an earlier attempt ran on. A job that cannot
+	// reshard its checkpoint (Reshardable false) restarts on it only: its
+	// checkpoint holds the shards of that model's plan.
+	StartedOn   string
+	Reshardable bool
+	// ordered makes place take the first of Types that fits (the order
+	// Schedule set from an Allocation) instead of the best-scoring one.
+	ordered bool
+	Prefer  []Preference
 	// Estimate is the job's own runtime estimate in seconds; 0 when unknown.
 	Estimate int64
 	// Attained is the GPU-seconds of service the job received before this
@@ -143,8 +157,12 @@ type JobRequest struct {
 	Until int64
 }
 
-// shape returns the request's effective shape.
+// shape returns the request's effective shape (its first type's, for a
+// job allowing several).
 func (r *JobRequest) shape() Shape {
+	if o := r.options(); len(o) > 0 {
+		return o[0].Shape
+	}
 	if r.Shape.TP == 0 && r.Shape.PP == 0 && r.Shape.DP == 0 {
 		return Shape{TP: 1, PP: 1, DP: r.GPUs}
 	}
@@ -179,6 +197,9 @@ func (r *JobRequest) Validate() error {
 			return fmt.Errorf("%w: job %s: tp %d does not divide %d GPUs per node (tensor parallelism stays inside a node)",
 				ErrInvalidRequest, r.ID, s.TP, r.GPUsPerNode)
 		}
+	}
+	if err := r.validateTypes(); err != nil {
+		return err
 	}
 	for _, dp := range r.ElasticDP {
 		if dp < 1 {

@@ -14,6 +14,7 @@ import (
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/colorprofile"
 	"github.com/charmbracelet/x/ansi"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/transport"
@@ -146,6 +147,26 @@ func (hs *harness) slow() {
 	hs.send(app.SlowMsg{Resp: fixture.Slow()})
 }
 
+// typed makes the running job one allowing h100 and a100-80gb, started
+// on the h100s.
+func (hs *harness) typed() {
+	hs.t.Helper()
+	snap := fixture.Cluster(40, 8)
+	for i, j := range snap.Jobs {
+		if j.GetId() != "j-0a1b2c" {
+			continue
+		}
+		j = proto.Clone(j).(*api.Job)
+		j.TypePlans = []*api.JobTypePlan{
+			{GpuModel: "h100", Plan: proto.Clone(j.GetPlan()).(*api.JobPlan)},
+			{GpuModel: "a100-80gb", Plan: &api.JobPlan{Tp: 4, Pp: 4, Dp: 2, Source: "planner", StepSeconds: 2 * j.GetPlan().GetStepSeconds()}},
+		}
+		j.GpuType, j.GpuTypeReason = "h100", "h100: 2.00× its a100-80gb throughput; max-throughput"
+		snap.Jobs[i] = j
+	}
+	hs.send(app.SnapshotMsg{Snap: snap})
+}
+
 func (hs *harness) calls(method string) []fixture.Call {
 	var out []fixture.Call
 	for _, c := range hs.cl.Calls() {
@@ -195,6 +216,7 @@ func TestViewsGolden(t *testing.T) {
 		{"job-xray", func(hs *harness) { hs.command("job j-0a1b2c"); hs.keys("2") }},
 		{"job-grid", func(hs *harness) { hs.command("job j-0a1b2c"); hs.keys("3") }},
 		{"job-logs", func(hs *harness) { hs.command("job j-0a1b2c"); hs.keys("4") }},
+		{"job-typed", func(hs *harness) { hs.typed(); hs.command("job j-0a1b2c") }},
 		{"stalls", func(hs *harness) { hs.command("stalls") }},
 		{"events", func(hs *harness) { hs.command("events") }},
 		{"events-xid", func(hs *harness) { hs.command("events kind:xid") }},

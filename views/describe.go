@@ -180,6 +180,10 @@ func DescribeJob(w io.Writer, o Options, j *api.Job, stalls []*api.Stall, events
 	d.fact("Reason", deref(v.Reason))
 	d.fact("Held", strconv.FormatBool(v.Hold))
 	d.fact("Plan", planText(v.Plan)+" ("+planSourceText(v.Plan.Source)+")")
+	if len(v.TypePlans) > 0 {
+		d.fact("GPU type", TypeText(j))
+		d.fact("Plans by type", typePlansText(v.TypePlans))
+	}
 	gpus := strconv.Itoa(v.GPUs)
 	if v.FullGPUs != v.GPUs {
 		gpus += fmt.Sprintf(" of %d (shrunk)", v.FullGPUs)
@@ -427,4 +431,28 @@ func rankList(rs []JobRankJSON) string {
 		out[i] = strconv.Itoa(x)
 	}
 	return dash(strings.Join(out, ","))
+}
+
+// TypeText is the GPU model a job allowing several got, and why (the
+// reason starts with the model).
+func TypeText(j *api.Job) string {
+	switch {
+	case j.GetGpuType() == "":
+		return "not chosen yet (chosen when it starts)"
+	case j.GetGpuTypeReason() == "":
+		return j.GetGpuType()
+	}
+	return j.GetGpuTypeReason()
+}
+
+// typePlansText lists a job's plan on each model it allows.
+func typePlansText(ts []TypePlanJSON) string {
+	parts := make([]string, len(ts))
+	for i, t := range ts {
+		parts[i] = t.GPUModel + " " + planText(t.Plan)
+		if t.Plan.StepSeconds != nil {
+			parts[i] += fmt.Sprintf(" %.3f s/step", *t.Plan.StepSeconds)
+		}
+	}
+	return strings.Join(parts, "; ")
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/gpuctl/gpuctl/api"
 )
 
@@ -20,6 +22,7 @@ func TestDescribe(t *testing.T) {
 		"node_down":   func(w *bytes.Buffer, o Options) error { return DescribeNode(w, o, nodes[2], jobs, nil) },
 		"job":         func(w *bytes.Buffer, o Options) error { return DescribeJob(w, o, jobs[0], sampleStalls()[:1], events) },
 		"job_pending": func(w *bytes.Buffer, o Options) error { return DescribeJob(w, o, jobs[1], nil, nil) },
+		"job_typed":   func(w *bytes.Buffer, o Options) error { return DescribeJob(w, o, typedJob(jobs[0]), nil, nil) },
 		"gpu": func(w *bytes.Buffer, o Options) error {
 			return DescribeGPU(w, o, nodes[0], nodes[0].GetGpus()[0], history, jobs, events)
 		},
@@ -41,4 +44,17 @@ func TestDescribe(t *testing.T) {
 			})
 		}
 	}
+}
+
+// typedJob is j allowing h100 and a100-80gb, started on the h100s.
+func typedJob(j *api.Job) *api.Job {
+	j = proto.Clone(j).(*api.Job)
+	j.TypePlans = []*api.JobTypePlan{
+		{GpuModel: "h100", Plan: &api.JobPlan{Tp: 8, Pp: 1, Dp: 2, Source: "planner", StepSeconds: 0.81}},
+		{GpuModel: "a100-80gb", Plan: &api.JobPlan{Tp: 4, Pp: 2, Dp: 2, Source: "planner", StepSeconds: 1.54}},
+	}
+	j.Plan = proto.Clone(j.TypePlans[0].Plan).(*api.JobPlan)
+	j.FullGpus = 16
+	j.GpuType, j.GpuTypeReason = "h100", "h100: 1.90× its a100-80gb throughput; max-throughput"
+	return j
 }

@@ -58,6 +58,11 @@ type JobJSON struct {
 	// from (the job file, or the runtime model's group); null without one.
 	EstimateSeconds *int64  `json:"estimate_seconds"`
 	EstimateBasis   *string `json:"estimate_basis"`
+	// For a job allowing several GPU models (gpu_models): the model it
+	// got and why (null until it first starts), and its plan on each.
+	GPUType       *string        `json:"gpu_type"`
+	GPUTypeReason *string        `json:"gpu_type_reason"`
+	TypePlans     []TypePlanJSON `json:"type_plans"`
 	// Times: submitted, the current attempt's start, the end, and the
 	// first attempt's start (goodput and downtime count from it).
 	SubmitTime     *time.Time `json:"submit_time"`
@@ -165,6 +170,21 @@ func jobNodesJSON(nodes []*api.JobNode) []JobNodeJSON {
 	return out
 }
 
+// TypePlanJSON is a job's plan on one GPU model it allows.
+type TypePlanJSON struct {
+	GPUModel string   `json:"gpu_model"`
+	Plan     PlanJSON `json:"plan"`
+}
+
+func planJSON(p *api.JobPlan) PlanJSON {
+	return PlanJSON{TP: p.GetTp(), CP: p.GetCp(), PP: p.GetPp(), DP: p.GetDp(), MicroBatch: p.GetMicroBatch(),
+		NumMicroBatches: p.GetNumMicroBatches(), VirtualStages: p.GetVirtualStages(), Source: p.GetSource(),
+		StepSeconds: optFloat(p.GetStepSeconds()), MFU: optFloat(p.GetMfu()), MemPerGPUBytes: optInt64(p.GetMemPerGpuBytes()),
+		MeasuredStepSeconds: optFloat(p.GetMeasuredStepSeconds()), CalibratedComputeScale: optFloat(p.GetCalibratedComputeScale()),
+		CalibratedCommScale: optFloat(p.GetCalibratedCommScale()), CalibratedTerm: optString(p.GetCalibratedTerm()),
+		CalibrationNote: optString(p.GetCalibrationNote())}
+}
+
 // JobFromAPI converts a job to its JSON view.
 func JobFromAPI(j *api.Job) JobJSON {
 	p := j.GetPlan()
@@ -172,12 +192,8 @@ func JobFromAPI(j *api.Job) JobJSON {
 		ID: j.GetId(), Name: j.GetName(), Tenant: optString(j.GetTenant()), Priority: j.GetPriority(),
 		State: JobStateName(j.GetState()), Stopping: stopName(j.GetStopping()),
 		PendingReason: optString(j.GetPendingReason()), Reason: optString(j.GetReason()), Hold: j.GetHold(),
-		Plan: PlanJSON{TP: p.GetTp(), CP: p.GetCp(), PP: p.GetPp(), DP: p.GetDp(), MicroBatch: p.GetMicroBatch(),
-			NumMicroBatches: p.GetNumMicroBatches(), VirtualStages: p.GetVirtualStages(), Source: p.GetSource(),
-			StepSeconds: optFloat(p.GetStepSeconds()), MFU: optFloat(p.GetMfu()), MemPerGPUBytes: optInt64(p.GetMemPerGpuBytes()),
-			MeasuredStepSeconds: optFloat(p.GetMeasuredStepSeconds()), CalibratedComputeScale: optFloat(p.GetCalibratedComputeScale()),
-			CalibratedCommScale: optFloat(p.GetCalibratedCommScale()), CalibratedTerm: optString(p.GetCalibratedTerm()),
-			CalibrationNote: optString(p.GetCalibrationNote())},
+		Plan:    planJSON(p),
+		GPUType: optString(j.GetGpuType()), GPUTypeReason: optString(j.GetGpuTypeReason()), TypePlans: []TypePlanJSON{},
 		GPUs:    int(p.GPUs()),
 		Attempt: j.GetAttempt(), Attempts: []AttemptJSON{}, Restarts: j.GetRestarts(), Preemptions: j.GetPreemptions(),
 		Placement: jobNodesJSON(j.GetPlacement()), MoveTarget: jobNodesJSON(j.GetMoveTarget()),
@@ -189,6 +205,9 @@ func JobFromAPI(j *api.Job) JobJSON {
 		GPUSeconds: j.GetAttainedGpuSeconds(), EstimateSeconds: optInt64(j.GetEstimateSeconds()), EstimateBasis: optString(j.GetEstimateBasis()),
 		SubmitTime: optTime(j.GetSubmitUnixNano()),
 		StartTime:  optTime(j.GetStartUnixNano()), EndTime: optTime(j.GetEndUnixNano()), FirstStartTime: optTime(j.GetFirstStartUnixNano()),
+	}
+	for _, t := range j.GetTypePlans() {
+		out.TypePlans = append(out.TypePlans, TypePlanJSON{GPUModel: t.GetGpuModel(), Plan: planJSON(t.GetPlan())})
 	}
 	out.FullGPUs = int(j.GetFullGpus())
 	if out.FullGPUs == 0 {

@@ -45,6 +45,14 @@ type cluster struct {
 
 func startCluster(t *testing.T, nodes int) *cluster {
 	t.Helper()
+	return startClusterOf(t, controlplane.Config{}, slices.Repeat([]string{"dgx-h100"}, nodes)...)
+}
+
+// startClusterOf starts a control plane with cfg (its data dir and listen
+// address set here) and one node per simulated host profile in sims.
+func startClusterOf(t *testing.T, cfg controlplane.Config, sims ...string) *cluster {
+	t.Helper()
+	nodes := len(sims)
 	workloadOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
@@ -54,7 +62,8 @@ func startCluster(t *testing.T, nodes int) *cluster {
 		t.Fatalf("reference workload: %v", workloadErr)
 	}
 	dir := t.TempDir()
-	srv, err := controlplane.New(controlplane.Config{DataDir: filepath.Join(dir, "server"), Listen: "127.0.0.1:0"})
+	cfg.DataDir, cfg.Listen = filepath.Join(dir, "server"), "127.0.0.1:0"
+	srv, err := controlplane.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +81,7 @@ func startCluster(t *testing.T, nodes int) *cluster {
 	}
 	for i := 0; i < nodes; i++ {
 		name := "node-0" + string(rune('0'+i))
-		probes, err := agent.OpenProbes(agent.ProbeOptions{Node: name, Sim: "dgx-h100", EBPF: agent.EBPFOff}, slog.New(slog.DiscardHandler))
+		probes, err := agent.OpenProbes(agent.ProbeOptions{Node: name, Sim: sims[i], EBPF: agent.EBPFOff}, slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Fatal(err)
 		}

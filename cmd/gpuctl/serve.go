@@ -134,6 +134,7 @@ certificate and admin.yaml (a client config with an admin certificate) in
 	f.StringVar(&policyWeights, "policy-weights", "", "the weights of --policy learned (gpuctl simulate train --policy-out)")
 	f.StringVar(&runtimeModel, "runtime-model", "", "a runtime model (gpuctl simulate train) that gives jobs whose file names no estimated_runtime\nan expected runtime for sjf and backfill")
 	f.StringVar(&cfg.CarbonIntensity, "carbon-intensity", "", "carbon-intensity curves by node label, gCO2e/kWh by UTC hour (format: docs/scheduling.md)")
+	f.StringVar(&cfg.Hetero, "hetero", "", "allocate GPU models to jobs allowing several (gpu_models) by their throughput on each: max-throughput or max-min-fair;\nempty: such a job takes whichever of its models places it best")
 	f.BoolVar(&cfg.CarbonAware, "carbon-aware", false, "hold deferrable jobs for cleaner hours or sites before their deadline (needs --carbon-intensity)")
 	f.StringVar(&validate, "validate-command", "", "short all-reduce that nodes new to a recovering job run first, one rank per node\n(e.g. \"ringtrain --steps 3 --compute-ms 0 --bytes 1M\"); empty: NVML health only")
 	f.StringVar(&runAsDefault, "run-as-default", "", "USER[:GROUP] the ranks of a job that names no user run as")

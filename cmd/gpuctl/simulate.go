@@ -34,6 +34,8 @@ type simFlags struct {
 	ckpt                      time.Duration
 	compare, noEstimates      bool
 	policyWeights             string
+	mix                       []string
+	hetero                    string
 
 	model, gpu         string
 	gpus               int
@@ -101,6 +103,8 @@ for DNN Training Workloads", USENIX ATC 2019 (marwage/philly-traces, CC BY 4.0).
 	fl.DurationVar(&f.ckpt, "checkpoint-interval", 30*time.Minute, "trace replay: running time between a job's checkpoints; a failure loses the work since the last one")
 	fl.IntVar(&f.tenants, "tenants", 4, "synthetic tenants for jobs without one, assigned by a hash of the job id (for fair share)")
 	fl.BoolVar(&f.noEstimates, "no-estimates", false, "hide runtimes from the scheduler (sjf and backfill then have nothing to go on)")
+	fl.StringSliceVar(&f.mix, "mix", nil, "trace replay on a mixed cluster: GPU profiles cutting the nodes into equal runs (e.g. a100,h100);\nthe trace's runtimes are on the first, every job may run on any, at its cost-model throughput on each (--seed draws its model)")
+	fl.StringVar(&f.hetero, "hetero", "", "with --mix: allocate GPU models by throughput, max-throughput or max-min-fair (empty: type-agnostic)")
 
 	fl.StringVar(&f.model, "model", "", "run under failures: model preset ("+strings.Join(costmodel.ModelNames(), ", ")+")")
 	fl.StringVar(&f.gpu, "gpu", "h100", "GPU profile: "+strings.Join(costmodel.HardwareNames(), ", "))
@@ -154,16 +158,36 @@ func runSimulateTrace(cmd *cobra.Command, f simFlags) error {
 		}
 		weights = &w
 	}
+	var mix *simulate.Mix
+	var objective scheduler.Objective
+	switch {
+	case f.hetero != "" && len(f.mix) == 0:
+		return errors.New("--hetero needs --mix: the GPU models of the cluster to allocate")
+	case f.hetero != "":
+		if objective, err = scheduler.ParseObjective(f.hetero); err != nil {
+			return fmt.Errorf("--hetero: %w", err)
+		}
+	}
+	if len(f.mix) > 0 {
+		rates, err := simulate.CostRates(f.mix, f.seed)
+		if err != nil {
+			return fmt.Errorf("--mix: %w", err)
+		}
+		mix = &simulate.Mix{Models: f.mix, Rates: rates, Reshardable: true}
+	}
 	var rows []simRow
 	for _, name := range names {
 		p, err := scheduler.PolicyWithWeights(name, weights)
 		if err != nil {
 			return err
 		}
+		if objective != "" {
+			p = scheduler.WithHetero(p, objective)
+		}
 		start := time.Now()
 		res, err := simulate.Run(jobs, simulate.Config{
 			Nodes: f.nodes, GPUsPerNode: f.gpn, Policy: p, Tenants: f.tenants,
-			CheckpointInterval: int64(f.ckpt / time.Second), NoEstimates: f.noEstimates,
+			CheckpointInterval: int64(f.ckpt / time.Second), NoEstimates: f.noEstimates, Mix: mix,
 		})
 		if err != nil {
 			return err

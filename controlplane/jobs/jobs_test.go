@@ -234,6 +234,8 @@ type harness struct {
 	lease time.Duration
 	// runtimes is the owner's Config.Runtimes.
 	runtimes *predictor.Model
+	// hetero, when set, adds type allocation to the policy.
+	hetero scheduler.Objective
 }
 
 func newHarness(t *testing.T, policy string, nodes ...*api.NodeStatus) *harness {
@@ -256,6 +258,9 @@ func (h *harness) open(policy string) {
 	p, err := scheduler.PolicyByName(policy)
 	if err != nil {
 		h.t.Fatal(err)
+	}
+	if h.hetero != "" {
+		p = scheduler.WithHetero(p, h.hetero)
 	}
 	h.nodes.mu.Lock()
 	h.nodes.storeAt = func(job string) *api.Job {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
+	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/store"
 )
 
@@ -33,6 +34,12 @@ func (s *scaleNodes) Command(context.Context, string, *api.Command) (*api.Comman
 // scaleCluster stores jobs running 16 GPUs each on pairs of nodes, and
 // returns a registry stand-in whose nodes run them.
 func scaleCluster(tb testing.TB, st store.Store, nodeCount, jobCount int) *scaleNodes {
+	return scaleClusterOf(tb, st, nodeCount, jobCount, false)
+}
+
+// scaleClusterOf is scaleCluster; mixed makes every other pair of nodes
+// A100s and every job allow h100 and a100, with a plan for each.
+func scaleClusterOf(tb testing.TB, st store.Store, nodeCount, jobCount int, mixed bool) *scaleNodes {
 	tb.Helper()
 	s := &scaleNodes{}
 	for i := range nodeCount {
@@ -40,8 +47,12 @@ func scaleCluster(tb testing.TB, st store.Store, nodeCount, jobCount int) *scale
 		n := &api.NodeStatus{Registration: &api.NodeRegistration{Name: name, Labels: map[string]string{
 			"rack": fmt.Sprintf("r%d", i/16), "switch": fmt.Sprintf("s%d", i/32)}},
 			State: api.NodeState_NODE_STATE_READY, Connected: true, RemoteAddr: "127.0.0.1:1"}
+		model := "NVIDIA H100 80GB HBM3"
+		if mixed && i/2%2 == 1 {
+			model = "NVIDIA A100-SXM4-80GB"
+		}
 		for g := range 8 {
-			n.Gpus = append(n.Gpus, &api.GPUStatus{Healthy: true, Info: &api.GPUInfo{Index: uint32(g), Model: "NVIDIA H100 80GB HBM3"},
+			n.Gpus = append(n.Gpus, &api.GPUStatus{Healthy: true, Info: &api.GPUInfo{Index: uint32(g), Model: model},
 				Last: &api.GPUSample{Index: uint32(g), EnergyMj: 1000}})
 		}
 		s.nodes = append(s.nodes, n)
@@ -55,6 +66,17 @@ func scaleCluster(tb testing.TB, st store.Store, nodeCount, jobCount int) *scale
 				Plan: &api.JobPlan{Tp: 1, Pp: 1, Dp: 16, Source: "gpus"}, State: api.JobState_JOB_STATE_RUNNING,
 				Attempt: 1, SubmitUnixNano: int64(k), StartUnixNano: 1, FirstStartUnixNano: 1, CheckpointDir: "/ckpt", FullGpus: 16,
 				Attempts: []*api.JobAttempt{{Attempt: 1, StartUnixNano: 1, Gpus: 16, Dp: 16}}}
+			if mixed {
+				j.SpecYaml += "gpu_models: [h100, a100]\n"
+				j.TypePlans = []*api.JobTypePlan{
+					{GpuModel: "h100", Plan: &api.JobPlan{Tp: 8, Pp: 1, Dp: 2, Source: "planner", StepSeconds: 1}},
+					{GpuModel: "a100-80gb", Plan: &api.JobPlan{Tp: 8, Pp: 1, Dp: 2, Source: "planner", StepSeconds: 2.5}},
+				}
+				j.GpuType = "h100"
+				if k%2 == 1 {
+					j.GpuType = "a100-80gb"
+				}
+			}
 			rank := int32(0)
 			for _, ni := range []int{2 * k % nodeCount, (2*k + 1) % nodeCount} {
 				node := s.nodes[ni].GetRegistration().GetName()
@@ -183,14 +205,26 @@ func BenchmarkOwnerLoop(b *testing.B) {
 
 // BenchmarkPass is one scheduling pass over 2,000 nodes and 1,000 running
 // jobs: snapshot, stops, recoveries, the scheduler, every job's counters.
-func BenchmarkPass(b *testing.B) {
+func BenchmarkPass(b *testing.B) { benchmarkPass(b, false) }
+
+// BenchmarkPassHetero is BenchmarkPass on half H100 and half A100 nodes,
+// every job allowing both with a plan for each, under max-throughput type
+// allocation.
+func BenchmarkPassHetero(b *testing.B) { benchmarkPass(b, true) }
+
+func benchmarkPass(b *testing.B, mixed bool) {
 	st, err := store.OpenBolt(filepath.Join(b.TempDir(), "state.db"))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	cl := scaleCluster(b, st, 2000, 1000)
-	m, err := New(Config{Store: st, Nodes: cl})
+	cl := scaleClusterOf(b, st, 2000, 1000, mixed)
+	cfg := Config{Store: st, Nodes: cl}
+	if mixed {
+		p, _ := scheduler.PolicyByName(scheduler.DefaultPolicy)
+		cfg.Policy = scheduler.WithHetero(p, scheduler.MaxThroughput)
+	}
+	m, err := New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}

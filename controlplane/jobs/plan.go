@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/jobspec"
+	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
 	"github.com/gpuctl/gpuctl/scheduler/planner"
 )
@@ -16,6 +19,63 @@ const (
 	planPlanner = "planner"
 	planGPUs    = "gpus"
 )
+
+// plansFor resolves a job's parallel layout (planFor); for a job allowing
+// several GPU models it plans each, in the job's order, and the first is
+// the job's plan until it starts on one.
+func plansFor(s *jobspec.Spec) (*api.JobPlan, []*api.JobTypePlan, error) {
+	if len(s.GPUModels) < 2 {
+		p, err := planFor(s)
+		return p, nil, err
+	}
+	var types []*api.JobTypePlan
+	for _, m := range s.Models() {
+		one := *s
+		one.GPUModel, one.GPUModels = m, nil
+		p, err := planFor(&one)
+		if err != nil {
+			return nil, nil, fmt.Errorf("gpu_models %s: %w", m, err)
+		}
+		types = append(types, &api.JobTypePlan{GpuModel: m, Plan: p})
+	}
+	return proto.Clone(types[0].Plan).(*api.JobPlan), types, nil
+}
+
+// typeOptions are the scheduler's view of a job's type plans: each
+// model's shape, and its throughput as one over the predicted step (all
+// alike when the job has no model section to predict from).
+func typeOptions(types []*api.JobTypePlan) []scheduler.TypeOption {
+	out := make([]scheduler.TypeOption, 0, len(types))
+	for _, t := range types {
+		p := t.GetPlan()
+		rate := 1.0
+		if st := p.GetStepSeconds(); st > 0 {
+			rate = 1 / st
+		}
+		out = append(out, scheduler.TypeOption{Model: t.GetGpuModel(),
+			Shape: scheduler.Shape{TP: int(p.GetTp()), PP: int(p.GetPp()), DP: int(p.GetDp())}, Rate: rate})
+	}
+	return out
+}
+
+// useType makes the plan of model the job's, for the attempt about to
+// start there, and records why it got that model. It returns what to put
+// back if the start does not happen.
+func useType(j *api.Job, model, why string) (undo func()) {
+	plan, typ, reason := j.Plan, j.GpuType, j.GpuTypeReason
+	undo = func() { j.Plan, j.GpuType, j.GpuTypeReason = plan, typ, reason }
+	for _, t := range j.GetTypePlans() {
+		if t.GetGpuModel() == model {
+			p := proto.Clone(t.GetPlan()).(*api.JobPlan)
+			if typ == model && plan != nil {
+				// Same model again: keep what the running job measured.
+				p = plan
+			}
+			j.Plan, j.GpuType, j.GpuTypeReason = p, model, why
+		}
+	}
+	return undo
+}
 
 // planFor resolves a job's parallel layout: the plan section when the job
 // fixes one, else the planner's fastest plan that fits when the job

@@ -60,18 +60,18 @@ func (m *Manager) Submit(ctx context.Context, req *api.SubmitJobRequest, role st
 			return nil, fmt.Errorf("%s: %w", source, err)
 		}
 	}
-	plan, err := planFor(spec)
+	plan, types, err := plansFor(spec)
 	if err != nil {
 		return nil, err
 	}
-	v, err := m.do(ctx, func() (any, error) { return m.submit(req, source, spec, plan) })
+	v, err := m.do(ctx, func() (any, error) { return m.submit(req, source, spec, plan, types) })
 	if err != nil {
 		return nil, err
 	}
 	return v.(*api.SubmitJobResponse), nil
 }
 
-func (m *Manager) submit(req *api.SubmitJobRequest, source string, spec *jobspec.Spec, plan *api.JobPlan) (*api.SubmitJobResponse, error) {
+func (m *Manager) submit(req *api.SubmitJobRequest, source string, spec *jobspec.Spec, plan *api.JobPlan, types []*api.JobTypePlan) (*api.SubmitJobResponse, error) {
 	now := m.now()
 	if key := req.GetIdempotencyKey(); len(key) > 128 {
 		return nil, fmt.Errorf("idempotency key of %d bytes: at most 128", len(key))
@@ -86,7 +86,7 @@ func (m *Manager) submit(req *api.SubmitJobRequest, source string, spec *jobspec
 	j := &api.Job{Name: spec.Name, Tenant: spec.Tenant, Priority: int32(spec.Priority), SpecYaml: req.GetSpecYaml(),
 		SpecSource: source, Plan: plan, State: api.JobState_JOB_STATE_PENDING, SubmitUnixNano: now.UnixNano(),
 		Hold: req.GetHold(), CheckpointDir: spec.Checkpoint.Dir, PendingReason: "waiting for the scheduler",
-		FullGpus: plan.GPUs()}
+		FullGpus: plan.GPUs(), TypePlans: types}
 	en := &entry{job: j, spec: spec}
 	if req.GetDryRun() {
 		return m.dryRun(en), nil

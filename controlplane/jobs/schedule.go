@@ -245,6 +245,12 @@ func (m *Manager) request(en *entry) scheduler.JobRequest {
 			r.GPUModel = hw.Name
 		}
 	}
+	if ts := j.GetTypePlans(); len(ts) > 1 {
+		// Each model has its own plan: the scheduler picks the model, and
+		// the job restarts elsewhere only if its checkpoint reshards.
+		r.Shape, r.Types = scheduler.Shape{}, typeOptions(ts)
+		r.StartedOn, r.Reshardable = j.GetGpuType(), s.Checkpoint.Reshardable
+	}
 	if per := s.GPUsPerNode; per > 0 && s.TotalGPUs()%per == 0 && s.TotalGPUs() >= per {
 		r.GPUsPerNode = per
 	}
@@ -687,8 +693,11 @@ func (m *Manager) schedule(now time.Time) {
 		}
 		switch d := d.(type) {
 		case scheduler.Start:
+			undo := useType(en.job, d.Placement.Model, d.TypeReason)
 			if m.start(en, d.Placement, now, "") {
 				started[d.Job] = true
+			} else {
+				undo()
 			}
 		case scheduler.Preempt:
 			if m.preempt(en, d, now) {

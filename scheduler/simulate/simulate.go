@@ -63,6 +63,9 @@ type Config struct {
 	Seed       uint64
 	// GPUPowerKW is a busy GPU's draw (default 0.7 kW, an H100 SXM's TDP).
 	GPUPowerKW float64
+	// Mix, when set, makes the cluster heterogeneous and lets every job
+	// run on any of its models at its rate there.
+	Mix *Mix
 }
 
 // Result is what a simulation measured. Times are seconds.
@@ -96,6 +99,14 @@ type Result struct {
 	DeferrableJobs  int
 	Holds           int
 	MissedDeadlines int
+	// Fairness is Jain's index of the jobs' normalised rates (the job's
+	// work at its fastest model's speed over its JCT, 1 for a job that
+	// never waits and runs on its best model): 1 when every job gets the
+	// same share of its best.
+	Fairness float64
+	// BestTypeShare is the fraction of GPU-seconds run on the job's
+	// fastest model (1 without a Mix).
+	BestTypeShare float64
 }
 
 // ClusterSize is the default cluster for a trace: the smallest number of
@@ -207,6 +218,10 @@ type sjob struct {
 	checkpoint bool  // a stop checkpoints first
 	until      int64 // deferrable: finish by; 0 when not
 	wakeAt     int64 // the pending wake event, when held
+
+	rates     []float64 // per Mix model; nil without a Mix
+	speed     float64   // work per second on the current attempt's model
+	startedOn string    // the model of the first attempt
 }
 
 // sim is the simulation's mutable world.
@@ -222,6 +237,7 @@ type sim struct {
 	seq    int
 	res    Result
 	busy   float64         // GPU-seconds of running
+	onBest float64         // GPU-seconds on the job's fastest model
 	curves []*carbon.Curve // by node index; nil where none applies
 }
 
@@ -263,6 +279,14 @@ func Run(jobs []trace.Job, cfg Config) (Result, error) {
 		byID:   map[string]int{},
 	}
 	s.snap.Nodes = NewCluster(cfg.Nodes, cfg.GPUsPerNode, cfg.RackSize, cfg.RacksPerSwitch, cfg.Sites...)
+	if m := cfg.Mix; m != nil {
+		if len(m.Models) < 2 || m.Rates == nil {
+			return Result{}, errors.New("simulate: a mixed cluster needs two or more models and the jobs' rates on them")
+		}
+		for i := range s.snap.Nodes {
+			s.snap.Nodes[i].GPUModel = m.Models[i*len(m.Models)/len(s.snap.Nodes)]
+		}
+	}
 	s.curves = make([]*carbon.Curve, len(s.snap.Nodes))
 	for i, n := range s.snap.Nodes {
 		s.nodeIx[n.Name] = i
@@ -272,11 +296,21 @@ func Run(jobs []trace.Job, cfg Config) (Result, error) {
 		if tj.GPUs > total {
 			return Result{}, fmt.Errorf("simulate: job %s needs %d GPUs but the cluster has %d; use more nodes", tj.ID, tj.GPUs, total)
 		}
+		if m := cfg.Mix; m != nil && tj.GPUs > total/len(m.Models) {
+			return Result{}, fmt.Errorf("simulate: job %s needs %d GPUs but each model has %d; use more nodes", tj.ID, tj.GPUs, total/len(m.Models))
+		}
 		if _, dup := s.byID[tj.ID]; dup {
 			return Result{}, fmt.Errorf("simulate: job id %s appears twice", tj.ID)
 		}
 		s.byID[tj.ID] = i
-		s.jobs[i] = sjob{tj: tj, work: s.failureFreeWork(tj), firstStart: -1}
+		s.jobs[i] = sjob{tj: tj, work: s.failureFreeWork(tj), firstStart: -1, speed: 1}
+		if m := cfg.Mix; m != nil {
+			r := m.Rates(tj)
+			if len(r) != len(m.Models) || slices.Min(r) <= 0 {
+				return Result{}, fmt.Errorf("simulate: job %s: rates %v; want one positive rate per model %v", tj.ID, r, m.Models)
+			}
+			s.jobs[i].rates = r
+		}
 		if deferrable(cfg.Seed, tj.ID, cfg.Deferrable) {
 			s.jobs[i].until = tj.Submit + s.jobs[i].work + cfg.DeferSlack
 		}
@@ -363,6 +397,10 @@ func (s *sim) enqueue(i int) {
 		ID: j.tj.ID, Tenant: s.tenant(j.tj), Priority: j.tj.Priority, Submit: j.tj.Submit,
 		GPUs: j.tj.GPUs, Attained: j.attained, Preemptible: true, Checkpoint: true, Until: j.until,
 	}
+	if m := s.cfg.Mix; m != nil {
+		req.Types = m.types(j.tj.ID, j.tj.GPUs, j.rates)
+		req.StartedOn, req.Reshardable = j.startedOn, m.Reshardable
+	}
 	switch {
 	case s.cfg.NoEstimates:
 	case s.cfg.Estimate != nil:
@@ -410,10 +448,15 @@ func (s *sim) start(i int, p scheduler.Placement, now int64) {
 	j.attempt++
 	if j.firstStart < 0 {
 		j.firstStart = now
+		j.startedOn = p.Model
 	}
 	s.runIx[i] = len(s.snap.Running)
 	s.snap.Running = append(s.snap.Running, scheduler.RunningJob{Request: req, Placement: p, Start: now})
-	remaining := j.work - j.progress
+	j.speed = 1
+	if m := s.cfg.Mix; m != nil {
+		j.speed = m.speed(j.rates, p.Model)
+	}
+	remaining := int64(math.Ceil(float64(j.work-j.progress) / j.speed))
 	j.failing = false
 	if j.nextFail < len(j.tj.Failures) {
 		if toFail := j.tj.Failures[j.nextFail] - j.exec; toFail < remaining {
@@ -447,7 +490,7 @@ func (s *sim) end(i int, now int64) bool {
 	c := s.cfg.CheckpointInterval
 	saved := ran / c * c
 	lost := ran - saved
-	j.progress += saved
+	j.progress = j.done(saved)
 	j.nextFail++
 	s.res.Restarts++
 	s.res.LostGPUHours += float64(lost) * float64(j.tj.GPUs) / 3600
@@ -461,13 +504,18 @@ func (s *sim) stop(i int, now int64) {
 	ran := now - j.start
 	s.release(i, ran)
 	if j.checkpoint {
-		j.progress += ran
+		j.progress = j.done(ran)
 	} else {
 		c := s.cfg.CheckpointInterval
-		j.progress += ran / c * c
+		j.progress = j.done(ran / c * c)
 		s.res.LostGPUHours += float64(ran%c) * float64(j.tj.GPUs) / 3600
 	}
 	s.enqueue(i)
+}
+
+// done is the job's saved work once ran seconds of this attempt are saved.
+func (j *sjob) done(ran int64) int64 {
+	return min(j.progress+int64(float64(ran)*j.speed), j.work)
 }
 
 func (s *sim) release(i int, ran int64) {
@@ -480,6 +528,9 @@ func (s *sim) release(i int, ran int64) {
 	j.exec += ran
 	j.attained += float64(ran) * float64(len(j.placement.Ranks))
 	s.busy += float64(ran) * float64(len(j.placement.Ranks))
+	if j.rates == nil || j.rates[0]*j.speed >= slices.Max(j.rates)*(1-1e-9) {
+		s.onBest += float64(ran) * float64(len(j.placement.Ranks))
+	}
 	k := s.runIx[i]
 	last := len(s.snap.Running) - 1
 	if k != last {
@@ -512,15 +563,7 @@ func deferrable(seed uint64, id string, fraction float64) bool {
 	if fraction <= 0 {
 		return false
 	}
-	h := fnv.New64a()
-	h.Write([]byte(id))
-	// splitmix64's finaliser: FNV's high bits are poorly mixed for ids
-	// that differ only in their last characters.
-	x := h.Sum64() ^ seed*0x9e3779b97f4a7c15
-	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
-	x = (x ^ x>>27) * 0x94d049bb133111eb
-	x ^= x >> 31
-	return float64(x>>11)/(1<<53) < fraction
+	return float64(mixHash(seed, id)>>11)/(1<<53) < fraction
 }
 
 func (s *sim) removePending(i int) {
@@ -536,11 +579,17 @@ func (s *sim) removePending(i int) {
 
 func (s *sim) summarise(first int64) {
 	jct := make([]float64, len(s.jobs))
+	rate := make([]float64, len(s.jobs))
 	var sumJCT, sumQ float64
 	var end int64
 	for i := range s.jobs {
 		j := &s.jobs[i]
 		jct[i] = float64(j.finish - j.tj.Submit)
+		best := float64(max(j.work, 1))
+		if j.rates != nil {
+			best *= j.rates[0] / slices.Max(j.rates)
+		}
+		rate[i] = best / max(jct[i], 1)
 		sumJCT += jct[i]
 		sumQ += float64(j.firstStart - j.tj.Submit)
 		end = max(end, j.finish)
@@ -559,6 +608,11 @@ func (s *sim) summarise(first int64) {
 	s.res.P95JCT = percentile(jct, 95)
 	s.res.P99JCT = percentile(jct, 99)
 	s.res.Makespan = end - first
+	s.res.Fairness = jain(rate)
+	s.res.BestTypeShare = 1
+	if s.busy > 0 {
+		s.res.BestTypeShare = s.onBest / s.busy
+	}
 	if s.res.Makespan > 0 {
 		s.res.Utilization = s.busy / (float64(s.res.GPUs) * float64(s.res.Makespan))
 	}

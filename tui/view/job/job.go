@@ -22,6 +22,7 @@ import (
 	"github.com/gpuctl/gpuctl/tui/app"
 	"github.com/gpuctl/gpuctl/tui/components/table"
 	"github.com/gpuctl/gpuctl/tui/styles"
+	"github.com/gpuctl/gpuctl/views"
 )
 
 // Refresh is how often the job's collectives are fetched again.
@@ -462,6 +463,10 @@ func (m *Model) header(j *api.Job) string {
 	}
 	fmt.Fprintf(&b, "started %s · master %s:%d · checkpoints %s · %s\n", started, orDash(j.GetMasterAddr()), j.GetMasterPort(),
 		orDash(j.GetCheckpointDir()), orDash(firstNonEmpty(j.GetPendingReason(), j.GetReason())))
+	if len(j.GetTypePlans()) > 0 {
+		// A job allowing several GPU models: which it got and why.
+		fmt.Fprintf(&b, "gpu type %s\n", views.TypeText(j))
+	}
 	return b.String()
 }
 
