@@ -235,33 +235,6 @@ func virtualCandidates(layers, pp, maxV int) []int {
 	return out
 }
 
-// stateBytes is weights + gradients + optimizer state + reserves of the
-// fullest stage under the plain schedule, the memory no micro-batch choice
-// can reduce.
-func (c Config) stateBytes(p Plan) int64 {
-	p.CP = max(p.CP, 1)
-	e := &engine{c: c, p: p, lay: newLayout(c.Model.Layers, p.PP, 1), t: float64(p.TP), cp: float64(p.CP)}
-	g, _ := c.dpGroup(p)
-	tu := c.Tunables
-	var most float64
-	for r, l := range e.lay.stageLayers() {
-		n := e.stageParams(r, l)
-		w, gr, o := n*tu.ParamBytes, n*tu.GradBytes, n*tu.OptimizerBytes
-		if c.Training.ZeROStage >= 1 {
-			o /= float64(g)
-		}
-		if c.Training.ZeROStage >= 2 {
-			gr /= float64(g)
-		}
-		if c.Training.ZeROStage >= 3 {
-			w /= float64(g)
-		}
-		most = max(most, w+gr+o)
-	}
-	frag := float64(c.Hardware.HBMBytes) * tu.FragmentationPercent / 100
-	return int64(most) + tu.ReservedBytes + int64(frag)
-}
-
 // cpCandidates are the fixed cp, or 1 and, for sequences of 32K tokens or
 // more (or up to MaxCP), powers of two up to 16 that leave GPUs.
 func cpCandidates(m Model, rest int, opt Options) []int {
