@@ -83,9 +83,6 @@ func phaseOf(j *api.Job) Phase {
 // in which a failure, a checkpoint request or a stall concerns it.
 func active(j *api.Job) bool { return phaseOf(j) == Running }
 
-// terminal reports whether a state is an end.
-func terminal(s api.JobState) bool { return s.Ended() }
-
 // stateName is a job state as people and scripts read it.
 func stateName(s api.JobState) string { return s.Short() }
 

@@ -296,7 +296,7 @@ func New(cfg Config) (*Manager, error) {
 		spec, err := jobspec.Parse(j.GetSpecSource(), []byte(j.GetSpecYaml()))
 		if err == nil {
 			en.spec = spec
-		} else if !terminal(j.GetState()) {
+		} else if !j.GetState().Ended() {
 			m.giveUp(en, fmt.Sprintf("stored job file no longer parses: %v", err), now)
 		}
 		if en.spec != nil && j.GetState() == api.JobState_JOB_STATE_RECOVERING {
@@ -305,7 +305,7 @@ func New(cfg Config) (*Manager, error) {
 			m.recs[j.GetId()] = &recovery{failure: scheduler.Failure{Kind: scheduler.FailRankExit}, reason: strings.TrimPrefix(j.GetReason(), "recovering: "),
 				since: now, stepAt: j.GetStep(), resume: -1, cordon: map[string]string{}}
 		}
-		if !terminal(j.GetState()) {
+		if !j.GetState().Ended() {
 			// Not only a recovery: a move or a preemption under way also
 			// starts its job again, and must wait for its lost nodes.
 			m.fenceAfterLoad(en, now)

@@ -35,7 +35,7 @@ func (m *Manager) progressAll(all []*api.NodeStatus, now time.Time) {
 	for _, en := range m.sorted() {
 		j := en.job
 		if j.GetState() != api.JobState_JOB_STATE_RUNNING {
-			if p := m.prog[j.GetId()]; p != nil && terminal(j.GetState()) {
+			if p := m.prog[j.GetId()]; p != nil && j.GetState().Ended() {
 				delete(m.prog, j.GetId())
 			} else if p != nil {
 				p.Pause()

@@ -242,8 +242,6 @@ var jobStates = []api.JobState{api.JobState_JOB_STATE_PENDING, api.JobState_JOB_
 // JobStateName is a job state as metrics and scripts name it.
 func JobStateName(s api.JobState) string { return s.Short() }
 
-func finished(s api.JobState) bool { return s.Ended() }
-
 // rateWindow is the least time between two step readings a rate is taken
 // over, so two scrapes close together do not make a noisy rate.
 const rateWindow = time.Second
@@ -338,7 +336,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	defer m.mu.Unlock()
 	for _, j := range jobs {
 		counts[j.GetState()]++
-		if finished(j.GetState()) {
+		if j.GetState().Ended() {
 			continue
 		}
 		id := j.GetId()
