@@ -249,14 +249,8 @@ type Manager struct {
 	pass *txn
 	// waiting are replies held until a launch they depend on answers.
 	waiting map[launchKey][]chan reply
-	// stalled is the set of jobs the stall detector last declared.
-	stalled map[string]bool
-	// slow is what the owner keeps of each standing fail-slow finding,
-	// by key.
-	slow map[string]*slowState
-	// slowStanding are the findings of the detector's last pass, which an
-	// acknowledgement covers.
-	slowStanding []failslow.Finding
+	// slow is what the owner keeps of the standing fail-slow findings.
+	slow slowWatch
 	// startedAt is when the server started (the owner's loop began; New
 	// until then): nodes holding ranks must reconnect within their
 	// reconnect bound of it.
@@ -278,8 +272,7 @@ func New(cfg Config) (*Manager, error) {
 	}
 	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, recs: map[string]*recovery{},
 		vals: map[string]*validation{}, prog: map[string]*progress{}, idem: map[string]string{},
-		waiting: map[launchKey][]chan reply{}, stalled: map[string]bool{}, pass: &txn{}, startedAt: cfg.Now(),
-		slow: map[string]*slowState{}}
+		waiting: map[launchKey][]chan reply{}, pass: &txn{}, startedAt: cfg.Now()}
 	m.disp = newDispatcher(cfg.Nodes.Command, cfg.Log)
 	m.disp.exec = cfg.Executor
 	stored, err := cfg.Store.Jobs()

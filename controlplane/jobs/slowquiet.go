@@ -59,12 +59,9 @@ func (m *Manager) QuietSlow(ctx context.Context, r *api.QuietSlowRequest, who st
 		}
 		now := m.now()
 		var keys []string
-		for i := range m.slowStanding {
-			f := &m.slowStanding[i]
-			if f.Job == j.GetId() && (rank < 0 || f.Rank == rank) && (r.GetNode() == "" || f.Node == r.GetNode()) {
-				covered = append(covered, *f)
-				keys = append(keys, f.Key())
-			}
+		covered = m.slow.of(j.GetId(), rank, r.GetNode())
+		for i := range covered {
+			keys = append(keys, covered[i].Key())
 		}
 		q := &api.SlowQuiet{Rank: rank, Node: r.GetNode(), By: who, AtUnixNano: now.UnixNano()}
 		if r.GetForNs() == 0 {

@@ -58,7 +58,6 @@ func (m *Manager) stalls(msg msgStalls) {
 	for _, e := range msg.events {
 		m.raise(e)
 	}
-	m.stalled = msg.stalled
 	for id, en := range m.jobs {
 		if en.job.GetStalled() != msg.stalled[id] {
 			en.job.Stalled = msg.stalled[id]
@@ -109,17 +108,9 @@ func (m *Manager) stalledJob(st *api.Stall) {
 // swaps it for a spare; otherwise, or past the bound, the finding only
 // alerts, with an event saying why, once per finding and outcome.
 func (m *Manager) slowFindings(fs []failslow.Finding, now time.Time) {
-	m.slowStanding = fs
-	standing := make(map[string]bool, len(fs))
+	states := m.slow.update(fs, now)
 	for i := range fs {
-		f := &fs[i]
-		key := f.Key()
-		standing[key] = true
-		st := m.slow[key]
-		if st == nil {
-			st = &slowState{seen: now}
-			m.slow[key] = st
-		}
+		f, st := &fs[i], states[i]
 		en := m.jobs[f.Job]
 		if en == nil || en.spec == nil || !active(en.job) || m.recs[f.Job] != nil {
 			continue
@@ -142,11 +133,45 @@ func (m *Manager) slowFindings(fs []failslow.Finding, now time.Time) {
 			}
 		}
 	}
-	for k := range m.slow {
-		if !standing[k] {
-			delete(m.slow, k)
+}
+
+// slowWatch is what the owner keeps of the fail-slow findings: those
+// standing after the detector's last pass, which an acknowledgement
+// covers, and the state of each by key.
+type slowWatch struct {
+	standing []failslow.Finding
+	byKey    map[string]*slowState
+}
+
+// update takes the findings standing now and returns their states in the
+// same order, a new one first seen now; the states of findings no longer
+// standing are forgotten.
+func (w *slowWatch) update(fs []failslow.Finding, now time.Time) []*slowState {
+	w.standing = fs
+	states := make([]*slowState, len(fs))
+	keep := make(map[string]*slowState, len(fs))
+	for i := range fs {
+		key := fs[i].Key()
+		st := w.byKey[key]
+		if st == nil {
+			st = &slowState{seen: now}
+		}
+		states[i], keep[key] = st, st
+	}
+	w.byKey = keep
+	return states
+}
+
+// of returns the standing findings of job, narrowed to a rank (negative:
+// any) and a node (empty: any).
+func (w *slowWatch) of(job string, rank int32, node string) []failslow.Finding {
+	var fs []failslow.Finding
+	for _, f := range w.standing {
+		if f.Job == job && (rank < 0 || f.Rank == rank) && (node == "" || f.Node == node) {
+			fs = append(fs, f)
 		}
 	}
+	return fs
 }
 
 // slowState is what the owner keeps of a standing fail-slow finding: when
