@@ -55,6 +55,10 @@ type Config struct {
 	// SlurmNode, when set, is this node's name in Slurm: its Slurm tasks
 	// are reported as this node's ranks (nodemon --slurm-node).
 	SlurmNode string
+	// KubeNode, when set, is this node's Kubernetes Node name: the ranks
+	// of gpuctl's pods on it are reported as this node's (nodemon
+	// --kube-node).
+	KubeNode string
 	// PeerListen is where other nodes ask this one to vouch for their
 	// ranks (peer lease), default 0.0.0.0 on the port it used last time
 	// (kept in <data-dir>/peer-port) or a free one; "off": none, and this
@@ -136,7 +140,7 @@ func New(cfg Config, p *Probes) (*Agent, error) {
 	x, err := NewExecutor(ExecutorOptions{
 		Node: cfg.Name, DataDir: cfg.DataDir, OnEvent: a.events.add, Log: a.log,
 		LogMaxBytes: cfg.LogMaxBytes, LogKeep: cfg.LogKeep, CgroupRoot: cfg.CgroupRoot,
-		AllowRootRanks: cfg.AllowRootRanks, Env: p.rankEnv(), SlurmNode: cfg.SlurmNode,
+		AllowRootRanks: cfg.AllowRootRanks, Env: p.rankEnv(), SlurmNode: cfg.SlurmNode, KubeNode: cfg.KubeNode,
 		BeforeLaunch: p.prepareLaunch, OnAdopt: p.attachPid,
 	})
 	if err != nil {

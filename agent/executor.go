@@ -82,6 +82,10 @@ type ExecutorOptions struct {
 	// whose SLURMD_NODENAME it is are found in /proc every Poll and
 	// reported as this node's ranks.
 	SlurmNode string
+	// KubeNode, when set, is this node's Kubernetes Node name: the ranks
+	// of gpuctl's pods on it (nodemon kube-task's shims) are found in
+	// /proc as Slurm's are.
+	KubeNode string
 	// BeforeLaunch, when set, runs before a job's ranks start (nodemon
 	// attaches its NCCL probes to the libraries the command links).
 	BeforeLaunch func(*api.LaunchRanks)
@@ -203,18 +207,18 @@ func (x *Executor) Close() {
 }
 
 // run is the owner: it applies messages as they come, polls the ranks
-// every Poll and, with a Slurm node, looks for its tasks.
+// every Poll and, with a Slurm or Kubernetes node, looks for its tasks.
 func (x *Executor) run() {
 	defer close(x.done)
 	t := time.NewTicker(x.opts.Poll)
 	defer t.Stop()
-	// Slurm's ranks are found by looking: more often than the logs are
-	// read, so that a rank Slurm starts is reported soon.
-	var slurm <-chan time.Time
-	if x.opts.SlurmNode != "" {
-		st := time.NewTicker(min(x.opts.Poll, SlurmScanEvery))
+	// Slurm's and Kubernetes' ranks are found by looking: more often than
+	// the logs are read, so that a rank they start is reported soon.
+	var scan <-chan time.Time
+	if x.opts.SlurmNode != "" || x.opts.KubeNode != "" {
+		st := time.NewTicker(min(x.opts.Poll, TaskScanEvery))
 		defer st.Stop()
-		slurm = st.C
+		scan = st.C
 	}
 	for {
 		select {
@@ -224,8 +228,8 @@ func (x *Executor) run() {
 			x.step(msg)
 		case <-t.C:
 			x.poll(time.Now())
-		case <-slurm:
-			x.scanSlurm(time.Now())
+		case <-scan:
+			x.scanTasks(time.Now())
 		}
 		x.commit()
 	}

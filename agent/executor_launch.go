@@ -332,7 +332,7 @@ func (x *Executor) exitEvent(p *rankProc, now time.Time, shimSignal string) *api
 		ev.Message = fmt.Sprintf("rank %d (pid %d) stopped by its shim: %s", r.Rank, r.PID, st.Fenced)
 	case err == nil && st.Signal == "" && st.Stopped != "":
 		ev.ExitCode, ev.Signal, ev.Severity = int32(st.ExitCode), st.Stopped, api.Severity_SEVERITY_WARNING
-		ev.Message = fmt.Sprintf("rank %d (pid %d) exited with code %d after Slurm sent it %s", r.Rank, r.PID, st.ExitCode, st.Stopped)
+		ev.Message = fmt.Sprintf("rank %d (pid %d) exited with code %d after it was sent %s", r.Rank, r.PID, st.ExitCode, st.Stopped)
 	case err == nil && st.Signal != "":
 		ev.ExitCode, ev.Signal, ev.Severity = -1, st.Signal, api.Severity_SEVERITY_WARNING
 		ev.Message = fmt.Sprintf("rank %d (pid %d) killed by %s", r.Rank, r.PID, st.Signal)

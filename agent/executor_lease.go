@@ -116,7 +116,7 @@ func (x *Executor) RenewLeases(deadline time.Time) {
 		x.lease.deadline = deadline
 		paths := map[string]time.Time{}
 		for _, p := range x.live() {
-			if !p.fenced && p.rec.SlurmJob == "" {
+			if !p.fenced && !p.rec.foreign() {
 				k := attemptKey{p.rec.Job, p.rec.Attempt}
 				paths[x.leasePath(k.job, k.attempt)] = x.lease.of(k)
 			}
@@ -151,7 +151,7 @@ func (x *Executor) PeerAttempts() []PeerAttempt {
 		var out []PeerAttempt
 		for _, p := range x.live() {
 			k := attemptKey{p.rec.Job, p.rec.Attempt}
-			if p.fenced || p.rec.SlurmJob != "" || len(p.rec.Witnesses) == 0 || p.rec.LeaseMs <= 0 || seen[k] {
+			if p.fenced || p.rec.foreign() || len(p.rec.Witnesses) == 0 || p.rec.LeaseMs <= 0 || seen[k] {
 				continue
 			}
 			seen[k] = true

@@ -31,6 +31,9 @@ type rankRecord struct {
 	// SlurmJob is the Slurm job of a rank Slurm started (found, not
 	// launched): Slurm stops it, so it holds no lease.
 	SlurmJob string `json:"slurm_job,omitempty"`
+	// Pod is the pod of a rank Kubernetes started: Kubernetes stops it, so
+	// it holds no lease either.
+	Pod string `json:"pod,omitempty"`
 	// Witnesses vouch for the rank's attempt while the server is away, for
 	// leases of LeaseMs (the server's lease when it was launched), so a
 	// nodemon restarted with no server to talk to can still renew it.
@@ -64,3 +67,7 @@ func (x *Executor) saveRanks() {
 		x.log.Error("save launched ranks; a nodemon restart will not find them", "err", err)
 	}
 }
+
+// foreign: the rank was started by Slurm or Kubernetes, which stop it; it
+// holds no lease of nodemon's.
+func (r rankRecord) foreign() bool { return r.SlurmJob != "" || r.Pod != "" }

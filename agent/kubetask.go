@@ -2,11 +2,13 @@ package agent
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -16,60 +18,73 @@ import (
 // KubeTaskCommand is the nodemon subcommand each pod of a job gpuctl runs
 // on Kubernetes starts as (`nodemon kube-task -- CMD…`): one pod per node,
 // it takes its node's launch from its environment by the pod's completion
-// index and runs each of the node's ranks with exactly api.RankEnv. The
-// signals the pod gets (SIGTERM at a stop, SIGUSR1 for a checkpoint) reach
-// every rank; the first rank to fail stops the others, and the pod exits
-// with its status, so Kubernetes sees the node's ranks fail as one.
+// index and runs each of the node's ranks under the rank shim with exactly
+// api.RankEnv, their logs and exit status in the run dir (a host path, so
+// that nodemon --kube-node on the host finds the ranks in /proc and reads
+// both, as it does Slurm's). A stop (SIGTERM) reaches every rank; the
+// first rank to fail stops the others, and the pod exits with its status,
+// so Kubernetes sees the node's ranks fail as one. A checkpoint (SIGUSR1)
+// comes from nodemon on the host, straight to the ranks.
 const KubeTaskCommand = "kube-task"
 
 // RunKubeTask runs the task with the arguments after KubeTaskCommand and
 // returns its exit status.
 func RunKubeTask(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet(KubeTaskCommand, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	runDir := fs.String("run-dir", api.DefaultKubeRunDir, "where rank logs and exit status files go (<dir>/<job>-a<attempt>/), a host path nodemon reads too")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "nodemon kube-task: "+format+"\n", a...)
 		return 2
 	}
-	if len(args) > 0 && args[0] == "--" {
-		args = args[1:]
+	argv := fs.Args()
+	if len(argv) == 0 {
+		return fail("usage: %s [--run-dir DIR] -- COMMAND [ARG…]", KubeTaskCommand)
 	}
-	if len(args) == 0 {
-		return fail("usage: %s -- COMMAND [ARG…]", KubeTaskCommand)
-	}
-	envs, err := kubeTaskEnvs(os.Environ())
+	ranks, err := kubeTaskRanks(os.Environ(), *runDir)
 	if err != nil {
 		return fail("%v", err)
 	}
-	path, err := exec.LookPath(args[0])
+	self, err := os.Executable()
 	if err != nil {
-		return fail("the job's command: %v", err)
+		return fail("find nodemon's own binary: %v", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(ranks[0].status), 0o755); err != nil {
+		return fail("%v", err)
 	}
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGUSR1, syscall.SIGUSR2)
-	ranks := make([]*exec.Cmd, 0, len(envs))
-	for _, env := range envs {
-		cmd := exec.Command(path, args[1:]...)
-		cmd.Env, cmd.Stdout, cmd.Stderr = env, os.Stdout, os.Stderr
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	// The checkpoint signal is nodemon's to send to the ranks; the task
+	// must only outlive a copy sent to the pod.
+	signal.Ignore(syscall.SIGUSR1)
+	shims := make([]*exec.Cmd, 0, len(ranks))
+	for _, r := range ranks {
+		cmd := exec.Command(self, append([]string{ShimCommand, "--exit-code", "--log", r.log, "--status", r.status, "--"}, argv...)...)
+		cmd.Env, cmd.Stdout, cmd.Stderr = r.env, os.Stdout, os.Stderr
 		if err := cmd.Start(); err != nil {
-			signalAll(ranks, syscall.SIGKILL)
-			return fail("start a rank: %v", err)
+			signalAll(shims, syscall.SIGTERM)
+			return fail("start a rank's shim: %v", err)
 		}
-		ranks = append(ranks, cmd)
+		shims = append(shims, cmd)
 	}
-	exits := make(chan error, len(ranks))
-	for _, cmd := range ranks {
+	exits := make(chan error, len(shims))
+	for _, cmd := range shims {
 		go func() { exits <- cmd.Wait() }()
 	}
 	code := 0
-	for left := len(ranks); left > 0; {
+	for left := len(shims); left > 0; {
 		select {
 		case sig := <-sigs:
-			signalAll(ranks, sig)
+			signalAll(shims, sig)
 		case err := <-exits:
 			left--
 			if c := exitCode(err); c != 0 && code == 0 {
 				code = c
 				fmt.Fprintf(stderr, "nodemon kube-task: a rank failed (%v): stopping the node's other ranks\n", err)
-				signalAll(ranks, syscall.SIGTERM)
+				signalAll(shims, syscall.SIGTERM)
 			}
 		}
 	}
@@ -99,10 +114,17 @@ func exitCode(err error) int {
 	return ee.ExitCode()
 }
 
-// kubeTaskEnvs is each rank's environment, for the node the pod's
-// completion index names: the pod's, then api.RankEnv (later names
-// replace earlier ones).
-func kubeTaskEnvs(environ []string) ([][]string, error) {
+// kubeRank is one rank a pod runs: its environment and where its shim
+// writes.
+type kubeRank struct {
+	env         []string
+	log, status string
+}
+
+// kubeTaskRanks are the ranks of the node the pod's completion index
+// names, each with the pod's environment, then api.RankEnv, then where its
+// log and status go (later names replace earlier ones).
+func kubeTaskRanks(environ []string, runDir string) ([]kubeRank, error) {
 	get := func(k string) string {
 		for _, kv := range environ {
 			if v, ok := strings.CutPrefix(kv, k+"="); ok {
@@ -115,20 +137,25 @@ func kubeTaskEnvs(environ []string) ([][]string, error) {
 	if enc == "" {
 		return nil, fmt.Errorf("%s is empty: the pod was not created by gpuctl serve --executor kubernetes", api.KubeLaunchEnv)
 	}
-	parts, err := api.DecodeSlurmLaunch(enc)
+	parts, err := api.DecodeLaunch(api.KubeLaunchEnv, enc)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", api.KubeLaunchEnv, err)
+		return nil, err
 	}
 	part, err := api.NodeAt(parts, get(api.KubeIndexEnv))
 	if err != nil {
 		return nil, err
 	}
-	if len(part.Launch.GetRanks()) == 0 {
+	l := part.Launch
+	if len(l.GetRanks()) == 0 {
 		return nil, fmt.Errorf("node %s's launch has no ranks", part.Node)
 	}
-	out := make([][]string, 0, len(part.Launch.GetRanks()))
-	for _, r := range part.Launch.GetRanks() {
-		out = append(out, mergeEnv(environ, api.RankEnv(part.Node, get(api.KubeClusterEnv), part.Launch, r)))
+	dir := filepath.Join(runDir, api.KubeRunName(l.GetJob(), l.GetAttempt()))
+	out := make([]kubeRank, 0, len(l.GetRanks()))
+	for _, r := range l.GetRanks() {
+		kr := kubeRank{log: filepath.Join(dir, fmt.Sprintf("rank-%d.log", r.GetRank())), status: filepath.Join(dir, fmt.Sprintf("rank-%d.status", r.GetRank()))}
+		add := append(api.RankEnv(part.Node, get(api.KubeClusterEnv), l, r), api.RankLogEnv+"="+kr.log, api.RankStatusEnv+"="+kr.status)
+		kr.env = mergeEnv(environ, add)
+		out = append(out, kr)
 	}
 	return out, nil
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -8,11 +9,13 @@ import (
 	"github.com/gpuctl/gpuctl/api"
 )
 
-// TestKubeTaskEnvs: a pod takes the node its completion index names and
+// TestKubeTaskRanks: a pod takes the node its completion index names and
 // gives each of that node's ranks exactly api.RankEnv over the pod's own
-// environment, without the launch itself; a pod gpuctl did not make, or
-// an index the launch does not have, is refused with the reason.
-func TestKubeTaskEnvs(t *testing.T) {
+// environment, without the launch itself, and its log and status file
+// under the run dir, named in its environment for nodemon to find; a pod
+// gpuctl did not make, a malformed launch, or an index the launch does not
+// have, is refused with the reason.
+func TestKubeTaskRanks(t *testing.T) {
 	launch := func(node int32, ranks ...int32) *api.LaunchRanks {
 		l := &api.LaunchRanks{Job: "j-1", Attempt: 3, WorldSize: 4, MasterAddr: "10.0.0.1", MasterPort: 29500, NodeRank: node, NumNodes: 2,
 			Command: []string{"train"}, Env: map[string]string{"NCCL_DEBUG": "WARN"}}
@@ -21,21 +24,26 @@ func TestKubeTaskEnvs(t *testing.T) {
 		}
 		return l
 	}
-	parts := []api.SlurmNodeLaunch{{Node: "a", Launch: launch(0, 0, 1)}, {Node: "b", Launch: launch(1, 2, 3)}}
-	enc, err := api.EncodeSlurmLaunch(parts)
+	parts := []api.NodeLaunch{{Node: "a", Launch: launch(0, 0, 1)}, {Node: "b", Launch: launch(1, 2, 3)}}
+	enc, err := api.EncodeLaunch(parts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	base := []string{"PATH=/usr/bin", "RANK=99", api.KubeLaunchEnv + "=" + enc, api.KubeClusterEnv + "=c1"}
-	envs, err := kubeTaskEnvs(append(base, api.KubeIndexEnv+"=1"))
+	ranks, err := kubeTaskRanks(append(base, api.KubeIndexEnv+"=1"), "/run/k")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(envs) != 2 {
-		t.Fatalf("%d rank environments for node b, want 2", len(envs))
+	if len(ranks) != 2 {
+		t.Fatalf("%d ranks for node b, want 2", len(ranks))
 	}
-	for i, env := range envs {
-		want := api.RankEnv("b", "c1", parts[1].Launch, parts[1].Launch.Ranks[i])
+	for i, r := range ranks {
+		env := r.env
+		wantLog := fmt.Sprintf("/run/k/j-1-a3/rank-%d.log", 2+i)
+		if r.log != wantLog || r.status != strings.TrimSuffix(wantLog, ".log")+".status" {
+			t.Errorf("rank %d: log %s, status %s; want %s and its .status", 2+i, r.log, r.status, wantLog)
+		}
+		want := append(api.RankEnv("b", "c1", parts[1].Launch, parts[1].Launch.Ranks[i]), api.RankLogEnv+"="+r.log, api.RankStatusEnv+"="+r.status)
 		for _, kv := range want {
 			if !slices.Contains(env, kv) {
 				t.Errorf("rank %d lacks %s", 2+i, kv)
@@ -55,8 +63,9 @@ func TestKubeTaskEnvs(t *testing.T) {
 		{"not gpuctl's pod", []string{"PATH=/usr/bin", api.KubeIndexEnv + "=0"}, "not created by gpuctl serve --executor kubernetes"},
 		{"index past the nodes", append(base, api.KubeIndexEnv+"=2"), "the launch has 2 nodes"},
 		{"no index", base, "is not a node index"},
+		{"malformed launch", []string{api.KubeLaunchEnv + "=a:!!", api.KubeIndexEnv + "=0"}, api.KubeLaunchEnv + " part 0"},
 	} {
-		if _, err := kubeTaskEnvs(tc.env); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := kubeTaskRanks(tc.env, "/run/k"); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/gpuctl/gpuctl/probes/netflow"
 	nvmlprobe "github.com/gpuctl/gpuctl/probes/nvml"
 	"github.com/gpuctl/gpuctl/probes/rdma"
+	"github.com/gpuctl/gpuctl/procfs"
 )
 
 // EBPFMode says what nodemon does when the eBPF probes cannot load.
@@ -251,8 +252,8 @@ func (p *Probes) prepareLaunch(l *api.LaunchRanks) {
 }
 
 // attachPid attaches the NCCL probe to the NCCL libraries a running
-// process mapped (a rank Slurm started, found after it loaded them;
-// uprobes reach mappings made before they attach).
+// process mapped (a rank Slurm or Kubernetes started, found after it
+// loaded them; uprobes reach mappings made before they attach).
 func (p *Probes) attachPid(pid int) {
 	if p.nccl == nil {
 		return
@@ -268,7 +269,9 @@ func (p *Probes) attachPid(pid int) {
 			continue
 		}
 		seen[f[5]] = true
-		if err := p.nccl.AttachLibrary(f[5]); err != nil {
+		// The path is the process's own: in a pod, in its container's
+		// root.
+		if err := p.nccl.AttachLibrary(procfs.FileOf("/proc", pid, f[5])); err != nil {
 			p.log.Warn("attach NCCL probe", "lib", f[5], "pid", pid, "err", err)
 		}
 	}

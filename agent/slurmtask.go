@@ -72,7 +72,7 @@ func slurmTaskEnv(environ []string, runDir string) (env []string, logPath, statu
 		}
 		return ""
 	}
-	parts, err := api.DecodeSlurmLaunch(get(api.SlurmLaunchEnv))
+	parts, err := api.DecodeLaunch(api.SlurmLaunchEnv, get(api.SlurmLaunchEnv))
 	if err != nil {
 		return nil, "", "", err
 	}
@@ -87,7 +87,7 @@ func slurmTaskEnv(environ []string, runDir string) (env []string, logPath, statu
 	dir := filepath.Join(runDir, job)
 	logPath = filepath.Join(dir, fmt.Sprintf("rank-%d.log", r.GetRank()))
 	statusPath = filepath.Join(dir, fmt.Sprintf("rank-%d.status", r.GetRank()))
-	add := append(api.RankEnv(node, get(api.SlurmClusterEnv), l, r), api.SlurmLogEnv+"="+logPath, api.SlurmStatusEnv+"="+statusPath)
+	add := append(api.RankEnv(node, get(api.SlurmClusterEnv), l, r), api.RankLogEnv+"="+logPath, api.RankStatusEnv+"="+statusPath)
 	return mergeEnv(environ, add), logPath, statusPath, nil
 }
 

@@ -31,12 +31,12 @@ func TestSlurmTaskOf(t *testing.T) {
 		env  map[string]string
 		node string
 		ok   bool
-		want slurmTask
+		want foundTask
 	}{
 		{name: "plain sbatch task", env: base, node: "node2", ok: true,
-			want: slurmTask{slurmJob: "7", job: "slurm-7", attempt: 1, rank: 3, local: 1, gpus: []uint32{0, 1}}},
+			want: foundTask{slurmJob: "7", job: "slurm-7", attempt: 1, rank: 3, local: 1, gpus: []uint32{0, 1}}},
 		{name: "requeued plain task", env: with("SLURM_RESTART_COUNT", "2"), node: "node2", ok: true,
-			want: slurmTask{slurmJob: "7", job: "slurm-7", attempt: 3, rank: 3, local: 1, gpus: []uint32{0, 1}}},
+			want: foundTask{slurmJob: "7", job: "slurm-7", attempt: 3, rank: 3, local: 1, gpus: []uint32{0, 1}}},
 		// Several slurmd on one host: another node's task is not ours.
 		{name: "other node", env: base, node: "node1"},
 		{name: "batch script", env: with("SLURM_STEP_ID", ""), node: "node2"},
@@ -44,12 +44,12 @@ func TestSlurmTaskOf(t *testing.T) {
 		{name: "slurm-task before exec", env: with(api.SlurmLaunchEnv, "node2:AA"), node: "node2"},
 		{name: "not slurm", env: map[string]string{"RANK": "0"}, node: "node2"},
 		{name: "gpuctl job", node: "node2", ok: true,
-			env: with(api.SlurmStatusEnv, "/r/7/rank-5.status", api.SlurmLogEnv, "/r/7/rank-5.log", "GPUCTL_JOB", "j-1", "RANK", "5",
+			env: with(api.RankStatusEnv, "/r/7/rank-5.status", api.RankLogEnv, "/r/7/rank-5.log", "GPUCTL_JOB", "j-1", "RANK", "5",
 				"LOCAL_RANK", "1", "GPUCTL_ATTEMPT", "2", "GPUCTL_CHECKPOINT_DIR", "/ck", "CUDA_VISIBLE_DEVICES", "6"),
-			want: slurmTask{slurmJob: "7", job: "j-1", attempt: 2, rank: 5, local: 1, gpus: []uint32{6},
+			want: foundTask{slurmJob: "7", job: "j-1", attempt: 2, rank: 5, local: 1, gpus: []uint32{6},
 				logPath: "/r/7/rank-5.log", statusPath: "/r/7/rank-5.status", ckptDir: "/ck", shimmed: true}},
 		{name: "gpuctl job, bad rank", node: "node2",
-			env: with(api.SlurmStatusEnv, "/s", "GPUCTL_JOB", "j-1", "RANK", "x", "LOCAL_RANK", "1", "GPUCTL_ATTEMPT", "2")},
+			env: with(api.RankStatusEnv, "/s", "GPUCTL_JOB", "j-1", "RANK", "x", "LOCAL_RANK", "1", "GPUCTL_ATTEMPT", "2")},
 	} {
 		got, ok := slurmTaskOf(tc.env, tc.node)
 		if ok != tc.ok {
@@ -69,7 +69,7 @@ func TestSlurmTaskEnvIsRankEnv(t *testing.T) {
 		Ranks: []*api.RankSpec{{Rank: 0, Gpus: []uint32{0}}, {Rank: 1, LocalRank: 1, Gpus: []uint32{1}}}}
 	l1 := &api.LaunchRanks{Job: "j-1", Attempt: 2, WorldSize: 4, NodeRank: 1, NumNodes: 2, MasterAddr: "10.0.0.2", MasterPort: 29500,
 		Ranks: []*api.RankSpec{{Rank: 2, Gpus: []uint32{4}}, {Rank: 3, LocalRank: 1, Gpus: []uint32{5}}}}
-	enc, err := api.EncodeSlurmLaunch([]api.SlurmNodeLaunch{{Node: "node2", Launch: l0}, {Node: "node1", Launch: l1}})
+	enc, err := api.EncodeLaunch([]api.NodeLaunch{{Node: "node2", Launch: l0}, {Node: "node1", Launch: l1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestScanSlurmAdoptsThisNodesTasks(t *testing.T) {
 	// A gpuctl job's task: the shim (under slurmstepd) and its rank.
 	shim := maps.Clone(task)
 	shim["SLURM_JOB_ID"], shim["SLURM_PROCID"] = "8", "0"
-	shim[api.SlurmStatusEnv], shim[api.SlurmLogEnv] = filepath.Join(root, "rank-3.status"), filepath.Join(root, "rank-3.log")
+	shim[api.RankStatusEnv], shim[api.RankLogEnv] = filepath.Join(root, "rank-3.status"), filepath.Join(root, "rank-3.log")
 	shim["GPUCTL_JOB"], shim["RANK"], shim["LOCAL_RANK"], shim["GPUCTL_ATTEMPT"] = "j-1", "3", "1", "2"
 	fakeProc(t, root, 103, 100, "nodemon", shim)
 	fakeProc(t, root, 104, 103, "ringtrain", shim)
@@ -158,8 +158,8 @@ func TestScanSlurmAdoptsThisNodesTasks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer x.Close()
-	onOwner(t, x, func() { x.scanSlurm(time.Now()) })
-	onOwner(t, x, func() { x.scanSlurm(time.Now()) })
+	onOwner(t, x, func() { x.scanTasks(time.Now()) })
+	onOwner(t, x, func() { x.scanTasks(time.Now()) })
 	got := map[string]uint32{}
 	for _, e := range events {
 		got[fmt.Sprintf("%s/%d", e.GetJob(), e.GetRank())] = e.GetPid()
@@ -217,5 +217,47 @@ func TestSlurmScanHearsCallbacksGivenAtConstruction(t *testing.T) {
 	}
 	if err := <-launched; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestScanKubeAdoptsThisNodesPods: with a Kubernetes node the executor
+// finds the ranks of gpuctl's pods on it (the rank under each shim nodemon
+// kube-task started), reports each once with its pod, and leaves another
+// node's pods, a kube-task itself and a shim of its own alone.
+func TestScanKubeAdoptsThisNodesPods(t *testing.T) {
+	root := t.TempDir()
+	shim := func(node string, rank int) map[string]string {
+		return map[string]string{api.KubePodEnv: "gpuctl-j-1-a2-0-x", "GPUCTL_NODE": node, "GPUCTL_JOB": "j-1", "GPUCTL_ATTEMPT": "2",
+			"RANK": strconv.Itoa(rank), "LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "3",
+			api.RankStatusEnv: fmt.Sprintf("/k/j-1-a2/rank-%d.status", rank), api.RankLogEnv: fmt.Sprintf("/k/j-1-a2/rank-%d.log", rank)}
+	}
+	fakeProc(t, root, 200, 1, "nodemon", map[string]string{api.KubePodEnv: "gpuctl-j-1-a2-0-x"}) // kube-task
+	fakeProc(t, root, 201, 200, "nodemon", shim("kn-1", 0))
+	fakeProc(t, root, 202, 201, "ringtrain", shim("kn-1", 0))
+	fakeProc(t, root, 210, 1, "nodemon", nil) // another node's kube-task
+	fakeProc(t, root, 211, 210, "nodemon", shim("kn-2", 2))
+	fakeProc(t, root, 212, 211, "ringtrain", shim("kn-2", 2))
+	fakeProc(t, root, 220, 1, "containerd-shim", nil)
+	fakeProc(t, root, 221, 220, "nodemon", map[string]string{api.KubePodEnv: "p"}) // kube-task, not a shim
+
+	var events []*api.Event
+	x, err := NewExecutor(ExecutorOptions{Node: "kn-1", DataDir: t.TempDir(), ProcRoot: root, KubeNode: "kn-1", Poll: time.Hour,
+		OnEvent: func(e *api.Event) { events = append(events, e) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	onOwner(t, x, func() { x.scanTasks(time.Now()) })
+	onOwner(t, x, func() { x.scanTasks(time.Now()) })
+	if len(events) != 1 || events[0].GetJob() != "j-1" || events[0].GetPid() != 202 || events[0].GetAttrs()["pod"] != "gpuctl-j-1-a2-0-x" {
+		t.Fatalf("events %v, want one: rank 0 of j-1, pid 202, in its pod", events)
+	}
+	st := x.RankStatuses()
+	if len(st) != 1 || st[0].GetAttempt() != 2 || st[0].GetPid() != 202 {
+		t.Fatalf("rank statuses %v", st)
+	}
+	// Kubernetes stops it: it holds no lease of nodemon's.
+	if pa := x.PeerAttempts(); len(pa) != 0 {
+		t.Fatalf("a pod's rank is a peer attempt: %v", pa)
 	}
 }

@@ -3,7 +3,10 @@ package controlplane
 import (
 	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/gpuctl/gpuctl/controlplane/jobs"
+	"github.com/gpuctl/gpuctl/controlplane/kube"
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
 	"github.com/gpuctl/gpuctl/controlplane/slurm"
 	"github.com/gpuctl/gpuctl/transport"
@@ -13,11 +16,11 @@ import (
 // nodemon (the job owner's own launches).
 func slurmExecutor(cfg Config, auth *transport.Authority) (*slurm.Executor, error) {
 	switch cfg.Executor {
-	case "", "nodemon":
+	case "", "nodemon", "kubernetes":
 		return nil, nil
 	case "slurm":
 	default:
-		return nil, fmt.Errorf("--executor %q: use nodemon or slurm", cfg.Executor)
+		return nil, fmt.Errorf("--executor %q: use nodemon, slurm or kubernetes", cfg.Executor)
 	}
 	sc := cfg.Slurm
 	sc.Log = cfg.Log.With("part", "slurm")
@@ -39,4 +42,35 @@ func slurmPoller(cfg Config, sx *slurm.Executor, reg *nodes.Registry, mgr *jobs.
 		return nil
 	}
 	return &slurm.Poller{X: sx, Registry: reg, Owner: mgr, Every: cfg.Slurm.Poll, Log: cfg.Log.With("part", "slurm")}
+}
+
+// kubeExecutor is the Kubernetes executor Config.Executor asks for; nil
+// otherwise. It follows the Nodes into the registry and tells the job
+// owner's front door what it learns, so it is built before the owner.
+func kubeExecutor(cfg Config, auth *transport.Authority, reg *nodes.Registry, front *jobs.Front) (*kube.Executor, error) {
+	if cfg.Executor != "kubernetes" {
+		return nil, nil
+	}
+	o := cfg.Kube
+	if o.Client == nil {
+		cs, err := kube.NewClient(o.Kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		o.Client = cs
+	}
+	if o.Spec.Image == "" {
+		return nil, fmt.Errorf("--executor kubernetes: --kube-image is empty: name the image that holds nodemon and the jobs' programs")
+	}
+	switch o.Spec.PullPolicy {
+	case "", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
+	default:
+		return nil, fmt.Errorf("--kube-pull-policy %q: use Always, IfNotPresent or Never", o.Spec.PullPolicy)
+	}
+	if ca := auth.CACert(); ca != nil && o.Spec.Cluster == "" {
+		// The ranks name their cluster as nodemon's do.
+		o.Spec.Cluster = transport.ClusterID(ca)
+	}
+	return kube.New(kube.Config{Client: o.Client, Spec: o.Spec, StopGrace: o.StopGrace, Registry: reg, Owner: front,
+		Log: cfg.Log.With("part", "kubernetes")}), nil
 }

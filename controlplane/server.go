@@ -21,6 +21,7 @@ import (
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane/jobs"
+	"github.com/gpuctl/gpuctl/controlplane/kube"
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
 	"github.com/gpuctl/gpuctl/controlplane/observe"
 	"github.com/gpuctl/gpuctl/controlplane/slurm"
@@ -83,10 +84,12 @@ type Config struct {
 	// run first, one rank per node (e.g. ringtrain --steps 3 --compute-ms 0
 	// --bytes 1M); empty skips it.
 	ValidateCommand []string
-	// Executor runs the jobs' ranks: "nodemon" (default) or "slurm"
-	// (through Slurm's sbatch, scancel and squeue, configured by Slurm).
+	// Executor runs the jobs' ranks: "nodemon" (default), "slurm"
+	// (through Slurm's sbatch, scancel and squeue, configured by Slurm) or
+	// "kubernetes" (pods gpuctl binds, configured by Kube).
 	Executor string
 	Slurm    slurm.Config
+	Kube     kube.Options
 	// Jobs tunes the job owner beyond the fields above (tests).
 	Jobs jobs.Config
 	// RunAs decides the accounts submitters may have ranks run as.
@@ -138,7 +141,10 @@ type Server struct {
 	slow    *stalls.FailSlow
 	// slurm reads Slurm's view in (--executor slurm); nil otherwise.
 	slurm *slurm.Poller
-	ln    *transport.Listener
+	// kube runs the attempts on Kubernetes and reads its view in
+	// (--executor kubernetes); nil otherwise.
+	kube *kube.Executor
+	ln   *transport.Listener
 	// listening is ln for the node detector, which runs before Listen.
 	listening atomic.Pointer[transport.Listener]
 	wg        sync.WaitGroup
@@ -326,6 +332,12 @@ func newServer(cfg Config, auth *transport.Authority, st store.Store, policy sch
 	if sx != nil {
 		jc.Executor = sx
 	}
+	if s.kube, err = kubeExecutor(cfg, auth, reg, front); err != nil {
+		return nil, err
+	}
+	if s.kube != nil {
+		jc.Executor = s.kube
+	}
 	mgr, err := jobs.New(jc)
 	if err != nil {
 		return nil, err
@@ -420,6 +432,15 @@ func (s *Server) run(ctx context.Context) {
 		go func() {
 			defer s.wg.Done()
 			s.slurm.Run(ctx)
+		}()
+	}
+	if s.kube != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := s.kube.Run(ctx); err != nil {
+				s.log.Error("Kubernetes executor stopped", "err", err)
+			}
 		}()
 	}
 	if b, ok := s.store.(*store.Bolt); ok {

@@ -105,14 +105,17 @@ func (s *slurmGpuctl) submit(spec string) string {
 // observed waits for NCCL calls of job traced by the nodemons' eBPF
 // probes; where eBPF is not required and not available it says so and
 // returns.
-func (s *slurmGpuctl) observed(job string, ranks int) {
-	t := s.t
+func (s *slurmGpuctl) observed(job string, ranks int) { observed(s.t, s.cl, job, ranks) }
+
+// observed waits for NCCL calls of ranks ranks of job, traced by the
+// nodemons' eBPF probes, through cl.
+func observed(t *testing.T, cl *client.Client, job string, ranks int) {
 	t.Helper()
 	seen := map[int32]bool{}
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) && len(seen) < ranks {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := s.cl.Observe(ctx, &api.ObserveRequest{Filter: &api.ObserveFilter{Job: job, Collectives: true}, Last: 200},
+		err := cl.Observe(ctx, &api.ObserveRequest{Filter: &api.ObserveFilter{Job: job, Collectives: true}, Last: 200},
 			func(b *api.ObserveBatch) error {
 				for _, it := range b.GetItems() {
 					if c := it.GetCollective(); c != nil {
@@ -141,6 +144,81 @@ func (s *slurmGpuctl) observed(job string, ranks int) {
 			}
 		}
 	}))
+}
+
+// movedOff waits for a new attempt of job running all 4 ranks, none on
+// lost.
+func movedOff(t *testing.T, cl *client.Client, id, lost string, limit time.Duration) *api.Job {
+	t.Helper()
+	return waitFor(t, cl, id, limit, "a new attempt running without "+lost, func(j *api.Job) error {
+		if j.GetAttempt() < 2 {
+			return fmt.Errorf("attempt %d: %s", j.GetAttempt(), j.GetReason())
+		}
+		if err := runningWith(j, j.GetAttempt(), 4); err != nil {
+			return err
+		}
+		if slices.Contains(nodesOf(j), lost) {
+			return fmt.Errorf("attempt %d placed on %s, which is lost", j.GetAttempt(), lost)
+		}
+		return nil
+	})
+}
+
+// cancelJob cancels a job and waits until it is cancelled.
+func cancelJob(t *testing.T, cl *client.Client, id string) {
+	t.Helper()
+	if _, err := cl.CancelJob(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, cl, id, 30*time.Second, "cancelled", func(j *api.Job) error {
+		if j.GetState() != api.JobState_JOB_STATE_CANCELLED {
+			return fmt.Errorf("%s: %s", j.GetState(), j.GetReason())
+		}
+		return nil
+	})
+}
+
+// checkpointed waits for job's steps, asks for a checkpoint and returns
+// the step of the one reported.
+func checkpointed(t *testing.T, cl *client.Client, id string, limit time.Duration) int64 {
+	t.Helper()
+	waitFor(t, cl, id, limit, "steps reported", func(j *api.Job) error {
+		if j.GetStep() < 10 {
+			return fmt.Errorf("step %d", j.GetStep())
+		}
+		return nil
+	})
+	if _, err := cl.CheckpointJob(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	j := waitFor(t, cl, id, limit, "checkpoint reported", func(j *api.Job) error {
+		if j.GetLastCheckpointStep() <= 0 {
+			return fmt.Errorf("no checkpoint yet (step %d)", j.GetStep())
+		}
+		return nil
+	})
+	return j.GetLastCheckpointStep()
+}
+
+// resumedFrom waits for a rank log's resume line and checks that it
+// resumed from ckpt or later.
+func resumedFrom(t *testing.T, log string, ckpt int64) {
+	t.Helper()
+	poll(t, 20*time.Second, "rank 0 resumed from the checkpoint", func() error {
+		b, err := os.ReadFile(log)
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if m := resumeLine.FindStringSubmatch(line); m != nil {
+				if n, _ := strconv.ParseInt(m[1], 10, 64); n >= ckpt {
+					return nil
+				}
+				return fmt.Errorf("resumed from %s, before the checkpoint at %d", m[1], ckpt)
+			}
+		}
+		return fmt.Errorf("no resume line in %s", log)
+	})
 }
 
 func nodesOf(j *api.Job) []string {
@@ -173,15 +251,7 @@ func TestSlurmExecutor(t *testing.T) {
 		id := s.submit(s.ringJob(fmt.Sprintf("warm%d", i), 0))
 		waitFor(t, s.cl, id, 30*time.Second, "ranks running", func(j *api.Job) error { return runningWith(j, 1, 4) })
 		starts = append(starts, time.Since(t0))
-		if _, err := s.cl.CancelJob(ctx, id); err != nil {
-			t.Fatal(err)
-		}
-		waitFor(t, s.cl, id, 30*time.Second, "cancelled", func(j *api.Job) error {
-			if j.GetState() != api.JobState_JOB_STATE_CANCELLED {
-				return fmt.Errorf("%s: %s", j.GetState(), j.GetReason())
-			}
-			return nil
-		})
+		cancelJob(t, s.cl, id)
 	}
 	t.Logf("gpuctl submit → 4 ranks running through Slurm: median %v of %v", median(starts), starts)
 
@@ -201,22 +271,7 @@ func TestSlurmExecutor(t *testing.T) {
 	s.observed(id, 4)
 
 	// A checkpoint through Slurm lands.
-	waitFor(t, s.cl, id, 20*time.Second, "steps reported", func(j *api.Job) error {
-		if j.GetStep() < 10 {
-			return fmt.Errorf("step %d", j.GetStep())
-		}
-		return nil
-	})
-	if _, err := s.cl.CheckpointJob(ctx, id); err != nil {
-		t.Fatal(err)
-	}
-	j = waitFor(t, s.cl, id, 20*time.Second, "checkpoint reported", func(j *api.Job) error {
-		if j.GetLastCheckpointStep() <= 0 {
-			return fmt.Errorf("no checkpoint yet (step %d)", j.GetStep())
-		}
-		return nil
-	})
-	ckpt := j.GetLastCheckpointStep()
+	ckpt := checkpointed(t, s.cl, id, 20*time.Second)
 	t.Logf("checkpoint at step %d through scancel --signal=USR1", ckpt)
 
 	// One of its nodes goes down in Slurm.
@@ -226,18 +281,7 @@ func TestSlurmExecutor(t *testing.T) {
 	// Attempt 2, or 3 when the ranks' exits (Slurm stopped them) came in
 	// before the poller saw the node down: attempt 2 then went to the
 	// same nodes and was refused for the down one without being submitted.
-	j = waitFor(t, s.cl, id, 60*time.Second, "a new attempt running without "+lost, func(j *api.Job) error {
-		if j.GetAttempt() < 2 {
-			return fmt.Errorf("attempt %d", j.GetAttempt())
-		}
-		if err := runningWith(j, j.GetAttempt(), 4); err != nil {
-			return err
-		}
-		if slices.Contains(nodesOf(j), lost) {
-			return fmt.Errorf("attempt %d placed on %s, which is down", j.GetAttempt(), lost)
-		}
-		return nil
-	})
+	j = movedOff(t, s.cl, id, lost, 60*time.Second)
 	requeue := time.Since(t0)
 	if j.GetResumeStep() < ckpt {
 		t.Fatalf("attempt 2 resumes from step %d, before the checkpoint at %d", j.GetResumeStep(), ckpt)
@@ -260,21 +304,7 @@ func TestSlurmExecutor(t *testing.T) {
 			sid = id2
 		}
 	}
-	poll(t, 10*time.Second, "rank 0 resumed from the checkpoint", func() error {
-		b, err := os.ReadFile(filepath.Join(s.runDir, sid, "rank-0.log"))
-		if err != nil {
-			return err
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if m := resumeLine.FindStringSubmatch(line); m != nil {
-				if n, _ := strconv.ParseInt(m[1], 10, 64); n >= ckpt {
-					return nil
-				}
-				return fmt.Errorf("resumed from %s, before the checkpoint at %d", m[1], ckpt)
-			}
-		}
-		return fmt.Errorf("no resume line in Slurm job %s's rank 0 log", sid)
-	})
+	resumedFrom(t, filepath.Join(s.runDir, sid, "rank-0.log"), ckpt)
 	t.Logf("node %s down in Slurm → attempt %d running on %v from step %d in %v", lost, j.GetAttempt(), nodesOf(j), j.GetResumeStep(), requeue)
 
 	// Out on both sides, with the reason.
@@ -476,18 +506,7 @@ func TestSlurmSlurmdKilled(t *testing.T) {
 	lost := nodesOf(j)[1]
 	t0 := time.Now()
 	s.slurm.StopNode(lost)
-	j = waitFor(t, s.cl, id, 90*time.Second, "a new attempt running without "+lost, func(j *api.Job) error {
-		if j.GetAttempt() < 2 {
-			return fmt.Errorf("attempt %d: %s", j.GetAttempt(), j.GetReason())
-		}
-		if err := runningWith(j, j.GetAttempt(), 4); err != nil {
-			return err
-		}
-		if slices.Contains(nodesOf(j), lost) {
-			return fmt.Errorf("placed on %s", lost)
-		}
-		return nil
-	})
+	j = movedOff(t, s.cl, id, lost, 90*time.Second)
 	t.Logf("slurmd of %s killed → attempt %d running on %v in %v", lost, j.GetAttempt(), nodesOf(j), time.Since(t0))
 	for _, r := range s.clusterRanks() {
 		if r.job == id && r.attempt != j.GetAttempt() {

@@ -10,8 +10,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 
+	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane"
+	"github.com/gpuctl/gpuctl/controlplane/kube"
 	"github.com/gpuctl/gpuctl/controlplane/metrics"
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
 	"github.com/gpuctl/gpuctl/logging"
@@ -33,6 +36,8 @@ func newServeCmd() *cobra.Command {
 		runAsDefault      string
 		haf               haFlags
 		slurmTask         string
+		kubeTask          string
+		kubePullPolicy    string
 		runtimeModel      string
 		policyWeights     string
 	)
@@ -53,6 +58,8 @@ certificate and admin.yaml (a client config with an admin certificate) in
 			cfg.Commit = buildCommit()
 			cfg.ValidateCommand = strings.Fields(validate)
 			cfg.Slurm.Task = strings.Fields(slurmTask)
+			cfg.Kube.Spec.Task = strings.Fields(kubeTask)
+			cfg.Kube.Spec.PullPolicy = corev1.PullPolicy(kubePullPolicy)
 			cfg.RunAs.DefaultUser, cfg.RunAs.DefaultGroup, _ = strings.Cut(runAsDefault, ":")
 			if runtimeModel != "" {
 				m, err := readRuntimeModel(runtimeModel)
@@ -158,7 +165,16 @@ certificate and admin.yaml (a client config with an admin certificate) in
 	f.StringVar(&logFile, "log-file", "", "log to this file instead of stderr")
 	sshf.register(f, "serve the console over SSH on this TCP address, e.g. :2222 (host key in --data-dir)")
 	haf.register(cmd)
-	f.StringVar(&cfg.Executor, "executor", "nodemon", "what runs the jobs' ranks: nodemon, or slurm (sbatch/scancel/squeue; nodemon --slurm-node on every node still traces them)")
+	f.StringVar(&cfg.Executor, "executor", "nodemon", "what runs the jobs' ranks: nodemon, slurm (sbatch/scancel/squeue; nodemon --slurm-node on every node still traces them) or kubernetes (pods gpuctl binds; nodemon --kube-node on every node traces and checkpoints them)")
+	f.StringVar(&cfg.Kube.Kubeconfig, "kubeconfig", "", "with --executor kubernetes: the cluster's kubeconfig file (default: the pod's service account, running in the cluster)")
+	f.StringVar(&cfg.Kube.Spec.Namespace, "namespace", "default", "with --executor kubernetes: the namespace of the jobs' Jobs, Services and pods")
+	f.StringVar(&cfg.Kube.Spec.Image, "kube-image", "", "with --executor kubernetes: the image the pods run, holding nodemon (for kube-task) and the jobs' programs")
+	f.StringVar(&kubePullPolicy, "kube-pull-policy", "IfNotPresent", "with --executor kubernetes: the pods' imagePullPolicy (Always, IfNotPresent, Never)")
+	f.StringVar(&kubeTask, "kube-task", "nodemon kube-task", "with --executor kubernetes: the command each pod starts, before -- and the job's command")
+	f.StringVar(&cfg.Kube.Spec.RunDir, "kube-run-dir", api.DefaultKubeRunDir, "with --executor kubernetes: the host directory the pods keep rank logs and exit status in (mounted at the same path; nodemon reads it)")
+	f.StringVar(&cfg.Kube.Spec.GPUResource, "kube-gpu-resource", kube.GPUResource, "with --executor kubernetes: the extended resource each pod asks for per GPU (\"\": none)")
+	f.BoolVar(&cfg.Kube.Spec.HostNetwork, "kube-host-network", true, "with --executor kubernetes: run the pods in their node's network, where MASTER_ADDR (rank 0's node) reaches them")
+	f.DurationVar(&cfg.Kube.StopGrace, "kube-stop-grace", 30*time.Second, "with --executor kubernetes: the pods' grace period at a stop")
 	f.StringVar(&cfg.Slurm.Placement, "slurm-placement", "gpuctl", "with --executor slurm: gpuctl (its scheduler places, Slurm gets --nodelist) or slurm (Slurm picks the nodes)")
 	f.StringVar(&slurmTask, "slurm-task", "nodemon slurm-task", "with --executor slurm: the command srun runs as each task (on the Slurm nodes), before -- and the job's command")
 	f.StringVar(&cfg.Slurm.RunDir, "slurm-run-dir", "/tmp/gpuctl-slurm", "with --executor slurm: where the tasks keep rank logs and exit status, and Slurm the job output (on the Slurm nodes)")

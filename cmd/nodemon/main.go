@@ -84,6 +84,7 @@ func rootCmd(run func(o *options) error) *cobra.Command {
 	f.StringVar(&cfg.PeerListen, "peer-listen", "", "UDP host:port where other nodes ask this one to vouch for their ranks while no server answers (default: all addresses, on the port used last time or a free one); off: none, and ranks here stop when no server answers for a lease")
 	f.StringVar(&cfg.PeerAdvertise, "peer-advertise", "", "the host:port other nodes dial for --peer-listen (default: its host, or this host's address toward the server)")
 	f.StringVar(&cfg.SlurmNode, "slurm-node", "", "this node's Slurm name (usually --name): report the Slurm tasks on it (SLURMD_NODENAME) as ranks, for gpuctl serve --executor slurm and plain sbatch jobs")
+	f.StringVar(&cfg.KubeNode, "kube-node", "", "this node's Kubernetes Node name (usually --name): report the ranks of gpuctl's pods on it as this node's, for gpuctl serve --executor kubernetes")
 	f.BoolVar(&cfg.AllowRootRanks, "allow-root-ranks", false, "let ranks run as root (a job that names no user while nodemon runs as root, or names root); refused without it")
 	cmd.AddCommand(newShimCmd(), newSlurmTaskCmd(), newKubeTaskCmd())
 	return cmd

@@ -16,7 +16,8 @@ import (
 )
 
 // Executor starts and signals the owner's attempts somewhere other than
-// through nodemon's own launches: Slurm (controlplane/slurm). The owner
+// through nodemon's own launches: Slurm (controlplane/slurm) or Kubernetes
+// (controlplane/kube). The owner
 // still decides the plan and the placement; the executor only carries them
 // out, off the owner's goroutine, and its answers come back as messages
 // (launch refusals as msgLaunched; what it learns later through
@@ -29,6 +30,13 @@ type Executor interface {
 	// Signal sends sig (SIGUSR1: checkpoint, SIGTERM: stop, SIGKILL) to
 	// one attempt of job (0: every attempt) on nodes.
 	Signal(ctx context.Context, job string, attempt uint32, nodes []string, sig string) map[string]error
+}
+
+// NodemonSignals is an Executor that leaves some signals to nodemon on
+// the ranks' nodes (Kubernetes' API cannot send SIGUSR1 into a pod;
+// nodemon finds the ranks and sends it).
+type NodemonSignals interface {
+	ViaNodemon(sig string) bool
 }
 
 // AttemptLaunch is one attempt as the owner placed it.
@@ -66,6 +74,10 @@ func (d *dispatcher) signalOn(job string, attempt uint32, nodes []string, sig st
 		}, timeout, done)
 	}
 	if d.exec == nil {
+		viaNodemon(done)
+		return
+	}
+	if n, ok := d.exec.(NodemonSignals); ok && n.ViaNodemon(sig) {
 		viaNodemon(done)
 		return
 	}
@@ -145,11 +157,13 @@ type msgExecutorFailed struct {
 }
 
 // ExecutorFailed tells the owner that the executor saw an attempt fail on
-// nodes (Slurm set them down): the job recovers as from lost nodes. No
-// nodes: the job's own fault (its batch script failed before any rank
-// started), so it fails with reason rather than retrying the same way.
-func (m *Manager) ExecutorFailed(job string, attempt uint32, nodes []string, reason string) {
-	m.in.post(msgExecutorFailed{job: job, attempt: attempt, nodes: nodes, reason: reason})
+// nodes (Slurm set them down, a Kubernetes Node went NotReady): the job
+// recovers as from lost nodes. No nodes: the job's own fault (its batch
+// script failed before any rank started), so it fails with reason rather
+// than retrying the same way. It only queues, so an executor built before
+// the owner is given the Front.
+func (f *Front) ExecutorFailed(job string, attempt uint32, nodes []string, reason string) {
+	f.in.post(msgExecutorFailed{job: job, attempt: attempt, nodes: nodes, reason: reason})
 }
 
 func (m *Manager) executorFailed(msg msgExecutorFailed) {
@@ -233,7 +247,7 @@ type msgExternal struct{ jobs []*api.Job }
 // submit (plain sbatch): they are listed and described with the others,
 // never scheduled or recovered, and not stored (the executor is where
 // they live). The jobs are not modified afterwards.
-func (m *Manager) ExternalJobs(jobs []*api.Job) { m.in.post(msgExternal{jobs: jobs}) }
+func (f *Front) ExternalJobs(jobs []*api.Job) { f.in.post(msgExternal{jobs: jobs}) }
 
 func (m *Manager) external(msg msgExternal) {
 	next := make(map[string]*api.Job, len(msg.jobs))

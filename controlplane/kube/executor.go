@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	batchlisters "k8s.io/client-go/listers/batch/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
@@ -43,7 +44,9 @@ type Config struct {
 	Registry  Registry
 	SyncEvery time.Duration
 	// Owner, when set, hears of the pods gpuctl did not create that hold
-	// GPUs (ForeignJobs), whenever that list changes.
+	// GPUs (ForeignJobs), whenever that list changes, and of the running
+	// attempts Kubernetes lost (LostAttempts): a placed Node NotReady or
+	// gone, or the attempt's Job failed before any rank started.
 	Owner Owner
 	Log   *slog.Logger
 }
@@ -54,9 +57,13 @@ type Registry interface {
 	SetCordon(node, action, reason string) (*api.NodeStatus, error)
 }
 
-// Owner is what the executor tells the job owner.
+// Owner is what the executor reads of the job owner and tells it
+// (jobs.Front: it only queues, so the executor is built before the
+// owner).
 type Owner interface {
+	View() *jobs.View
 	ExternalJobs(jobs []*api.Job)
+	ExecutorFailed(job string, attempt uint32, nodes []string, reason string)
 }
 
 // Executor runs attempts as Kubernetes objects and binds their pods. One
@@ -72,6 +79,12 @@ type Executor struct {
 	nodes corelisters.NodeLister
 	// foreign is the last list of foreign GPU pods told to the owner.
 	foreign []*api.Job
+	// lost are the attempts already told to the owner as lost, and
+	// unstarted how many checks in a row an attempt's Job has been failed
+	// with no rank reported.
+	lost      map[string]bool
+	unstarted map[string]int
+	jobs      batchlisters.JobLister
 	// ready closes once the watches have synced, stopped when Run returns.
 	ready, stopped chan struct{}
 }
@@ -100,7 +113,7 @@ func New(cfg Config) *Executor {
 		cfg.Spec.Namespace = "default"
 	}
 	return &Executor{cfg: cfg, log: cfg.Log, inbox: make(chan func(), 64), gangs: map[string]*gang{},
-		ready: make(chan struct{}), stopped: make(chan struct{})}
+		lost: map[string]bool{}, unstarted: map[string]int{}, ready: make(chan struct{}), stopped: make(chan struct{})}
 }
 
 // Run watches the attempts' pods and the Nodes, and binds gangs, until
@@ -134,14 +147,25 @@ func (x *Executor) Run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	onNode := func(any) { x.send(ctx, func() { x.decideAll(ctx); x.syncNodes(ctx) }) }
+	onNode := func(any) { x.send(ctx, func() { x.decideAll(ctx); x.syncNodes(ctx); x.checkAttempts() }) }
 	if _, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: onNode, UpdateFunc: func(_, obj any) { onNode(obj) }, DeleteFunc: onNode,
 	}); err != nil {
 		return err
 	}
+	// The attempts' Jobs, in gpuctl's namespace only.
+	nsInf := informers.NewSharedInformerFactoryWithOptions(x.cfg.Client, 0, informers.WithNamespace(x.cfg.Spec.Namespace))
+	batch := nsInf.Batch().V1().Jobs()
+	x.jobs = batch.Lister()
+	onJob := func(any) { x.send(ctx, x.checkAttempts) }
+	if _, err := batch.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: onJob, UpdateFunc: func(_, obj any) { onJob(obj) }, DeleteFunc: onJob,
+	}); err != nil {
+		return err
+	}
 	inf.Start(ctx.Done())
-	for _, synced := range []cache.InformerSynced{pods.Informer().HasSynced, nodes.Informer().HasSynced} {
+	nsInf.Start(ctx.Done())
+	for _, synced := range []cache.InformerSynced{pods.Informer().HasSynced, nodes.Informer().HasSynced, batch.Informer().HasSynced} {
 		if !cache.WaitForCacheSync(ctx.Done(), synced) {
 			return fmt.Errorf("kubernetes: the pod and node watches did not sync: %w", ctx.Err())
 		}
@@ -156,6 +180,7 @@ func (x *Executor) Run(ctx context.Context) error {
 			f()
 		case <-tick.C:
 			x.syncNodes(ctx)
+			x.checkAttempts()
 		case <-ctx.Done():
 			for key, g := range x.gangs {
 				g.done <- fmt.Errorf("kubernetes: the executor stopped before the pods were bound (%s)", g.wait)
@@ -194,7 +219,7 @@ func (x *Executor) Launch(ctx context.Context, a jobs.AttemptLaunch) map[string]
 	select {
 	case <-x.ready:
 	case <-ctx.Done():
-		return fail(fmt.Errorf("kubernetes: the pod and node watches have not synced: %w", ctx.Err()))
+		return fail(fmt.Errorf("kubernetes: the pod and node watches have not synced (%w): %w", ctx.Err(), jobs.ErrExecutorUnavailable))
 	}
 	svc, job, err := Objects(a, x.cfg.Spec)
 	if err != nil {
@@ -202,11 +227,11 @@ func (x *Executor) Launch(ctx context.Context, a jobs.AttemptLaunch) map[string]
 	}
 	ns := x.cfg.Spec.Namespace
 	if _, err := x.cfg.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fail(fmt.Errorf("kubernetes: create Service %s/%s: %w", ns, svc.Name, err))
+		return fail(fmt.Errorf("kubernetes: create Service %s/%s: %w", ns, svc.Name, unreachable(err)))
 	}
 	if _, err := x.cfg.Client.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		x.remove(context.WithoutCancel(ctx), a.Job, a.Attempt, 0)
-		return fail(fmt.Errorf("kubernetes: create Job %s/%s: %w", ns, job.Name, err))
+		return fail(fmt.Errorf("kubernetes: create Job %s/%s: %w", ns, job.Name, unreachable(err)))
 	}
 	g := &gang{job: a.Job, attempt: a.Attempt, placement: a.Nodes, done: make(chan error, 1), wait: "no pod seen yet"}
 	key := gangKey(labelValue(a.Job), strconv.FormatUint(uint64(a.Attempt), 10))
@@ -327,13 +352,9 @@ func (x *Executor) syncNodes(ctx context.Context) {
 	if x.cfg.Registry == nil {
 		return
 	}
-	list, err := x.nodes.List(labels.Everything())
+	views, err := x.nodeViews()
 	if err != nil {
 		return
-	}
-	views := make([]NodeView, len(list))
-	for i, n := range list {
-		views[i] = ViewOf(n)
 	}
 	for _, a := range SyncNodes(x.cfg.Registry.Nodes(), views) {
 		var err error
@@ -349,6 +370,19 @@ func (x *Executor) syncNodes(ctx context.Context) {
 		}
 		x.log.Info("node state synced with Kubernetes", "node", a.Node, "action", a.Do, "reason", a.Reason)
 	}
+}
+
+// nodeViews reads every Node the watch holds.
+func (x *Executor) nodeViews() ([]NodeView, error) {
+	list, err := x.nodes.List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	views := make([]NodeView, len(list))
+	for i, n := range list {
+		views[i] = ViewOf(n)
+	}
+	return views, nil
 }
 
 // cordonNode sets a Node's unschedulable and gpuctl's reason, or lifts
@@ -378,21 +412,32 @@ func (x *Executor) usable(node string) bool {
 		return false
 	}
 	n, err := x.nodes.Get(node)
-	if err != nil || n.Spec.Unschedulable {
-		return false
-	}
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
+	return err == nil && !n.Spec.Unschedulable && ready(n) == corev1.ConditionTrue
 }
 
+// nodeReady: the Node exists and its Ready condition is True.
+func (x *Executor) nodeReady(node string) bool {
+	n, err := x.nodes.Get(node)
+	return err == nil && ready(n) == corev1.ConditionTrue
+}
+
+// ready is a Node's Ready condition ("" when it has none yet).
+func ready(n *corev1.Node) corev1.ConditionStatus {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status
+		}
+	}
+	return ""
+}
+
+// ViaNodemon: a checkpoint (SIGUSR1) reaches the ranks through nodemon on
+// their nodes (nodemon --kube-node finds them), which the API cannot do.
+func (x *Executor) ViaNodemon(sig string) bool { return sig == "SIGUSR1" }
+
 // Signal stops an attempt (every attempt of job when attempt is 0):
-// SIGTERM deletes its objects with the stop grace, SIGKILL at once. A
-// checkpoint (SIGUSR1) reaches the ranks through nodemon on their nodes,
-// which the Kubernetes executor does not drive yet.
+// SIGTERM deletes its objects with the stop grace, SIGKILL at once (and
+// the job owner has nodemon kill the ranks too).
 func (x *Executor) Signal(ctx context.Context, job string, attempt uint32, nodes []string, sig string) map[string]error {
 	var grace time.Duration
 	switch sig {
@@ -400,7 +445,7 @@ func (x *Executor) Signal(ctx context.Context, job string, attempt uint32, nodes
 		grace = x.cfg.StopGrace
 	case "SIGKILL":
 	default:
-		err := fmt.Errorf("kubernetes: %s cannot reach pods through the API: a checkpoint needs nodemon on the node", sig)
+		err := fmt.Errorf("kubernetes: %s cannot reach pods through the API: nodemon on the node sends it", sig)
 		out := map[string]error{}
 		for _, n := range nodes {
 			out[n] = err
@@ -440,6 +485,20 @@ func (x *Executor) remove(ctx context.Context, job string, attempt uint32, grace
 	if err := x.cfg.Client.CoreV1().Pods(ns).DeleteCollection(ctx, opts, list); err != nil {
 		errs = append(errs, fmt.Errorf("delete pods %s: %w", sel, err))
 	}
+	// A pod on a Node that is not Ready would wait for its kubelet to
+	// confirm it stopped for ever: gpuctl has the node's ranks stopped by
+	// nodemon, or counts them lost with the node, so its objects go now.
+	if pods, err := x.cfg.Client.CoreV1().Pods(ns).List(ctx, list); err == nil {
+		force := metav1.DeleteOptions{GracePeriodSeconds: new(int64)}
+		for _, p := range pods.Items {
+			if p.Spec.NodeName == "" || x.nodeReady(p.Spec.NodeName) {
+				continue
+			}
+			if err := x.cfg.Client.CoreV1().Pods(ns).Delete(ctx, p.Name, force); err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("delete pod %s on %s, whose Node is not Ready: %w", p.Name, p.Spec.NodeName, err))
+			}
+		}
+	}
 	svcs, err := x.cfg.Client.CoreV1().Services(ns).List(ctx, list)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("list Services %s: %w", sel, err))
@@ -451,7 +510,88 @@ func (x *Executor) remove(ctx context.Context, job string, attempt uint32, grace
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("kubernetes: %w", err)
+		return fmt.Errorf("kubernetes: %w", unreachable(err))
 	}
 	return nil
+}
+
+// unreachable marks an error that is not the API server's answer (it
+// could not be reached, or did not answer in time) as the executor's
+// unavailability: the attempt waits in the queue with the reason rather
+// than failing.
+func unreachable(err error) error {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) && !apierrors.IsServerTimeout(err) && !apierrors.IsTimeout(err) && !apierrors.IsServiceUnavailable(err) {
+		return err
+	}
+	return fmt.Errorf("%w (%w: is the Kubernetes API server up?)", err, jobs.ErrExecutorUnavailable)
+}
+
+// checkAttempts tells the owner, once each, of the running attempts
+// Kubernetes lost (on Run's goroutine).
+func (x *Executor) checkAttempts() {
+	if x.cfg.Owner == nil {
+		return
+	}
+	v := x.cfg.Owner.View()
+	if v == nil {
+		return
+	}
+	views, err := x.nodeViews()
+	if err != nil {
+		return
+	}
+	var running []Running
+	current := map[string]bool{}
+	for _, j := range v.Jobs {
+		if j.GetState() != api.JobState_JOB_STATE_RUNNING || j.GetStopping() != api.JobStop_JOB_STOP_NONE || len(j.GetPlacement()) == 0 {
+			continue
+		}
+		name := ObjectName(j.GetId(), j.GetAttempt())
+		kj, err := x.jobs.Jobs(x.cfg.Spec.Namespace).Get(name)
+		if err != nil {
+			continue // not one of gpuctl's attempts here (a foreign pod), or not made yet
+		}
+		key := gangKey(j.GetId(), strconv.FormatUint(uint64(j.GetAttempt()), 10))
+		current[key] = true
+		if x.lost[key] {
+			continue
+		}
+		r := Running{Job: j.GetId(), Attempt: j.GetAttempt()}
+		for _, jn := range j.GetPlacement() {
+			r.Nodes = append(r.Nodes, jn.GetNode())
+			for _, rk := range jn.GetRanks() {
+				r.Started = r.Started || rk.GetPid() != 0 || rk.GetExited()
+			}
+		}
+		for _, c := range kj.Status.Conditions {
+			if c.Type == batchv1.JobFailed && c.Status == corev1.ConditionTrue {
+				r.JobFailed = fmt.Sprintf("Job %s/%s failed (%s: %s; kubectl describe job -n %s %s)", kj.Namespace, kj.Name, c.Reason, c.Message, kj.Namespace, kj.Name)
+			}
+		}
+		running = append(running, r)
+	}
+	for key := range x.lost {
+		if !current[key] {
+			delete(x.lost, key)
+		}
+	}
+	for key := range x.unstarted {
+		if !current[key] {
+			delete(x.unstarted, key)
+		}
+	}
+	for _, l := range LostAttempts(running, views) {
+		key := gangKey(l.Job, strconv.FormatUint(uint64(l.Attempt), 10))
+		if len(l.Nodes) == 0 {
+			// nodemon finds a rank within its scan: a few checks before a
+			// failed Job with none reported is called one that never started.
+			if x.unstarted[key]++; x.unstarted[key] < 3 {
+				continue
+			}
+		}
+		x.lost[key] = true
+		x.log.Warn("Kubernetes lost a running attempt", "job", l.Job, "attempt", l.Attempt, "nodes", l.Nodes, "why", l.Reason)
+		x.cfg.Owner.ExecutorFailed(l.Job, l.Attempt, l.Nodes, l.Reason)
+	}
 }

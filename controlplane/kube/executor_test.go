@@ -22,26 +22,13 @@ import (
 	"github.com/gpuctl/gpuctl/internal/testbin"
 )
 
-const ranksImage = "localhost/gpuctl/ranks:1"
+const ranksImage = kubetest.RanksImage
 
-// ranksArchive builds an image holding nodemon (the pods' kube-task),
-// ringtrain with its libnccl.so.2, and the C library both load.
+// ranksArchive builds the ranks image from this tree's nodemon and
+// ringtrain.
 func ranksArchive(t *testing.T, dir string) string {
 	t.Helper()
-	ring := testbin.Ringtrain(t)
-	files := map[string]string{
-		"/usr/bin/nodemon":  testbin.Nodemon(t),
-		"/opt/ringtrain":    ring,
-		"/opt/libnccl.so.2": filepath.Join(filepath.Dir(ring), "libnccl.so.2"),
-	}
-	for _, lib := range []string{"/lib64/ld-linux-x86-64.so.2", "/lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libm.so.6"} {
-		real, err := filepath.EvalSymlinks(lib)
-		if err != nil {
-			t.Skipf("this host's C library is not where the image expects it: %v", err)
-		}
-		files[lib] = real
-	}
-	return kubetest.Image(t, dir, ranksImage, files, []string{"/usr/bin/nodemon"})
+	return kubetest.RanksArchive(t, dir, testbin.Nodemon(t), testbin.Ringtrain(t))
 }
 
 // ringLaunch is an attempt of ringtrain with two ranks on each of nodes,
@@ -69,10 +56,10 @@ func ringLaunch(t *testing.T, job string, attempt uint32, nodes []string) jobs.A
 	return a
 }
 
-func startExecutor(t *testing.T, cs kubernetes.Interface, usable func(string) bool) *Executor {
+func startExecutor(t *testing.T, cs kubernetes.Interface, runDir string) *Executor {
 	t.Helper()
-	x := New(Config{Client: cs, Usable: usable, StopGrace: 2 * time.Second,
-		Spec: Spec{Namespace: "default", Image: ranksImage, PullPolicy: corev1.PullNever, HostNetwork: true, Cluster: "kubetest"}})
+	x := New(Config{Client: cs, StopGrace: 2 * time.Second,
+		Spec: Spec{Namespace: "default", Image: ranksImage, PullPolicy: corev1.PullNever, HostNetwork: true, Cluster: "kubetest", RunDir: runDir}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- x.Run(ctx) }()
@@ -123,7 +110,7 @@ func TestAttemptRunsAsBoundPods(t *testing.T) {
 	dir := t.TempDir()
 	c := kubetest.Start(t, kubetest.Options{Nodes: []string{"kn-1", "kn-2", "kn-3"}, Images: []string{ranksArchive(t, dir)}})
 	cs := c.Client()
-	x := startExecutor(t, cs, nil)
+	x := startExecutor(t, cs, filepath.Join(dir, "run"))
 
 	a := ringLaunch(t, "j-ring01", 1, []string{"kn-3", "kn-1"})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -154,11 +141,11 @@ func TestAttemptRunsAsBoundPods(t *testing.T) {
 		return j.Status.Succeeded == 2, fmt.Sprintf("succeeded %d, active %d, failed %d", j.Status.Succeeded, j.Status.Active, j.Status.Failed)
 	})
 	t.Logf("launch → all pods bound: %v; → Job complete: %v", bound, time.Since(start))
-	// Each node's log holds its two ranks' lines: rank 0's stop line says
-	// the four ranks met.
-	logs, err := os.ReadFile(firstLog(t, c, "kn-3"))
+	// Each rank's log is in the run dir on its node: rank 0's stop line
+	// says the four ranks met.
+	logs, err := os.ReadFile(filepath.Join(dir, "run", api.KubeRunName(a.Job, a.Attempt), "rank-0.log"))
 	if err != nil || !strings.Contains(string(logs), "stop step=5 reason=steps") {
-		t.Errorf("rank 0's node log (%v):\n%s", err, logs)
+		t.Errorf("rank 0's log (%v):\n%s", err, logs)
 	}
 
 	if errs := x.Signal(context.Background(), a.Job, a.Attempt, a.Nodes, "SIGTERM"); errs != nil {
@@ -192,15 +179,4 @@ func TestAttemptRunsAsBoundPods(t *testing.T) {
 		_, jerr := cs.BatchV1().Jobs("default").Get(context.Background(), ObjectName(bad.Job, bad.Attempt), metav1.GetOptions{})
 		return len(pods) == 0 && jerr != nil, fmt.Sprintf("%d pods, job err %v", len(pods), jerr)
 	})
-}
-
-// firstLog is the container log of the pod on node (the kubelet keeps it
-// under its pod log dir).
-func firstLog(t *testing.T, c *kubetest.Cluster, node string) string {
-	t.Helper()
-	matches, _ := filepath.Glob(filepath.Join(c.PodLogDir(node), "*", "*", "*.log"))
-	if len(matches) == 0 {
-		t.Fatalf("no container log on %s", node)
-	}
-	return matches[0]
 }

@@ -48,6 +48,12 @@ type Spec struct {
 	// requests none (nodes without a device plugin).
 	GPUResource string
 	Cluster     string
+	// RunDir is the host directory the pods' rank logs and exit status
+	// files go to (nodemon kube-task --run-dir), mounted at the same path
+	// so that nodemon --kube-node on the host reads them; default
+	// api.DefaultKubeRunDir. A job's checkpoint directory is mounted the
+	// same way: on shared storage, the same path on every node.
+	RunDir string
 }
 
 var (
@@ -89,7 +95,7 @@ func Objects(a jobs.AttemptLaunch, s Spec) (*corev1.Service, *batchv1.Job, error
 	if len(a.Nodes) == 0 {
 		return nil, nil, fmt.Errorf("kubernetes: attempt %d of %s has no nodes", a.Attempt, a.Job)
 	}
-	parts := make([]api.SlurmNodeLaunch, 0, len(a.Nodes))
+	parts := make([]api.NodeLaunch, 0, len(a.Nodes))
 	var command []string
 	gpus := make([]int64, len(a.Nodes))
 	for i, n := range a.Nodes {
@@ -98,7 +104,7 @@ func Objects(a jobs.AttemptLaunch, s Spec) (*corev1.Service, *batchv1.Job, error
 			return nil, nil, fmt.Errorf("kubernetes: attempt %d of %s: node %s has no ranks", a.Attempt, a.Job, n)
 		}
 		command = l.GetCommand()
-		parts = append(parts, api.SlurmNodeLaunch{Node: n, Launch: l})
+		parts = append(parts, api.NodeLaunch{Node: n, Launch: l})
 		seen := map[uint32]bool{}
 		for _, r := range l.GetRanks() {
 			for _, g := range r.GetGpus() {
@@ -116,13 +122,30 @@ func Objects(a jobs.AttemptLaunch, s Spec) (*corev1.Service, *batchv1.Job, error
 			return nil, nil, fmt.Errorf("kubernetes: attempt %d of %s uses %v GPUs on its nodes: an Indexed Job's pods all ask for the same number", a.Attempt, a.Job, gpus)
 		}
 	}
-	launch, err := api.EncodeSlurmLaunch(parts)
+	launch, err := api.EncodeLaunch(parts)
 	if err != nil {
 		return nil, nil, err
 	}
 	task := s.Task
 	if len(task) == 0 {
 		task = []string{"nodemon", "kube-task"}
+	}
+	runDir := s.RunDir
+	if runDir == "" {
+		runDir = api.DefaultKubeRunDir
+	}
+	task = append(append([]string{}, task...), "--run-dir", runDir)
+	mounts := []string{runDir}
+	if ck := a.Ranks[a.Nodes[0]].GetCheckpointDir(); ck != "" {
+		mounts = append(mounts, ck)
+	}
+	var volumes []corev1.Volume
+	var volumeMounts []corev1.VolumeMount
+	for i, path := range mounts {
+		name := fmt.Sprintf("host-%d", i)
+		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{
+			HostPath: &corev1.HostPathVolumeSource{Path: path, Type: ptr(corev1.HostPathDirectoryOrCreate)}}})
+		volumeMounts = append(volumeMounts, corev1.VolumeMount{Name: name, MountPath: path})
 	}
 	name := ObjectName(a.Job, a.Attempt)
 	labels := AttemptLabels(a.Job, a.Attempt)
@@ -146,7 +169,9 @@ func Objects(a jobs.AttemptLaunch, s Spec) (*corev1.Service, *batchv1.Job, error
 		Env: []corev1.EnvVar{
 			{Name: api.KubeLaunchEnv, Value: launch},
 			{Name: api.KubeClusterEnv, Value: s.Cluster},
+			{Name: api.KubePodEnv, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
 		},
+		VolumeMounts: volumeMounts,
 	}
 	if s.GPUResource != "" && gpus[0] > 0 {
 		q := *resource.NewQuantity(gpus[0], resource.DecimalSI)
@@ -177,6 +202,9 @@ func Objects(a jobs.AttemptLaunch, s Spec) (*corev1.Service, *batchv1.Job, error
 					HostNetwork:   s.HostNetwork,
 					Subdomain:     name,
 					Containers:    []corev1.Container{container},
+					Volumes:       volumes,
+					// The ranks need no credentials for the API.
+					AutomountServiceAccountToken: ptr(false),
 				},
 			},
 		},

@@ -13,11 +13,12 @@ import (
 
 // TestObjects: an attempt is a headless Service and an Indexed Job of one
 // pod per node, scheduled by gpuctl, that Kubernetes never retries; the
-// launch in the pods decodes to each node's own LaunchRanks by index.
+// launch in the pods decodes to each node's own LaunchRanks by index; the
+// run dir and the job's checkpoint directory are the host's own paths.
 func TestObjects(t *testing.T) {
 	a := jobs.AttemptLaunch{Job: "j-Big_Run.7", Attempt: 2, Nodes: []string{"n2", "n1"}, Ranks: map[string]*api.LaunchRanks{
-		"n1": {Job: "j-Big_Run.7", NodeRank: 1, Command: []string{"train", "--x"}, Ranks: []*api.RankSpec{{Rank: 2, Gpus: []uint32{0, 1}}}},
-		"n2": {Job: "j-Big_Run.7", NodeRank: 0, Command: []string{"train", "--x"}, Ranks: []*api.RankSpec{{Rank: 0, Gpus: []uint32{0}}, {Rank: 1, Gpus: []uint32{1}}}},
+		"n1": {Job: "j-Big_Run.7", NodeRank: 1, Command: []string{"train", "--x"}, CheckpointDir: "/shared/ck/big", Ranks: []*api.RankSpec{{Rank: 2, Gpus: []uint32{0, 1}}}},
+		"n2": {Job: "j-Big_Run.7", NodeRank: 0, Command: []string{"train", "--x"}, CheckpointDir: "/shared/ck/big", Ranks: []*api.RankSpec{{Rank: 0, Gpus: []uint32{0}}, {Rank: 1, Gpus: []uint32{1}}}},
 	}}
 	svc, job, err := Objects(a, Spec{Namespace: "ml", Image: "img", GPUResource: GPUResource, HostNetwork: true})
 	if err != nil {
@@ -41,13 +42,27 @@ func TestObjects(t *testing.T) {
 		t.Errorf("pod spec %+v", pod)
 	}
 	c := pod.Containers[0]
-	if strings.Join(c.Command, " ") != "nodemon kube-task -- train --x" {
+	if strings.Join(c.Command, " ") != "nodemon kube-task --run-dir /tmp/gpuctl-kube -- train --x" {
 		t.Errorf("command %q", c.Command)
+	}
+	var hostPaths []string
+	for i, v := range pod.Volumes {
+		if v.HostPath == nil || c.VolumeMounts[i].MountPath != v.HostPath.Path || c.VolumeMounts[i].Name != v.Name {
+			t.Errorf("volume %d: %+v mounted as %+v, want a host path at its own path", i, v, c.VolumeMounts[i])
+			continue
+		}
+		hostPaths = append(hostPaths, v.HostPath.Path)
+	}
+	if strings.Join(hostPaths, " ") != "/tmp/gpuctl-kube /shared/ck/big" {
+		t.Errorf("host paths %v, want the run dir and the checkpoint dir", hostPaths)
+	}
+	if e := c.Env[2]; e.Name != api.KubePodEnv || e.ValueFrom == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.name" {
+		t.Errorf("env %+v, want the pod's name in %s", e, api.KubePodEnv)
 	}
 	if q := c.Resources.Limits[GPUResource]; q.Value() != 2 {
 		t.Errorf("GPUs per pod %v, want 2", q.String())
 	}
-	parts, err := api.DecodeSlurmLaunch(c.Env[0].Value)
+	parts, err := api.DecodeLaunch(api.KubeLaunchEnv, c.Env[0].Value)
 	if err != nil {
 		t.Fatal(err)
 	}

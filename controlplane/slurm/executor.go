@@ -119,7 +119,7 @@ func (x *Executor) Batch(a jobs.AttemptLaunch) (args []string, script string, en
 		return nil, "", nil, fmt.Errorf("slurm: attempt %d of %s has no nodes", attempt, job)
 	}
 	perNode := len(launches[nodes[0]].GetRanks())
-	parts := make([]api.SlurmNodeLaunch, 0, len(nodes))
+	parts := make([]api.NodeLaunch, 0, len(nodes))
 	for _, n := range nodes {
 		l := launches[n]
 		if len(l.GetRanks()) != perNode {
@@ -130,9 +130,9 @@ func (x *Executor) Batch(a jobs.AttemptLaunch) (args []string, script string, en
 		if x.cfg.Placement == PlaceSlurm {
 			node = ""
 		}
-		parts = append(parts, api.SlurmNodeLaunch{Node: node, Launch: l})
+		parts = append(parts, api.NodeLaunch{Node: node, Launch: l})
 	}
-	enc, err := api.EncodeSlurmLaunch(parts)
+	enc, err := api.EncodeLaunch(parts)
 	if err != nil {
 		return nil, "", nil, err
 	}

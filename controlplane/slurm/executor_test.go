@@ -41,7 +41,7 @@ func TestBatchKeepsGpuctlPlacement(t *testing.T) {
 	if !strings.Contains(script, "exec srun --kill-on-bad-exit=1 /opt/nodemon slurm-task --run-dir ") || !strings.Contains(script, "-- /bin/train --lr '3e-4 x'\n") {
 		t.Errorf("script:\n%s", script)
 	}
-	parts, err := api.DecodeSlurmLaunch(strings.TrimPrefix(env[0], api.SlurmLaunchEnv+"="))
+	parts, err := api.DecodeLaunch(api.SlurmLaunchEnv, strings.TrimPrefix(env[0], api.SlurmLaunchEnv+"="))
 	if err != nil || len(parts) != 2 || parts[0].Node != "node3" || parts[1].Launch.GetRanks()[0].GetRank() != 2 {
 		t.Errorf("launch env %v: %v", parts, err)
 	}
@@ -55,7 +55,7 @@ func TestBatchKeepsGpuctlPlacement(t *testing.T) {
 	// Slurm places: no --nodelist, parts by node index.
 	x.cfg.Placement = PlaceSlurm
 	args, _, env, _ = x.Batch(jobs.AttemptLaunch{Job: "j-1", Attempt: 2, Nodes: nodes, Ranks: l})
-	parts, _ = api.DecodeSlurmLaunch(strings.TrimPrefix(env[0], api.SlurmLaunchEnv+"="))
+	parts, _ = api.DecodeLaunch(api.SlurmLaunchEnv, strings.TrimPrefix(env[0], api.SlurmLaunchEnv+"="))
 	if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--nodelist") }) || parts[0].Node != "" {
 		t.Errorf("slurm placement: args %v, parts %v", args, parts)
 	}

@@ -70,3 +70,26 @@ func PauseArchive(t testing.TB, dir string) string {
 	}
 	return Image(t, dir, PauseImage, map[string]string{"/pause": bin}, []string{"/pause"})
 }
+
+// RanksImage is the image RanksArchive builds.
+const RanksImage = "localhost/gpuctl/ranks:1"
+
+// RanksArchive builds RanksImage into dir: nodemon (the pods' kube-task)
+// as /usr/bin/nodemon, ringtrain as /opt/ringtrain with the libnccl.so.2
+// beside it as /opt/libnccl.so.2, and the C library both load.
+func RanksArchive(t testing.TB, dir, nodemon, ringtrain string) string {
+	t.Helper()
+	files := map[string]string{
+		"/usr/bin/nodemon":  nodemon,
+		"/opt/ringtrain":    ringtrain,
+		"/opt/libnccl.so.2": filepath.Join(filepath.Dir(ringtrain), "libnccl.so.2"),
+	}
+	for _, lib := range []string{"/lib64/ld-linux-x86-64.so.2", "/lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libm.so.6"} {
+		real, err := filepath.EvalSymlinks(lib)
+		if err != nil {
+			t.Skipf("this host's C library is not where the image expects it: %v", err)
+		}
+		files[lib] = real
+	}
+	return Image(t, dir, RanksImage, files, []string{"/usr/bin/nodemon"})
+}

@@ -47,6 +47,10 @@ type Cluster struct {
 	Admin    string
 	procs    []*process
 	kubelets map[string]*kubelet
+	// apiserver runs with apiserverArgs (StopAPIServer, StartAPIServer).
+	apiserver     *process
+	apiserverArgs []string
+	restarts      int
 	// ownsKubeletDir: /var/lib/kubelet did not exist before this cluster's
 	// kubelets made it (their device plugin socket has a fixed path there).
 	ownsKubeletDir bool
@@ -127,21 +131,22 @@ func Start(t testing.TB, o Options) *Cluster {
 		t.Fatal(err)
 	}
 	p := c.pki.path
-	c.start("kube-apiserver", "kube-apiserver",
-		"--etcd-servers="+strings.Join(etcd.Endpoints(), ","),
+	c.apiserverArgs = []string{
+		"--etcd-servers=" + strings.Join(etcd.Endpoints(), ","),
 		fmt.Sprintf("--secure-port=%d", port), "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
 		// The API server would publish 127.0.0.1 as the kubernetes
 		// Service's endpoint, which Endpoints refuse: no pod here needs it.
 		"--endpoint-reconciler-type=none",
-		"--tls-cert-file="+p("apiserver.crt"), "--tls-private-key-file="+p("apiserver.key"),
-		"--client-ca-file="+p("ca.crt"),
+		"--tls-cert-file=" + p("apiserver.crt"), "--tls-private-key-file=" + p("apiserver.key"),
+		"--client-ca-file=" + p("ca.crt"),
 		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file="+p("sa.pub"), "--service-account-signing-key-file="+p("sa.key"),
+		"--service-account-key-file=" + p("sa.pub"), "--service-account-signing-key-file=" + p("sa.key"),
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--authorization-mode=Node,RBAC",
-		"--kubelet-client-certificate="+p("admin.crt"), "--kubelet-client-key="+p("admin.key"),
-		"--kubelet-certificate-authority="+p("ca.crt"),
-	)
+		"--kubelet-client-certificate=" + p("admin.crt"), "--kubelet-client-key=" + p("admin.key"),
+		"--kubelet-certificate-authority=" + p("ca.crt"),
+	}
+	c.apiserver = c.start("kube-apiserver", "kube-apiserver", c.apiserverArgs...)
 	c.waitReady(60 * time.Second)
 	c.start("kube-controller-manager", "kube-controller-manager",
 		"--kubeconfig="+c.Admin, "--leader-elect=false", "--secure-port=0",
@@ -161,6 +166,22 @@ func Start(t testing.TB, o Options) *Cluster {
 		}
 	}
 	return c
+}
+
+// StopAPIServer stops the API server (the rest of the cluster runs on, as
+// in an outage of the control plane); StartAPIServer brings it back on the
+// same address and waits until it is ready.
+func (c *Cluster) StopAPIServer() { c.apiserver.stop(10 * time.Second) }
+
+// StartAPIServer starts the API server StopAPIServer stopped.
+func (c *Cluster) StartAPIServer() {
+	c.t.Helper()
+	if !c.apiserver.exited() {
+		c.t.Fatal("kubetest: the API server is running")
+	}
+	c.restarts++
+	c.apiserver = c.start(fmt.Sprintf("kube-apiserver-%d", c.restarts+1), "kube-apiserver", c.apiserverArgs...)
+	c.waitReady(60 * time.Second)
 }
 
 // Client returns a clientset as the cluster's administrator.

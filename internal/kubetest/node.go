@@ -146,12 +146,6 @@ func (c *Cluster) startNode(name string, images []string) {
 	c.WaitNodeReady(name, true, 60*time.Second)
 }
 
-// PodLogDir is where node's kubelet keeps its containers' logs
-// (namespace_pod_uid/container/N.log).
-func (c *Cluster) PodLogDir(node string) string {
-	return filepath.Join(c.dir, "node-"+node, "pods-logs")
-}
-
 // ctr runs containerd's CLI against the node's containerd.
 func (k *kubelet) ctr(args ...string) error {
 	out, err := exec.Command("ctr", append([]string{"--address", k.socket}, args...)...).CombinedOutput()

@@ -1,7 +1,8 @@
-package kube
+package controlplane_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -14,31 +15,29 @@ import (
 
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane"
+	"github.com/gpuctl/gpuctl/controlplane/kube"
 	"github.com/gpuctl/gpuctl/controlplane/nodes"
 	"github.com/gpuctl/gpuctl/internal/kubetest"
 	"github.com/gpuctl/gpuctl/internal/servertest"
 	"github.com/gpuctl/gpuctl/internal/simnodes"
 )
 
-// TestNodeStatesFollowEachOther: a real gpuctl server whose nodemons are
-// the nodes of a real Kubernetes. A gpuctl cordon cordons the Node with
+// TestKubeNodeStatesFollowEachOther: a real gpuctl server
+// (--executor kubernetes) whose nodemons are the nodes of a real
+// Kubernetes. A gpuctl cordon cordons the Node with
 // gpuctl's reason and an uncordon lifts it; a Node cordoned in Kubernetes
 // is cordoned in gpuctl until uncordoned there; a pod gpuctl did not
 // create that holds GPUs is listed as a job on its node's GPUs, and goes
 // when the pod does; a stopped kubelet's Node goes NotReady and gpuctl
 // cordons it saying so.
-func TestNodeStatesFollowEachOther(t *testing.T) {
+func TestKubeNodeStatesFollowEachOther(t *testing.T) {
 	kubetest.Require(t, true)
 	c := kubetest.Start(t, kubetest.Options{Nodes: []string{"kn-1", "kn-2"}})
 	cs := c.Client()
 	dir := t.TempDir()
-	srv := servertest.Start(t, controlplane.Config{DataDir: dir + "/server"})
+	srv := servertest.Start(t, controlplane.Config{DataDir: dir + "/server", Executor: "kubernetes",
+		Kube: kube.Options{Client: cs, Spec: kube.Spec{Namespace: "default", Image: "localhost/gpuctl/ranks:1"}}})
 	simnodes.Join(t, srv, dir, "kn-1", "kn-2")
-	x := New(Config{Client: cs, Registry: srv, Owner: srv, SyncEvery: 200 * time.Millisecond})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- x.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
 
 	gpuctlCordon := func(node string) (bool, string) {
 		for _, n := range srv.Nodes() {
@@ -53,20 +52,20 @@ func TestNodeStatesFollowEachOther(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		return n.Spec.Unschedulable, n.Annotations[CordonAnnotation]
+		return n.Spec.Unschedulable, n.Annotations[kube.CordonAnnotation]
 	}
 
 	if err := srv.Cordon("kn-1", "flaky NIC"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "gpuctl's cordon reaches the Node", func() (bool, string) {
+	waitKube(t, 10*time.Second, "gpuctl's cordon reaches the Node", func() (bool, string) {
 		on, why := nodeCordon("kn-1")
 		return on && why == "flaky NIC", fmt.Sprint(on, why)
 	})
 	if _, err := srv.SetCordon("kn-1", nodes.ActionUncordon, ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "gpuctl's uncordon lifts its Node cordon", func() (bool, string) {
+	waitKube(t, 10*time.Second, "gpuctl's uncordon lifts its Node cordon", func() (bool, string) {
 		on, why := nodeCordon("kn-1")
 		return !on && why == "", fmt.Sprint(on, why)
 	})
@@ -78,12 +77,12 @@ func TestNodeStatesFollowEachOther(t *testing.T) {
 		}
 	}
 	patch(true)
-	waitFor(t, 10*time.Second, "a Kubernetes cordon reaches gpuctl", func() (bool, string) {
+	waitKube(t, 10*time.Second, "a Kubernetes cordon reaches gpuctl", func() (bool, string) {
 		on, why := gpuctlCordon("kn-2")
 		return on && why == "Kubernetes: kn-2 is cordoned", fmt.Sprint(on, why)
 	})
 	patch(false)
-	waitFor(t, 10*time.Second, "a Kubernetes uncordon reaches gpuctl", func() (bool, string) {
+	waitKube(t, 10*time.Second, "a Kubernetes uncordon reaches gpuctl", func() (bool, string) {
 		on, why := gpuctlCordon("kn-2")
 		return !on, fmt.Sprint(on, why)
 	})
@@ -97,7 +96,7 @@ func TestNodeStatesFollowEachOther(t *testing.T) {
 	foreign := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "notebook", Namespace: "default"}, Spec: corev1.PodSpec{
 		NodeName: "kn-2", HostNetwork: true,
 		Containers: []corev1.Container{{Name: "c", Image: kubetest.PauseImage, ImagePullPolicy: corev1.PullNever,
-			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{GPUResource: two}}}}}}
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{kube.GPUResource: two}}}}}}
 	if _, err := cs.CoreV1().Pods("default").Create(context.Background(), foreign, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +108,7 @@ func TestNodeStatesFollowEachOther(t *testing.T) {
 		}
 		return nil, "not listed"
 	}
-	waitFor(t, 30*time.Second, "a foreign GPU pod is listed with its GPUs", func() (bool, string) {
+	waitKube(t, 30*time.Second, "a foreign GPU pod is listed with its GPUs", func() (bool, string) {
 		j, state := listed()
 		return j != nil && j.GetState() == api.JobState_JOB_STATE_RUNNING && len(j.GetPlacement()) == 1 &&
 			j.GetPlacement()[0].GetNode() == "kn-2" && len(j.GetPlacement()[0].GetGpus()) == 2, state
@@ -118,14 +117,14 @@ func TestNodeStatesFollowEachOther(t *testing.T) {
 	if err := cs.CoreV1().Pods("default").Delete(context.Background(), "notebook", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "a deleted foreign pod is no longer listed", func() (bool, string) {
+	waitKube(t, 30*time.Second, "a deleted foreign pod is no longer listed", func() (bool, string) {
 		j, state := listed()
 		return j == nil, state
 	})
 
 	start := time.Now()
 	c.StopKubelet("kn-1")
-	waitFor(t, 60*time.Second, "a NotReady Node is cordoned in gpuctl", func() (bool, string) {
+	waitKube(t, 60*time.Second, "a NotReady Node is cordoned in gpuctl", func() (bool, string) {
 		on, why := gpuctlCordon("kn-1")
 		return on && strings.HasPrefix(why, "Kubernetes: kn-1 is NotReady"), fmt.Sprint(on, why)
 	})
@@ -133,4 +132,16 @@ func TestNodeStatesFollowEachOther(t *testing.T) {
 	if on, why := nodeCordon("kn-1"); on {
 		t.Errorf("gpuctl echoed Kubernetes' NotReady back as a Node cordon (%q)", why)
 	}
+}
+
+// waitKube polls cond until it holds or limit passes, then fails with the
+// state it last saw.
+func waitKube(t *testing.T, limit time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	poll(t, limit, what, func() error {
+		if ok, state := cond(); !ok {
+			return errors.New(state)
+		}
+		return nil
+	})
 }

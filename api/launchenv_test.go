@@ -8,15 +8,15 @@ import (
 )
 
 func TestSlurmLaunchRoundTripAndTaskPick(t *testing.T) {
-	parts := []SlurmNodeLaunch{
+	parts := []NodeLaunch{
 		{Node: "node2", Launch: &LaunchRanks{Job: "j", NodeRank: 0, Ranks: []*RankSpec{{Rank: 0, Gpus: []uint32{3}}, {Rank: 1, LocalRank: 1, Gpus: []uint32{4}}}}},
 		{Node: "node1", Launch: &LaunchRanks{Job: "j", NodeRank: 1, Ranks: []*RankSpec{{Rank: 2}, {Rank: 3, LocalRank: 1}}}},
 	}
-	s, err := EncodeSlurmLaunch(parts)
+	s, err := EncodeLaunch(parts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := DecodeSlurmLaunch(s)
+	got, err := DecodeLaunch(SlurmLaunchEnv, s)
 	if err != nil || len(got) != 2 || got[1].Node != "node1" || !proto.Equal(got[0].Launch, parts[0].Launch) {
 		t.Fatalf("decode = %v, %v", got, err)
 	}
@@ -43,28 +43,28 @@ func TestSlurmLaunchRoundTripAndTaskPick(t *testing.T) {
 		}
 	}
 	// Slurm placed the job: parts by node index.
-	placed := []SlurmNodeLaunch{{Launch: parts[0].Launch}, {Launch: parts[1].Launch}}
+	placed := []NodeLaunch{{Launch: parts[0].Launch}, {Launch: parts[1].Launch}}
 	if l, r, err := SlurmTask(placed, "node7", "1", "0", "10.0.0.7"); err != nil || r.GetRank() != 2 || l.GetMasterAddr() != "10.0.0.7" || parts[1].Launch.GetMasterAddr() != "" {
 		t.Errorf("SlurmTask by node id = %v %v, %v", l, r, err)
 	}
 	for _, bad := range []string{"", "node1", "node1:!!", "node1:AAEC", "node1:CgFq\n", "node1:Cg\rFq", "node1:CgFq=="} {
-		if _, err := DecodeSlurmLaunch(bad); err == nil {
-			t.Errorf("DecodeSlurmLaunch(%q) = nil error", bad)
+		if _, err := DecodeLaunch(SlurmLaunchEnv, bad); err == nil {
+			t.Errorf("DecodeLaunch(SlurmLaunchEnv, %q) = nil error", bad)
 		}
 	}
 }
 
-func FuzzDecodeSlurmLaunch(f *testing.F) {
-	s, _ := EncodeSlurmLaunch([]SlurmNodeLaunch{{Node: "n1", Launch: &LaunchRanks{Job: "j", Ranks: []*RankSpec{{Rank: 0}}}}})
+func FuzzDecodeLaunch(f *testing.F) {
+	s, _ := EncodeLaunch([]NodeLaunch{{Node: "n1", Launch: &LaunchRanks{Job: "j", Ranks: []*RankSpec{{Rank: 0}}}}})
 	f.Add(s, "n1", "0", "0")
 	f.Fuzz(func(t *testing.T, s, node, nodeID, local string) {
-		parts, err := DecodeSlurmLaunch(s)
+		parts, err := DecodeLaunch(SlurmLaunchEnv, s)
 		if err != nil {
 			return
 		}
 		for _, item := range strings.Split(s, ",") {
 			if _, enc, _ := strings.Cut(item, ":"); strings.ContainsAny(enc, "\r\n=") {
-				t.Fatalf("DecodeSlurmLaunch(%q) accepted %q, which is not unpadded base64url", s, enc)
+				t.Fatalf("DecodeLaunch(SlurmLaunchEnv, %q) accepted %q, which is not unpadded base64url", s, enc)
 			}
 		}
 		if l, r, err := SlurmTask(parts, node, nodeID, local, ""); err == nil && (l == nil || r == nil) {
