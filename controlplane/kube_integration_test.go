@@ -26,7 +26,8 @@ import (
 // (--executor kubernetes) whose nodemons are the nodes of a real
 // Kubernetes. A gpuctl cordon cordons the Node with
 // gpuctl's reason and an uncordon lifts it; a Node cordoned in Kubernetes
-// is cordoned in gpuctl until uncordoned there; a pod gpuctl did not
+// is cordoned in gpuctl until uncordoned there, and one tainted NoSchedule
+// until the taint is lifted; a pod gpuctl did not
 // create that holds GPUs is listed as a job on its node's GPUs, and goes
 // when the pod does; a stopped kubelet's Node goes NotReady and gpuctl
 // cordons it saying so.
@@ -83,6 +84,22 @@ func TestKubeNodeStatesFollowEachOther(t *testing.T) {
 	})
 	patch(false)
 	waitKube(t, 10*time.Second, "a Kubernetes uncordon reaches gpuctl", func() (bool, string) {
+		on, why := gpuctlCordon("kn-2")
+		return !on, fmt.Sprint(on, why)
+	})
+	taint := func(taints string) {
+		p := fmt.Sprintf(`{"spec":{"taints":%s}}`, taints)
+		if _, err := cs.CoreV1().Nodes().Patch(context.Background(), "kn-2", types.MergePatchType, []byte(p), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	taint(`[{"key":"gpu","value":"broken","effect":"NoSchedule"}]`)
+	waitKube(t, 10*time.Second, "a Kubernetes taint reaches gpuctl", func() (bool, string) {
+		on, why := gpuctlCordon("kn-2")
+		return on && why == "Kubernetes: kn-2 is tainted gpu=broken:NoSchedule", fmt.Sprint(on, why)
+	})
+	taint(`null`)
+	waitKube(t, 10*time.Second, "a lifted taint reaches gpuctl", func() (bool, string) {
 		on, why := gpuctlCordon("kn-2")
 		return !on, fmt.Sprint(on, why)
 	})

@@ -11,8 +11,9 @@ import (
 
 // Node states follow each other both ways, as with Slurm: a gpuctl cordon
 // cordons the Node (spec.unschedulable, gpuctl's reason in
-// CordonAnnotation); a Node NotReady or cordoned in Kubernetes is cordoned
-// in gpuctl with a reason starting KubeReason. Each side lifts only what
+// CordonAnnotation); a Node NotReady, cordoned or tainted NoSchedule or
+// NoExecute in Kubernetes is cordoned in gpuctl with a reason starting
+// KubeReason. Each side lifts only what
 // it set.
 const (
 	KubeReason       = "Kubernetes: "
@@ -34,6 +35,11 @@ type NodeView struct {
 	Unschedulable bool
 	// CordonedBy is gpuctl's reason when gpuctl cordoned the Node.
 	CordonedBy string
+	// Taints keep pods off the Node (NoSchedule, NoExecute), as
+	// key=value:Effect; gpuctl binds its pods itself, past the scheduler
+	// that would honour them, so it honours them. Those that mirror
+	// Unschedulable and Ready are left out.
+	Taints []string
 }
 
 // ViewOf reads a Node.
@@ -43,6 +49,15 @@ func ViewOf(n *corev1.Node) NodeView {
 		if c.Type == corev1.NodeReady {
 			v.Ready = c.Status == corev1.ConditionTrue
 			v.NotReadyWhy = strings.TrimSpace(c.Reason + " " + c.Message)
+		}
+	}
+	for _, t := range n.Spec.Taints {
+		switch t.Key {
+		case corev1.TaintNodeUnschedulable, corev1.TaintNodeNotReady, corev1.TaintNodeUnreachable:
+			continue
+		}
+		if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
+			v.Taints = append(v.Taints, t.ToString())
 		}
 	}
 	return v
@@ -75,7 +90,7 @@ func SyncNodes(gpuctl []*api.NodeStatus, kube []NodeView) []NodeAction {
 		case n.GetCordoned() && !fromKube && !k.Unschedulable:
 			// gpuctl took it out (an operator, a recovery).
 			add(ActionCordonNode, orCordoned(reason))
-		case n.GetCordoned() && fromKube && k.Ready && !k.Unschedulable:
+		case n.GetCordoned() && fromKube && k.Ready && !k.Unschedulable && len(k.Taints) == 0:
 			add(nodes.ActionUncordon, "")
 		case !n.GetCordoned() && ourCordon:
 			add(ActionUncordonNode, "")
@@ -83,6 +98,8 @@ func SyncNodes(gpuctl []*api.NodeStatus, kube []NodeView) []NodeAction {
 			add(nodes.ActionCordon, KubeReason+name+" is NotReady ("+api.CleanText(k.NotReadyWhy, 0)+")")
 		case !n.GetCordoned() && k.Unschedulable && !ourCordon:
 			add(nodes.ActionCordon, KubeReason+name+" is cordoned")
+		case !n.GetCordoned() && len(k.Taints) > 0:
+			add(nodes.ActionCordon, KubeReason+name+" is tainted "+api.CleanText(strings.Join(k.Taints, ", "), 0))
 		}
 	}
 	return out
