@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -225,6 +226,9 @@ func (x *Executor) Launch(ctx context.Context, a jobs.AttemptLaunch) map[string]
 	if err != nil {
 		return fail(err)
 	}
+	if err := x.fenceOlder(ctx, a.Job, a.Attempt); err != nil {
+		return fail(err)
+	}
 	ns := x.cfg.Spec.Namespace
 	if _, err := x.cfg.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fail(fmt.Errorf("kubernetes: create Service %s/%s: %w", ns, svc.Name, unreachable(err)))
@@ -264,6 +268,42 @@ func (x *Executor) Launch(ctx context.Context, a jobs.AttemptLaunch) map[string]
 		x.remove(rctx, a.Job, a.Attempt, 0)
 		return fail(fmt.Errorf("kubernetes: attempt %d not bound in time (%s): deleted", a.Attempt, reason))
 	}
+}
+
+// fenceOlder makes sure no pod of an earlier attempt of job may still run
+// a rank: those that may are deleted at once, and the launch waits (as an
+// unavailable executor's does) until they are gone.
+func (x *Executor) fenceOlder(ctx context.Context, job string, attempt uint32) error {
+	list, err := x.pods.Pods(x.cfg.Spec.Namespace).List(labels.SelectorFromSet(map[string]string{LabelJob: labelValue(job), LabelManaged: "gpuctl"}))
+	if err != nil {
+		return err
+	}
+	var old []OldPod
+	for _, p := range list {
+		n, err := strconv.ParseUint(p.Labels[LabelAttempt], 10, 32)
+		if err != nil || uint32(n) == attempt {
+			continue
+		}
+		old = append(old, OldPod{Name: p.Name, Attempt: uint32(n), Node: p.Spec.NodeName, NodeReady: x.nodeReady(p.Spec.NodeName),
+			Ended: p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed})
+	}
+	running := StillRunning(old)
+	if len(running) == 0 {
+		return nil
+	}
+	attempts := map[uint32]bool{}
+	var where []string
+	for _, p := range running {
+		attempts[p.Attempt] = true
+		where = append(where, fmt.Sprintf("%s on %s", p.Name, p.Node))
+	}
+	for k := range attempts {
+		if err := x.remove(ctx, job, k, 0); err != nil {
+			x.log.Error("delete an earlier attempt's pods", "job", job, "attempt", k, "err", err)
+		}
+	}
+	return fmt.Errorf("kubernetes: pods of an earlier attempt may still run ranks (%s): deleted, and attempt %d waits until they are gone (%w)",
+		strings.Join(where, ", "), attempt, jobs.ErrExecutorUnavailable)
 }
 
 // decide binds what DecideGang says for one gang (on Run's goroutine).

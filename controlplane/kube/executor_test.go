@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -104,7 +105,8 @@ func attemptPods(t *testing.T, cs kubernetes.Interface, job string, attempt uint
 // exactly gpuctl's rank environment, meet at rank 0 and finish, and the
 // Job completes. SIGTERM then deletes every object of the attempt. A gang
 // placed on a node Kubernetes does not have is undone: its Job and pods
-// are deleted and Launch says why.
+// are deleted and Launch says why. A job's next attempt waits until its
+// last attempt's pods are gone (they are deleted).
 func TestAttemptRunsAsBoundPods(t *testing.T) {
 	kubetest.Require(t, true)
 	dir := t.TempDir()
@@ -179,4 +181,31 @@ func TestAttemptRunsAsBoundPods(t *testing.T) {
 		_, jerr := cs.BatchV1().Jobs("default").Get(context.Background(), ObjectName(bad.Job, bad.Attempt), metav1.GetOptions{})
 		return len(pods) == 0 && jerr != nil, fmt.Sprintf("%d pods, job err %v", len(pods), jerr)
 	})
+
+	// The next attempt of a job never starts beside the last one's pods:
+	// they are deleted, and the launch waits until they are gone.
+	long := ringLaunch(t, "j-long", 1, []string{"kn-1", "kn-2"})
+	for _, l := range long.Ranks {
+		l.Command = []string{"/opt/ringtrain", "--steps", "0", "--compute-ms", "20", "--bytes", "64K"}
+	}
+	ctx3, cancel3 := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel3()
+	if errs := x.Launch(ctx3, long); errs != nil {
+		t.Fatalf("launch j-long attempt 1: %v", errs)
+	}
+	next := ringLaunch(t, "j-long", 2, []string{"kn-2", "kn-3"})
+	errs = x.Launch(ctx3, next)
+	if err := errs["kn-2"]; !errors.Is(err, jobs.ErrExecutorUnavailable) || !strings.Contains(err.Error(), "earlier attempt") {
+		t.Fatalf("attempt 2 beside attempt 1's running pods: %v, want it to wait for them", errs)
+	}
+	waitFor(t, 30*time.Second, "attempt 1's pods are gone", func() (bool, string) {
+		pods := attemptPods(t, cs, long.Job, 1)
+		return len(pods) == 0, fmt.Sprintf("%d pods", len(pods))
+	})
+	if errs := x.Launch(ctx3, next); errs != nil {
+		t.Fatalf("attempt 2 once attempt 1 is gone: %v", errs)
+	}
+	if errs := x.Signal(context.Background(), next.Job, 0, next.Nodes, "SIGKILL"); errs != nil {
+		t.Fatalf("SIGKILL: %v", errs)
+	}
 }

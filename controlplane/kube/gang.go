@@ -75,3 +75,27 @@ func DecideGang(placement []string, pods []GangPod, usable func(node string) boo
 	}
 	return d
 }
+
+// OldPod is a pod of an earlier attempt of the job an attempt is about to
+// start.
+type OldPod struct {
+	Name    string
+	Attempt uint32
+	Node    string
+	// Ended: Succeeded or Failed; NodeReady: bound to a Node that is Ready.
+	Ended, NodeReady bool
+}
+
+// StillRunning are the old pods that may still run a rank: not ended,
+// and on a Node that is Ready (a pod not bound runs nothing; one on a lost
+// Node is out of reach, its ranks counted lost with it). While any
+// remains, the next attempt must not start beside them.
+func StillRunning(pods []OldPod) []OldPod {
+	var out []OldPod
+	for _, p := range pods {
+		if !p.Ended && p.Node != "" && p.NodeReady {
+			out = append(out, p)
+		}
+	}
+	return out
+}

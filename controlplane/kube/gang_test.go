@@ -49,3 +49,16 @@ func TestDecideGang(t *testing.T) {
 		})
 	}
 }
+
+func TestStillRunning(t *testing.T) {
+	pods := []OldPod{
+		{Name: "a1-0", Attempt: 1, Node: "n1", NodeReady: true},
+		{Name: "a1-1", Attempt: 1, Node: "n2"},                               // its Node is lost
+		{Name: "a1-2", Attempt: 1, Node: "n3", NodeReady: true, Ended: true}, // done
+		{Name: "a2-0", Attempt: 2},                                           // never bound
+	}
+	got := StillRunning(pods)
+	if len(got) != 1 || got[0].Name != "a1-0" {
+		t.Fatalf("still running %+v, want only a1-0", got)
+	}
+}
