@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,7 +11,9 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/gpuctl/gpuctl/api"
 )
@@ -74,6 +77,10 @@ func RunKubeTask(args []string, stderr io.Writer) int {
 	for _, cmd := range shims {
 		go func() { exits <- cmd.Wait() }()
 	}
+	// The ranks' output goes to their logs on the host; the pod's own
+	// output (kubectl logs) follows them, each line with its rank.
+	echoed := echoRankLogs(ranks, os.Stdout)
+	defer echoed()
 	code := 0
 	for left := len(shims); left > 0; {
 		select {
@@ -158,4 +165,94 @@ func kubeTaskRanks(environ []string, runDir string) ([]kubeRank, error) {
 		out = append(out, kr)
 	}
 	return out, nil
+}
+
+// echoRankLogs follows the ranks' logs into w, each line prefixed with
+// its rank, until the returned stop is called (which reads them to their
+// ends first).
+func echoRankLogs(ranks []kubeRank, w io.Writer) (stop func()) {
+	var mu sync.Mutex
+	tails := make([]*logTail, len(ranks))
+	sinks := make([]*prefixLines, len(ranks))
+	for i, r := range ranks {
+		tails[i] = &logTail{path: r.log}
+		sinks[i] = &prefixLines{w: w, mu: &mu, prefix: []byte(fmt.Sprintf("[rank %s] ", rankOf(r.env)))}
+	}
+	pollAll := func() {
+		for i, t := range tails {
+			t.poll(sinks[i], time.Now())
+		}
+	}
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-tick.C:
+				pollAll()
+			case <-done:
+				pollAll()
+				for i, t := range tails {
+					sinks[i].flush()
+					t.close()
+				}
+				return
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+func rankOf(env []string) string {
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "RANK="); ok {
+			return v
+		}
+	}
+	return "?"
+}
+
+// prefixLines writes whole lines, each with prefix, to a writer the ranks
+// share.
+type prefixLines struct {
+	w       io.Writer
+	mu      *sync.Mutex
+	prefix  []byte
+	partial []byte
+}
+
+func (p *prefixLines) feed(b []byte, _ time.Time) {
+	p.partial = append(p.partial, b...)
+	var out []byte
+	for {
+		i := bytes.IndexByte(p.partial, '\n')
+		if i < 0 {
+			break
+		}
+		out = append(append(out, p.prefix...), p.partial[:i+1]...)
+		p.partial = p.partial[i+1:]
+	}
+	if len(p.partial) > maxLogLine {
+		out = append(append(append(out, p.prefix...), p.partial...), '\n')
+		p.partial = p.partial[:0]
+	}
+	p.write(out)
+}
+
+func (p *prefixLines) flush() {
+	if len(p.partial) > 0 {
+		p.write(append(append(append([]byte{}, p.prefix...), p.partial...), '\n'))
+		p.partial = nil
+	}
+}
+
+func (p *prefixLines) write(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.w.Write(b)
 }

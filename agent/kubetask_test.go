@@ -1,7 +1,10 @@
 package agent
 
 import (
+	"bytes"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -67,6 +70,38 @@ func TestKubeTaskRanks(t *testing.T) {
 	} {
 		if _, err := kubeTaskRanks(tc.env, "/run/k"); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestEchoRankLogs: the pod's output (kubectl logs) follows each rank's
+// log, whole lines with the rank in front, a last unfinished line too,
+// and a log that appears only after the task started.
+func TestEchoRankLogs(t *testing.T) {
+	dir := t.TempDir()
+	ranks := []kubeRank{
+		{env: []string{"RANK=0"}, log: filepath.Join(dir, "rank-0.log")},
+		{env: []string{"RANK=1"}, log: filepath.Join(dir, "rank-1.log")},
+	}
+	if err := os.WriteFile(ranks[0].log, []byte("step 1 loss=2\nste"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	stop := echoRankLogs(ranks, &out)
+	f, err := os.OpenFile(ranks[0].log, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString("p 2 loss=1\n")
+	f.Close()
+	if err := os.WriteFile(ranks[1].log, []byte("ready\nno newline"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	got := out.String()
+	for _, want := range []string{"[rank 0] step 1 loss=2\n", "[rank 0] step 2 loss=1\n", "[rank 1] ready\n", "[rank 1] no newline\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
 		}
 	}
 }

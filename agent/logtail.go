@@ -151,8 +151,13 @@ func openIno(path string) (*os.File, uint64, int64, error) {
 	return f, st.Ino, fi.Size(), nil
 }
 
+// chunkSink takes a log's output as it is read, in arbitrary chunks.
+type chunkSink interface {
+	feed(b []byte, now time.Time)
+}
+
 // poll feeds what was appended since the last poll to p.
-func (t *logTail) poll(p *logParser, now time.Time) error {
+func (t *logTail) poll(p chunkSink, now time.Time) error {
 	budget := int64(maxTailRead)
 	if t.f != nil {
 		n, err := t.drain(p, now, budget)
@@ -195,7 +200,7 @@ func (t *logTail) poll(p *logParser, now time.Time) error {
 	return nil
 }
 
-func (t *logTail) drain(p *logParser, now time.Time, budget int64) (int64, error) {
+func (t *logTail) drain(p chunkSink, now time.Time, budget int64) (int64, error) {
 	if t.buf == nil {
 		t.buf = make([]byte, 64<<10)
 	}
