@@ -176,6 +176,8 @@ func TestKubeExecutor(t *testing.T) {
 	lost := first[1]
 	t0 := time.Now()
 	s.kube.StopKubelet(lost)
+	s.kube.WaitNodeReady(lost, false, 60*time.Second)
+	notReady := time.Now()
 	j = movedOff(t, s.cl, id, lost, 90*time.Second)
 	requeue := time.Since(t0)
 	if j.GetResumeStep() < ckpt {
@@ -187,7 +189,8 @@ func TestKubeExecutor(t *testing.T) {
 		}
 	}
 	resumedFrom(t, filepath.Join(s.runDir, api.KubeRunName(id, j.GetAttempt()), "rank-0.log"), ckpt)
-	t.Logf("kubelet of %s stopped → attempt %d running on %v from step %d in %v", lost, j.GetAttempt(), nodesOf(j), j.GetResumeStep(), requeue)
+	t.Logf("kubelet of %s stopped → attempt %d running on %v from step %d in %v (Node NotReady after %v, then running %v later)",
+		lost, j.GetAttempt(), nodesOf(j), j.GetResumeStep(), requeue, notReady.Sub(t0), requeue-notReady.Sub(t0))
 	cancelJob(t, s.cl, id)
 
 	// The API server goes away: a job submitted meanwhile waits with the
