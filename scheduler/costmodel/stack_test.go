@@ -3,7 +3,6 @@ package costmodel
 import (
 	"fmt"
 	"math"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -174,17 +173,5 @@ func TestStacksTableIsCurrent(t *testing.T) {
 		fmt.Fprintf(&b, "| %s | %g | %g | %g | %g | %g | %g | %s | %s |\n", name, s.TPOverlap, s.CPOverlap, s.PPOverlap,
 			s.DPGradOverlap, s.DPParamOverlap, s.GradBytes, s.Doc, s.Typical)
 	}
-	path := filepath.Join("..", "..", "docs", "costmodel.md")
-	if *update {
-		if err := replaceSection(path, "stacks", b.String()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got, err := readSection(path, "stacks")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got != b.String() {
-		t.Errorf("docs/costmodel.md's stacks table is stale: run go test ./scheduler/costmodel -run TestStacksTableIsCurrent -update")
-	}
+	docSection(t, "stacks", b.String(), "TestStacksTableIsCurrent")
 }

@@ -40,6 +40,10 @@ type Tunables struct {
 	// block's gathers and scatter per micro-batch: ZeRO-3 issues them per
 	// layer and per parameter, so a larger group pays more.
 	ZeRO3Latency time.Duration
+	// ZeRO3LiveParams caps the parameters ZeRO-3 holds gathered at once
+	// (DeepSpeed's stage3_max_live_parameters, 1e9 by default); 0: a
+	// whole block and the prefetched next (FSDP's per-block wrapping).
+	ZeRO3LiveParams float64
 	// ReservedBytes is per-GPU memory the model cannot use: CUDA context,
 	// cuBLAS workspace, NCCL buffers.
 	ReservedBytes int64
@@ -85,6 +89,7 @@ func DefaultTunables() Tunables {
 		ZeRO3Efficiency:            fittedZeRO3Efficiency,
 		ZeRO3Overlap:               fittedZeRO3Overlap,
 		ZeRO3Latency:               time.Duration(fittedZeRO3Latency * float64(time.Second)),
+		ZeRO3LiveParams:            1e9,
 		ReservedBytes:              2 * gib,
 		FragmentationPercent:       5,
 		ParamBytes:                 2,
@@ -131,6 +136,8 @@ var tunableFields = []tunableField{
 		func(t *Tunables) any { return t.ZeRO3Overlap }, fractionSetter(func(t *Tunables) *float64 { return &t.ZeRO3Overlap })},
 	{"zero3_latency_seconds", "seconds per block per ring step", "latency each step of the ZeRO-3 rings adds to one block's gathers and scatter",
 		func(t *Tunables) any { return t.ZeRO3Latency.Seconds() }, durationSetter(func(t *Tunables) *time.Duration { return &t.ZeRO3Latency })},
+	{"zero3_live_params", "parameters", "most parameters ZeRO-3 keeps gathered at once (DeepSpeed's stage3_max_live_parameters; 0: a block and the next)",
+		func(t *Tunables) any { return t.ZeRO3LiveParams }, floatSetter(func(t *Tunables) *float64 { return &t.ZeRO3LiveParams })},
 	{"reserved_bytes", "bytes, e.g. 2GiB", "per-GPU memory for the CUDA context, workspaces and NCCL buffers",
 		func(t *Tunables) any { return t.ReservedBytes }, func(t *Tunables, v string) error { return setBytes(&t.ReservedBytes, v) }},
 	{"fragmentation_percent", "percent of GPU memory", "kept free for allocator fragmentation",
@@ -299,6 +306,8 @@ func (t Tunables) Validate() error {
 		return fmt.Errorf("zero3_efficiency must be in (0, 1], got %g", t.ZeRO3Efficiency)
 	case t.ReservedBytes < 0:
 		return fmt.Errorf("reserved bytes must not be negative")
+	case t.ZeRO3LiveParams < 0:
+		return fmt.Errorf("zero3_live_params must not be negative, got %g", t.ZeRO3LiveParams)
 	case t.FragmentationPercent < 0 || t.FragmentationPercent >= 100:
 		return fmt.Errorf("fragmentation_percent must be in [0, 100), got %g", t.FragmentationPercent)
 	case t.ParamBytes <= 0 || t.GradBytes < 0 || t.OptimizerBytes < 0:

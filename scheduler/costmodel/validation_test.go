@@ -124,19 +124,25 @@ func TestValidationTable(t *testing.T) {
 		t.Errorf("the table must cover A100 and H100, three model families, ZeRO-3, tens and thousands of GPUs: gpus %v families %v zero3 %v", gpus, families, zero3)
 	}
 
-	doc := validationMarkdown(t, rows)
+	docSection(t, "validation", validationMarkdown(t, rows), "TestValidationTable")
+}
+
+// docSection checks that docs/costmodel.md's section name holds body, and
+// with -update rewrites it; test names the test that renders it.
+func docSection(t *testing.T, name, body, test string) {
+	t.Helper()
 	path := filepath.Join("..", "..", "docs", "costmodel.md")
 	if *update {
-		if err := replaceSection(path, "validation", doc); err != nil {
+		if err := replaceSection(path, name, body); err != nil {
 			t.Fatal(err)
 		}
 	}
-	got, err := readSection(path, "validation")
+	got, err := readSection(path, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != doc {
-		t.Errorf("docs/costmodel.md's validation table is stale: run go test ./scheduler/costmodel -run TestValidationTable -update")
+	if got != body {
+		t.Errorf("docs/costmodel.md's %s table is stale: run go test ./scheduler/costmodel -run %s -update", name, test)
 	}
 }
 
