@@ -124,8 +124,9 @@ func init() {
 		"sc21-t2-zero3-530b-640", "sc21-t2-zero3-530b-1120", "sc21-t2-zero3-530b-2240"} {
 		knownLOSOMisses[id] = zero3
 	}
-	h100 := "held out, the H100 kernel terms are fitted to Llama 3's two rows alone (four terms, two rows)"
-	knownLOSOMisses["mcore-h100-32b"] = h100
+	h100 := "held out, H100's four kernel terms rest on the three rows of 340B and 405B models (Llama 3, Nemotron-4), " +
+		"whose wide GEMMs leave open how efficiency falls with smaller shapes (gemm_half_dim)"
+	knownLOSOMisses["mcore-h100-1.7b"] = h100
 	knownLOSOMisses["mcore-h100-70b"] = h100
 }
 
