@@ -233,7 +233,8 @@ type Evaluation struct {
 	ZeRO3CommSec      float64 `json:"zero3_comm_seconds,omitempty"`
 	ZeRO3ExposedSec   float64 `json:"zero3_exposed_seconds,omitempty"`
 	// Overlaps are the overlap terms, one per overlap tunable: what each
-	// hides and what it leaves exposed.
+	// hides and what it leaves exposed (Evaluate and the search's ranked
+	// plans; a plan rejected as out of memory has none).
 	Overlaps []Overlap `json:"overlaps"`
 
 	// Memory of the fullest GPU, by kind.
@@ -284,7 +285,9 @@ func (c Config) Evaluate(p Plan) (Evaluation, error) {
 	if err != nil {
 		return Evaluation{}, err
 	}
-	return c.evaluate(p), nil
+	ev := c.evaluate(p)
+	ev.Overlaps = c.Tunables.overlaps(&ev)
+	return ev, nil
 }
 
 // normalize fills derived plan fields and checks the plan can run.
@@ -354,7 +357,6 @@ func (c Config) evaluate(p Plan) Evaluation {
 		TokensPerSec: float64(tr.GlobalBatch) * float64(m.SeqLen) / st.step,
 	}
 	st.fill(&ev, e)
-	ev.Overlaps = c.Tunables.overlaps(&ev)
 	e.memory(&ev)
 	c.checkpointAndGoodput(&ev)
 	if e.lay.uneven {
