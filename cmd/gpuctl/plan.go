@@ -217,6 +217,7 @@ func planInputs(cmd *cobra.Command, f planFlags) (planInput, error) {
 		if err != nil {
 			return in, fmt.Errorf("plan: %w", err)
 		}
+		tr.Stack = in.tr.Stack // the job file's stack, whose overlaps in.tun carries
 		in.model, in.tr = m, tr
 	}
 	if in.model.Layers == 0 {
