@@ -186,6 +186,9 @@ type ModelSpec struct {
 	ZeROStage        *int   `yaml:"zero_stage,omitempty" json:"zero_stage,omitempty"`
 	Recompute        string `yaml:"recompute,omitempty" json:"recompute,omitempty"`
 	SequenceParallel *bool  `yaml:"sequence_parallel,omitempty" json:"sequence_parallel,omitempty"`
+	// Stack names the training software stack (costmodel.StackNames):
+	// which communication it overlaps with compute. Empty: the default.
+	Stack string `yaml:"stack,omitempty" json:"stack,omitempty"`
 }
 
 // PlanSpec fixes the parallel layout. DP may be left out and is then the
@@ -332,6 +335,9 @@ func (s *Spec) CostModel() (m costmodel.Model, tr costmodel.Training, ok bool, e
 	}
 	if ms.SequenceParallel != nil {
 		tr.SequenceParallel = *ms.SequenceParallel
+	}
+	if ms.Stack != "" {
+		tr.Stack = strings.ToLower(ms.Stack)
 	}
 	if m.Name == "" {
 		m.Name = s.Name

@@ -243,6 +243,11 @@ func (s *Spec) validateModel(c *checker) (costmodel.Model, costmodel.Training, b
 		c.add("model.recompute", "%q: use none, selective or full", ms.Recompute)
 		ok = false
 	}
+	if _, err := costmodel.LookupStack(tr.Stack); err != nil {
+		c.add("model.stack", "%q is not a known training stack: use one of %s (default %s)", ms.Stack,
+			strings.Join(costmodel.StackNames(), ", "), costmodel.DefaultStack)
+		ok = false
+	}
 	if ok {
 		if err := m.Validate(); err != nil {
 			c.add("model", "%v", err)

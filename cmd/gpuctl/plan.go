@@ -39,6 +39,7 @@ type planFlags struct {
 	maxVirtual     int
 	uneven         bool
 	attention      string
+	stack          string
 	set            []string
 	measured       float64
 	mtbf           time.Duration
@@ -70,7 +71,8 @@ context parallelism tried, --uneven=false keeps to even pipelines.`,
   gpuctl plan --model gpt-1t --gpus 3072 --gpu h100 --top 3 -o json
   gpuctl plan --model llama3-405b --gpus 16384 --gpu h100 --mtbf 3h --tokens 15.6e12
   gpuctl plan -f job.yaml -o slurm --nodelist gpu-[01-04]
-  gpuctl plan --model llama2-70b --gpus 64 --tp 8 --pp 2 --measured-step 7.9`,
+  gpuctl plan --model llama2-70b --gpus 64 --tp 8 --pp 2 --measured-step 7.9
+  gpuctl plan --model gpt3-175b --gpus 1024 --stack megatron-core-2024 --set tp_overlap=0.5`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runPlan(cmd, f)
@@ -95,6 +97,8 @@ context parallelism tried, --uneven=false keeps to even pipelines.`,
 	fl.IntVar(&f.maxVirtual, "max-virtual-stages", planner.MaxVirtualStages, "largest interleaving (virtual pipeline stages) to try")
 	fl.BoolVar(&f.uneven, "uneven", true, "also try pipelines that do not divide the layers (first and last stages count the embedding and output layers), as a job file can say; =false keeps to even ones")
 	fl.StringVar(&f.attention, "attention", "", "attention kernel: flash (default) or unfused")
+	fl.StringVar(&f.stack, "stack", "", "training stack, which sets the overlap terms: "+strings.Join(costmodel.StackNames(), ", ")+
+		" (default: the job file's model.stack, else "+costmodel.DefaultStack+"); --set overrides single terms")
 	fl.StringArrayVar(&f.set, "set", nil, "override a GPU field or tunable by its -o json name, key=value (e.g. net_bytes_per_second=25GB/s, compute_scale=0.9, checkpoint_write_bytes_per_second=2TB/s); repeatable")
 	fl.Float64Var(&f.measured, "measured-step", 0, "measured seconds per step of the fixed plan: calibrate to it first (reports the term moved)")
 	fl.DurationVar(&f.mtbf, "mtbf", 0, "mean time between the job's interruptions, e.g. 3h")
@@ -213,6 +217,7 @@ func planInputs(cmd *cobra.Command, f planFlags) (planInput, error) {
 		if err != nil {
 			return in, fmt.Errorf("plan: %w", err)
 		}
+		tr.Stack = in.tr.Stack // the job file's stack, whose overlaps in.tun carries
 		in.model, in.tr = m, tr
 	}
 	if in.model.Layers == 0 {
@@ -233,6 +238,14 @@ func planInputs(cmd *cobra.Command, f planFlags) (planInput, error) {
 	}
 	if in.spec == nil {
 		in.tun = planner.Tunables()
+	}
+	if f.stack != "" {
+		in.tr.Stack = f.stack
+	}
+	if f.stack != "" || in.spec == nil {
+		if err := in.tun.ApplyStack(in.tr.Stack); err != nil {
+			return in, fmt.Errorf("plan: --stack: %w", err)
+		}
 	}
 	in.mtbfSource = "Llama 3's 419 interruptions in 54 days on 16,384 H100s, per GPU"
 	for _, kv := range f.set {
@@ -347,10 +360,14 @@ func planDuration(sec float64) string {
 
 func writePlanTable(w io.Writer, in planInput, ranked []costmodel.Evaluation, rejected []costmodel.Rejection, top int) error {
 	fmt.Fprintln(w, planDescribe(in))
-	fmt.Fprintf(w, "kernels as fitted for %s × compute_scale %.3g, communication × comm_scale %.3g; overlap tp %.0f%% dp %.0f%%\n",
-		in.hw.Name, in.tun.Efficiency, in.tun.CommScale, in.tun.TPOverlap*100, in.tun.DPOverlap*100)
+	t := in.tun
+	fmt.Fprintf(w, "kernels as fitted for %s × compute_scale %.3g, communication × comm_scale %.3g\n", in.hw.Name, t.Efficiency, t.CommScale)
+	fmt.Fprintf(w, "stack %s: overlap tp %.0f%% cp %.0f%% pp %.0f%% dp-grad %.0f%% dp-param %.0f%% zero-3 %.0f%%, gradients %g bytes/param\n",
+		cmp.Or(in.tr.Stack, costmodel.DefaultStack), t.TPOverlap*100, t.CPOverlap*100, t.PPOverlap*100, t.DPGradOverlap*100, t.DPParamOverlap*100,
+		t.ZeRO3Overlap*100, t.GradBytes)
 	if c := in.cal; c != nil {
-		fmt.Fprintf(w, "calibrated to the measured %.3gs step (predicted %.3gs): moved %s %.4g → %.4g\n", c.MeasuredStepSec, c.PredictedStepSec, c.Term, c.From, c.To)
+		fmt.Fprintf(w, "calibrated to the measured %.3gs step (predicted %.3gs): moved %s %.4g → %.4g, the %s stack's overlaps kept\n",
+			c.MeasuredStepSec, c.PredictedStepSec, c.Term, c.From, c.To, c.Stack)
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

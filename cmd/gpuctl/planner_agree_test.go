@@ -25,19 +25,32 @@ func TestPlannerCallersAgree(t *testing.T) {
 	for _, tc := range []struct {
 		model, gpu string
 		nodes      int
+		stack      string
 	}{
-		{"gpt3-175b", "h100", 128},
-		{"llama2-70b", "h100", 8},
-		{"gpt-1t", "h100", 384},
-		{"llama2-70b", "a100-80gb", 16},
+		{"gpt3-175b", "h100", 128, ""},
+		{"llama2-70b", "h100", 8, ""},
+		{"gpt-1t", "h100", 384, ""},
+		{"llama2-70b", "a100-80gb", 16, ""},
 		// 126 layers on 16 stages of 8 chunks, the first and last chunks
 		// the embedding and output layers alone: uneven and interleaved.
-		{"llama3-405b", "h100", 2048},
+		{"llama3-405b", "h100", 2048, ""},
+		// A named training stack travels from the job file (and the
+		// console's stack field) into every asker's plan.
+		{"gpt3-175b", "h100", 128, "megatron-2021"},
+		{"gpt3-175b", "h100", 128, "megatron-core-2024"},
 	} {
-		t.Run(tc.model+"-"+tc.gpu, func(t *testing.T) {
-			file := filepath.Join(dir, tc.model+"-"+tc.gpu+".yaml")
+		name := tc.model + "-" + tc.gpu
+		if tc.stack != "" {
+			name += "-" + tc.stack
+		}
+		t.Run(name, func(t *testing.T) {
+			file := filepath.Join(dir, name+".yaml")
+			model := "{preset: " + tc.model + "}"
+			if tc.stack != "" {
+				model = "{preset: " + tc.model + ", stack: " + tc.stack + "}"
+			}
 			job := "name: agree\nnodes: " + strconv.Itoa(tc.nodes) + "\ngpus_per_node: 8\ngpu_model: " + tc.gpu +
-				"\ncommand: [python, train.py]\nmodel: {preset: " + tc.model + "}\n"
+				"\ncommand: [python, train.py]\nmodel: " + model + "\n"
 			if err := os.WriteFile(file, []byte(job), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -73,13 +86,13 @@ func TestPlannerCallersAgree(t *testing.T) {
 			cli := short(doc.Plans[0].Plan)
 
 			ctx := app.NewContext(styles.New(colorprofile.Ascii, true), transport.RoleViewer, nil)
-			view := plan.New(ctx, []string{tc.model, strconv.Itoa(gpus), tc.gpu})
+			view := plan.New(ctx, []string{tc.model, strconv.Itoa(gpus), tc.gpu, tc.stack})
 			if len(view.Best()) == 0 {
 				t.Fatalf("console plan view: no plan")
 			}
 			console := short(view.Best()[0].Plan)
 
-			opts := actions.PlanOptions(tc.model, tc.gpu, gpus)
+			opts := actions.PlanOptions(tc.model, tc.gpu, tc.stack, gpus)
 			if len(opts) < 2 {
 				t.Fatalf("submit form offers no plan")
 			}

@@ -1,6 +1,7 @@
 package costmodel
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 )
@@ -25,6 +26,9 @@ type Calibration struct {
 	// comm_scale calibration first takes compute_scale to its limit).
 	ComputeScale float64 `json:"compute_scale"`
 	CommScale    float64 `json:"comm_scale"`
+	// Stack is the training stack whose overlaps the calibration kept:
+	// calibration moves one scale, never an overlap term.
+	Stack string `json:"stack"`
 	// PredictedStepSec is the prediction before calibration.
 	PredictedStepSec float64 `json:"predicted_step_seconds"`
 	MeasuredStepSec  float64 `json:"measured_step_seconds"`
@@ -62,7 +66,7 @@ func (c *Config) CalibrateReport(p Plan, measuredStepSeconds float64) (Calibrati
 	}
 	tu := c.Tunables
 	pred := step(tu.Efficiency, tu.CommScale)
-	cal := Calibration{Term: TermCompute, From: tu.Efficiency, To: tu.Efficiency, ComputeScale: tu.Efficiency, CommScale: tu.CommScale,
+	cal := Calibration{Term: TermCompute, Stack: cmp.Or(c.Training.Stack, DefaultStack), From: tu.Efficiency, To: tu.Efficiency, ComputeScale: tu.Efficiency, CommScale: tu.CommScale,
 		PredictedStepSec: pred, MeasuredStepSec: measuredStepSeconds}
 	if math.Abs(pred-measuredStepSeconds) <= 1e-9*measuredStepSeconds {
 		return cal, nil

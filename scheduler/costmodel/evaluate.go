@@ -58,6 +58,10 @@ type Training struct {
 	SequenceParallel bool `json:"sequence_parallel"`
 	// Attention is the attention kernel; "" means flash.
 	Attention Attention `json:"attention,omitempty"`
+	// Stack names the training software stack (see Stack): which
+	// communication it overlaps. "" is DefaultStack. The tunables carry
+	// its settings (Tunables.ApplyStack); this names where they came from.
+	Stack string `json:"stack,omitempty"`
 	// TrainTokens is the length of the run in tokens; with it the
 	// evaluation predicts the run's training time. 0: per step only.
 	TrainTokens float64 `json:"train_tokens,omitempty"`
@@ -79,6 +83,9 @@ func (t Training) Validate() error {
 		return fmt.Errorf("zero stage must be 0, 1, 2 or 3, got %d", t.ZeROStage)
 	case t.TrainTokens < 0 || math.IsNaN(t.TrainTokens) || math.IsInf(t.TrainTokens, 0):
 		return fmt.Errorf("training tokens must be a non-negative number, got %g", t.TrainTokens)
+	}
+	if _, err := LookupStack(t.Stack); err != nil {
+		return err
 	}
 	switch t.Precision {
 	case "", PrecisionBF16, PrecisionFP16, PrecisionFP8:
@@ -209,16 +216,26 @@ type Evaluation struct {
 	BubbleSec float64 `json:"bubble_seconds"`
 	// Communication per scheme: the volume's time on its link and the part
 	// left exposed after overlapping with compute.
-	TPCommSec       float64 `json:"tp_comm_seconds,omitempty"`
-	TPExposedSec    float64 `json:"tp_exposed_seconds,omitempty"`
-	CPCommSec       float64 `json:"cp_comm_seconds,omitempty"`
-	CPExposedSec    float64 `json:"cp_exposed_seconds,omitempty"`
-	PPCommSec       float64 `json:"pp_comm_seconds,omitempty"`
-	PPExposedSec    float64 `json:"pp_exposed_seconds,omitempty"`
-	DPCommSec       float64 `json:"dp_comm_seconds,omitempty"`
-	DPExposedSec    float64 `json:"dp_exposed_seconds,omitempty"`
-	ZeRO3CommSec    float64 `json:"zero3_comm_seconds,omitempty"`
-	ZeRO3ExposedSec float64 `json:"zero3_exposed_seconds,omitempty"`
+	TPCommSec    float64 `json:"tp_comm_seconds,omitempty"`
+	TPExposedSec float64 `json:"tp_exposed_seconds,omitempty"`
+	CPCommSec    float64 `json:"cp_comm_seconds,omitempty"`
+	CPExposedSec float64 `json:"cp_exposed_seconds,omitempty"`
+	PPCommSec    float64 `json:"pp_comm_seconds,omitempty"`
+	PPExposedSec float64 `json:"pp_exposed_seconds,omitempty"`
+	DPCommSec    float64 `json:"dp_comm_seconds,omitempty"`
+	DPExposedSec float64 `json:"dp_exposed_seconds,omitempty"`
+	// DPComm and DPExposed split into the gradient reduction and the
+	// ZeRO 1–2 parameter gather (Overlaps shows them too).
+	DPGradCommSec     float64 `json:"-"`
+	DPGradExposedSec  float64 `json:"-"`
+	DPParamCommSec    float64 `json:"-"`
+	DPParamExposedSec float64 `json:"-"`
+	ZeRO3CommSec      float64 `json:"zero3_comm_seconds,omitempty"`
+	ZeRO3ExposedSec   float64 `json:"zero3_exposed_seconds,omitempty"`
+	// Overlaps are the overlap terms, one per overlap tunable: what each
+	// hides and what it leaves exposed (Evaluate and the search's ranked
+	// plans; a plan rejected as out of memory has none).
+	Overlaps []Overlap `json:"overlaps"`
 
 	// Memory of the fullest GPU, by kind.
 	WeightBytes        int64 `json:"weight_bytes"`
@@ -268,7 +285,9 @@ func (c Config) Evaluate(p Plan) (Evaluation, error) {
 	if err != nil {
 		return Evaluation{}, err
 	}
-	return c.evaluate(p), nil
+	ev := c.evaluate(p)
+	ev.Overlaps = c.Tunables.overlaps(&ev)
+	return ev, nil
 }
 
 // normalize fills derived plan fields and checks the plan can run.

@@ -637,7 +637,7 @@ func TestTunablesSet(t *testing.T) {
 	}{
 		{"compute_scale", "0.9", func(t Tunables) bool { return t.Efficiency == 0.9 }},
 		{"efficiency", "0.4", func(t Tunables) bool { return t.Efficiency == 0.4 }},
-		{"dp_overlap", "0.5", func(t Tunables) bool { return t.DPOverlap == 0.5 }},
+		{"dp_overlap", "0.5", func(t Tunables) bool { return t.DPGradOverlap == 0.5 && t.DPParamOverlap == 0.5 }},
 		{"reserved_bytes", "3GiB", func(t Tunables) bool { return t.ReservedBytes == 3<<30 }},
 		{"reserved_gib", "2", func(t Tunables) bool { return t.ReservedBytes == 2<<30 }},
 		{"checkpoint_interval_seconds", "1h", func(t Tunables) bool { return t.CheckpointInterval == time.Hour }},

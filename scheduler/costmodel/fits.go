@@ -57,26 +57,26 @@ func fitFor(profile string) KernelFit {
 // 50–73% of peak), not a fit.
 var (
 	a100Fit = KernelFit{
-		GEMMEfficiency: 0.7465, GEMMHalfDim: 35.83,
+		GEMMEfficiency: 0.7487, GEMMHalfDim: 36.5,
 		FlashAttentionEfficiency: 0.5,
-		ElementwiseEfficiency:    0.5988,
-		NVLinkEfficiency:         0.9981, NetEfficiency: 0.9323,
-		BlockOverheadSec: 2.599e-4,
+		ElementwiseEfficiency:    0.6358,
+		NVLinkEfficiency:         1, NetEfficiency: 0.9387,
+		BlockOverheadSec: 3.365e-4,
 		Source:           fitA100,
 	}
 	h100Fit = KernelFit{
-		GEMMEfficiency: 0.5449, GEMMHalfDim: 71.8,
-		FlashAttentionEfficiency: 0.3886,
-		ElementwiseEfficiency:    0.5988,
-		NVLinkEfficiency:         0.9981, NetEfficiency: 0.9323,
-		BlockOverheadSec: 2.719e-6,
+		GEMMEfficiency: 0.5492, GEMMHalfDim: 87.07,
+		FlashAttentionEfficiency: 0.3546,
+		ElementwiseEfficiency:    0.6358,
+		NVLinkEfficiency:         1, NetEfficiency: 0.9387,
+		BlockOverheadSec: 1.236e-8,
 		Source:           fitH100,
 	}
 	// Fitted defaults of Tunables: the ZeRO-3 terms, from DeepSpeed
 	// ZeRO-3 on A100.
-	fittedZeRO3Efficiency = 0.1701
-	fittedZeRO3Overlap    = 0.2372
-	fittedZeRO3Latency    = 1.549e-4
+	fittedZeRO3Efficiency = 0.1694
+	fittedZeRO3Overlap    = 0.2307
+	fittedZeRO3Latency    = 1.552e-4
 )
 
 func withSource(k KernelFit, src string) KernelFit {

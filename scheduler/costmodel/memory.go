@@ -72,7 +72,7 @@ func (e *engine) memory(ev *Evaluation) {
 		buffers += 2 * e.tok * 2 * kv / e.t * 2
 	}
 	if zero == 3 && g > 1 {
-		buffers += 2 * m.LayerParams() / e.t * tu.ParamBytes // gathered block and the prefetched next
+		buffers += e.zero3Live() / e.t * tu.ParamBytes
 	}
 	frag := float64(c.Hardware.HBMBytes) * tu.FragmentationPercent / 100
 
@@ -109,6 +109,26 @@ func (e *engine) memory(ev *Evaluation) {
 	ev.FragmentationBytes = int64(frag)
 	ev.MemPerGPUBytes = ev.WeightBytes + ev.GradBytes + ev.OptimizerB + ev.ActivationB + ev.CommBufferBytes + ev.ReservedBytes + ev.FragmentationBytes
 	ev.Fits = ev.MemPerGPUBytes <= c.Hardware.HBMBytes
+}
+
+// zero3Live is how many parameters ZeRO-3 keeps gathered at once: the
+// block being computed and the prefetched next, but no more than
+// zero3_live_params (DeepSpeed's stage3_max_live_parameters) unless one
+// weight matrix alone is larger — a parameter is gathered whole.
+func (e *engine) zero3Live() float64 {
+	m := e.c.Model
+	h, f := float64(m.Hidden), float64(m.ffn())
+	kv := float64(m.kvHeads()) * h / float64(m.Heads)
+	in := 1.0
+	if m.GatedMLP {
+		in = 2
+	}
+	largest := max(h*(h+2*kv), in*h*f)
+	live := 2 * m.LayerParams()
+	if cap := e.c.Tunables.ZeRO3LiveParams; cap > 0 {
+		live = min(live, cap)
+	}
+	return max(live, largest)
 }
 
 // stateBytes is weights + gradients + optimizer state + reserves of the

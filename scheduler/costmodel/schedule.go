@@ -12,7 +12,9 @@ type stepTimes struct {
 	perStage   []float64 // per micro-batch, each stage
 	m          float64
 
-	dpComm, dpExp, z3Comm, z3Exp, opt float64 // of the tail stage
+	// Of the tail stage: the data-parallel gradient reduction and
+	// parameter gather, ZeRO-3's gathers and scatters, the optimizer.
+	gradComm, gradExp, paramComm, paramExp, z3Comm, z3Exp, opt float64
 }
 
 // stageKernels returns a stage's kernel time and forward kernel time per
@@ -94,7 +96,7 @@ func (e *engine) step() stepTimes {
 		n := e.stageParams(r, layers[r])
 		kern, fwd := e.stageKernels(r, layers[r])
 		bwd := kern - fwd
-		var dpComm, dpExp, z3Comm, z3Exp float64
+		var gradComm, gradExp, paramComm, paramExp, z3Comm, z3Exp float64
 		switch {
 		case g <= 1:
 		case zero == 3:
@@ -109,13 +111,13 @@ func (e *engine) step() stepTimes {
 		case zero >= 1:
 			// Reduce-scatter of the gradients after the last backward pass,
 			// all-gather of the updated parameters before the next forward.
-			rs := c.ring(n*tu.GradBytes, g, k)
-			ag := c.ring(n*tu.ParamBytes, g, k)
-			dpComm = rs + ag
-			dpExp = math.Max(0, rs-tu.DPOverlap*bwd) + math.Max(0, ag-tu.DPOverlap*fwd)
+			gradComm = c.ring(n*tu.GradBytes, g, k)
+			paramComm = c.ring(n*tu.ParamBytes, g, k)
+			gradExp = math.Max(0, gradComm-tu.DPGradOverlap*bwd)
+			paramExp = math.Max(0, paramComm-tu.DPParamOverlap*fwd)
 		default:
-			dpComm = 2 * c.ring(n*tu.GradBytes, g, k)
-			dpExp = math.Max(0, dpComm-tu.DPOverlap*bwd)
+			gradComm = 2 * c.ring(n*tu.GradBytes, g, k)
+			gradExp = math.Max(0, gradComm-tu.DPGradOverlap*bwd)
 		}
 		shard := 1.0
 		if zero >= 1 {
@@ -125,9 +127,10 @@ func (e *engine) step() stepTimes {
 		// writes all but the gradients plus the bf16 weights: 28 bytes per
 		// parameter it owns.
 		opt := c.elemTime(n / shard * 28)
-		if tail := dpExp + z3Exp + opt; tail > tailMax || r == 0 {
+		if tail := gradExp + paramExp + z3Exp + opt; tail > tailMax || r == 0 {
 			tailMax, st.tail = tail, r
-			st.dpComm, st.dpExp, st.z3Comm, st.z3Exp, st.opt = dpComm, dpExp, z3Comm, z3Exp, opt
+			st.gradComm, st.gradExp, st.paramComm, st.paramExp = gradComm, gradExp, paramComm, paramExp
+			st.z3Comm, st.z3Exp, st.opt = z3Comm, z3Exp, opt
 		}
 	}
 	st.step = st.pipe + tailMax
@@ -168,7 +171,9 @@ func (st stepTimes) fill(ev *Evaluation, e *engine) {
 	ev.PPCommSec = m * v * e.p2p
 	ev.PPExposedSec = m * v * e.p2pE
 	ev.BubbleSec = st.pipe - m*st.perStage[r]
-	ev.DPCommSec, ev.DPExposedSec = st.dpComm, st.dpExp
+	ev.DPGradCommSec, ev.DPGradExposedSec = st.gradComm, st.gradExp
+	ev.DPParamCommSec, ev.DPParamExposedSec = st.paramComm, st.paramExp
+	ev.DPCommSec, ev.DPExposedSec = st.gradComm+st.paramComm, st.gradExp+st.paramExp
 	ev.ZeRO3CommSec, ev.ZeRO3ExposedSec = st.z3Comm, st.z3Exp
 	ev.OptimizerSec = st.opt
 	// FLOP-weighted GEMM efficiency of one block: FLOPs over the time they

@@ -210,6 +210,9 @@ mbs:
 				}
 				continue
 			}
+			// Only plans that fit carry their overlap terms: the search
+			// evaluates many more than it ranks.
+			ev.Overlaps = c.Tunables.overlaps(&ev)
 			ranked = append(ranked, ev)
 		}
 	}

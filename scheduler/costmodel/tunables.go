@@ -23,13 +23,15 @@ type Tunables struct {
 	// the links are faster than the model thinks. Calibrate moves it when
 	// a measured step is faster than the kernels alone allow.
 	CommScale float64
-	// TPOverlap, CPOverlap, PPOverlap and DPOverlap are the fractions of
-	// tensor-parallel, context-parallel, pipeline and data-parallel
-	// communication hidden behind compute. TP and PP comm hide up to the
-	// fraction of their own time; CP comm behind the attention it feeds;
-	// DP reduce-scatter behind one micro-batch's backward pass and the
-	// parameter all-gather behind one forward pass.
-	TPOverlap, CPOverlap, PPOverlap, DPOverlap float64
+	// TPOverlap, CPOverlap, PPOverlap, DPGradOverlap and DPParamOverlap
+	// are the overlap terms: the fractions of tensor-parallel,
+	// context-parallel, pipeline and data-parallel communication hidden
+	// behind compute. A training stack (stack.go) sets them together. TP
+	// and PP comm hide up to the fraction of their own time; CP comm behind
+	// the attention it feeds; the gradient reduction (all-reduce, or
+	// reduce-scatter under ZeRO) behind one micro-batch's backward pass and
+	// the parameter all-gather (ZeRO 1–2) behind one forward pass.
+	TPOverlap, CPOverlap, PPOverlap, DPGradOverlap, DPParamOverlap float64
 	// ZeRO3Efficiency is the fraction of the hierarchical collective
 	// bandwidth ZeRO-3/FSDP's per-layer gathers reach, and ZeRO3Overlap
 	// how much of the step's compute they can hide behind.
@@ -38,6 +40,10 @@ type Tunables struct {
 	// block's gathers and scatter per micro-batch: ZeRO-3 issues them per
 	// layer and per parameter, so a larger group pays more.
 	ZeRO3Latency time.Duration
+	// ZeRO3LiveParams caps the parameters ZeRO-3 holds gathered at once
+	// (DeepSpeed's stage3_max_live_parameters, 1e9 by default); 0: a
+	// whole block and the prefetched next (FSDP's per-block wrapping).
+	ZeRO3LiveParams float64
 	// ReservedBytes is per-GPU memory the model cannot use: CUDA context,
 	// cuBLAS workspace, NCCL buffers.
 	ReservedBytes int64
@@ -74,25 +80,19 @@ type Tunables struct {
 
 // DefaultTunables are starting figures for a Megatron-LM-style run on an
 // InfiniBand cluster with a parallel file system; calibrate them. The
-// overlaps are those of a current stack (Megatron-Core with
-// --overlap-grad-reduce, --overlap-param-gather and --tp-comm-overlap);
-// the ZeRO-3 figures are fitted to DeepSpeed ZeRO-3 on A100 (see
-// docs/costmodel.md).
+// overlaps and gradient width are DefaultStack's; the ZeRO-3 figures are
+// fitted to DeepSpeed ZeRO-3 on A100 (see docs/costmodel.md).
 func DefaultTunables() Tunables {
-	return Tunables{
+	t := Tunables{
 		Efficiency:                 1,
 		CommScale:                  1,
-		TPOverlap:                  0,
-		CPOverlap:                  1,
-		PPOverlap:                  0,
-		DPOverlap:                  1,
 		ZeRO3Efficiency:            fittedZeRO3Efficiency,
 		ZeRO3Overlap:               fittedZeRO3Overlap,
 		ZeRO3Latency:               time.Duration(fittedZeRO3Latency * float64(time.Second)),
+		ZeRO3LiveParams:            1e9,
 		ReservedBytes:              2 * gib,
 		FragmentationPercent:       5,
 		ParamBytes:                 2,
-		GradBytes:                  2,
 		OptimizerBytes:             12,
 		CheckpointBytesPerParam:    14,
 		CheckpointWriteBytesPerSec: 100 * gb,
@@ -101,6 +101,10 @@ func DefaultTunables() Tunables {
 		StartupWait:                2 * time.Minute,
 		DetectWait:                 30 * time.Second,
 	}
+	if err := t.ApplyStack(DefaultStack); err != nil {
+		panic(err) // DefaultStack is one of stacks
+	}
+	return t
 }
 
 // tunableField is one settable tunable: its name (the JSON name too), the
@@ -122,14 +126,18 @@ var tunableFields = []tunableField{
 		func(t *Tunables) any { return t.CPOverlap }, fractionSetter(func(t *Tunables) *float64 { return &t.CPOverlap })},
 	{"pp_overlap", "fraction", "pipeline send/receive hidden behind compute",
 		func(t *Tunables) any { return t.PPOverlap }, fractionSetter(func(t *Tunables) *float64 { return &t.PPOverlap })},
-	{"dp_overlap", "fraction", "data-parallel gradient reduction hidden behind the last backward pass (and parameter gather behind the first forward)",
-		func(t *Tunables) any { return t.DPOverlap }, fractionSetter(func(t *Tunables) *float64 { return &t.DPOverlap })},
+	{"dp_grad_overlap", "fraction", "data-parallel gradient reduction (all-reduce, or reduce-scatter under ZeRO) hidden behind the last backward pass",
+		func(t *Tunables) any { return t.DPGradOverlap }, fractionSetter(func(t *Tunables) *float64 { return &t.DPGradOverlap })},
+	{"dp_param_overlap", "fraction", "ZeRO 1–2 parameter all-gather hidden behind the first forward pass",
+		func(t *Tunables) any { return t.DPParamOverlap }, fractionSetter(func(t *Tunables) *float64 { return &t.DPParamOverlap })},
 	{"zero3_efficiency", "fraction", "share of the hierarchical collective bandwidth ZeRO-3/FSDP parameter gathers reach",
 		func(t *Tunables) any { return t.ZeRO3Efficiency }, fractionSetter(func(t *Tunables) *float64 { return &t.ZeRO3Efficiency })},
 	{"zero3_overlap", "fraction", "share of the step's compute ZeRO-3/FSDP communication hides behind",
 		func(t *Tunables) any { return t.ZeRO3Overlap }, fractionSetter(func(t *Tunables) *float64 { return &t.ZeRO3Overlap })},
 	{"zero3_latency_seconds", "seconds per block per ring step", "latency each step of the ZeRO-3 rings adds to one block's gathers and scatter",
 		func(t *Tunables) any { return t.ZeRO3Latency.Seconds() }, durationSetter(func(t *Tunables) *time.Duration { return &t.ZeRO3Latency })},
+	{"zero3_live_params", "parameters", "most parameters ZeRO-3 keeps gathered at once (DeepSpeed's stage3_max_live_parameters; 0: a block and the next)",
+		func(t *Tunables) any { return t.ZeRO3LiveParams }, floatSetter(func(t *Tunables) *float64 { return &t.ZeRO3LiveParams })},
 	{"reserved_bytes", "bytes, e.g. 2GiB", "per-GPU memory for the CUDA context, workspaces and NCCL buffers",
 		func(t *Tunables) any { return t.ReservedBytes }, func(t *Tunables, v string) error { return setBytes(&t.ReservedBytes, v) }},
 	{"fragmentation_percent", "percent of GPU memory", "kept free for allocator fragmentation",
@@ -187,6 +195,14 @@ var tunableAliases = map[string]func(t *Tunables, v string) error{
 	"checkpoint_interval":   durationSetter(func(t *Tunables) *time.Duration { return &t.CheckpointInterval }),
 	"startup_wait":          durationSetter(func(t *Tunables) *time.Duration { return &t.StartupWait }),
 	"mtbf":                  durationSetter(func(t *Tunables) *time.Duration { return &t.MTBF }),
+	// dp_overlap set both data-parallel overlaps before they were two terms.
+	"dp_overlap": func(t *Tunables, v string) error {
+		if err := fractionSetter(func(t *Tunables) *float64 { return &t.DPGradOverlap })(t, v); err != nil {
+			return err
+		}
+		t.DPParamOverlap = t.DPGradOverlap
+		return nil
+	},
 }
 
 // TunableFields lists the keys Tunables.Set accepts, with their units.
@@ -221,7 +237,8 @@ func TunableDoc(name string) (unit, doc string, ok bool) {
 // syntax (30m, 3h) or seconds; byte counts and rates take units (2GiB,
 // 100GB/s). The older keys efficiency, reserved_gib, param_bytes,
 // grad_bytes, optimizer_bytes, checkpoint_write_gbps, checkpoint_read_gbps,
-// checkpoint_interval, startup_wait and mtbf are accepted too.
+// checkpoint_interval, startup_wait, mtbf and dp_overlap (both data-parallel
+// overlaps) are accepted too.
 func (t *Tunables) Set(key, value string) error {
 	value = strings.TrimSpace(value)
 	for _, f := range tunableFields {
@@ -283,12 +300,14 @@ func (t Tunables) Validate() error {
 		return fmt.Errorf("compute_scale must be positive, got %g", t.Efficiency)
 	case t.CommScale < 0:
 		return fmt.Errorf("comm_scale must not be negative, got %g", t.CommScale)
-	case !frac(t.TPOverlap) || !frac(t.CPOverlap) || !frac(t.PPOverlap) || !frac(t.DPOverlap) || !frac(t.ZeRO3Overlap):
+	case !frac(t.TPOverlap) || !frac(t.CPOverlap) || !frac(t.PPOverlap) || !frac(t.DPGradOverlap) || !frac(t.DPParamOverlap) || !frac(t.ZeRO3Overlap):
 		return fmt.Errorf("overlaps must be in [0, 1]")
 	case t.ZeRO3Efficiency <= 0 || t.ZeRO3Efficiency > 1:
 		return fmt.Errorf("zero3_efficiency must be in (0, 1], got %g", t.ZeRO3Efficiency)
 	case t.ReservedBytes < 0:
 		return fmt.Errorf("reserved bytes must not be negative")
+	case t.ZeRO3LiveParams < 0:
+		return fmt.Errorf("zero3_live_params must not be negative, got %g", t.ZeRO3LiveParams)
 	case t.FragmentationPercent < 0 || t.FragmentationPercent >= 100:
 		return fmt.Errorf("fragmentation_percent must be in [0, 100), got %g", t.FragmentationPercent)
 	case t.ParamBytes <= 0 || t.GradBytes < 0 || t.OptimizerBytes < 0:

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -19,16 +20,22 @@ var (
 
 // validationRow is one published measurement and the run's configuration.
 type validationRow struct {
-	ID           string          `json:"id"`
-	Family       string          `json:"family"`
-	Source       string          `json:"source"`
-	ConfigSource string          `json:"config_source,omitempty"`
-	GPU          string          `json:"gpu"`
-	GPUs         int             `json:"gpus"`
-	Model        Model           `json:"model"`
-	Training     Training        `json:"training"`
-	Plan         Plan            `json:"plan"`
-	Tunables     json.RawMessage `json:"tunables"`
+	ID string `json:"id"`
+	// SourceKey groups the rows of one publication: leave-one-source-out
+	// validation holds out all of a source's rows at once.
+	SourceKey    string   `json:"source_key"`
+	Family       string   `json:"family"`
+	Source       string   `json:"source"`
+	ConfigSource string   `json:"config_source,omitempty"`
+	GPU          string   `json:"gpu"`
+	GPUs         int      `json:"gpus"`
+	Model        Model    `json:"model"`
+	Training     Training `json:"training"`
+	Plan         Plan     `json:"plan"`
+	// Tunables are settings beyond the row's training stack
+	// (Training.Stack), which sets the overlaps; rows name a stack and
+	// set no overlap by hand.
+	Tunables json.RawMessage `json:"tunables,omitempty"`
 	// Metric is what Published measures: hardware_tflops_per_gpu
 	// (recomputation counted, Megatron-LM's convention),
 	// model_tflops_per_gpu (MFU × peak) or step_seconds.
@@ -60,6 +67,9 @@ func (r validationRow) config() (Config, error) {
 		return Config{}, err
 	}
 	tu := DefaultTunables()
+	if err := tu.ApplyStack(r.Training.Stack); err != nil {
+		return Config{}, fmt.Errorf("%s: %w", r.ID, err)
+	}
 	if len(r.Tunables) > 0 {
 		if err := json.Unmarshal(r.Tunables, &tu); err != nil {
 			return Config{}, fmt.Errorf("%s: tunables: %w", r.ID, err)
@@ -93,25 +103,66 @@ func (r validationRow) predict() (float64, Evaluation, error) {
 	return 0, ev, fmt.Errorf("%s: unknown metric %q", r.ID, r.Metric)
 }
 
-// maxValidationError is the largest error any row may have.
-const maxValidationError = 0.10
+// maxValidationError is the largest fit error any row may have (the
+// committed parameters, fitted to the fit rows); maxLOSOError the largest
+// leave-one-source-out error, its own source unseen by the fit;
+// validationGoal what both aim at.
+const (
+	maxValidationError = 0.10
+	maxLOSOError       = 0.15
+	validationGoal     = 0.10
+)
+
+// knownLOSOMisses are the rows whose leave-one-source-out error passes
+// maxLOSOError, each with the reason; the test checks they still do, so a
+// change that brings one within bounds is noticed.
+var knownLOSOMisses = map[string]string{}
+
+func init() {
+	zero3 := "the only ZeRO-3 runs: held out, ZeRO-3's three fitted terms stay at the prior (efficiency 0.5, overlap 0.5, latency 0.1 ms)"
+	for _, id := range []string{"sc21-t2-zero3-175b-384", "sc21-t2-zero3-175b-768", "sc21-t2-zero3-175b-1536",
+		"sc21-t2-zero3-530b-640", "sc21-t2-zero3-530b-1120", "sc21-t2-zero3-530b-2240"} {
+		knownLOSOMisses[id] = zero3
+	}
+	h100 := "held out, H100's four kernel terms rest on the three rows of 340B and 405B models (Llama 3, Nemotron-4), " +
+		"whose wide GEMMs leave open how efficiency falls with smaller shapes (gemm_half_dim)"
+	knownLOSOMisses["mcore-h100-1.7b"] = h100
+	knownLOSOMisses["mcore-h100-70b"] = h100
+}
 
 func TestValidationTable(t *testing.T) {
 	rows := loadValidation(t)
+	loso := leaveOneSourceOut(rows)
 	gpus := map[string]bool{}
 	families := map[string]bool{}
 	var zero3, small, large bool
 	for _, r := range rows {
 		t.Run(r.ID, func(t *testing.T) {
-			if r.Source == "" || r.Published <= 0 {
-				t.Fatalf("row lacks a source or a published figure")
+			if r.Source == "" || r.Published <= 0 || r.SourceKey == "" {
+				t.Fatalf("row lacks a source, its source key or a published figure")
+			}
+			if r.Training.Stack == "" {
+				t.Fatalf("row names no training stack: give training.stack (%s)", strings.Join(StackNames(), ", "))
+			}
+			if strings.Contains(string(r.Tunables), "overlap") {
+				t.Fatalf("row sets an overlap by hand (%s): its training stack sets them", r.Tunables)
 			}
 			pred, _, err := r.predict()
 			if err != nil {
 				t.Fatal(err)
 			}
 			if e := pred/r.Published - 1; math.Abs(e) > maxValidationError {
-				t.Errorf("predicted %.4g, published %.4g: error %+.1f%% beyond ±%.0f%%", pred, r.Published, e*100, maxValidationError*100)
+				t.Errorf("predicted %.4g, published %.4g: fit error %+.1f%% beyond ±%.0f%% (goal ±%.0f%%)", pred, r.Published, e*100,
+					maxValidationError*100, validationGoal*100)
+			}
+			e := loso[r.ID]
+			miss, known := knownLOSOMisses[r.ID]
+			switch {
+			case math.Abs(e) > maxLOSOError && !known:
+				t.Errorf("leave-one-source-out error %+.1f%% beyond ±%.0f%% (goal ±%.0f%%)", e*100, maxLOSOError*100, validationGoal*100)
+			case math.Abs(e) <= maxLOSOError && known:
+				t.Errorf("leave-one-source-out error %+.1f%% is within ±%.0f%%, but the row is a known miss (%s): drop it from knownLOSOMisses",
+					e*100, maxLOSOError*100, miss)
 			}
 		})
 		gpus[r.GPU] = true
@@ -124,20 +175,7 @@ func TestValidationTable(t *testing.T) {
 		t.Errorf("the table must cover A100 and H100, three model families, ZeRO-3, tens and thousands of GPUs: gpus %v families %v zero3 %v", gpus, families, zero3)
 	}
 
-	doc := validationMarkdown(t, rows)
-	path := filepath.Join("..", "..", "docs", "costmodel.md")
-	if *update {
-		if err := replaceSection(path, "validation", doc); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got, err := readSection(path, "validation")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got != doc {
-		t.Errorf("docs/costmodel.md's validation table is stale: run go test ./scheduler/costmodel -run TestValidationTable -update")
-	}
+	docSection(t, "validation", validationMarkdown(t, rows, loso), "TestValidationTable")
 }
 
 // errorSummary is the mean and largest absolute error of some rows.
@@ -152,12 +190,17 @@ func (s *errorSummary) add(e float64) {
 	s.most = math.Max(s.most, math.Abs(e))
 }
 
-// validationMarkdown renders the table and its fitted/held-out summary.
-func validationMarkdown(t *testing.T, rows []validationRow) string {
+func (s errorSummary) String() string {
+	return fmt.Sprintf("%d rows, mean absolute error %.1f%%, largest %.1f%%", s.n, s.mean*100, s.most*100)
+}
+
+// validationMarkdown renders the table: each row's fit error (the
+// committed parameters) and leave-one-source-out error, with summaries.
+func validationMarkdown(t *testing.T, rows []validationRow, loso map[string]float64) string {
 	var b strings.Builder
-	var fit, held errorSummary
-	b.WriteString("| row | source | GPUs | configuration | metric | published | predicted | error | set |\n")
-	b.WriteString("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | --- |\n")
+	var fit, held, all, lo, loIn errorSummary
+	b.WriteString("| row | source | GPUs | configuration | stack | metric | published | predicted | fit error | set | LOSO error |\n")
+	b.WriteString("| --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | --- | ---: |\n")
 	for _, r := range rows {
 		pred, ev, err := r.predict()
 		if err != nil {
@@ -171,12 +214,32 @@ func validationMarkdown(t *testing.T, rows []validationRow) string {
 		} else {
 			held.add(e)
 		}
+		all.add(e)
+		le := loso[r.ID]
+		lo.add(le)
+		loCell := fmt.Sprintf("%+.1f%%", le*100)
+		if _, known := knownLOSOMisses[r.ID]; known {
+			loCell += " (known miss)"
+		} else {
+			loIn.add(le)
+		}
 		cfg := fmt.Sprintf("%s on %s; %s; zero %d, %s recompute", r.Model.describe(), r.GPU, ev.Plan, r.Training.ZeROStage, r.Training.Recompute)
-		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %.4g | %.4g | %+.1f%% | %s |\n",
-			r.ID, r.Source, r.GPUs, cfg, metricName(r.Metric), r.Published, pred, e*100, set)
+		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s | %.4g | %.4g | %+.1f%% | %s | %s |\n",
+			r.ID, r.Source, r.GPUs, cfg, r.Training.Stack, metricName(r.Metric), r.Published, pred, e*100, set, loCell)
 	}
-	fmt.Fprintf(&b, "\nFit rows: %d, mean absolute error %.1f%%, largest %.1f%%. Held-out rows: %d, mean absolute error %.1f%%, largest %.1f%%.\n",
-		fit.n, fit.mean*100, fit.most*100, held.n, held.mean*100, held.most*100)
+	fmt.Fprintf(&b, "\nFit error (bound ±%.0f%%, goal ±%.0f%%): fit rows %s; held-out rows %s; all %s.\n",
+		maxValidationError*100, validationGoal*100, fit, held, all)
+	fmt.Fprintf(&b, "Leave-one-source-out error (bound ±%.0f%%, goal ±%.0f%%): all %s; without the known misses %s.\n",
+		maxLOSOError*100, validationGoal*100, lo, loIn)
+	fmt.Fprintf(&b, "\nKnown leave-one-source-out misses:\n\n")
+	var ids []string
+	for id := range knownLOSOMisses {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		fmt.Fprintf(&b, "- %s: %s\n", id, knownLOSOMisses[id])
+	}
 	return b.String()
 }
 
@@ -260,6 +323,19 @@ func fitParams() []fitParam {
 	}
 }
 
+// constrainedBy reports whether row r's prediction depends on p.
+func (p fitParam) constrainedBy(r validationRow) bool {
+	switch {
+	case strings.HasPrefix(p.name, "zero3"):
+		return r.Training.ZeROStage == 3
+	case strings.HasPrefix(p.name, "a100 "):
+		return strings.HasPrefix(r.GPU, "a100")
+	case strings.HasPrefix(p.name, "h100 "):
+		return r.GPU == "h100"
+	}
+	return true
+}
+
 // setShared copies the shared values to H100.
 func setShared() {
 	h100Fit.NVLinkEfficiency, h100Fit.NetEfficiency = a100Fit.NVLinkEfficiency, a100Fit.NetEfficiency
@@ -268,11 +344,16 @@ func setShared() {
 
 // fitObjective is the mean squared log error over the fit rows.
 func fitObjective(rows []validationRow) float64 {
+	return fitError(rows, func(r validationRow) bool { return r.Fit })
+}
+
+// fitError is the mean squared log error over the rows use picks.
+func fitError(rows []validationRow, use func(validationRow) bool) float64 {
 	setShared()
 	var sum float64
 	n := 0
 	for _, r := range rows {
-		if !r.Fit {
+		if !use(r) {
 			continue
 		}
 		pred, _, err := r.predict()
@@ -284,6 +365,48 @@ func fitObjective(rows []validationRow) float64 {
 		n++
 	}
 	return sum / float64(n)
+}
+
+// fitTo moves the fitted values from where they are to the least squared
+// log error over the rows use picks (Nelder–Mead, fractions kept in (0, 1)
+// by a logistic map, the rest positive by exp), leaves them there and
+// returns the error.
+func fitTo(rows []validationRow, use func(validationRow) bool) float64 {
+	// A value no picked row depends on stays where it is: the ZeRO-3
+	// terms without a ZeRO-3 row, a GPU's kernels without a row on it.
+	var ps []fitParam
+	for _, p := range fitParams() {
+		if slices.ContainsFunc(rows, func(r validationRow) bool { return use(r) && p.constrainedBy(r) }) {
+			ps = append(ps, p)
+		}
+	}
+	toU := func(p fitParam, v float64) float64 {
+		if p.fraction {
+			v = math.Min(math.Max(v, 1e-4), 1-1e-4)
+			return math.Log(v / (1 - v))
+		}
+		return math.Log(v)
+	}
+	fromU := func(p fitParam, u float64) float64 {
+		if p.fraction {
+			return 1 / (1 + math.Exp(-u))
+		}
+		return math.Exp(u)
+	}
+	x0 := make([]float64, len(ps))
+	for i, p := range ps {
+		x0[i] = toU(p, *p.ptr)
+	}
+	f := func(x []float64) float64 {
+		for i, p := range ps {
+			*p.ptr = fromU(p, x[i])
+		}
+		return fitError(rows, use)
+	}
+	best, _ := nelderMead(f, x0, 0.3, 4000)
+	best, val := nelderMead(f, best, 0.05, 4000)
+	f(best)
+	return val
 }
 
 // TestKernelFitsAreFitted checks the committed kernel parameters are where
@@ -331,35 +454,9 @@ func TestFit(t *testing.T) {
 	rows := loadValidation(t)
 	saved := snapshotFits()
 	defer restoreFits(saved)
-	ps := fitParams()
-	toU := func(p fitParam, v float64) float64 {
-		if p.fraction {
-			v = math.Min(math.Max(v, 1e-4), 1-1e-4)
-			return math.Log(v / (1 - v))
-		}
-		return math.Log(v)
-	}
-	fromU := func(p fitParam, u float64) float64 {
-		if p.fraction {
-			return 1 / (1 + math.Exp(-u))
-		}
-		return math.Exp(u)
-	}
-	x0 := make([]float64, len(ps))
-	for i, p := range ps {
-		x0[i] = toU(p, *p.ptr)
-	}
-	f := func(x []float64) float64 {
-		for i, p := range ps {
-			*p.ptr = fromU(p, x[i])
-		}
-		return fitObjective(rows)
-	}
-	best, val := nelderMead(f, x0, 0.3, 4000)
-	best, val = nelderMead(f, best, 0.05, 4000)
-	f(best)
+	val := fitTo(rows, func(r validationRow) bool { return r.Fit })
 	t.Logf("fit error (mean squared log) %.6g, rms %.2f%%", val, math.Sqrt(val)*100)
-	for _, p := range ps {
+	for _, p := range fitParams() {
 		t.Logf("%-34s %.4g", p.name, *p.ptr)
 	}
 	var errs []string
@@ -369,6 +466,50 @@ func TestFit(t *testing.T) {
 	}
 	sort.Strings(errs)
 	t.Log("\n" + strings.Join(errs, "\n"))
+}
+
+// looPrior is where every leave-one-source-out fit starts: round figures,
+// not the committed fit (which saw the held-out source), so a parameter
+// the other sources do not constrain stays at a figure no row chose.
+func looPrior() {
+	for _, k := range []*KernelFit{&a100Fit, &h100Fit} {
+		k.GEMMEfficiency, k.GEMMHalfDim, k.FlashAttentionEfficiency = 0.7, 50, 0.5
+		k.ElementwiseEfficiency, k.NVLinkEfficiency, k.NetEfficiency, k.BlockOverheadSec = 0.6, 0.9, 0.9, 1e-5
+	}
+	a100Fit.FlashAttentionEfficiency = 0.5 // not fitted: FlashAttention-2's low end on A100
+	fittedZeRO3Efficiency, fittedZeRO3Overlap, fittedZeRO3Latency = 0.5, 0.5, 1e-4
+}
+
+// leaveOneSourceOut predicts every row with the parameters fitted to all
+// the other sources' rows (fit and held-out alike), the row's own source
+// left out, and returns the error per row id.
+func leaveOneSourceOut(rows []validationRow) map[string]float64 {
+	saved := snapshotFits()
+	defer restoreFits(saved)
+	out := map[string]float64{}
+	var sources []string
+	for _, r := range rows {
+		if !slices.Contains(sources, r.SourceKey) {
+			sources = append(sources, r.SourceKey)
+		}
+	}
+	for _, src := range sources {
+		looPrior()
+		fitTo(rows, func(r validationRow) bool { return r.SourceKey != src })
+		setShared()
+		for _, r := range rows {
+			if r.SourceKey != src {
+				continue
+			}
+			pred, _, err := r.predict()
+			if err != nil {
+				out[r.ID] = math.Inf(1)
+				continue
+			}
+			out[r.ID] = pred/r.Published - 1
+		}
+	}
+	return out
 }
 
 // nelderMead minimises f from x0 with an initial simplex of size step.
@@ -435,4 +576,23 @@ func nelderMead(f func([]float64) float64, x0 []float64, step float64, iters int
 		}
 	}
 	return pts[0], vals[0]
+}
+
+// docSection checks that docs/costmodel.md's section name holds body, and
+// with -update rewrites it; test names the test that renders it.
+func docSection(t *testing.T, name, body, test string) {
+	t.Helper()
+	path := filepath.Join("..", "..", "docs", "costmodel.md")
+	if *update {
+		if err := replaceSection(path, name, body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := readSection(path, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != body {
+		t.Errorf("docs/costmodel.md's %s table is stale: run go test ./scheduler/costmodel -run %s -update", name, test)
+	}
 }

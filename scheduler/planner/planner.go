@@ -31,7 +31,9 @@ const DefaultGPU = "h100"
 // Request is one planning question: a model, its training settings, the
 // GPUs and the cost model's tunables, and what the asker fixed.
 type Request struct {
-	Model    costmodel.Model
+	Model costmodel.Model
+	// Training names the job's training stack (Training.Stack); Tunables
+	// carry that stack's overlaps, as StackTunables sets them.
 	Training costmodel.Training
 	Hardware costmodel.Hardware
 	Tunables costmodel.Tunables
@@ -85,18 +87,35 @@ func (r Request) Config() costmodel.Config {
 	return costmodel.Config{Model: r.Model, Hardware: r.Hardware, Training: r.Training, Tunables: r.Tunables}
 }
 
-// Tunables are the cost model's defaults with the prior failure rate.
+// Tunables are the cost model's defaults (the default training stack's)
+// with the prior failure rate.
 func Tunables() costmodel.Tunables {
 	tun := costmodel.DefaultTunables()
 	tun.MTBF, tun.MTBFReferenceGPUs = PriorGPUMTBF, 1
 	return tun
 }
 
-// ForPreset is the question "model preset on gpus GPUs of profile gpu"
-// (gpu "" is DefaultGPU), as the console's plan view and submit form ask it
-// and as a job file with only those three says it.
-func ForPreset(model, gpu string, gpus int) (Request, error) {
+// StackTunables are Tunables with the named training stack's overlaps
+// ("" is costmodel.DefaultStack).
+func StackTunables(stack string) (costmodel.Tunables, error) {
+	tun := Tunables()
+	if err := tun.ApplyStack(stack); err != nil {
+		return tun, err
+	}
+	return tun, nil
+}
+
+// ForPreset is the question "model preset on gpus GPUs of profile gpu,
+// trained on stack" (gpu "" is DefaultGPU, stack "" the default stack), as
+// the console's plan view and submit form ask it and as a job file with
+// only those four says it.
+func ForPreset(model, gpu, stack string, gpus int) (Request, error) {
 	m, tr, err := costmodel.LookupModel(model)
+	if err != nil {
+		return Request{}, err
+	}
+	tr.Stack = stack
+	tun, err := StackTunables(stack)
 	if err != nil {
 		return Request{}, err
 	}
@@ -107,7 +126,7 @@ func ForPreset(model, gpu string, gpus int) (Request, error) {
 	if gpus <= 0 {
 		return Request{}, fmt.Errorf("GPUs must be at least 1, got %d", gpus)
 	}
-	return Request{Model: m, Training: tr, Hardware: hw, Tunables: Tunables(), GPUs: gpus}, nil
+	return Request{Model: m, Training: tr, Hardware: hw, Tunables: tun, GPUs: gpus}, nil
 }
 
 // ForSpec is a job file's question. ok is false when the job has no model
@@ -126,7 +145,10 @@ func ForSpec(s *jobspec.Spec) (r Request, ok bool, err error) {
 		// Tensor parallelism stays inside the GPUs the job takes per node.
 		hw.GPUsPerNode = s.GPUsPerNode
 	}
-	tun := Tunables()
+	tun, err := StackTunables(tr.Stack)
+	if err != nil {
+		return Request{}, false, fmt.Errorf("job %s: model.stack: %w", s.Name, err)
+	}
 	if s.Checkpoint.Interval > 0 {
 		tun.CheckpointInterval = s.Checkpoint.Interval
 	}

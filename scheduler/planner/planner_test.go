@@ -3,6 +3,7 @@ package planner
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/gpuctl/gpuctl/jobspec"
@@ -46,7 +47,7 @@ func TestForSpecIsForPreset(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("ForSpec: %v %v", ok, err)
 	}
-	fromPreset, err := ForPreset("llama2-70b", "a100-80gb", 128)
+	fromPreset, err := ForPreset("llama2-70b", "a100-80gb", "", 128)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,12 +58,50 @@ func TestForSpecIsForPreset(t *testing.T) {
 	}
 }
 
+// TestForSpecCarriesTheStack: a job file's model.stack reaches the
+// request as the stack's overlap terms, as the console asks it with the
+// same stack, and a stack that hides more picks a different plan.
+func TestForSpecCarriesTheStack(t *testing.T) {
+	s, err := jobspec.Parse("job.yaml", []byte("name: j\nnodes: 128\ngpus_per_node: 8\ngpu_model: h100\ncommand: [x]\nmodel: {preset: gpt3-175b, stack: megatron-core-2024}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromSpec, _, err := ForSpec(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := StackTunables("megatron-core-2024")
+	if fromSpec.Training.Stack != "megatron-core-2024" || fromSpec.Tunables != want {
+		t.Fatalf("ForSpec: stack %q, tunables %+v; want megatron-core-2024's %+v", fromSpec.Training.Stack, fromSpec.Tunables, want)
+	}
+	fromPreset, err := ForPreset("gpt3-175b", "h100", "megatron-core-2024", 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := ForPreset("gpt3-175b", "h100", "", 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := Search(fromSpec)
+	b, _ := Search(fromPreset)
+	c, _ := Search(plain)
+	if len(a) == 0 || len(b) == 0 || a[0].Plan != b[0].Plan {
+		t.Fatalf("job file's best %v, console's %v", first(a), first(b))
+	}
+	if len(c) == 0 || c[0].Plan == a[0].Plan {
+		t.Errorf("the default stack's best %v is megatron-core-2024's too: the stack did not reach the search", first(c))
+	}
+	if _, err := ForPreset("gpt3-175b", "h100", "megatron-2019", 1024); err == nil || !strings.Contains(err.Error(), "megatron-core-2024") {
+		t.Errorf("unknown stack: %v", err)
+	}
+}
+
 // TestLlama3PublishedLayoutIsReached: Llama 3 405B on 16,384 H100s ran
 // tp 8, pp 16 with 8 model chunks per stage, the first and last stages one
 // block lighter (Dubey et al. 2024, §3.3.2). Asked only the preset and the
 // GPUs, the planner's best plan is predicted at least as fast.
 func TestLlama3PublishedLayoutIsReached(t *testing.T) {
-	req, err := ForPreset("llama3-405b", "h100", 16384)
+	req, err := ForPreset("llama3-405b", "h100", "", 16384)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +203,7 @@ func TestLostAddsTheUnshownAsSlower(t *testing.T) {
 // and the console ask it: uneven pipelines, interleaving, the failure rate.
 // It must stay under 10 ms a search.
 func BenchmarkSearch1T3072(b *testing.B) {
-	req, err := ForPreset("gpt-1t", "h100", 3072)
+	req, err := ForPreset("gpt-1t", "h100", "", 3072)
 	if err != nil {
 		b.Fatal(err)
 	}

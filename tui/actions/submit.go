@@ -31,6 +31,8 @@ type SubmitValues struct {
 	Checkpoint  string
 	Model       string
 	GPU         string
+	// Stack is the model's training stack ("": the default).
+	Stack string
 	// Plan is "tp,pp,dp" from the planner's list, or "" for the server's choice.
 	Plan string
 }
@@ -58,7 +60,7 @@ func (v SubmitValues) Spec() (source string, yamlText []byte, err error) {
 		return "", nil, err2
 	}
 	if v.Model != "" {
-		s.Model = &jobspec.ModelSpec{Preset: v.Model}
+		s.Model = &jobspec.ModelSpec{Preset: v.Model, Stack: v.Stack}
 		s.GPUModel = ""
 	}
 	if v.Plan != "" {
@@ -90,14 +92,14 @@ func atoiField(name, s string) (int, error) {
 	return n, nil
 }
 
-// PlanOptions lists the planner's best plans for a model on gpus GPUs of
-// profile gpu, as the form offers them.
-func PlanOptions(model, gpu string, gpus int) []huh.Option[string] {
+// PlanOptions lists the planner's best plans for a model trained on stack
+// on gpus GPUs of profile gpu, as the form offers them.
+func PlanOptions(model, gpu, stack string, gpus int) []huh.Option[string] {
 	opts := []huh.Option[string]{huh.NewOption("let gpuctl serve choose", "")}
 	if model == "" || gpus <= 0 {
 		return opts
 	}
-	req, err := planner.ForPreset(model, gpu, gpus)
+	req, err := planner.ForPreset(model, gpu, stack, gpus)
 	if err != nil {
 		return opts
 	}
@@ -130,6 +132,10 @@ func Submit(ctx *app.Context) tea.Cmd {
 	for _, n := range costmodel.ModelNames() {
 		models = append(models, huh.NewOption(n, n))
 	}
+	stacks := []huh.Option[string]{huh.NewOption("default ("+costmodel.DefaultStack+")", "")}
+	for _, n := range costmodel.StackNames() {
+		stacks = append(stacks, huh.NewOption(n, n))
+	}
 	gpus := func() int {
 		n, _ := strconv.Atoi(strings.TrimSpace(v.Nodes))
 		g, _ := strconv.Atoi(strings.TrimSpace(v.GPUsPerNode))
@@ -155,8 +161,11 @@ func Submit(ctx *app.Context) tea.Cmd {
 			huh.NewSelect[string]().Title("Model").Options(models...).Value(&v.Model).Height(6),
 		).WithHideFunc(func() bool { return strings.TrimSpace(v.File) != "" }),
 		huh.NewGroup(
+			huh.NewSelect[string]().Title("Training stack").Description("what it overlaps: docs/costmodel.md").Options(stacks...).Value(&v.Stack).Height(7),
+		).WithHideFunc(func() bool { return strings.TrimSpace(v.File) != "" || v.Model == "" }),
+		huh.NewGroup(
 			huh.NewSelect[string]().Title("Plan (the planner's best)").
-				OptionsFunc(func() []huh.Option[string] { return PlanOptions(v.Model, v.GPU, gpus()) }, v).
+				OptionsFunc(func() []huh.Option[string] { return PlanOptions(v.Model, v.GPU, v.Stack, gpus()) }, v).
 				Value(&v.Plan),
 		).WithHideFunc(func() bool { return strings.TrimSpace(v.File) != "" || v.Model == "" }),
 	).WithKeyMap(km).WithShowHelp(true).WithWidth(70)

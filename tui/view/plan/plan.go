@@ -32,6 +32,7 @@ type Model struct {
 	ctx              *app.Context
 	keys             KeyMap
 	model, gpu       string
+	stack            string
 	gpus             int
 	ranked           []costmodel.Evaluation
 	rejected         []costmodel.Rejection
@@ -39,9 +40,10 @@ type Model struct {
 	hwName, describe string
 }
 
-// New plans args: [MODEL [GPUS [GPU]]], default gpt3-175b on 1024 H100s.
+// New plans args: [MODEL [GPUS [GPU [STACK]]]], default gpt3-175b on 1024
+// H100s with the default training stack.
 func New(ctx *app.Context, args []string) *Model {
-	m := &Model{ctx: ctx, keys: KeyMap{Edit: app.Bind("e", "edit model, GPUs, GPU", "e")}, model: "gpt3-175b", gpus: 1024, gpu: "h100"}
+	m := &Model{ctx: ctx, keys: KeyMap{Edit: app.Bind("e", "edit model, GPUs, GPU, stack", "e")}, model: "gpt3-175b", gpus: 1024, gpu: "h100"}
 	if len(args) > 0 {
 		m.model = args[0]
 	}
@@ -53,19 +55,25 @@ func New(ctx *app.Context, args []string) *Model {
 	if len(args) > 2 {
 		m.gpu = args[2]
 	}
+	if len(args) > 3 {
+		m.stack = args[3]
+	}
 	m.compute()
 	return m
 }
 
 func (m *Model) compute() {
 	m.ranked, m.rejected, m.err = nil, nil, nil
-	req, err := planner.ForPreset(m.model, m.gpu, m.gpus)
+	req, err := planner.ForPreset(m.model, m.gpu, m.stack, m.gpus)
 	if err != nil {
 		m.err = err
 		return
 	}
 	m.hwName = req.Hardware.Name
 	m.describe = fmt.Sprintf("%s (%.1fB params) on %d × %s, global batch %d", req.Model.Name, req.Model.Params()/1e9, m.gpus, req.Hardware.Name, req.Training.GlobalBatch)
+	if m.stack != "" {
+		m.describe += ", stack " + m.stack
+	}
 	m.ranked, m.rejected = planner.Search(req)
 }
 
@@ -84,13 +92,13 @@ func (m *Model) Init() tea.Cmd { return nil }
 // KeyMap implements app.View.
 func (m *Model) KeyMap() help.KeyMap { return m.keys }
 
-type editedMsg struct{ model, gpus, gpu string }
+type editedMsg struct{ model, gpus, gpu, stack string }
 
 // Update implements app.View.
 func (m *Model) Update(msg tea.Msg) (app.View, tea.Cmd) {
 	switch msg := msg.(type) {
 	case editedMsg:
-		m.model, m.gpu = strings.TrimSpace(msg.model), strings.TrimSpace(msg.gpu)
+		m.model, m.gpu, m.stack = strings.TrimSpace(msg.model), strings.TrimSpace(msg.gpu), strings.TrimSpace(msg.stack)
 		n, err := strconv.Atoi(strings.TrimSpace(msg.gpus))
 		if err != nil {
 			m.err = fmt.Errorf("GPUs %q is not a number", msg.gpus)
@@ -101,10 +109,10 @@ func (m *Model) Update(msg tea.Msg) (app.View, tea.Cmd) {
 	case tea.KeyPressMsg:
 		if key.Matches(msg, m.keys.Edit) {
 			d := dialog.New(m.ctx.Styles, m.ctx.Now, "plan for", "models: "+strings.Join(costmodel.ModelNames(), ", ")+
-				"\nGPUs: "+strings.Join(costmodel.HardwareNames(), ", "), false,
-				[]dialog.Field{{Label: "model", Value: m.model}, {Label: "GPUs", Value: strconv.Itoa(m.gpus)}, {Label: "GPU", Value: m.gpu}},
+				"\nGPUs: "+strings.Join(costmodel.HardwareNames(), ", ")+"\nstacks: "+strings.Join(costmodel.StackNames(), ", ")+" (empty: "+costmodel.DefaultStack+")", false,
+				[]dialog.Field{{Label: "model", Value: m.model}, {Label: "GPUs", Value: strconv.Itoa(m.gpus)}, {Label: "GPU", Value: m.gpu}, {Label: "stack", Value: m.stack}},
 				func(f []dialog.Field) tea.Cmd {
-					return func() tea.Msg { return editedMsg{f[0].Value, f[1].Value, f[2].Value} }
+					return func() tea.Msg { return editedMsg{f[0].Value, f[1].Value, f[2].Value, f[3].Value} }
 				})
 			return m, func() tea.Msg { return app.OverlayMsg{Overlay: d} }
 		}
@@ -116,7 +124,7 @@ func (m *Model) Update(msg tea.Msg) (app.View, tea.Cmd) {
 func (m *Model) Render() string {
 	st := m.ctx.Styles
 	if m.err != nil {
-		return st.FlashErr.Render("plan: "+m.err.Error()) + "\n" + st.Dim.Render("e edits the model, GPU count and GPU")
+		return st.FlashErr.Render("plan: "+m.err.Error()) + "\n" + st.Dim.Render("e edits the model, GPU count, GPU and training stack")
 	}
 	var b strings.Builder
 	b.WriteString(st.Bold.Render(app.Trunc(m.describe, m.ctx.Width)) + "\n\n")
