@@ -157,15 +157,15 @@ func (m *Manager) executorFailed(msg msgExecutorFailed) {
 	if en == nil || en.job.GetAttempt() != msg.attempt {
 		return
 	}
-	if !active(en.job) && m.recs[msg.job] == nil {
+	if !active(en.job) && m.rec.recs[msg.job] == nil {
 		// Stopping, or ended; a recovery already under way (the ranks'
 		// exits came first) still learns which nodes to avoid.
 		return
 	}
 	if len(msg.nodes) == 0 {
-		m.giveUp(en, msg.reason, m.now())
+		m.rec.giveUp(en, msg.reason, m.now())
 	} else {
-		m.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: msg.nodes}, msg.reason, m.now())
+		m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: msg.nodes}, msg.reason, m.now())
 	}
 	m.kick()
 }

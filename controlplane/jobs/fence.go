@@ -226,7 +226,7 @@ func (m *Manager) unfenced(en *entry, now time.Time) []string {
 			// gone for good only the operator can say the node is down.
 			f.stuckNoted = true
 			en.fences[node] = f
-			m.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, 0,
+			m.rec.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, 0,
 				"attempt %d still waits on %s: %d of its %d witnesses acknowledged it superseded, %d are needed; if %s and its ranks are down for good, run `gpuctl node remove %s --confirm-fenced`",
 				f.attempt, node, len(f.acks), len(f.witnesses), fencing.AcksToFence(len(f.witnesses)), node, node)
 		}
@@ -244,7 +244,7 @@ func (m *Manager) unfenced(en *entry, now time.Time) []string {
 			how = fmt.Sprintf("its lease has passed without word from the node, and %d of its witnesses (%s) vouch for it no more, so its shims have stopped its ranks",
 				len(acked), strings.Join(acked, ","))
 		}
-		m.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, 0, "attempt %d fenced on %s: %s", f.attempt, node, how)
+		m.rec.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, 0, "attempt %d fenced on %s: %s", f.attempt, node, how)
 	}
 	m.keepFences(en)
 	if len(wait) > 0 {
@@ -262,7 +262,7 @@ func (m *Manager) confirmFenced(en *entry, node string, sev api.Severity, how st
 	}
 	delete(en.fences, node)
 	m.keepFences(en)
-	m.recoveryEvent(en.job, sev, 0, "attempt %d fenced on %s: %s", f.attempt, node, how)
+	m.rec.recoveryEvent(en.job, sev, 0, "attempt %d fenced on %s: %s", f.attempt, node, how)
 	m.kick()
 }
 

@@ -238,9 +238,8 @@ type Manager struct {
 	externals map[string]*api.Job
 	// moves are the moves not yet begun; they run one at a time.
 	moves []scheduler.Move
-	// recs are the recoveries in progress, vals the validation gangs.
-	recs map[string]*recovery
-	vals map[string]*validation
+	// rec carries out recoveries and keeps their progress.
+	rec  recoverer
 	prog map[string]*progress
 	// idem maps a submit's idempotency key to the job it created.
 	idem map[string]string
@@ -270,9 +269,9 @@ func New(cfg Config) (*Manager, error) {
 	if front == nil {
 		front = NewFront()
 	}
-	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, recs: map[string]*recovery{},
-		vals: map[string]*validation{}, prog: map[string]*progress{}, idem: map[string]string{},
+	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, prog: map[string]*progress{}, idem: map[string]string{},
 		waiting: map[launchKey][]chan reply{}, pass: &txn{}, startedAt: cfg.Now()}
+	m.rec = recoverer{m: m, recs: map[string]*recovery{}, vals: map[string]*validation{}}
 	m.disp = newDispatcher(cfg.Nodes.Command, cfg.Log)
 	m.disp.exec = cfg.Executor
 	stored, err := cfg.Store.Jobs()
@@ -290,12 +289,12 @@ func New(cfg Config) (*Manager, error) {
 		if err == nil {
 			en.spec = spec
 		} else if !j.GetState().Ended() {
-			m.giveUp(en, fmt.Sprintf("stored job file no longer parses: %v", err), now)
+			m.rec.giveUp(en, fmt.Sprintf("stored job file no longer parses: %v", err), now)
 		}
 		if en.spec != nil && j.GetState() == api.JobState_JOB_STATE_RECOVERING {
 			// The recovery restarts from its first step: stop what is
 			// left, choose nodes, validate, relaunch.
-			m.recs[j.GetId()] = &recovery{failure: scheduler.Failure{Kind: scheduler.FailRankExit}, reason: strings.TrimPrefix(j.GetReason(), "recovering: "),
+			m.rec.recs[j.GetId()] = &recovery{failure: scheduler.Failure{Kind: scheduler.FailRankExit}, reason: strings.TrimPrefix(j.GetReason(), "recovering: "),
 				since: now, stepAt: j.GetStep(), resume: -1, cordon: map[string]string{}}
 		}
 		if !j.GetState().Ended() {
@@ -484,9 +483,9 @@ func (m *Manager) handle(msg any) {
 	case msgLaunched:
 		m.launched(msg)
 	case msgValidationLaunched:
-		m.validationLaunched(msg)
+		m.rec.validationLaunched(msg)
 	case msgCordoned:
-		m.cordoned(msg)
+		m.rec.cordoned(msg)
 	case msgStalls:
 		m.stalls(msg)
 	case msgCall:

@@ -21,12 +21,12 @@ func (m *Manager) nodeEvent(e *api.Event) {
 	case api.EventKind_EVENT_KIND_CHECKPOINT:
 		m.checkpointed(e)
 	case api.EventKind_EVENT_KIND_XID, api.EventKind_EVENT_KIND_ECC, api.EventKind_EVENT_KIND_GPU_LOST:
-		m.gpuFault(e)
+		m.rec.gpuFault(e)
 	}
 }
 
 func (m *Manager) rankStarted(e *api.Event) {
-	if e.GetPid() == 0 || m.validationEvent(e) {
+	if e.GetPid() == 0 || m.rec.validationEvent(e) {
 		return
 	}
 	en := m.jobs[e.GetJob()]
@@ -44,7 +44,7 @@ func (m *Manager) rankStarted(e *api.Event) {
 // rankExited records an exit of the current attempt; an exit whose pid is
 // not the one recorded belongs to an earlier attempt and is ignored.
 func (m *Manager) rankExited(e *api.Event) {
-	if m.validationEvent(e) {
+	if m.rec.validationEvent(e) {
 		return
 	}
 	en := m.jobs[e.GetJob()]
@@ -62,7 +62,7 @@ func (m *Manager) rankExited(e *api.Event) {
 	if e.GetStep() > j.GetStep() {
 		j.Step = e.GetStep()
 	}
-	if rec := m.recs[j.GetId()]; rec != nil && e.GetStep() > rec.stepAt {
+	if rec := m.rec.recs[j.GetId()]; rec != nil && e.GetStep() > rec.stepAt {
 		rec.stepAt = e.GetStep()
 	}
 	m.save(en)
@@ -73,7 +73,7 @@ func (m *Manager) rankExited(e *api.Event) {
 	now := m.now()
 	switch {
 	case e.GetExitCode() != 0 || e.GetSignal() != "":
-		m.fail(en, scheduler.Failure{Kind: scheduler.FailRankExit},
+		m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailRankExit},
 			fmt.Sprintf("rank %d on %s (pid %d) %s", e.GetRank(), e.GetNode(), e.GetPid(), describeExit(e.GetExitCode(), e.GetSignal())), now)
 	case liveRanks(j) == 0:
 		from := phaseOf(j)
@@ -95,7 +95,7 @@ func describeExit(code int32, signal string) string {
 
 // nodeDown marks the ranks on a lost node gone and fails their jobs.
 func (m *Manager) nodeDown(node, why string, now time.Time) {
-	for _, v := range m.vals {
+	for _, v := range m.rec.vals {
 		if r := v.ranks[node]; r != nil && !r.exited {
 			r.exited, r.code, r.err = true, -1, "node went down ("+why+")"
 		}
@@ -120,7 +120,7 @@ func (m *Manager) nodeDown(node, why string, now time.Time) {
 		m.awaitFence(en, node, now)
 		m.save(en)
 		if active(j) || phaseOf(j) == Recovering {
-			m.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: []string{node}},
+			m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: []string{node}},
 				fmt.Sprintf("node %s went down (%s)", node, why), now)
 		}
 	}
@@ -181,7 +181,7 @@ func (m *Manager) nodeUp(node string, reg *api.NodeRegistration) {
 		}
 		m.save(en)
 		if active(j) {
-			m.fail(en, scheduler.Failure{Kind: scheduler.FailRankExit},
+			m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailRankExit},
 				fmt.Sprintf("%s on %s no longer running when the node reconnected", strings.Join(gone, ", "), node), now)
 		}
 	}

@@ -401,7 +401,7 @@ func (m *Manager) Restart(ctx context.Context, key, from string, exclude []strin
 		}
 		now := m.now()
 		snap := m.snapshot(now)
-		req := m.recoverRequest(en, scheduler.Failure{Kind: scheduler.FailManual})
+		req := m.rec.recoverRequest(en, scheduler.Failure{Kind: scheduler.FailManual})
 		req.Failure.Exclude = append(req.Failure.Exclude, exclude...)
 		if d := scheduler.Recover(&snap, &req); d.Action == scheduler.GiveUp {
 			return nil, fmt.Errorf("restart %s refused, the job is left as it is: %s", j.GetId(), d.Reason)
@@ -413,8 +413,8 @@ func (m *Manager) Restart(ctx context.Context, key, from string, exclude []strin
 		if j.GetState() == api.JobState_JOB_STATE_FAILED {
 			j.EndUnixNano = 0
 		}
-		m.fail(en, scheduler.Failure{Kind: scheduler.FailManual, Exclude: exclude}, reason, now)
-		if rec := m.recs[j.GetId()]; rec != nil {
+		m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailManual, Exclude: exclude}, reason, now)
+		if rec := m.rec.recs[j.GetId()]; rec != nil {
 			rec.resume = resume
 		}
 		out := clone(j)

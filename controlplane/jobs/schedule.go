@@ -23,9 +23,9 @@ import (
 func (m *Manager) reconcile() {
 	now := m.now()
 	nodes := m.cfg.Nodes.Nodes()
-	m.lostNodes(nodes, now)
+	m.rec.lostNodes(nodes, now)
 	m.stops(nodes, now)
-	m.recoveries(now)
+	m.rec.recoveries(now)
 	m.growBack(now)
 	m.beginMoves(now)
 	m.schedule(now)
@@ -164,7 +164,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 			}
 		}
 	}
-	for _, v := range m.vals {
+	for _, v := range m.rec.vals {
 		for node, gpu := range v.gpus {
 			if ours[node] == nil {
 				ours[node] = map[uint32]bool{}
@@ -511,7 +511,7 @@ func (m *Manager) finishStop(en *entry, now time.Time) {
 		j.Reason = "move target no longer free (" + why + "); back in the queue, resumes from its checkpoint"
 	}
 	j.Stopping, j.TermSentUnixNano, j.StopSinceUnixNano = api.JobStop_JOB_STOP_NONE, 0, 0
-	if m.recs[j.GetId()] == nil {
+	if m.rec.recs[j.GetId()] == nil {
 		// A recovering job keeps its reservation once its ranks are gone:
 		// its surviving GPUs are its own until it decides, or another
 		// recovery would take them and count its node as failed.
@@ -708,7 +708,7 @@ func (m *Manager) schedule(now time.Time) {
 		case scheduler.Hold:
 			aside[d.Job] = d.Reason + " from " + time.Unix(d.At, 0).UTC().Format(time.RFC3339)
 		case scheduler.Reject:
-			m.giveUp(en, "rejected by the scheduler: "+d.Err.Error(), now)
+			m.rec.giveUp(en, "rejected by the scheduler: "+d.Err.Error(), now)
 		}
 	}
 	m.explain(now, started, aside, reserve, preempt)
@@ -860,7 +860,7 @@ func (m *Manager) launched(msg msgLaunched) {
 			// The job's own fault (a typo in its command, a user the node
 			// lacks): no node is to blame, and a restart would fail the
 			// same way.
-			m.giveUp(en, why, m.now())
+			m.rec.giveUp(en, why, m.now())
 		} else {
 			m.refusedLaunch(en, blamed, why)
 		}
@@ -888,10 +888,10 @@ func (m *Manager) refusedLaunch(en *entry, blamed map[string]error, why string) 
 	}
 	now := m.now()
 	if len(broken) > 0 {
-		m.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: broken}, why, now)
+		m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: broken}, why, now)
 	}
 	if len(policy) > 0 && (active(j) || phaseOf(j) == Recovering) {
-		m.fail(en, scheduler.Failure{Kind: scheduler.FailRefused, Nodes: policy}, why, now)
+		m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailRefused, Nodes: policy}, why, now)
 	}
 }
 
@@ -943,7 +943,7 @@ func (m *Manager) port(id string, attempt uint32) uint32 {
 			used[int(en.job.GetMasterPort())] = true
 		}
 	}
-	for _, v := range m.vals {
+	for _, v := range m.rec.vals {
 		used[int(v.port)] = true
 	}
 	pairs := max(m.cfg.PortRange/2, 1)

@@ -93,12 +93,12 @@ func (m *Manager) stalledJob(st *api.Stall) {
 		return
 	}
 	if en.spec.StallRecovery != jobspec.StallAuto {
-		m.recoveryEvent(j, api.Severity_SEVERITY_WARNING, 0, "stall on lagging nodes %s; stall_recovery is manual: `gpuctl restart %s --exclude NODE`",
+		m.rec.recoveryEvent(j, api.Severity_SEVERITY_WARNING, 0, "stall on lagging nodes %s; stall_recovery is manual: `gpuctl restart %s --exclude NODE`",
 			strings.Join(lagging, ","), j.GetId())
 		return
 	}
 	reason := fmt.Sprintf("NCCL stall on communicator %#x, lagging nodes %s: %s", st.GetComm(), strings.Join(lagging, ","), st.GetDiagnosis())
-	m.fail(en, scheduler.Failure{Kind: scheduler.FailStall, Nodes: lagging}, reason, m.now())
+	m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailStall, Nodes: lagging}, reason, m.now())
 }
 
 // slowFindings acts on the fail-slow findings standing now, under each
@@ -112,7 +112,7 @@ func (m *Manager) slowFindings(fs []failslow.Finding, now time.Time) {
 	for i := range fs {
 		f, st := &fs[i], states[i]
 		en := m.jobs[f.Job]
-		if en == nil || en.spec == nil || !active(en.job) || m.recs[f.Job] != nil {
+		if en == nil || en.spec == nil || !active(en.job) || m.rec.recs[f.Job] != nil {
 			continue
 		}
 		j := en.job
@@ -216,7 +216,7 @@ func (m *Manager) slowExclude(en *entry, st *slowState, f *failslow.Finding, d s
 	}
 	fail := scheduler.Failure{Kind: scheduler.FailSlow, Nodes: []string{d.Node}}
 	snap := m.snapshot(now)
-	req := m.recoverRequest(en, fail)
+	req := m.rec.recoverRequest(en, fail)
 	plan := scheduler.Recover(&snap, &req)
 	if plan.Action != scheduler.ReplaceNodes && plan.Action != scheduler.Replan {
 		m.slowSay(st, f, "no-spare", api.Severity_SEVERITY_WARNING, "%s: not acted on: no spare to take %s's place (%s: %s); the job keeps running there",
@@ -237,7 +237,7 @@ func (m *Manager) slowExclude(en *entry, st *slowState, f *failslow.Finding, d s
 	rule := m.cfg.SlowRule
 	m.slowSay(st, f, "exclude", api.Severity_SEVERITY_WARNING, "%s: restarting from the last checkpoint without %s (automatic slow exclusion %d of at most %d in %s)",
 		d.Reason, d.Node, len(j.SlowExclusionsUnixNano), rule.Max, rule.Window)
-	m.fail(en, fail, "fail-slow: "+d.Reason, now)
+	m.rec.fail(en, fail, "fail-slow: "+d.Reason, now)
 }
 
 // slowSay raises an event about what was done with a fail-slow finding
