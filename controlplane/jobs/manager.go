@@ -239,8 +239,10 @@ type Manager struct {
 	// moves are the moves not yet begun; they run one at a time.
 	moves []scheduler.Move
 	// rec carries out recoveries and keeps their progress.
-	rec  recoverer
-	prog map[string]*progress
+	rec recoverer
+	// fence keeps lost nodes from running an old attempt twice.
+	fence fencer
+	prog  map[string]*progress
 	// idem maps a submit's idempotency key to the job it created.
 	idem map[string]string
 	// pass gathers the writes, events and commands of the loop's current
@@ -272,6 +274,7 @@ func New(cfg Config) (*Manager, error) {
 	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, prog: map[string]*progress{}, idem: map[string]string{},
 		waiting: map[launchKey][]chan reply{}, pass: &txn{}, startedAt: cfg.Now()}
 	m.rec = recoverer{m: m, recs: map[string]*recovery{}, vals: map[string]*validation{}}
+	m.fence = fencer{m: m}
 	m.disp = newDispatcher(cfg.Nodes.Command, cfg.Log)
 	m.disp.exec = cfg.Executor
 	stored, err := cfg.Store.Jobs()
@@ -300,7 +303,7 @@ func New(cfg Config) (*Manager, error) {
 		if !j.GetState().Ended() {
 			// Not only a recovery: a move or a preemption under way also
 			// starts its job again, and must wait for its lost nodes.
-			m.fenceAfterLoad(en, now)
+			m.fence.afterLoad(en, now)
 		}
 	}
 	if err := m.commit(m.pass); err != nil {
@@ -491,9 +494,9 @@ func (m *Manager) handle(msg any) {
 	case msgCall:
 		m.call(msg)
 	case msgFenced:
-		m.fenced(msg)
+		m.fence.fenced(msg)
 	case msgSuperseded:
-		m.superseded(msg)
+		m.fence.superseded(msg)
 	case msgExecutorFailed:
 		m.executorFailed(msg)
 	case msgExternal:

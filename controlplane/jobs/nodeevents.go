@@ -117,7 +117,7 @@ func (m *Manager) nodeDown(node, why string, now time.Time) {
 		if !hit {
 			continue
 		}
-		m.awaitFence(en, node, now)
+		m.fence.awaitFence(en, node, now)
 		m.save(en)
 		if active(j) || phaseOf(j) == Recovering {
 			m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: []string{node}},
@@ -131,7 +131,7 @@ func (m *Manager) nodeDown(node, why string, now time.Time) {
 // GPUs must not run two jobs), and a live rank of ours it no longer runs
 // is gone (its exit was lost with a restarted nodemon).
 func (m *Manager) nodeUp(node string, reg *api.NodeRegistration) {
-	m.fenceOnReturn(node, reg.GetRunning())
+	m.fence.onReturn(node, reg.GetRunning())
 	var leftovers []string
 	for _, en := range m.sorted() {
 		for _, jn := range en.job.GetPlacement() {

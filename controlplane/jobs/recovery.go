@@ -396,7 +396,7 @@ func (rc *recoverer) recoveries(now time.Time) {
 			rc.checkValidation(en, rec, now)
 			continue
 		}
-		if wait := rc.m.unfenced(en, now); len(wait) > 0 {
+		if wait := rc.m.fence.unfenced(en, now); len(wait) > 0 {
 			if !rec.fenceNoted {
 				rec.fenceNoted = true
 				rc.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since),

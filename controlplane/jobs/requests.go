@@ -204,7 +204,7 @@ func (m *Manager) Cancel(ctx context.Context, key, who string) (*api.Job, error)
 		j.Reason = "cancelled by " + who
 		j.PendingReason, j.MoveTarget = "", nil
 		m.moves = slices.DeleteFunc(m.moves, func(mv scheduler.Move) bool { return mv.Job == j.GetId() })
-		m.sweepSuperseded(j)
+		m.fence.sweepSuperseded(j)
 		if live := liveRanks(j); live > 0 {
 			j.Stopping = api.JobStop_JOB_STOP_CANCEL
 			j.StopSinceUnixNano, j.TermSentUnixNano = now.UnixNano(), 0

@@ -404,7 +404,7 @@ func (m *Manager) stops(nodes []*api.NodeStatus, now time.Time) {
 			continue
 		}
 		if liveRanks(j) == 0 {
-			if j.GetStopping() == api.JobStop_JOB_STOP_MOVE && len(m.unfenced(en, now)) > 0 {
+			if j.GetStopping() == api.JobStop_JOB_STOP_MOVE && len(m.fence.unfenced(en, now)) > 0 {
 				// The move relaunches at once: not while a lost node may
 				// still run the old attempt.
 				continue
@@ -727,7 +727,7 @@ func (m *Manager) start(en *entry, pl scheduler.Placement, now time.Time, why st
 		m.log.Error("start refused", "err", err)
 		return false
 	}
-	if wait := m.unfenced(en, now); len(wait) > 0 {
+	if wait := m.fence.unfenced(en, now); len(wait) > 0 {
 		// A rank never runs twice: the next attempt waits for the old one.
 		m.log.Info("start waits for the old attempt to be fenced", "job", j.GetId(), "nodes", wait)
 		return false
@@ -737,7 +737,7 @@ func (m *Manager) start(en *entry, pl scheduler.Placement, now time.Time, why st
 		m.resize(en, pl.Shape.DP)
 	}
 	j.Placement = jobNodes(&pl)
-	j.Witnesses, _ = m.witnessPool(pl.Nodes())
+	j.Witnesses, _ = m.fence.witnessPool(pl.Nodes())
 	j.MasterAddr = m.addrOf(pl.Ranks[0].Node)
 	j.MasterPort = m.port(j.GetId(), j.GetAttempt())
 	j.ResumeStep = 0
@@ -779,7 +779,7 @@ func (m *Manager) launch(en *entry) {
 	user, group := m.cfg.RunAs.RunAs(en.spec)
 	launches := map[string]*api.LaunchRanks{}
 	var nodes []string
-	addrs := m.witnessAddrs()
+	addrs := m.fence.witnessAddrs()
 	for i, jn := range j.GetPlacement() {
 		l := &api.LaunchRanks{Job: j.GetId(), Attempt: j.GetAttempt(), Command: en.spec.Command, Env: en.spec.Env,
 			WorldSize: int32(jobGPUs(j)), MasterAddr: j.GetMasterAddr(), MasterPort: j.GetMasterPort(),
