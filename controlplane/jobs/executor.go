@@ -200,7 +200,7 @@ func (m *Manager) placed(msg msgPlaced) {
 	for i, jn := range j.GetPlacement() {
 		jn.Node = msg.nodes[i]
 	}
-	j.MasterAddr = m.addrOf(msg.nodes[0])
+	j.MasterAddr = m.launcher.addrOf(msg.nodes[0])
 	if n := len(j.GetAttempts()); n > 0 {
 		j.Attempts[n-1].Nodes = slices.Clone(msg.nodes)
 	}

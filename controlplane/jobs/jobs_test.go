@@ -653,7 +653,7 @@ func TestStartPersistsThenLaunches(t *testing.T) {
 		t.Errorf("placed on %v, want n0,n1", got)
 	}
 	// The port is a function of job and attempt.
-	if again := h.m.port(id, 1); again != j.GetMasterPort() {
+	if again := h.m.launcher.port(id, 1); again != j.GetMasterPort() {
 		t.Errorf("port %d then %d for the same attempt", j.GetMasterPort(), again)
 	}
 }

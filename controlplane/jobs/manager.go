@@ -9,7 +9,6 @@ package jobs
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -242,14 +241,14 @@ type Manager struct {
 	rec recoverer
 	// fence keeps lost nodes from running an old attempt twice.
 	fence fencer
-	prog  map[string]*progress
+	// launcher starts and signals attempts.
+	launcher launcher
+	prog     map[string]*progress
 	// idem maps a submit's idempotency key to the job it created.
 	idem map[string]string
 	// pass gathers the writes, events and commands of the loop's current
 	// step until they are committed together.
 	pass *txn
-	// waiting are replies held until a launch they depend on answers.
-	waiting map[launchKey][]chan reply
 	// slow is what the owner keeps of the standing fail-slow findings.
 	slow slowWatch
 	// startedAt is when the server started (the owner's loop began; New
@@ -271,10 +270,10 @@ func New(cfg Config) (*Manager, error) {
 	if front == nil {
 		front = NewFront()
 	}
-	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, prog: map[string]*progress{}, idem: map[string]string{},
-		waiting: map[launchKey][]chan reply{}, pass: &txn{}, startedAt: cfg.Now()}
+	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, prog: map[string]*progress{}, idem: map[string]string{}, pass: &txn{}, startedAt: cfg.Now()}
 	m.rec = recoverer{m: m, recs: map[string]*recovery{}, vals: map[string]*validation{}}
 	m.fence = fencer{m: m}
+	m.launcher = launcher{m: m, waiting: map[launchKey][]chan reply{}}
 	m.disp = newDispatcher(cfg.Nodes.Command, cfg.Log)
 	m.disp.exec = cfg.Executor
 	stored, err := cfg.Store.Jobs()
@@ -330,7 +329,7 @@ func (m *Manager) Run(ctx context.Context) {
 		due = false
 		select {
 		case <-ctx.Done():
-			m.failWaiting("the server is stopping")
+			m.launcher.failWaiting("the server is stopping")
 			return
 		case <-t.C:
 			due = true
@@ -484,7 +483,7 @@ func (m *Manager) handle(msg any) {
 			m.nodeEvent(e)
 		}
 	case msgLaunched:
-		m.launched(msg)
+		m.launcher.launched(msg)
 	case msgValidationLaunched:
 		m.rec.validationLaunched(msg)
 	case msgCordoned:
@@ -542,42 +541,10 @@ func (m *Manager) call(c msgCall) {
 		return
 	}
 	if d, ok := v.(deferred); ok && err == nil {
-		m.waiting[d.key] = append(m.waiting[d.key], c.reply)
+		m.launcher.hold(d.key, c.reply)
 		return
 	}
 	c.reply <- reply{v: v, err: err}
-}
-
-// answer releases the replies waiting on a launch: the job as it stands,
-// or the launch's failure.
-func (m *Manager) answer(key launchKey) {
-	chans := m.waiting[key]
-	if len(chans) == 0 {
-		return
-	}
-	delete(m.waiting, key)
-	var r reply
-	if en := m.jobs[key.job]; en != nil {
-		out := proto.Clone(en.job).(*api.Job)
-		r.v = out
-		if out.GetState() == api.JobState_JOB_STATE_FAILED || out.GetAttempt() != key.attempt {
-			r.err = fmt.Errorf("job %s: %s", out.GetId(), out.GetReason())
-		}
-	} else {
-		r.err = fmt.Errorf("job %s is gone", key.job)
-	}
-	for _, ch := range chans {
-		ch <- r
-	}
-}
-
-func (m *Manager) failWaiting(why string) {
-	for key, chans := range m.waiting {
-		for _, ch := range chans {
-			ch <- reply{err: errors.New(why)}
-		}
-		delete(m.waiting, key)
-	}
 }
 
 // ---------------------------------------------------------- transactions

@@ -147,7 +147,7 @@ func (m *Manager) nodeUp(node string, reg *api.NodeRegistration) {
 	}
 	for _, id := range leftovers {
 		m.log.Info("killing ranks left from before the node went down", "job", id, "node", node)
-		m.signalAttempt(id, m.jobs[id].job.GetAttempt(), []string{node}, "SIGKILL")
+		m.launcher.signalAttempt(id, m.jobs[id].job.GetAttempt(), []string{node}, "SIGKILL")
 	}
 	m.kick()
 	if len(reg.GetRunning()) == 0 {

@@ -69,7 +69,7 @@ func (m *Manager) progressAll(all []*api.NodeStatus, now time.Time) {
 			}
 			if p.DueCheckpoint(j, every, now) {
 				m.log.Info("asking for a checkpoint at the advised interval", "job", j.GetId(), "every", every)
-				m.signal(j, "SIGUSR1")
+				m.launcher.signal(j, "SIGUSR1")
 			}
 		}
 		if changed {

@@ -655,7 +655,7 @@ func (rc *recoverer) validate(en *entry, rec *recovery, now time.Time) {
 			v.ranks[sl.Node] = &valRank{}
 		}
 	}
-	v.port = rc.m.port(v.id, 1)
+	v.port = rc.m.launcher.port(v.id, 1)
 	remember(rc.m.pass, rc.vals, v.id)
 	rc.vals[v.id] = v
 	rec.validation = v.id
@@ -669,7 +669,7 @@ func (rc *recoverer) validate(en *entry, rec *recovery, now time.Time) {
 	launches := map[string]*api.LaunchRanks{}
 	for i, node := range v.nodes {
 		launches[node] = &api.LaunchRanks{Job: v.id, Attempt: 1, Command: rc.m.cfg.ValidateCommand, WorldSize: int32(len(v.nodes)),
-			MasterAddr: rc.m.addrOf(v.nodes[0]), MasterPort: v.port, NodeRank: int32(i), NumNodes: int32(len(v.nodes)),
+			MasterAddr: rc.m.launcher.addrOf(v.nodes[0]), MasterPort: v.port, NodeRank: int32(i), NumNodes: int32(len(v.nodes)),
 			RunAsUser: user, RunAsGroup: group,
 			Ranks: []*api.RankSpec{{Rank: int32(i), LocalRank: 0, Gpus: []uint32{v.gpus[node]}}}}
 	}
@@ -764,7 +764,7 @@ func (rc *recoverer) checkValidation(en *entry, rec *recovery, now time.Time) {
 	delete(rc.vals, v.id)
 	rec.validation = ""
 	rec.decision = nil
-	rc.m.signalNodes(v.id, v.nodes, "SIGKILL")
+	rc.m.launcher.signalNodes(v.id, v.nodes, "SIGKILL")
 	rc.recoveryEvent(j, api.Severity_SEVERITY_WARNING, now.Sub(v.started), "validation %s failed (%s); excluding %s (cordoned unless it refused by its own policy) and choosing again",
 		v.id, strings.Join(why, "; "), strings.Join(blame, ","))
 	for _, n := range blame {
@@ -797,7 +797,7 @@ func (rc *recoverer) endValidation(rec *recovery) {
 			live = append(live, n)
 		}
 	}
-	rc.m.signalNodes(v.id, live, "SIGKILL")
+	rc.m.launcher.signalNodes(v.id, live, "SIGKILL")
 }
 
 // validationEvent applies a rank start or exit of a validation gang; it

@@ -352,7 +352,7 @@ func (m *Manager) Checkpoint(ctx context.Context, key string) (*api.Job, error) 
 		}
 		m.progressOf(j.GetId()).CheckpointAt = m.now()
 		m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_CHECKPOINT, Job: j.GetId(), Message: "checkpoint requested (SIGUSR1 to every rank)", Step: j.GetStep()})
-		m.signal(j, "SIGUSR1")
+		m.launcher.signal(j, "SIGUSR1")
 		return clone(j), nil
 	})
 }

@@ -3,8 +3,6 @@ package jobs
 import (
 	"errors"
 	"fmt"
-	"hash/fnv"
-	"net"
 	"slices"
 	"strings"
 	"time"
@@ -14,7 +12,6 @@ import (
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
-	"github.com/gpuctl/gpuctl/scheduler/fencing"
 	predictor "github.com/gpuctl/gpuctl/scheduler/predict"
 )
 
@@ -428,7 +425,7 @@ func (m *Manager) stops(nodes []*api.NodeStatus, now time.Time) {
 			if term {
 				en.killSent = false
 				j.TermSentUnixNano = now.UnixNano()
-				m.signal(j, "SIGTERM")
+				m.launcher.signal(j, "SIGTERM")
 				changed = true
 			}
 		} else if grace := m.killAfter(j); now.Sub(time.Unix(0, j.GetTermSentUnixNano())) >= grace {
@@ -439,7 +436,7 @@ func (m *Manager) stops(nodes []*api.NodeStatus, now time.Time) {
 				m.giveUpRanks(en, nodes)
 			} else {
 				m.log.Warn("ranks outlived SIGTERM; killing", "job", j.GetId(), "live", liveRanks(j))
-				m.signal(j, "SIGKILL")
+				m.launcher.signal(j, "SIGKILL")
 				en.killSent = true
 			}
 			j.TermSentUnixNano = now.UnixNano()
@@ -579,46 +576,6 @@ func (m *Manager) targetBusy(id string, pl *scheduler.Placement, now time.Time) 
 	return ""
 }
 
-// signal sends sig to the job's ranks on every node that still has live
-// ones, once the step is committed. Failures are logged: the stop timers
-// send again.
-func (m *Manager) signal(j *api.Job, sig string) {
-	id := j.GetId()
-	var nodes []string
-	for _, jn := range j.GetPlacement() {
-		for _, r := range jn.GetRanks() {
-			if !r.GetExited() {
-				nodes = append(nodes, jn.GetNode())
-				break
-			}
-		}
-	}
-	// For this attempt only: a late stop must not reach a successor.
-	m.signalAttempt(id, j.GetAttempt(), nodes, sig)
-}
-
-// signalNodes sends sig to the ranks of every attempt of job id on nodes.
-func (m *Manager) signalNodes(id string, nodes []string, sig string) {
-	m.signalAttempt(id, 0, nodes, sig)
-}
-
-// signalAttempt sends sig to the ranks of one attempt of job id (every
-// attempt when 0) on nodes.
-func (m *Manager) signalAttempt(id string, attempt uint32, nodes []string, sig string) {
-	if len(nodes) == 0 {
-		return
-	}
-	log, timeout := m.log, m.cfg.SignalTimeout
-	m.act(func(d *dispatcher) {
-		d.signalOn(id, attempt, nodes, sig, timeout, func(errs map[string]error) {
-			for node, err := range errs {
-				log.Warn("signal ranks", "job", id, "node", node, "signal", sig, "err", err)
-			}
-			log.Info("signalled ranks", "job", id, "signal", sig, "nodes", nodes)
-		})
-	})
-}
-
 // ----------------------------------------------------------------- moves
 
 // beginMoves begins the next queued move once none is in flight:
@@ -659,7 +616,7 @@ func (m *Manager) startMove(en *entry, to scheduler.Placement, reason string, no
 	j.Reason = reason
 	m.check(from, EvMove, j)
 	m.save(en)
-	m.signal(j, "SIGUSR1")
+	m.launcher.signal(j, "SIGUSR1")
 }
 
 // ------------------------------------------------------------ scheduling
@@ -738,8 +695,8 @@ func (m *Manager) start(en *entry, pl scheduler.Placement, now time.Time, why st
 	}
 	j.Placement = jobNodes(&pl)
 	j.Witnesses, _ = m.fence.witnessPool(pl.Nodes())
-	j.MasterAddr = m.addrOf(pl.Ranks[0].Node)
-	j.MasterPort = m.port(j.GetId(), j.GetAttempt())
+	j.MasterAddr = m.launcher.addrOf(pl.Ranks[0].Node)
+	j.MasterPort = m.launcher.port(j.GetId(), j.GetAttempt())
 	j.ResumeStep = 0
 	switch {
 	case en.resumeSet:
@@ -768,142 +725,8 @@ func (m *Manager) start(en *entry, pl scheduler.Placement, now time.Time, why st
 		Gpus: int32(len(pl.Ranks)), Dp: j.GetPlan().GetDp(), ResumeStep: j.GetResumeStep(), LastStep: j.GetResumeStep()})
 	m.check(from, EvStart, j)
 	m.save(en)
-	m.launch(en)
+	m.launcher.launch(en)
 	return true
-}
-
-// launch queues the current attempt's launch on every node of it; a node
-// that refuses comes back as msgLaunched.
-func (m *Manager) launch(en *entry) {
-	j := en.job
-	user, group := m.cfg.RunAs.RunAs(en.spec)
-	launches := map[string]*api.LaunchRanks{}
-	var nodes []string
-	addrs := m.fence.witnessAddrs()
-	for i, jn := range j.GetPlacement() {
-		l := &api.LaunchRanks{Job: j.GetId(), Attempt: j.GetAttempt(), Command: en.spec.Command, Env: en.spec.Env,
-			WorldSize: int32(jobGPUs(j)), MasterAddr: j.GetMasterAddr(), MasterPort: j.GetMasterPort(),
-			CheckpointDir: j.GetCheckpointDir(), ResumeStep: j.GetResumeStep(),
-			NodeRank: int32(i), NumNodes: int32(len(j.GetPlacement())), RunAsUser: user, RunAsGroup: group}
-		for _, r := range jn.GetRanks() {
-			l.Ranks = append(l.Ranks, &api.RankSpec{Rank: r.GetRank(), LocalRank: r.GetLocalRank(), Gpus: []uint32{r.GetGpu()}})
-		}
-		// Every witness is named, even one with no address now: the node's
-		// quorum must be counted over the same set the server fences by.
-		for _, w := range fencing.Of(j.GetWitnesses(), jn.GetNode()) {
-			l.Witnesses = append(l.Witnesses, &api.Witness{Name: w, Addr: addrs[w]})
-		}
-		launches[jn.GetNode()] = l
-		nodes = append(nodes, jn.GetNode())
-	}
-	id, attempt, exclude := j.GetId(), j.GetAttempt(), slices.Clone(j.GetExclude())
-	m.log.Info("job starting", "job", id, "attempt", attempt, "nodes", nodes, "master", fmt.Sprintf("%s:%d", j.GetMasterAddr(), j.GetMasterPort()))
-	timeout, post := m.cfg.CommandTimeout, m.in.post
-	m.act(func(d *dispatcher) {
-		d.launchOn(AttemptLaunch{Job: id, Attempt: attempt, Nodes: nodes, Ranks: launches, Exclude: exclude}, timeout, func(errs map[string]error) {
-			post(msgLaunched{job: id, attempt: attempt, errs: errs})
-		})
-	})
-}
-
-// launched applies the nodes' answers to a launch: a node that refused
-// fails the attempt (its ranks there never started; the others stop).
-func (m *Manager) launched(msg msgLaunched) {
-	defer m.answer(launchKey{msg.job, msg.attempt})
-	en := m.jobs[msg.job]
-	if len(msg.errs) == 0 {
-		if en != nil {
-			en.retries = 0
-		}
-		return
-	}
-	if en == nil || en.job.GetAttempt() != msg.attempt {
-		return
-	}
-	j := en.job
-	// Nodes refused only because another node was (an executor starts
-	// the attempt whole) are not to blame.
-	blamed := map[string]error{}
-	for node, err := range msg.errs {
-		if !errors.Is(err, ErrNotStarted) {
-			blamed[node] = err
-		}
-	}
-	if len(blamed) == 0 {
-		blamed = msg.errs
-	}
-	var msgs []string
-	for _, jn := range j.GetPlacement() {
-		err, ok := msg.errs[jn.GetNode()]
-		if !ok {
-			continue
-		}
-		if _, ok := blamed[jn.GetNode()]; ok {
-			msgs = append(msgs, fmt.Sprintf("%s: %v", jn.GetNode(), err))
-		}
-		for _, r := range jn.GetRanks() {
-			if !r.GetExited() && r.GetPid() == 0 {
-				r.Exited, r.ExitCode, r.Signal = true, -1, "not launched"
-			}
-		}
-	}
-	m.save(en)
-	if active(j) {
-		refused := slices.Sorted(mapKeys(blamed))
-		why := "launch failed on " + strings.Join(msgs, "; ")
-		if executorUnavailable(blamed) {
-			m.requeueUnlaunched(en, blamed[refused[0]].Error(), m.now())
-			m.kick()
-			return
-		}
-		if jobFaults(blamed) {
-			// The job's own fault (a typo in its command, a user the node
-			// lacks): no node is to blame, and a restart would fail the
-			// same way.
-			m.rec.giveUp(en, why, m.now())
-		} else {
-			m.refusedLaunch(en, blamed, why)
-		}
-	}
-	m.kick()
-}
-
-// refusedLaunch fails a job over the nodes that did not start its ranks.
-// A node that refused by a policy of its own (CommandError.NodeRefused)
-// is excluded for this job and flagged with an event, never cordoned: it
-// serves other jobs. The other nodes are suspected as a lost node is.
-func (m *Manager) refusedLaunch(en *entry, blamed map[string]error, why string) {
-	j := en.job
-	var policy, broken []string
-	for _, node := range slices.Sorted(mapKeys(blamed)) {
-		var ce *nodes.CommandError
-		if errors.As(blamed[node], &ce) && ce.NodeRefused {
-			policy = append(policy, node)
-			m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_RECOVERY, Severity: api.Severity_SEVERITY_WARNING, Node: node, Job: j.GetId(),
-				Message: fmt.Sprintf("%s refused job %s by its own policy (%s); the job runs without it, and the node stays open to other jobs",
-					node, j.GetId(), ce.Msg)})
-		} else {
-			broken = append(broken, node)
-		}
-	}
-	now := m.now()
-	if len(broken) > 0 {
-		m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: broken}, why, now)
-	}
-	if len(policy) > 0 && (active(j) || phaseOf(j) == Recovering) {
-		m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailRefused, Nodes: policy}, why, now)
-	}
-}
-
-// jobFaults reports whether every refusal in errs is the job's fault.
-func jobFaults(errs map[string]error) bool {
-	for _, err := range errs {
-		var ce *nodes.CommandError
-		if !errors.As(err, &ce) || !ce.JobFault {
-			return false
-		}
-	}
-	return len(errs) > 0
 }
 
 // preempt begins stopping a job the scheduler preempts: checkpoint first
@@ -927,53 +750,8 @@ func (m *Manager) preempt(en *entry, d scheduler.Preempt, now time.Time) bool {
 	m.check(from, EvPreempt, j)
 	m.save(en)
 	m.log.Info("preempting job", "job", j.GetId(), "for", d.For, "signal", sig)
-	m.signal(j, sig)
+	m.launcher.signal(j, sig)
 	return true
-}
-
-// port picks the attempt's MASTER_PORT: a hash of job and attempt into
-// the configured range, stepping past ports of jobs still holding ranks,
-// so a relaunch never meets its predecessor's listener. Each job gets a
-// pair, MASTER_PORT and MASTER_PORT+1, since trainers (ringtrain among
-// them) meet on a second communicator at the next port.
-func (m *Manager) port(id string, attempt uint32) uint32 {
-	used := map[int]bool{}
-	for _, en := range m.jobs {
-		if en.job.GetId() != id && liveRanks(en.job) > 0 {
-			used[int(en.job.GetMasterPort())] = true
-		}
-	}
-	for _, v := range m.rec.vals {
-		used[int(v.port)] = true
-	}
-	pairs := max(m.cfg.PortRange/2, 1)
-	h := fnv.New32a()
-	fmt.Fprintf(h, "%s/%d", id, attempt)
-	off := int(h.Sum32() % uint32(pairs))
-	for i := range pairs {
-		p := m.cfg.PortBase + 2*((off+i)%pairs)
-		if !used[p] {
-			return uint32(p)
-		}
-	}
-	return uint32(m.cfg.PortBase + 2*off)
-}
-
-// addrOf is the address ranks dial for node: the host its nodemon
-// connects from, else its hostname, else its name.
-func (m *Manager) addrOf(node string) string {
-	for _, n := range m.cfg.Nodes.Nodes() {
-		if n.GetRegistration().GetName() != node {
-			continue
-		}
-		if host, _, err := net.SplitHostPort(n.GetRemoteAddr()); err == nil && host != "" {
-			return host
-		}
-		if h := n.GetRegistration().GetHostname(); h != "" {
-			return h
-		}
-	}
-	return node
 }
 
 // explain sets every waiting job's pending reason.

@@ -230,7 +230,7 @@ func (m *Manager) slowExclude(en *entry, st *slowState, f *failslow.Finding, d s
 		m.progressOf(j.GetId()).CheckpointAt = now
 		m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_CHECKPOINT, Job: j.GetId(), Step: j.GetStep(),
 			Message: fmt.Sprintf("checkpoint requested (SIGUSR1 to every rank) before restarting without %s: %s", d.Node, d.Reason)})
-		m.signal(j, "SIGUSR1")
+		m.launcher.signal(j, "SIGUSR1")
 		return
 	}
 	j.SlowExclusionsUnixNano = append(j.SlowExclusionsUnixNano, now.UnixNano())
