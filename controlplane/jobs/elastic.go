@@ -72,7 +72,7 @@ func elastic(en *entry) bool {
 // relaunch at that size resuming from the checkpoint. One move at a time,
 // like rebalance moves.
 func (m *Manager) growBack(now time.Time) {
-	if len(m.moves) > 0 {
+	if len(m.stops.moves) > 0 {
 		return
 	}
 	for _, en := range m.jobs {
@@ -108,7 +108,7 @@ func (m *Manager) growBack(now time.Time) {
 			}
 			why := fmt.Sprintf("growing back from data-parallel %d to %d on %s at the next checkpoint", cur, dp, strings.Join(pl.Nodes(), ","))
 			en.resizeWhy = fmt.Sprintf("room on %s again", strings.Join(pl.Nodes(), ","))
-			m.startMove(en, pl, why, now)
+			m.stops.startMove(en, pl, why, now)
 			m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_ELASTIC, Job: j.GetId(),
 				Message: fmt.Sprintf("room for data-parallel %d again (%s): checkpointing to grow back", dp, strings.Join(pl.Nodes(), ","))})
 			return

@@ -130,7 +130,7 @@ func (m *Manager) requeueUnlaunched(en *entry, why string, now time.Time) {
 	j.Stopping, j.StopSinceUnixNano = api.JobStop_JOB_STOP_PREEMPT, now.UnixNano()
 	m.check(from, EvPreempt, j)
 	preemptions := j.GetPreemptions()
-	m.finishStop(en, now)
+	m.stops.finishStop(en, now)
 	j.Preemptions = preemptions
 	j.Reason = "not started, back in the queue: " + why
 	m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_JOB, Severity: api.Severity_SEVERITY_WARNING, Job: j.GetId(), Message: j.GetReason()})

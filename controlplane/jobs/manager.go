@@ -235,12 +235,12 @@ type Manager struct {
 	// externals are the executor's jobs gpuctl did not submit (listed,
 	// never scheduled): ExternalJobs.
 	externals map[string]*api.Job
-	// moves are the moves not yet begun; they run one at a time.
-	moves []scheduler.Move
 	// rec carries out recoveries and keeps their progress.
 	rec recoverer
 	// fence keeps lost nodes from running an old attempt twice.
 	fence fencer
+	// stops stops jobs and keeps the moves to come.
+	stops stopper
 	// launcher starts and signals attempts.
 	launcher launcher
 	prog     map[string]*progress
@@ -273,6 +273,7 @@ func New(cfg Config) (*Manager, error) {
 	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, prog: map[string]*progress{}, idem: map[string]string{}, pass: &txn{}, startedAt: cfg.Now()}
 	m.rec = recoverer{m: m, recs: map[string]*recovery{}, vals: map[string]*validation{}}
 	m.fence = fencer{m: m}
+	m.stops = stopper{m: m}
 	m.launcher = launcher{m: m, waiting: map[launchKey][]chan reply{}}
 	m.disp = newDispatcher(cfg.Nodes.Command, cfg.Log)
 	m.disp.exec = cfg.Executor

@@ -242,7 +242,7 @@ func (rc *recoverer) fail(en *entry, f scheduler.Failure, reason string, now tim
 	rc.noteCordons(rec, f, reason)
 	remember(rc.m.pass, rc.recs, j.GetId())
 	rc.recs[j.GetId()] = rec
-	rc.m.addAttained(j, now)
+	rc.m.stops.addAttained(j, now)
 	rc.m.endAttempt(j, now, reason)
 	j.StartUnixNano = 0
 	j.State = api.JobState_JOB_STATE_RECOVERING

@@ -197,13 +197,13 @@ func (m *Manager) Cancel(ctx context.Context, key, who string) (*api.Job, error)
 		from := phaseOf(j)
 		now := m.now()
 		if j.GetState() == api.JobState_JOB_STATE_RUNNING {
-			m.addAttained(j, now)
+			m.stops.addAttained(j, now)
 		}
 		j.State = api.JobState_JOB_STATE_CANCELLED
 		j.EndUnixNano = now.UnixNano()
 		j.Reason = "cancelled by " + who
 		j.PendingReason, j.MoveTarget = "", nil
-		m.moves = slices.DeleteFunc(m.moves, func(mv scheduler.Move) bool { return mv.Job == j.GetId() })
+		m.stops.moves = slices.DeleteFunc(m.stops.moves, func(mv scheduler.Move) bool { return mv.Job == j.GetId() })
 		m.fence.sweepSuperseded(j)
 		if live := liveRanks(j); live > 0 {
 			j.Stopping = api.JobStop_JOB_STOP_CANCEL
@@ -299,7 +299,7 @@ func (m *Manager) Rebalance(ctx context.Context, req *api.RebalanceRequest) (*ap
 			maxMoves = m.cfg.MaxMoves
 		}
 		if req.GetApply() {
-			busy := len(m.moves) > 0
+			busy := len(m.stops.moves) > 0
 			for _, en := range m.jobs {
 				if en.job.GetStopping() == api.JobStop_JOB_STOP_MOVE {
 					busy = true
@@ -319,7 +319,7 @@ func (m *Manager) Rebalance(ctx context.Context, req *api.RebalanceRequest) (*ap
 		if !req.GetApply() || len(plan.Moves) == 0 {
 			return out, nil
 		}
-		m.moves = plan.Moves
+		m.stops.moves = plan.Moves
 		out.Applied = true
 		m.log.Info("rebalance started", "moves", len(plan.Moves), "cost_before", plan.Before.Cost(), "cost_after", plan.After.Cost())
 		m.kick()
@@ -445,8 +445,8 @@ func (m *Manager) Drain(ctx context.Context, node string) ([]*api.DrainedJob, er
 	v, err := m.do(ctx, func() (any, error) {
 		snap := m.snapshot(m.now())
 		queued := map[string][]string{}
-		for i := range m.moves {
-			queued[m.moves[i].Job] = m.moves[i].To.Nodes()
+		for i := range m.stops.moves {
+			queued[m.stops.moves[i].Job] = m.stops.moves[i].To.Nodes()
 		}
 		var cands []scheduler.DrainJob
 		for _, en := range m.sorted() {
@@ -477,10 +477,10 @@ func (m *Manager) Drain(ctx context.Context, node string) ([]*api.DrainedJob, er
 			cands = append(cands, c)
 		}
 		var out []*api.DrainedJob
-		for _, o := range scheduler.PlanDrain(&snap, node, m.moves, cands) {
+		for _, o := range scheduler.PlanDrain(&snap, node, m.stops.moves, cands) {
 			d := &api.DrainedJob{Job: o.Job, To: o.To, Reason: o.Reason, Moving: o.Reason == ""}
 			if o.Move != nil {
-				m.moves = append(m.moves, *o.Move)
+				m.stops.moves = append(m.stops.moves, *o.Move)
 				m.log.Info("drain: moving job", "node", node, "job", o.Job, "to", o.To)
 			}
 			out = append(out, d)
