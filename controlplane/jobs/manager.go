@@ -239,6 +239,8 @@ type Manager struct {
 	rec recoverer
 	// fence keeps lost nodes from running an old attempt twice.
 	fence fencer
+	// placer runs the scheduler and applies its decisions.
+	placer placer
 	// stops stops jobs and keeps the moves to come.
 	stops stopper
 	// launcher starts and signals attempts.
@@ -273,6 +275,7 @@ func New(cfg Config) (*Manager, error) {
 	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, prog: map[string]*progress{}, idem: map[string]string{}, pass: &txn{}, startedAt: cfg.Now()}
 	m.rec = recoverer{m: m, recs: map[string]*recovery{}, vals: map[string]*validation{}}
 	m.fence = fencer{m: m}
+	m.placer = placer{m: m}
 	m.stops = stopper{m: m}
 	m.launcher = launcher{m: m, waiting: map[launchKey][]chan reply{}}
 	m.disp = newDispatcher(cfg.Nodes.Command, cfg.Log)

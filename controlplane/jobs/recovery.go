@@ -109,8 +109,8 @@ func (rc *recoverer) recoveryEvent(j *api.Job, sev api.Severity, d time.Duration
 func (rc *recoverer) recoverRequest(en *entry, f scheduler.Failure) scheduler.RecoverRequest {
 	j := en.job
 	f.Exclude = slices.Clone(j.GetExclude())
-	r := rc.m.request(en)
-	if full := rc.m.fullDP(en); full > r.Shape.DP {
+	r := rc.m.placer.request(en)
+	if full := rc.m.placer.fullDP(en); full > r.Shape.DP {
 		// An elastic job that shrank recovers toward its full size.
 		r.Shape.DP = full
 	}
@@ -124,7 +124,7 @@ func (rc *recoverer) recoveryRequest(en *entry) scheduler.JobRequest {
 	if en.spec == nil {
 		return scheduler.JobRequest{ID: en.job.GetId(), Submit: en.job.GetSubmitUnixNano() / 1e9}
 	}
-	return rc.m.request(en)
+	return rc.m.placer.request(en)
 }
 
 // recoverySnapshot is the snapshot a recovering job decides on: the
@@ -134,7 +134,7 @@ func (rc *recoverer) recoveryRequest(en *entry) scheduler.JobRequest {
 // after this one reserved off its own nodes before deciding: those were a
 // guess, and the job ordered first may take them.
 func (rc *recoverer) recoverySnapshot(en *entry, now time.Time) scheduler.Snapshot {
-	snap := rc.m.recoveryBase(now)
+	snap := rc.m.placer.recoveryBase(now)
 	me := rc.recoveryRequest(en)
 	guessed := map[string]map[int]string{}
 	for id, rec := range rc.recs {
@@ -852,7 +852,7 @@ func (rc *recoverer) relaunch(en *entry, rec *recovery, now time.Time) {
 	if d.Action == scheduler.ShrinkDP {
 		en.resizeWhy = d.Reason
 	}
-	if !rc.m.start(en, d.Placement, now, "") {
+	if !rc.m.placer.start(en, d.Placement, now, "") {
 		rc.recs[j.GetId()] = rec
 		return
 	}

@@ -92,9 +92,9 @@ func (m *Manager) submit(req *api.SubmitJobRequest, source string, spec *jobspec
 		return m.dryRun(en), nil
 	}
 	if !j.GetHold() {
-		snap := m.snapshot(now)
+		snap := m.placer.snapshot(now)
 		j.Id = "new"
-		r := m.request(en)
+		r := m.placer.request(en)
 		if why, never := scheduler.NeverFits(&snap, &r); never {
 			return nil, fmt.Errorf("job %s can never run on this cluster as built: %s; add nodes first, or submit with --hold to keep it waiting", spec.Name, why)
 		}
@@ -109,7 +109,7 @@ func (m *Manager) submit(req *api.SubmitJobRequest, source string, spec *jobspec
 		remember(m.pass, m.idem, key)
 		m.idem[key] = id
 	}
-	j.EstimateSeconds, j.EstimateBasis = m.estimate(j, spec)
+	j.EstimateSeconds, j.EstimateBasis = m.placer.estimate(j, spec)
 	if j.CheckpointDir == "" && m.cfg.CheckpointRoot != "" {
 		j.CheckpointDir = filepath.Join(m.cfg.CheckpointRoot, id)
 	}
@@ -143,8 +143,8 @@ func (m *Manager) newID() (string, error) {
 func (m *Manager) dryRun(en *entry) *api.SubmitJobResponse {
 	j := en.job
 	j.Id = "dry-run"
-	snap := m.snapshot(m.now())
-	r := m.request(en)
+	snap := m.placer.snapshot(m.now())
+	r := m.placer.request(en)
 	ahead := uint32(len(snap.Pending))
 	pl, err := scheduler.Place(&snap, &r)
 	var pe *scheduler.PlacementError
@@ -232,8 +232,8 @@ func (m *Manager) Release(ctx context.Context, key string) (*api.Job, error) {
 		if j.GetState() != api.JobState_JOB_STATE_PENDING || !j.GetHold() {
 			return nil, fmt.Errorf("job %s is %s and not held: only a held pending job can be released", j.GetId(), phaseOf(j))
 		}
-		snap := m.snapshot(m.now())
-		r := m.request(en)
+		snap := m.placer.snapshot(m.now())
+		r := m.placer.request(en)
 		if why, never := scheduler.NeverFits(&snap, &r); never {
 			return nil, fmt.Errorf("job %s can never run on this cluster as built: %s; it stays held", j.GetId(), why)
 		}
@@ -267,8 +267,8 @@ func (m *Manager) Assign(ctx context.Context, key string, nodes []string) (*api.
 			return nil, fmt.Errorf("job %s has no usable job file", j.GetId())
 		}
 		now := m.now()
-		snap := m.snapshot(now)
-		r := m.request(en)
+		snap := m.placer.snapshot(now)
+		r := m.placer.request(en)
 		pl, err := scheduler.AssignExact(&snap, &r, nodes)
 		if err != nil {
 			var pe *scheduler.PlacementError
@@ -277,7 +277,7 @@ func (m *Manager) Assign(ctx context.Context, key string, nodes []string) (*api.
 			}
 			return nil, err
 		}
-		if !m.start(en, pl, now, "") {
+		if !m.placer.start(en, pl, now, "") {
 			return nil, fmt.Errorf("assign %s: could not record the placement; see the server log", j.GetId())
 		}
 		m.kick()
@@ -309,7 +309,7 @@ func (m *Manager) Rebalance(ctx context.Context, req *api.RebalanceRequest) (*ap
 				return nil, errors.New("a rebalance is already moving jobs; wait until `gpuctl jobs` shows none moving, then plan again")
 			}
 		}
-		snap := m.snapshot(m.now())
+		snap := m.placer.snapshot(m.now())
 		plan := scheduler.Rebalance(&snap, maxMoves)
 		out := &api.RebalanceResponse{Before: packingOf(plan.Before), After: packingOf(plan.After)}
 		for _, mv := range plan.Moves {
@@ -400,7 +400,7 @@ func (m *Manager) Restart(ctx context.Context, key, from string, exclude []strin
 			return nil, fmt.Errorf("job %s failed before it ever ran: fix its job file and submit it again", j.GetId())
 		}
 		now := m.now()
-		snap := m.snapshot(now)
+		snap := m.placer.snapshot(now)
 		req := m.rec.recoverRequest(en, scheduler.Failure{Kind: scheduler.FailManual})
 		req.Failure.Exclude = append(req.Failure.Exclude, exclude...)
 		if d := scheduler.Recover(&snap, &req); d.Action == scheduler.GiveUp {
@@ -443,7 +443,7 @@ func stepList(steps []int64) string {
 // stop, relaunch resuming from it.
 func (m *Manager) Drain(ctx context.Context, node string) ([]*api.DrainedJob, error) {
 	v, err := m.do(ctx, func() (any, error) {
-		snap := m.snapshot(m.now())
+		snap := m.placer.snapshot(m.now())
 		queued := map[string][]string{}
 		for i := range m.stops.moves {
 			queued[m.stops.moves[i].Job] = m.stops.moves[i].To.Nodes()
@@ -457,7 +457,7 @@ func (m *Manager) Drain(ctx context.Context, node string) ([]*api.DrainedJob, er
 			c := scheduler.DrainJob{Placement: placementOf(j.GetPlacement(), shapeOf(j)),
 				Checkpoints: en.spec != nil && en.spec.Checkpoint.Dir != ""}
 			if en.spec != nil {
-				c.Request = m.request(en)
+				c.Request = m.placer.request(en)
 			} else {
 				c.Request = scheduler.JobRequest{ID: j.GetId()}
 			}

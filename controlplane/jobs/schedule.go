@@ -15,6 +15,13 @@ import (
 	predictor "github.com/gpuctl/gpuctl/scheduler/predict"
 )
 
+// placer runs the scheduler for the owner: it builds the scheduler's view
+// of the nodes and jobs, applies the scheduler's decisions (start,
+// preempt, move, resize an elastic job), and explains why each queued job
+// waits. The jobs and the current step are the owner's, reached through
+// m. It runs on the owner's goroutine only.
+type placer struct{ m *Manager }
+
 // reconcile is one scheduling pass: nodes lost for good, stops, recoveries,
 // moves, the scheduler's decisions, and every running job's progress.
 func (m *Manager) reconcile() {
@@ -23,9 +30,9 @@ func (m *Manager) reconcile() {
 	m.rec.lostNodes(nodes, now)
 	m.stops.drive(nodes, now)
 	m.rec.recoveries(now)
-	m.growBack(now)
+	m.placer.growBack(now)
 	m.stops.beginMoves(now)
-	m.schedule(now)
+	m.placer.schedule(now)
 	m.progressAll(nodes, now)
 }
 
@@ -64,15 +71,15 @@ func heldAsSuspect(n *api.NodeStatus, now time.Time) bool {
 // takes one validates it first where validation gangs run, and one that
 // passes is back in service (vouch); a node lost too often is cordoned,
 // never suspect.
-func (m *Manager) recoveryBase(now time.Time) scheduler.Snapshot {
-	all := m.cfg.Nodes.Nodes()
+func (pc *placer) recoveryBase(now time.Time) scheduler.Snapshot {
+	all := pc.m.cfg.Nodes.Nodes()
 	suspect := map[string]bool{}
 	for _, n := range all {
 		if heldAsSuspect(n, now) {
 			suspect[n.GetRegistration().GetName()] = true
 		}
 	}
-	snap := m.snapshotOf(all, now)
+	snap := pc.snapshotOf(all, now)
 	for i := range snap.Nodes {
 		if suspect[snap.Nodes[i].Name] {
 			snap.Nodes[i].State = scheduler.NodeReady
@@ -110,11 +117,11 @@ func gpuProfile(model string) string {
 // labels and healthy GPUs; a GPU belongs to a job while a rank of it lives
 // there (whatever the job's state) or a move or recovery is about to land
 // there; running jobs and the queue.
-func (m *Manager) snapshot(now time.Time) scheduler.Snapshot {
-	return m.snapshotOf(m.cfg.Nodes.Nodes(), now)
+func (pc *placer) snapshot(now time.Time) scheduler.Snapshot {
+	return pc.snapshotOf(pc.m.cfg.Nodes.Nodes(), now)
 }
 
-func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.Snapshot {
+func (pc *placer) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.Snapshot {
 	alloc := map[string]map[uint32]string{}
 	hold := func(node string, gpu uint32, id string) {
 		if alloc[node] == nil {
@@ -126,7 +133,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 	// still list a rank that has just exited), except ranks given up with
 	// their node: if those still run when it returns, their GPUs are busy.
 	ours := map[string]map[uint32]bool{}
-	entries := m.sorted()
+	entries := pc.m.sorted()
 	for _, en := range entries {
 		j := en.job
 		for _, jn := range j.GetPlacement() {
@@ -148,7 +155,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 			}
 		}
 	}
-	for _, j := range m.externals {
+	for _, j := range pc.m.externals {
 		if j.GetState() != api.JobState_JOB_STATE_RUNNING {
 			continue // ended: squeue --states=all lists it a while longer
 		}
@@ -161,7 +168,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 			}
 		}
 	}
-	for _, v := range m.rec.vals {
+	for _, v := range pc.m.rec.vals {
 		for node, gpu := range v.gpus {
 			if ours[node] == nil {
 				ours[node] = map[uint32]bool{}
@@ -199,7 +206,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 		}
 		snap.Nodes = append(snap.Nodes, node)
 	}
-	grace := int64(m.stops.preemptGrace() / time.Second)
+	grace := int64(pc.m.stops.preemptGrace() / time.Second)
 	for _, en := range entries {
 		j := en.job
 		if en.spec == nil {
@@ -210,7 +217,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 			if len(j.GetPlacement()) == 0 {
 				continue
 			}
-			rj := scheduler.RunningJob{Request: m.request(en), Placement: placementOf(j.GetPlacement(), shapeOf(j)),
+			rj := scheduler.RunningJob{Request: pc.request(en), Placement: placementOf(j.GetPlacement(), shapeOf(j)),
 				Start: j.GetStartUnixNano() / 1e9, Stopping: !active(j)}
 			if rj.Stopping {
 				rj.StopBy = j.GetStopSinceUnixNano()/1e9 + grace
@@ -218,7 +225,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 			snap.Running = append(snap.Running, rj)
 		case api.JobState_JOB_STATE_PENDING:
 			if !j.GetHold() && !now.Before(en.retryAt) {
-				snap.Pending = append(snap.Pending, m.request(en))
+				snap.Pending = append(snap.Pending, pc.request(en))
 			}
 		}
 	}
@@ -228,7 +235,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 // request is the job as the scheduler sees it. A job that checkpoints
 // (its file names a checkpoint dir) can be stopped and resumed, so it is
 // preemptible and movable; others are never stopped by the scheduler.
-func (m *Manager) request(en *entry) scheduler.JobRequest {
+func (pc *placer) request(en *entry) scheduler.JobRequest {
 	j, s := en.job, en.spec
 	ckpt := s.Checkpoint.Dir != ""
 	r := scheduler.JobRequest{
@@ -262,14 +269,14 @@ func (m *Manager) request(en *entry) scheduler.JobRequest {
 
 // estimate is the runtime the scheduler should expect of a job on its
 // submission: its file's own, else the runtime model's, else none.
-func (m *Manager) estimate(j *api.Job, s *jobspec.Spec) (int64, string) {
+func (pc *placer) estimate(j *api.Job, s *jobspec.Spec) (int64, string) {
 	if s.EstimatedRuntime > 0 {
 		return int64(s.EstimatedRuntime / time.Second), "job file"
 	}
-	if m.cfg.Runtimes == nil {
+	if pc.m.cfg.Runtimes == nil {
 		return 0, ""
 	}
-	p := m.cfg.Runtimes.Predict(predictor.Features{Tenant: s.Tenant, User: s.User, Name: s.Name, GPUs: s.TotalGPUs(),
+	p := pc.m.cfg.Runtimes.Predict(predictor.Features{Tenant: s.Tenant, User: s.User, Name: s.Name, GPUs: s.TotalGPUs(),
 		Hour: time.Unix(0, j.GetSubmitUnixNano()).UTC().Hour()})
 	if p.Seconds <= 0 {
 		return 0, ""
@@ -385,8 +392,8 @@ func findRank(j *api.Job, node string, rank int32) *api.JobRank {
 
 // schedule runs the scheduler over the live snapshot and applies its
 // decisions, then explains why each job still pending waits.
-func (m *Manager) schedule(now time.Time) {
-	snap := m.snapshot(now)
+func (pc *placer) schedule(now time.Time) {
+	snap := pc.snapshot(now)
 	// A job that cannot fit even the idle cluster would block the queue
 	// head forever; it waits aside, with why, until the cluster grows. A
 	// deferrable job held for cleaner power waits aside too.
@@ -405,21 +412,21 @@ func (m *Manager) schedule(now time.Time) {
 		reserve *scheduler.Reserve
 		preempt []string
 	)
-	for _, d := range scheduler.Schedule(&snap, m.cfg.Policy) {
-		en := m.jobs[d.JobID()]
+	for _, d := range scheduler.Schedule(&snap, pc.m.cfg.Policy) {
+		en := pc.m.jobs[d.JobID()]
 		if en == nil {
 			continue
 		}
 		switch d := d.(type) {
 		case scheduler.Start:
 			undo := useType(en.job, d.Placement.Model, d.TypeReason)
-			if m.start(en, d.Placement, now, "") {
+			if pc.start(en, d.Placement, now, "") {
 				started[d.Job] = true
 			} else {
 				undo()
 			}
 		case scheduler.Preempt:
-			if m.stops.preempt(en, d, now) {
+			if pc.m.stops.preempt(en, d, now) {
 				preempt = append(preempt, d.Job)
 			}
 		case scheduler.Reserve:
@@ -427,38 +434,38 @@ func (m *Manager) schedule(now time.Time) {
 		case scheduler.Hold:
 			aside[d.Job] = d.Reason + " from " + time.Unix(d.At, 0).UTC().Format(time.RFC3339)
 		case scheduler.Reject:
-			m.rec.giveUp(en, "rejected by the scheduler: "+d.Err.Error(), now)
+			pc.m.rec.giveUp(en, "rejected by the scheduler: "+d.Err.Error(), now)
 		}
 	}
-	m.explain(now, started, aside, reserve, preempt)
+	pc.explain(now, started, aside, reserve, preempt)
 }
 
 // start records a new attempt on pl and queues its launch; it reports
 // whether the attempt was recorded. why, when set, replaces the default
 // reason.
-func (m *Manager) start(en *entry, pl scheduler.Placement, now time.Time, why string) bool {
+func (pc *placer) start(en *entry, pl scheduler.Placement, now time.Time, why string) bool {
 	if en.spec == nil || len(pl.Ranks) == 0 {
 		return false
 	}
 	j := en.job
 	from := phaseOf(j)
 	if err := may(j, EvStart); err != nil {
-		m.log.Error("start refused", "err", err)
+		pc.m.log.Error("start refused", "err", err)
 		return false
 	}
-	if wait := m.fence.unfenced(en, now); len(wait) > 0 {
+	if wait := pc.m.fence.unfenced(en, now); len(wait) > 0 {
 		// A rank never runs twice: the next attempt waits for the old one.
-		m.log.Info("start waits for the old attempt to be fenced", "job", j.GetId(), "nodes", wait)
+		pc.m.log.Info("start waits for the old attempt to be fenced", "job", j.GetId(), "nodes", wait)
 		return false
 	}
 	j.Attempt++
 	if pl.Shape.DP > 0 {
-		m.resize(en, pl.Shape.DP)
+		pc.resize(en, pl.Shape.DP)
 	}
 	j.Placement = jobNodes(&pl)
-	j.Witnesses, _ = m.fence.witnessPool(pl.Nodes())
-	j.MasterAddr = m.launcher.addrOf(pl.Ranks[0].Node)
-	j.MasterPort = m.launcher.port(j.GetId(), j.GetAttempt())
+	j.Witnesses, _ = pc.m.fence.witnessPool(pl.Nodes())
+	j.MasterAddr = pc.m.launcher.addrOf(pl.Ranks[0].Node)
+	j.MasterPort = pc.m.launcher.port(j.GetId(), j.GetAttempt())
 	j.ResumeStep = 0
 	switch {
 	case en.resumeSet:
@@ -485,18 +492,18 @@ func (m *Manager) start(en *entry, pl scheduler.Placement, now time.Time, why st
 	}
 	j.Attempts = append(j.Attempts, &api.JobAttempt{Attempt: j.GetAttempt(), StartUnixNano: now.UnixNano(), Nodes: pl.Nodes(),
 		Gpus: int32(len(pl.Ranks)), Dp: j.GetPlan().GetDp(), ResumeStep: j.GetResumeStep(), LastStep: j.GetResumeStep()})
-	m.check(from, EvStart, j)
-	m.save(en)
-	m.launcher.launch(en)
+	pc.m.check(from, EvStart, j)
+	pc.m.save(en)
+	pc.m.launcher.launch(en)
 	return true
 }
 
 // explain sets every waiting job's pending reason.
-func (m *Manager) explain(now time.Time, started map[string]bool, aside map[string]string, reserve *scheduler.Reserve, preempting []string) {
+func (pc *placer) explain(now time.Time, started map[string]bool, aside map[string]string, reserve *scheduler.Reserve, preempting []string) {
 	var snap scheduler.Snapshot
 	built := false
 	explained := 0
-	for _, en := range m.sorted() {
+	for _, en := range pc.m.sorted() {
 		j := en.job
 		if j.GetState() != api.JobState_JOB_STATE_PENDING || started[j.GetId()] || en.spec == nil {
 			continue
@@ -509,26 +516,26 @@ func (m *Manager) explain(now time.Time, started map[string]bool, aside map[stri
 			why = aside[j.GetId()]
 		case now.Before(en.retryAt):
 			why = fmt.Sprintf("tried again at %s: %s", en.retryAt.UTC().Format(time.TimeOnly), en.retryWhy)
-		case explained >= m.cfg.MaxExplained:
+		case explained >= pc.m.cfg.MaxExplained:
 			why = "queued"
 		default:
 			explained++
 			if !built {
-				snap, built = m.snapshot(now), true
+				snap, built = pc.snapshot(now), true
 			}
-			why = m.waitReason(&snap, en, reserve, preempting)
+			why = pc.waitReason(&snap, en, reserve, preempting)
 		}
 		if why != j.GetPendingReason() {
 			j.PendingReason = why
-			m.save(en)
+			pc.m.save(en)
 		}
 	}
 }
 
 // waitReason says why a queued job is not running: the placer's reasons
 // when it does not fit, else which job it waits behind.
-func (m *Manager) waitReason(snap *scheduler.Snapshot, en *entry, reserve *scheduler.Reserve, preempting []string) string {
-	r := m.request(en)
+func (pc *placer) waitReason(snap *scheduler.Snapshot, en *entry, reserve *scheduler.Reserve, preempting []string) string {
+	r := pc.request(en)
 	_, err := scheduler.Place(snap, &r)
 	mine := reserve != nil && reserve.Job == r.ID
 	var pe *scheduler.PlacementError
@@ -536,7 +543,7 @@ func (m *Manager) waitReason(snap *scheduler.Snapshot, en *entry, reserve *sched
 	case err == nil && mine && len(preempting) > 0:
 		return "starts once preempted " + strings.Join(preempting, ", ") + " stop"
 	case err == nil && reserve != nil && !mine:
-		return fmt.Sprintf("fits now, but waits behind %s, first in the %s order", reserve.Job, m.cfg.Policy.Name())
+		return fmt.Sprintf("fits now, but waits behind %s, first in the %s order", reserve.Job, pc.m.cfg.Policy.Name())
 	case err == nil:
 		return "fits now; starting on the next scheduling pass"
 	case errors.As(err, &pe):

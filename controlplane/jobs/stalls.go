@@ -215,7 +215,7 @@ func (m *Manager) slowExclude(en *entry, st *slowState, f *failslow.Finding, d s
 		return
 	}
 	fail := scheduler.Failure{Kind: scheduler.FailSlow, Nodes: []string{d.Node}}
-	snap := m.snapshot(now)
+	snap := m.placer.snapshot(now)
 	req := m.rec.recoverRequest(en, fail)
 	plan := scheduler.Recover(&snap, &req)
 	if plan.Action != scheduler.ReplaceNodes && plan.Action != scheduler.Replan {

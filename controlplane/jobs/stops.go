@@ -141,7 +141,7 @@ func (sp *stopper) finishStop(en *entry, now time.Time) {
 		why := sp.targetBusy(j.GetId(), &pl, now)
 		if why == "" {
 			sp.addAttained(j, now)
-			sp.m.start(en, pl, now, "")
+			sp.m.placer.start(en, pl, now, "")
 			return
 		}
 		j.Reason = "move target no longer free (" + why + "); back in the queue, resumes from its checkpoint"
@@ -190,7 +190,7 @@ func (sp *stopper) requeue(en *entry, now time.Time) {
 
 // targetBusy says why a placement's GPUs cannot take job id now, or "".
 func (sp *stopper) targetBusy(id string, pl *scheduler.Placement, now time.Time) string {
-	snap := sp.m.snapshot(now)
+	snap := sp.m.placer.snapshot(now)
 	nodes := map[string]*scheduler.Node{}
 	for i := range snap.Nodes {
 		nodes[snap.Nodes[i].Name] = &snap.Nodes[i]
