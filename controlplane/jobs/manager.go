@@ -239,6 +239,8 @@ type Manager struct {
 	rec recoverer
 	// fence keeps lost nodes from running an old attempt twice.
 	fence fencer
+	// nodes applies what the nodes report.
+	nodes nodeWatch
 	// placer runs the scheduler and applies its decisions.
 	placer placer
 	// stops stops jobs and keeps the moves to come.
@@ -275,6 +277,7 @@ func New(cfg Config) (*Manager, error) {
 	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, prog: map[string]*progress{}, idem: map[string]string{}, pass: &txn{}, startedAt: cfg.Now()}
 	m.rec = recoverer{m: m, recs: map[string]*recovery{}, vals: map[string]*validation{}}
 	m.fence = fencer{m: m}
+	m.nodes = nodeWatch{m: m}
 	m.placer = placer{m: m}
 	m.stops = stopper{m: m}
 	m.launcher = launcher{m: m, waiting: map[launchKey][]chan reply{}}
@@ -478,13 +481,13 @@ type launchKey struct {
 func (m *Manager) handle(msg any) {
 	switch msg := msg.(type) {
 	case msgNodeUp:
-		m.nodeUp(msg.node, msg.reg)
+		m.nodes.up(msg.node, msg.reg)
 	case msgNodeDown:
-		m.nodeDown(msg.node, msg.reason, m.now())
+		m.nodes.down(msg.node, msg.reason, m.now())
 		m.kick()
 	case msgNodeEvents:
 		for _, e := range msg.events {
-			m.nodeEvent(e)
+			m.nodes.apply(e)
 		}
 	case msgLaunched:
 		m.launcher.launched(msg)

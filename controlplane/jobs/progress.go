@@ -54,7 +54,7 @@ func (m *Manager) progressAll(all []*api.NodeStatus, now time.Time) {
 		changed := p.Update(j, accounting.Inputs{Ranks: ranks[j.GetId()], Nodes: byName, GPUMTBF: mtbf, Intensity: m.cfg.Intensity}, now)
 		if step := j.GetLastCheckpointStep(); step > ckptBefore {
 			j.LastCheckpointStep = ckptBefore
-			m.checkpointComplete(j, step)
+			m.nodes.checkpointComplete(j, step)
 		}
 		if pace, ok := p.Pace(minCalibrationSteps); ok && j.GetPlan() != nil {
 			if before := j.GetPlan().GetMeasuredStepSeconds(); before == 0 || abs(pace-before) > 0.01*before {

@@ -920,12 +920,12 @@ func (rc *recoverer) lostNodes(all []*api.NodeStatus, now time.Time) {
 			since = seen
 		}
 		if now.Sub(since) > bound {
-			rc.m.nodeDown(name, fmt.Sprintf("not reconnected within %s", bound.Round(time.Millisecond)), now)
+			rc.m.nodes.down(name, fmt.Sprintf("not reconnected within %s", bound.Round(time.Millisecond)), now)
 		}
 	}
 	for name := range holding {
 		if bound := ReconnectBound(0, rc.m.cfg.ReconnectGrace); !known[name] && now.Sub(rc.m.startedAt) > bound {
-			rc.m.nodeDown(name, "node unknown to the server", now)
+			rc.m.nodes.down(name, "node unknown to the server", now)
 		}
 	}
 }
