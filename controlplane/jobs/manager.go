@@ -247,7 +247,8 @@ type Manager struct {
 	stops stopper
 	// launcher starts and signals attempts.
 	launcher launcher
-	prog     map[string]*progress
+	// prog keeps the running jobs' counters between passes.
+	prog progressTable
 	// idem maps a submit's idempotency key to the job it created.
 	idem map[string]string
 	// pass gathers the writes, events and commands of the loop's current
@@ -274,9 +275,10 @@ func New(cfg Config) (*Manager, error) {
 	if front == nil {
 		front = NewFront()
 	}
-	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, prog: map[string]*progress{}, idem: map[string]string{}, pass: &txn{}, startedAt: cfg.Now()}
+	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, idem: map[string]string{}, pass: &txn{}, startedAt: cfg.Now()}
 	m.rec = recoverer{m: m, recs: map[string]*recovery{}, vals: map[string]*validation{}}
 	m.fence = fencer{m: m}
+	m.prog = progressTable{m: m, byJob: map[string]*progress{}}
 	m.nodes = nodeWatch{m: m}
 	m.placer = placer{m: m}
 	m.stops = stopper{m: m}

@@ -86,7 +86,7 @@ func (nw *nodeWatch) rankExited(e *api.Event) {
 		j.State = api.JobState_JOB_STATE_SUCCEEDED
 		j.EndUnixNano = now.UnixNano()
 		j.Reason = fmt.Sprintf("all %d ranks exited with code 0", jobGPUs(j))
-		nw.m.endAttempt(j, now, j.Reason)
+		endAttempt(j, now, j.Reason)
 		nw.m.check(from, EvSucceed, j)
 		nw.m.log.Info("job succeeded", "job", j.GetId(), "attempt", j.GetAttempt())
 	}
@@ -213,7 +213,7 @@ func (nw *nodeWatch) checkpointed(e *api.Event) {
 		j.CheckpointSeconds = (j.GetCheckpointSeconds()*n + e.GetSeconds()) / (n + 1)
 		j.Checkpoints++
 	}
-	nw.m.progressOf(j.GetId()).CheckpointAt = nw.m.now()
+	nw.m.prog.of(j.GetId()).CheckpointAt = nw.m.now()
 	nw.checkpointComplete(j, e.GetStep())
 	nw.m.save(en)
 }

@@ -194,7 +194,7 @@ func (rc *recoverer) giveUp(en *entry, reason string, now time.Time) {
 		j.StopSinceUnixNano, j.TermSentUnixNano = now.UnixNano(), 0
 	} else {
 		j.Stopping = api.JobStop_JOB_STOP_NONE
-		rc.m.endAttempt(j, now, reason)
+		endAttempt(j, now, reason)
 	}
 	if from != Failed {
 		rc.m.check(from, EvGiveUp, j)
@@ -243,7 +243,7 @@ func (rc *recoverer) fail(en *entry, f scheduler.Failure, reason string, now tim
 	remember(rc.m.pass, rc.recs, j.GetId())
 	rc.recs[j.GetId()] = rec
 	rc.m.stops.addAttained(j, now)
-	rc.m.endAttempt(j, now, reason)
+	endAttempt(j, now, reason)
 	j.StartUnixNano = 0
 	j.State = api.JobState_JOB_STATE_RECOVERING
 	j.Reason = "recovering: " + reason
@@ -835,7 +835,7 @@ func (rc *recoverer) relaunch(en *entry, rec *recovery, now time.Time) {
 		resume = rec.resume
 	}
 	lost := max(rec.stepAt-resume, 0)
-	p := rc.m.progressOf(j.GetId())
+	p := rc.m.prog.of(j.GetId())
 	if lost > 0 && p.AttemptSteps > 0 {
 		// The lost steps' time was counted useful when they ran.
 		j.UsefulSeconds = max(j.GetUsefulSeconds()-float64(lost)*p.AttemptUseful/float64(p.AttemptSteps), 0)

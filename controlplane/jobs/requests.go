@@ -211,7 +211,7 @@ func (m *Manager) Cancel(ctx context.Context, key, who string) (*api.Job, error)
 			m.log.Info("stopping cancelled job's ranks", "job", j.GetId(), "live", live)
 		} else {
 			j.Stopping = api.JobStop_JOB_STOP_NONE
-			m.endAttempt(j, now, j.Reason)
+			endAttempt(j, now, j.Reason)
 		}
 		m.check(from, EvCancel, j)
 		m.save(en)
@@ -350,7 +350,7 @@ func (m *Manager) Checkpoint(ctx context.Context, key string) (*api.Job, error) 
 		if j.GetCheckpointDir() == "" {
 			return nil, fmt.Errorf("job %s has no checkpoint dir: set checkpoint.dir in its job file", j.GetId())
 		}
-		m.progressOf(j.GetId()).CheckpointAt = m.now()
+		m.prog.of(j.GetId()).CheckpointAt = m.now()
 		m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_CHECKPOINT, Job: j.GetId(), Message: "checkpoint requested (SIGUSR1 to every rank)", Step: j.GetStep()})
 		m.launcher.signal(j, "SIGUSR1")
 		return clone(j), nil

@@ -33,7 +33,7 @@ func (m *Manager) reconcile() {
 	m.placer.growBack(now)
 	m.stops.beginMoves(now)
 	m.placer.schedule(now)
-	m.progressAll(nodes, now)
+	m.prog.update(nodes, now)
 }
 
 // unmanaged is the job the scheduler sees on a GPU that runs processes

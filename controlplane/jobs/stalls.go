@@ -227,7 +227,7 @@ func (m *Manager) slowExclude(en *entry, st *slowState, f *failslow.Finding, d s
 		// Checkpoint first, so the restart loses as little as it can;
 		// the job runs on, slowly, meanwhile.
 		st.ckptAsked, st.ckptFrom = now, j.GetLastCheckpointStep()
-		m.progressOf(j.GetId()).CheckpointAt = now
+		m.prog.of(j.GetId()).CheckpointAt = now
 		m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_CHECKPOINT, Job: j.GetId(), Step: j.GetStep(),
 			Message: fmt.Sprintf("checkpoint requested (SIGUSR1 to every rank) before restarting without %s: %s", d.Node, d.Reason)})
 		m.launcher.signal(j, "SIGUSR1")

@@ -129,7 +129,7 @@ func (sp *stopper) finishStop(en *entry, now time.Time) {
 	stop := j.GetStopping()
 	defer sp.m.check(from, EvStopped, j)
 	sp.m.save(en)
-	sp.m.endAttempt(j, now, j.GetReason())
+	endAttempt(j, now, j.GetReason())
 	if stop == api.JobStop_JOB_STOP_MOVE {
 		target := j.GetMoveTarget()
 		shape := shapeOf(j)
