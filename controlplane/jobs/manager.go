@@ -247,6 +247,8 @@ type Manager struct {
 	stops stopper
 	// launcher starts and signals attempts.
 	launcher launcher
+	// stall applies the stall detector's findings.
+	stall stallWatch
 	// prog keeps the running jobs' counters between passes.
 	prog progressTable
 	// idem maps a submit's idempotency key to the job it created.
@@ -254,8 +256,6 @@ type Manager struct {
 	// pass gathers the writes, events and commands of the loop's current
 	// step until they are committed together.
 	pass *txn
-	// slow is what the owner keeps of the standing fail-slow findings.
-	slow slowWatch
 	// startedAt is when the server started (the owner's loop began; New
 	// until then): nodes holding ranks must reconnect within their
 	// reconnect bound of it.
@@ -278,6 +278,7 @@ func New(cfg Config) (*Manager, error) {
 	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, idem: map[string]string{}, pass: &txn{}, startedAt: cfg.Now()}
 	m.rec = recoverer{m: m, recs: map[string]*recovery{}, vals: map[string]*validation{}}
 	m.fence = fencer{m: m}
+	m.stall = stallWatch{m: m}
 	m.prog = progressTable{m: m, byJob: map[string]*progress{}}
 	m.nodes = nodeWatch{m: m}
 	m.placer = placer{m: m}
@@ -498,7 +499,7 @@ func (m *Manager) handle(msg any) {
 	case msgCordoned:
 		m.rec.cordoned(msg)
 	case msgStalls:
-		m.stalls(msg)
+		m.stall.apply(msg)
 	case msgCall:
 		m.call(msg)
 	case msgFenced:
@@ -689,7 +690,7 @@ type View struct {
 }
 
 func (m *Manager) publishView() {
-	v := &View{byID: make(map[string]*api.Job, len(m.jobs)), targets: m.stallTargets()}
+	v := &View{byID: make(map[string]*api.Job, len(m.jobs)), targets: m.stall.targets()}
 	for _, en := range m.jobs {
 		if en.committed != nil {
 			v.Jobs = append(v.Jobs, en.committed)
