@@ -152,7 +152,7 @@ func (ln *launcher) launched(msg msgLaunched) {
 		refused := slices.Sorted(mapKeys(blamed))
 		why := "launch failed on " + strings.Join(msgs, "; ")
 		if executorUnavailable(blamed) {
-			ln.m.requeueUnlaunched(en, blamed[refused[0]].Error(), ln.m.now())
+			ln.m.exec.requeue(en, blamed[refused[0]].Error(), ln.m.now())
 			ln.m.kick()
 			return
 		}

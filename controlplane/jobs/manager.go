@@ -232,9 +232,8 @@ type Manager struct {
 
 	// Everything below belongs to the loop goroutine.
 	jobs map[string]*entry
-	// externals are the executor's jobs gpuctl did not submit (listed,
-	// never scheduled): ExternalJobs.
-	externals map[string]*api.Job
+	// exec applies what an outside executor reports.
+	exec executorWatch
 	// rec carries out recoveries and keeps their progress.
 	rec recoverer
 	// fence keeps lost nodes from running an old attempt twice.
@@ -278,6 +277,7 @@ func New(cfg Config) (*Manager, error) {
 	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, idem: map[string]string{}, pass: &txn{}, startedAt: cfg.Now()}
 	m.rec = recoverer{m: m, recs: map[string]*recovery{}, vals: map[string]*validation{}}
 	m.fence = fencer{m: m}
+	m.exec = executorWatch{m: m}
 	m.stall = stallWatch{m: m}
 	m.prog = progressTable{m: m, byJob: map[string]*progress{}}
 	m.nodes = nodeWatch{m: m}
@@ -507,11 +507,11 @@ func (m *Manager) handle(msg any) {
 	case msgSuperseded:
 		m.fence.superseded(msg)
 	case msgExecutorFailed:
-		m.executorFailed(msg)
+		m.exec.failed(msg)
 	case msgExternal:
-		m.external(msg)
+		m.exec.external(msg)
 	case msgPlaced:
-		m.placed(msg)
+		m.exec.placed(msg)
 	default:
 		m.log.Error("job owner got an unknown message", "type", fmt.Sprintf("%T", msg))
 	}
@@ -697,7 +697,7 @@ func (m *Manager) publishView() {
 			v.byID[en.committed.GetId()] = en.committed
 		}
 	}
-	for _, j := range m.externalsSorted() {
+	for _, j := range m.exec.sorted() {
 		v.Jobs = append(v.Jobs, j)
 		v.byID[j.GetId()] = j
 	}

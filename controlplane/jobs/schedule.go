@@ -155,7 +155,7 @@ func (pc *placer) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 			}
 		}
 	}
-	for _, j := range pc.m.externals {
+	for _, j := range pc.m.exec.externals {
 		if j.GetState() != api.JobState_JOB_STATE_RUNNING {
 			continue // ended: squeue --states=all lists it a while longer
 		}
