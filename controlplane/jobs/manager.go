@@ -250,8 +250,8 @@ type Manager struct {
 	stall stallWatch
 	// prog keeps the running jobs' counters between passes.
 	prog progressTable
-	// idem maps a submit's idempotency key to the job it created.
-	idem map[string]string
+	// intake takes submitted jobs in.
+	intake intake
 	// pass gathers the writes, events and commands of the loop's current
 	// step until they are committed together.
 	pass *txn
@@ -274,9 +274,10 @@ func New(cfg Config) (*Manager, error) {
 	if front == nil {
 		front = NewFront()
 	}
-	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, idem: map[string]string{}, pass: &txn{}, startedAt: cfg.Now()}
+	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, pass: &txn{}, startedAt: cfg.Now()}
 	m.rec = recoverer{m: m, recs: map[string]*recovery{}, vals: map[string]*validation{}}
 	m.fence = fencer{m: m}
+	m.intake = intake{m: m, idem: map[string]string{}}
 	m.exec = executorWatch{m: m}
 	m.stall = stallWatch{m: m}
 	m.prog = progressTable{m: m, byJob: map[string]*progress{}}
@@ -295,7 +296,7 @@ func New(cfg Config) (*Manager, error) {
 		en := &entry{job: j, committed: proto.Clone(j).(*api.Job)}
 		m.jobs[j.GetId()] = en
 		if key := j.GetIdempotencyKey(); key != "" {
-			m.idem[key] = j.GetId()
+			m.intake.idem[key] = j.GetId()
 		}
 		spec, err := jobspec.Parse(j.GetSpecSource(), []byte(j.GetSpecYaml()))
 		if err == nil {

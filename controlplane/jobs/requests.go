@@ -2,11 +2,8 @@ package jobs
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -64,107 +61,11 @@ func (m *Manager) Submit(ctx context.Context, req *api.SubmitJobRequest, role st
 	if err != nil {
 		return nil, err
 	}
-	v, err := m.do(ctx, func() (any, error) { return m.submit(req, source, spec, plan, types) })
+	v, err := m.do(ctx, func() (any, error) { return m.intake.submit(req, source, spec, plan, types) })
 	if err != nil {
 		return nil, err
 	}
 	return v.(*api.SubmitJobResponse), nil
-}
-
-func (m *Manager) submit(req *api.SubmitJobRequest, source string, spec *jobspec.Spec, plan *api.JobPlan, types []*api.JobTypePlan) (*api.SubmitJobResponse, error) {
-	now := m.now()
-	if key := req.GetIdempotencyKey(); len(key) > 128 {
-		return nil, fmt.Errorf("idempotency key of %d bytes: at most 128", len(key))
-	}
-	if key := req.GetIdempotencyKey(); key != "" && !req.GetDryRun() {
-		if id, ok := m.idem[key]; ok && m.jobs[id] != nil {
-			// A retry of a submit whose answer was lost: the job it
-			// created, not a second one.
-			return &api.SubmitJobResponse{Job: clone(m.jobs[id].job)}, nil
-		}
-	}
-	j := &api.Job{Name: spec.Name, Tenant: spec.Tenant, Priority: int32(spec.Priority), SpecYaml: req.GetSpecYaml(),
-		SpecSource: source, Plan: plan, State: api.JobState_JOB_STATE_PENDING, SubmitUnixNano: now.UnixNano(),
-		Hold: req.GetHold(), CheckpointDir: spec.Checkpoint.Dir, PendingReason: "waiting for the scheduler",
-		FullGpus: plan.GPUs(), TypePlans: types}
-	en := &entry{job: j, spec: spec}
-	if req.GetDryRun() {
-		return m.dryRun(en), nil
-	}
-	if !j.GetHold() {
-		snap := m.placer.snapshot(now)
-		j.Id = "new"
-		r := m.placer.request(en)
-		if why, never := scheduler.NeverFits(&snap, &r); never {
-			return nil, fmt.Errorf("job %s can never run on this cluster as built: %s; add nodes first, or submit with --hold to keep it waiting", spec.Name, why)
-		}
-	}
-	id, err := m.newID()
-	if err != nil {
-		return nil, err
-	}
-	j.Id = id
-	if key := req.GetIdempotencyKey(); key != "" {
-		j.IdempotencyKey = key
-		remember(m.pass, m.idem, key)
-		m.idem[key] = id
-	}
-	j.EstimateSeconds, j.EstimateBasis = m.placer.estimate(j, spec)
-	if j.CheckpointDir == "" && m.cfg.CheckpointRoot != "" {
-		j.CheckpointDir = filepath.Join(m.cfg.CheckpointRoot, id)
-	}
-	if j.Hold {
-		j.PendingReason = fmt.Sprintf("held: place it with `gpuctl assign %s --nodes …` or let the scheduler with `gpuctl release %s`", id, id)
-	}
-	m.jobs[id] = en
-	m.save(en)
-	m.log.Info("job submitted", "job", id, "name", j.Name, "gpus", spec.TotalGPUs(), "plan", shapeOf(j).String())
-	m.kick()
-	return &api.SubmitJobResponse{Job: clone(j)}, nil
-}
-
-// newID returns a short unused job id.
-func (m *Manager) newID() (string, error) {
-	for range 16 {
-		var b [3]byte
-		if _, err := rand.Read(b[:]); err != nil {
-			return "", fmt.Errorf("job id: %w", err)
-		}
-		id := "j-" + hex.EncodeToString(b[:])
-		if _, taken := m.jobs[id]; !taken {
-			return id, nil
-		}
-	}
-	return "", errors.New("job id: no free id after 16 tries")
-}
-
-// dryRun places the job on the cluster as it is now, without queueing it;
-// pending_reason says why it would wait.
-func (m *Manager) dryRun(en *entry) *api.SubmitJobResponse {
-	j := en.job
-	j.Id = "dry-run"
-	snap := m.placer.snapshot(m.now())
-	r := m.placer.request(en)
-	ahead := uint32(len(snap.Pending))
-	pl, err := scheduler.Place(&snap, &r)
-	var pe *scheduler.PlacementError
-	switch {
-	case err == nil:
-		j.Placement = jobNodes(&pl)
-		j.PendingReason = ""
-		if ahead > 0 {
-			j.PendingReason = fmt.Sprintf("fits now; %d queued jobs are ahead of it", ahead)
-		}
-	case errors.As(err, &pe):
-		if why, never := scheduler.NeverFits(&snap, &r); never {
-			j.PendingReason = why + ": it would be refused"
-		} else {
-			j.PendingReason = pe.Explain(&r)
-		}
-	default:
-		j.PendingReason = err.Error()
-	}
-	return &api.SubmitJobResponse{Job: j, QueuedAhead: ahead}
 }
 
 // jobAnswer runs a request that answers with a job.
