@@ -45,7 +45,7 @@ func (sp *stopper) drive(nodes []*api.NodeStatus, now time.Time) {
 				// still run the old attempt.
 				continue
 			}
-			sp.m.stops.finishStop(en, now)
+			sp.finishStop(en, now)
 			continue
 		}
 		changed := false
@@ -55,7 +55,7 @@ func (sp *stopper) drive(nodes []*api.NodeStatus, now time.Time) {
 			case api.JobStop_JOB_STOP_PREEMPT, api.JobStop_JOB_STOP_MOVE:
 				grace := sp.m.cfg.MoveGrace
 				if j.GetStopping() == api.JobStop_JOB_STOP_PREEMPT {
-					grace = sp.m.stops.preemptGrace()
+					grace = sp.preemptGrace()
 				}
 				// The nodes report each checkpoint that lands; the server
 				// need not see the checkpoint dir itself.
@@ -67,12 +67,12 @@ func (sp *stopper) drive(nodes []*api.NodeStatus, now time.Time) {
 				sp.m.launcher.signal(j, "SIGTERM")
 				changed = true
 			}
-		} else if grace := sp.m.stops.killAfter(j); now.Sub(time.Unix(0, j.GetTermSentUnixNano())) >= grace {
+		} else if grace := sp.killAfter(j); now.Sub(time.Unix(0, j.GetTermSentUnixNano())) >= grace {
 			if en.killSent {
 				// SIGKILL cannot be ignored: a rank still counted live a
 				// grace after it is one its node no longer has (its exit
 				// was lost with a restarted nodemon).
-				sp.m.stops.giveUpRanks(en, nodes)
+				sp.giveUpRanks(en, nodes)
 			} else {
 				sp.m.log.Warn("ranks outlived SIGTERM; killing", "job", j.GetId(), "live", liveRanks(j))
 				sp.m.launcher.signal(j, "SIGKILL")
