@@ -1,14 +1,11 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -195,40 +192,9 @@ func runSimulateTrace(cmd *cobra.Command, f simFlags) error {
 		rows = append(rows, simulate.TraceRow{Result: res, WallSeconds: time.Since(start).Seconds()})
 	}
 	if f.output == "json" {
-		return writeJSON(cmd.OutOrStdout(), simulate.NewTraceDocument(tracePath, rows))
+		return views.WriteDocument(cmd.OutOrStdout(), simulate.NewTraceDocument(tracePath, rows))
 	}
-	return printSimTable(cmd.OutOrStdout(), tracePath, rows)
-}
-
-func writeJSON(w io.Writer, v any) error {
-	doc, err := views.WithNulls(v)
-	if err != nil {
-		return fmt.Errorf("write json: %w", err)
-	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(doc); err != nil {
-		return fmt.Errorf("write json: %w", err)
-	}
-	return nil
-}
-
-func printSimTable(w io.Writer, tracePath string, rows []simulate.TraceRow) error {
-	if len(rows) == 0 {
-		return nil
-	}
-	r0 := rows[0]
-	fmt.Fprintf(w, "trace %s: %d jobs on %d nodes × %d GPUs (%d GPUs), checkpoint every %s\n\n",
-		tracePath, r0.Jobs, r0.Nodes, r0.GPUs/max(r0.Nodes, 1), r0.GPUs, time.Duration(r0.CheckpointSeconds)*time.Second)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "POLICY\tMEAN JCT\tP50 JCT\tP95 JCT\tP99 JCT\tMEAN QUEUE\tMAKESPAN\tUTIL\tRESTARTS\tPREEMPT\tLOST GPU-H\tWALL\t")
-	hours := func(s float64) string { return fmt.Sprintf("%.1fh", s/3600) }
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t%d\t%.0f\t%.2fs\t\n",
-			r.Policy, hours(r.MeanJCT), hours(r.P50JCT), hours(r.P95JCT), hours(r.P99JCT), hours(r.MeanQueue),
-			hours(float64(r.Makespan)), 100*r.Utilization, r.Restarts, r.Preemptions, r.LostGPUHours, r.WallSeconds)
-	}
-	return tw.Flush()
+	return views.SimTrace(cmd.OutOrStdout(), tracePath, rows)
 }
 
 // simRunInput resolves the flags of a run under failures into the cost
@@ -331,23 +297,7 @@ func runSimulateFailures(cmd *cobra.Command, f simFlags) error {
 	}
 	doc := simulate.NewRunDocument(c, best, fc, steps, res)
 	if f.output == "json" {
-		return writeJSON(cmd.OutOrStdout(), doc)
+		return views.WriteDocument(cmd.OutOrStdout(), doc)
 	}
-	w := cmd.OutOrStdout()
-	fmt.Fprintf(w, "%s on %d × %s: %s, step %.2fs, MFU %.1f%%\n", c.Model.Name, doc.GPUs, doc.GPU, best.Plan, best.StepSeconds, best.MFU*100)
-	fmt.Fprintf(w, "%d steps (%.3g tokens): %s of failure-free training\n", steps, c.Training.TrainTokens, planDuration(fc.Work))
-	fmt.Fprintf(w, "cluster: %d job nodes + %d spares; an interruption every %s (%.0f%% one GPU, the rest a node), repairs take %s, seed %d\n",
-		fc.JobNodes, fc.Spares, planDuration(fc.MTBF), fc.GPUFaultShare*100, planDuration(fc.Repair), fc.Seed)
-	fmt.Fprintf(w, "checkpoint %.0fs every %s; detection %.0fs, restart %.0fs\n\n", fc.CheckpointTime, planDuration(fc.CheckpointInterval), fc.Detect, fc.Restart)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "\tEFFECTIVE TIME\tGOODPUT\tINTERRUPTIONS\t")
-	fmt.Fprintf(tw, "predicted\t%s\t%.2f%%\t%.0f\t\n", planDuration(doc.Predicted.EffectiveSeconds), doc.Predicted.Goodput*100, doc.Predicted.Interruptions)
-	fmt.Fprintf(tw, "simulated\t%s\t%.2f%%\t%d\t\n", planDuration(res.WallSeconds), res.Goodput*100, res.Interruptions)
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	fmt.Fprintf(w, "\nsimulated − predicted: %+.2f%%; %d GPU and %d node failures (%d during recovery), %d nodes swapped in, %s lost work, %s recovering (%s waiting for nodes), %d checkpoints; replay took %.2fs\n",
-		doc.DifferencePercent, res.GPUFailures, res.NodeFailures, res.DuringRecovery, res.Replacements, planDuration(res.LostWorkSeconds),
-		planDuration(res.RecoverySeconds), planDuration(res.SpareWaitSeconds), res.Checkpoints, time.Since(start).Seconds())
-	return nil
+	return views.SimRun(cmd.OutOrStdout(), doc, time.Since(start))
 }
