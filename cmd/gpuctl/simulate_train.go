@@ -74,15 +74,7 @@ runtimes, for gpuctl serve --policy learned+backfill --policy-weights FILE; belo
 					return err
 				}
 				learn, tested = train, test
-				m := predict.Train(simulate.Records(train), minSupport)
-				var est, mean, actual []int64
-				all := m.Overall()
-				for _, tj := range test {
-					est = append(est, max(m.Predict(simulate.Features(tj)).Seconds, 1))
-					mean = append(mean, all)
-					actual = append(actual, tj.Runtime)
-				}
-				a, b := predict.Score(est, actual), predict.Score(mean, actual)
+				a, b := simulate.HoldOut(predict.Train(simulate.Records(train), minSupport), test)
 				fmt.Fprintf(cmd.ErrOrStderr(), "learned on %d jobs, tested on the %d after them:\n", len(train), len(test))
 				fmt.Fprintf(cmd.ErrOrStderr(), "  model:              median factor %.2f, %.0f%% within 2×, %.0f%% short\n", a.MedianFactor, 100*a.Within2, 100*a.Under)
 				fmt.Fprintf(cmd.ErrOrStderr(), "  one mean runtime:   median factor %.2f, %.0f%% within 2×, %.0f%% short\n", b.MedianFactor, 100*b.Within2, 100*b.Under)
