@@ -211,48 +211,6 @@ func isTerminal(w io.Writer) bool {
 	return err == nil
 }
 
-// unknownNames is the error for names that match nothing: it says which
-// exist, so a typo is never an empty table.
-func unknownNames(kind string, missing, known []string, hint string) error {
-	list := views.HostList(known)
-	if len(known) == 0 {
-		list = "none"
-	}
-	s := "s"
-	if len(missing) == 1 {
-		s = ""
-	}
-	return fmt.Errorf("no %s%s named %s: known %ss are %s (%s)", kind, s, strings.Join(views.Quoted(missing), ", "), kind, list, hint)
-}
-
-// selectNodes keeps the named nodes, in the order named; none named keeps
-// all.
-func selectNodes(nodes []*api.NodeStatus, names []string) ([]*api.NodeStatus, error) {
-	if len(names) == 0 {
-		return nodes, nil
-	}
-	byName := map[string]*api.NodeStatus{}
-	var known []string
-	for _, n := range nodes {
-		byName[n.GetRegistration().GetName()] = n
-		known = append(known, n.GetRegistration().GetName())
-	}
-	sort.Strings(known)
-	var out []*api.NodeStatus
-	var missing []string
-	for _, name := range names {
-		if n, ok := byName[name]; ok {
-			out = append(out, n)
-		} else {
-			missing = append(missing, name)
-		}
-	}
-	if len(missing) > 0 {
-		return nil, unknownNames("node", missing, known, "`gpuctl nodes` lists them")
-	}
-	return out, nil
-}
-
 func newNodesCmd() *cobra.Command {
 	var v viewFlags
 	cmd := &cobra.Command{
@@ -267,7 +225,7 @@ Figures in parentheses are the last ones a down node sent, not live readings.`,
 				if err != nil {
 					return err
 				}
-				if nodes, err = selectNodes(nodes, args); err != nil {
+				if nodes, err = views.SelectNodes(nodes, args); err != nil {
 					return err
 				}
 				return views.Nodes(w, o, nodes)
@@ -291,7 +249,7 @@ func newGPUsCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if nodes, err = selectNodes(nodes, append(append([]string{}, args...), node...)); err != nil {
+				if nodes, err = views.SelectNodes(nodes, append(append([]string{}, args...), node...)); err != nil {
 					return err
 				}
 				return views.GPUs(w, o, nodes)
