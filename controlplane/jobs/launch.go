@@ -218,7 +218,7 @@ func (ln *launcher) port(id string, attempt uint32) uint32 {
 			used[int(en.job.GetMasterPort())] = true
 		}
 	}
-	for _, v := range ln.m.rec.vals {
+	for _, v := range ln.m.gangs.byID {
 		used[int(v.port)] = true
 	}
 	pairs := max(ln.m.cfg.PortRange/2, 1)

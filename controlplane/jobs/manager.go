@@ -236,6 +236,8 @@ type Manager struct {
 	exec executorWatch
 	// rec carries out recoveries and keeps their progress.
 	rec recoverer
+	// gangs keeps the validation gangs in flight.
+	gangs gangs
 	// fence keeps lost nodes from running an old attempt twice.
 	fence fencer
 	// nodes applies what the nodes report.
@@ -275,7 +277,8 @@ func New(cfg Config) (*Manager, error) {
 		front = NewFront()
 	}
 	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, pass: &txn{}, startedAt: cfg.Now()}
-	m.rec = recoverer{m: m, recs: map[string]*recovery{}, vals: map[string]*validation{}}
+	m.rec = recoverer{m: m, recs: map[string]*recovery{}}
+	m.gangs = gangs{m: m, byID: map[string]*validation{}}
 	m.fence = fencer{m: m}
 	m.intake = intake{m: m, idem: map[string]string{}}
 	m.exec = executorWatch{m: m}
@@ -496,7 +499,7 @@ func (m *Manager) handle(msg any) {
 	case msgLaunched:
 		m.launcher.launched(msg)
 	case msgValidationLaunched:
-		m.rec.validationLaunched(msg)
+		m.gangs.launched(msg)
 	case msgCordoned:
 		m.rec.cordoned(msg)
 	case msgStalls:

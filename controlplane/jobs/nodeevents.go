@@ -32,7 +32,7 @@ func (nw *nodeWatch) apply(e *api.Event) {
 }
 
 func (nw *nodeWatch) rankStarted(e *api.Event) {
-	if e.GetPid() == 0 || nw.m.rec.validationEvent(e) {
+	if e.GetPid() == 0 || nw.m.gangs.event(e) {
 		return
 	}
 	en := nw.m.jobs[e.GetJob()]
@@ -50,7 +50,7 @@ func (nw *nodeWatch) rankStarted(e *api.Event) {
 // rankExited records an exit of the current attempt; an exit whose pid is
 // not the one recorded belongs to an earlier attempt and is ignored.
 func (nw *nodeWatch) rankExited(e *api.Event) {
-	if nw.m.rec.validationEvent(e) {
+	if nw.m.gangs.event(e) {
 		return
 	}
 	en := nw.m.jobs[e.GetJob()]
@@ -101,7 +101,7 @@ func describeExit(code int32, signal string) string {
 
 // down marks the ranks on a lost node gone and fails their jobs.
 func (nw *nodeWatch) down(node, why string, now time.Time) {
-	for _, v := range nw.m.rec.vals {
+	for _, v := range nw.m.gangs.byID {
 		if r := v.ranks[node]; r != nil && !r.exited {
 			r.exited, r.code, r.err = true, -1, "node went down ("+why+")"
 		}

@@ -1,7 +1,6 @@
 package jobs
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -53,37 +52,14 @@ type recovery struct {
 	rounds     int
 }
 
-// validation is one validation gang: one rank per node of the new set.
-type validation struct {
-	id, job string
-	nodes   []string
-	gpus    map[string]uint32
-	port    uint32
-	started time.Time
-	ranks   map[string]*valRank
-}
-
-type valRank struct {
-	pid    uint32
-	exited bool
-	code   int32
-	signal string
-	err    string
-	// refused: the node refused the gang by its own policy, so it is
-	// excluded for the job, not cordoned.
-	refused bool
-}
-
-// recoverer carries out recoveries for the owner: the recoveries in
-// progress and their validation gangs are its own; the jobs, the current
-// step and the nodes are the owner's, reached through m. It runs on the
-// owner's goroutine only.
+// recoverer carries out recoveries for the owner and keeps the ones in
+// progress; their validation gangs are run by gangs, and the jobs, the
+// current step and the nodes are the owner's, reached through m. It runs
+// on the owner's goroutine only.
 type recoverer struct {
 	m *Manager
-	// recs are the recoveries in progress by job, vals the validation
-	// gangs by id.
+	// recs are the recoveries in progress by job.
 	recs map[string]*recovery
-	vals map[string]*validation
 }
 
 func restartPolicy(p jobspec.RestartPolicy) scheduler.RestartPolicy {
@@ -181,7 +157,7 @@ func (rc *recoverer) giveUp(en *entry, reason string, now time.Time) {
 	if rec := rc.recs[j.GetId()]; rec != nil {
 		remember(rc.m.pass, rc.recs, j.GetId())
 		delete(rc.recs, j.GetId())
-		rc.endValidation(rec)
+		rc.m.gangs.end(rec.validation)
 		rc.cordons(j, rec)
 		j.DowntimeSeconds += now.Sub(rec.since).Seconds()
 	}
@@ -371,7 +347,7 @@ func (rc *recoverer) recoveries(now time.Time) {
 			// Cancelled (or otherwise ended) while recovering.
 			remember(rc.m.pass, rc.recs, j.GetId())
 			delete(rc.recs, j.GetId())
-			rc.endValidation(rec)
+			rc.m.gangs.end(rec.validation)
 			continue
 		}
 		rc.cordons(j, rec)
@@ -656,8 +632,7 @@ func (rc *recoverer) validate(en *entry, rec *recovery, now time.Time) {
 		}
 	}
 	v.port = rc.m.launcher.port(v.id, 1)
-	remember(rc.m.pass, rc.vals, v.id)
-	rc.vals[v.id] = v
+	rc.m.gangs.add(v)
 	rec.validation = v.id
 	j.MoveTarget = jobNodes(&pl)
 	j.Reason = fmt.Sprintf("recovering: validating %s before relaunch (%s)", strings.Join(v.nodes, ","), rec.reason)
@@ -666,39 +641,7 @@ func (rc *recoverer) validate(en *entry, rec *recovery, now time.Time) {
 	// The gang runs as the job would: a node that refuses root ranks
 	// refuses them for validation too.
 	user, group := rc.m.cfg.RunAs.RunAs(en.spec)
-	launches := map[string]*api.LaunchRanks{}
-	for i, node := range v.nodes {
-		launches[node] = &api.LaunchRanks{Job: v.id, Attempt: 1, Command: rc.m.cfg.ValidateCommand, WorldSize: int32(len(v.nodes)),
-			MasterAddr: rc.m.launcher.addrOf(v.nodes[0]), MasterPort: v.port, NodeRank: int32(i), NumNodes: int32(len(v.nodes)),
-			RunAsUser: user, RunAsGroup: group,
-			Ranks: []*api.RankSpec{{Rank: int32(i), LocalRank: 0, Gpus: []uint32{v.gpus[node]}}}}
-	}
-	gang, nodes := v.id, slices.Clone(v.nodes)
-	timeout, post := rc.m.cfg.CommandTimeout, rc.m.in.post
-	rc.m.act(func(d *dispatcher) {
-		d.fanOut(nodes, func(node string) *api.Command {
-			return &api.Command{Body: &api.Command_Launch{Launch: launches[node]}}
-		}, timeout, func(errs map[string]error) {
-			if len(errs) > 0 {
-				post(msgValidationLaunched{gang: gang, errs: errs})
-			}
-		})
-	})
-}
-
-func (rc *recoverer) validationLaunched(msg msgValidationLaunched) {
-	v := rc.vals[msg.gang]
-	if v == nil {
-		return
-	}
-	for node, err := range msg.errs {
-		if r := v.ranks[node]; r != nil {
-			var ce *nodes.CommandError
-			r.exited, r.code, r.err = true, -1, err.Error()
-			r.refused = errors.As(err, &ce) && ce.NodeRefused
-		}
-	}
-	rc.m.kick()
+	rc.m.gangs.launch(v, user, group)
 }
 
 // checkValidation waits for the gang: all exits 0 relaunches the job; a
@@ -706,7 +649,7 @@ func (rc *recoverer) validationLaunched(msg msgValidationLaunched) {
 // decides again without them.
 func (rc *recoverer) checkValidation(en *entry, rec *recovery, now time.Time) {
 	j := en.job
-	v := rc.vals[rec.validation]
+	v := rc.m.gangs.byID[rec.validation]
 	if v == nil {
 		rec.validation = ""
 		return
@@ -721,8 +664,7 @@ func (rc *recoverer) checkValidation(en *entry, rec *recovery, now time.Time) {
 	}
 	timedOut := now.Sub(v.started) >= rc.m.cfg.ValidateTimeout
 	if done && !failed {
-		remember(rc.m.pass, rc.vals, v.id)
-		delete(rc.vals, v.id)
+		rc.m.gangs.forget(v.id)
 		rec.validation = ""
 		rc.observeRecovery("validated", now.Sub(rec.since))
 		rc.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(v.started), "validation %s passed on %s", v.id, strings.Join(v.nodes, ","))
@@ -760,8 +702,7 @@ func (rc *recoverer) checkValidation(en *entry, rec *recovery, now time.Time) {
 	if len(blame) == 0 {
 		blame = slices.Clone(added)
 	}
-	remember(rc.m.pass, rc.vals, v.id)
-	delete(rc.vals, v.id)
+	rc.m.gangs.forget(v.id)
 	rec.validation = ""
 	rec.decision = nil
 	rc.m.launcher.signalNodes(v.id, v.nodes, "SIGKILL")
@@ -780,49 +721,6 @@ func (rc *recoverer) checkValidation(en *entry, rec *recovery, now time.Time) {
 		rc.giveUp(en, fmt.Sprintf("%s (not recovered: %d validation rounds failed, last: %s)", rec.reason, rec.rounds, strings.Join(why, "; ")), now)
 	}
 	rc.cordons(j, rec)
-}
-
-// endValidation forgets a recovery's validation gang and kills what may be
-// left of it.
-func (rc *recoverer) endValidation(rec *recovery) {
-	v := rc.vals[rec.validation]
-	if v == nil {
-		return
-	}
-	remember(rc.m.pass, rc.vals, v.id)
-	delete(rc.vals, v.id)
-	var live []string
-	for _, n := range v.nodes {
-		if r := v.ranks[n]; r != nil && !r.exited {
-			live = append(live, n)
-		}
-	}
-	rc.m.launcher.signalNodes(v.id, live, "SIGKILL")
-}
-
-// validationEvent applies a rank start or exit of a validation gang; it
-// reports whether e belonged to one.
-func (rc *recoverer) validationEvent(e *api.Event) bool {
-	v := rc.vals[e.GetJob()]
-	if v == nil {
-		return false
-	}
-	r := v.ranks[e.GetNode()]
-	if r == nil {
-		return true
-	}
-	switch e.GetKind() {
-	case api.EventKind_EVENT_KIND_JOB:
-		if r.pid == 0 {
-			r.pid = e.GetPid()
-		}
-	case api.EventKind_EVENT_KIND_PROCESS_EXIT:
-		if r.pid == 0 || r.pid == e.GetPid() {
-			r.exited, r.code, r.signal = true, e.GetExitCode(), e.GetSignal()
-			rc.m.kick()
-		}
-	}
-	return true
 }
 
 // relaunch starts the next attempt on the decision's placement from the

@@ -168,7 +168,7 @@ func (pc *placer) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 			}
 		}
 	}
-	for _, v := range pc.m.rec.vals {
+	for _, v := range pc.m.gangs.byID {
 		for node, gpu := range v.gpus {
 			if ours[node] == nil {
 				ours[node] = map[uint32]bool{}
