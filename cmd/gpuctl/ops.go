@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -169,13 +167,11 @@ escapes them there too.`,
 			if tail < -1 {
 				return fmt.Errorf("logs: --tail %d: give a number of lines, or -1 for all", tail)
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			c, err := dial(ctx, config)
+			ctx, c, done, err := dialInterruptible(cmd, config)
 			if err != nil {
 				return err
 			}
-			defer c.Close()
+			defer done()
 			w := cmd.OutOrStdout()
 			if !cmd.Flags().Changed("raw") {
 				raw = !isTerminal(w)

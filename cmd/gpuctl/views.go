@@ -92,6 +92,19 @@ func withClient(cmd *cobra.Command, config string, f func(c *client.Client) erro
 	return f(c)
 }
 
+// dialInterruptible dials as withClient does for a command that runs until
+// interrupted: ctx ends on SIGINT or SIGTERM, and done closes the
+// connection and stops listening for them.
+func dialInterruptible(cmd *cobra.Command, config string) (ctx context.Context, c *client.Client, done func(), err error) {
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+	c, err = dial(ctx, config)
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	return ctx, c, func() { c.Close(); stop() }, nil
+}
+
 // runView fetches and renders once, or with --watch again whenever the
 // view's watch streams say something changed (at most every --interval;
 // views without streams ask again every --interval). On a terminal each
@@ -102,13 +115,11 @@ func (v *viewFlags) run(cmd *cobra.Command, render func(ctx context.Context, c *
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	c, err := dial(ctx, v.config)
+	ctx, c, done, err := dialInterruptible(cmd, v.config)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer done()
 	w := cmd.OutOrStdout()
 	if !v.watch {
 		return render(ctx, c, w, v.options(cmd, f))
@@ -322,13 +333,11 @@ func streamEvents(cmd *cobra.Command, v *viewFlags, node, job string, since sinc
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	c, err := dial(ctx, v.config)
+	ctx, c, done, err := dialInterruptible(cmd, v.config)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer done()
 	w := cmd.OutOrStdout()
 	o := v.options(cmd, f)
 	var ids map[string]bool
