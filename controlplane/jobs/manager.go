@@ -705,15 +705,7 @@ func (m *Manager) publishView() {
 		v.Jobs = append(v.Jobs, j)
 		v.byID[j.GetId()] = j
 	}
-	slices.SortFunc(v.Jobs, func(a, b *api.Job) int {
-		if c := a.GetSubmitUnixNano() - b.GetSubmitUnixNano(); c != 0 {
-			if c < 0 {
-				return -1
-			}
-			return 1
-		}
-		return strings.Compare(a.GetId(), b.GetId())
-	})
+	slices.SortFunc(v.Jobs, api.OldestFirst)
 	m.view.Store(v)
 }
 
@@ -748,15 +740,7 @@ func (m *Manager) sorted() []*entry {
 	for _, en := range m.jobs {
 		out = append(out, en)
 	}
-	slices.SortFunc(out, func(a, b *entry) int {
-		if c := a.job.GetSubmitUnixNano() - b.job.GetSubmitUnixNano(); c != 0 {
-			if c < 0 {
-				return -1
-			}
-			return 1
-		}
-		return strings.Compare(a.job.GetId(), b.job.GetId())
-	})
+	slices.SortFunc(out, func(a, b *entry) int { return api.OldestFirst(a.job, b.job) })
 	return out
 }
 
