@@ -234,7 +234,7 @@ func (fc *fencer) unfenced(en *entry, now time.Time) []string {
 			// gone for good only the operator can say the node is down.
 			f.stuckNoted = true
 			en.fences[node] = f
-			fc.m.rec.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, 0,
+			fc.m.rec.event(en.job, api.Severity_SEVERITY_WARNING, 0,
 				"attempt %d still waits on %s: %d of its %d witnesses acknowledged it superseded, %d are needed; if %s and its ranks are down for good, run `gpuctl node remove %s --confirm-fenced`",
 				f.attempt, node, len(f.acks), len(f.witnesses), fencing.AcksToFence(len(f.witnesses)), node, node)
 		}
@@ -252,7 +252,7 @@ func (fc *fencer) unfenced(en *entry, now time.Time) []string {
 			how = fmt.Sprintf("its lease has passed without word from the node, and %d of its witnesses (%s) vouch for it no more, so its shims have stopped its ranks",
 				len(acked), strings.Join(acked, ","))
 		}
-		fc.m.rec.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, 0, "attempt %d fenced on %s: %s", f.attempt, node, how)
+		fc.m.rec.event(en.job, api.Severity_SEVERITY_INFO, 0, "attempt %d fenced on %s: %s", f.attempt, node, how)
 	}
 	fc.keepFences(en)
 	if len(wait) > 0 {
@@ -270,7 +270,7 @@ func (fc *fencer) confirmFenced(en *entry, node string, sev api.Severity, how st
 	}
 	delete(en.fences, node)
 	fc.keepFences(en)
-	fc.m.rec.recoveryEvent(en.job, sev, 0, "attempt %d fenced on %s: %s", f.attempt, node, how)
+	fc.m.rec.event(en.job, sev, 0, "attempt %d fenced on %s: %s", f.attempt, node, how)
 	fc.m.kick()
 }
 

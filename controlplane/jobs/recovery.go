@@ -74,15 +74,17 @@ func restartPolicy(p jobspec.RestartPolicy) scheduler.RestartPolicy {
 	return scheduler.RestartInPlace
 }
 
-func (rc *recoverer) recoveryEvent(j *api.Job, sev api.Severity, d time.Duration, format string, args ...any) {
+// event logs and raises a recovery event about job j; d is how long the
+// step it reports took.
+func (rc *recoverer) event(j *api.Job, sev api.Severity, d time.Duration, format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	rc.m.log.Info("recovery", "job", j.GetId(), "attempt", j.GetAttempt(), "step", msg, "seconds", d.Seconds())
 	rc.m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_RECOVERY, Severity: sev, Job: j.GetId(), Message: msg,
 		DurationSeconds: d.Seconds(), Step: j.GetStep()})
 }
 
-// recoverRequest is the scheduler's view of a failed job.
-func (rc *recoverer) recoverRequest(en *entry, f scheduler.Failure) scheduler.RecoverRequest {
+// request is the scheduler's view of a failed job.
+func (rc *recoverer) request(en *entry, f scheduler.Failure) scheduler.RecoverRequest {
 	j := en.job
 	f.Exclude = slices.Clone(j.GetExclude())
 	r := rc.m.placer.request(en)
@@ -94,31 +96,31 @@ func (rc *recoverer) recoverRequest(en *entry, f scheduler.Failure) scheduler.Re
 		Policy: restartPolicy(en.spec.RestartPolicy), Restarts: int(j.GetRestarts()), MaxRestarts: en.spec.Restarts(), Failure: f}
 }
 
-// recoveryRequest is the job as RecoversBefore orders it; a job without
+// orderRequest is the job as RecoversBefore orders it; a job without
 // its spec (loaded from an older server) counts at priority 0.
-func (rc *recoverer) recoveryRequest(en *entry) scheduler.JobRequest {
+func (rc *recoverer) orderRequest(en *entry) scheduler.JobRequest {
 	if en.spec == nil {
 		return scheduler.JobRequest{ID: en.job.GetId(), Submit: en.job.GetSubmitUnixNano() / 1e9}
 	}
 	return rc.m.placer.request(en)
 }
 
-// recoverySnapshot is the snapshot a recovering job decides on: the
+// snapshot is the snapshot a recovering job decides on: the
 // recovery's view (recoveryBase, suspect nodes offered). Every
 // job's GPUs are held as usual, a recovering job's reservation included
 // (its surviving GPUs stay its own), except the GPUs a recovery ordered
 // after this one reserved off its own nodes before deciding: those were a
 // guess, and the job ordered first may take them.
-func (rc *recoverer) recoverySnapshot(en *entry, now time.Time) scheduler.Snapshot {
+func (rc *recoverer) snapshot(en *entry, now time.Time) scheduler.Snapshot {
 	snap := rc.m.placer.recoveryBase(now)
-	me := rc.recoveryRequest(en)
+	me := rc.orderRequest(en)
 	guessed := map[string]map[int]string{}
 	for id, rec := range rc.recs {
 		o := rc.m.jobs[id]
 		if o == nil || o == en || rec.decision != nil {
 			continue
 		}
-		if r := rc.recoveryRequest(o); scheduler.RecoversBefore(&me, &r) > 0 {
+		if r := rc.orderRequest(o); scheduler.RecoversBefore(&me, &r) > 0 {
 			continue
 		}
 		own := map[string]bool{}
@@ -201,7 +203,7 @@ func (rc *recoverer) fail(en *entry, f scheduler.Failure, reason string, now tim
 			}
 		}
 		rc.noteCordons(rec, f, reason)
-		rc.recoveryEvent(j, api.Severity_SEVERITY_WARNING, 0, "another failure while recovering: %s", reason)
+		rc.event(j, api.Severity_SEVERITY_WARNING, 0, "another failure while recovering: %s", reason)
 		return
 	}
 	if en.spec == nil {
@@ -210,7 +212,7 @@ func (rc *recoverer) fail(en *entry, f scheduler.Failure, reason string, now tim
 	}
 	d, await := rc.recoverOrAwait(en, f, now, now)
 	if d.Action == scheduler.GiveUp && len(await) == 0 {
-		rc.recoveryEvent(j, api.Severity_SEVERITY_CRITICAL, 0, "%s; not restarted: %s", reason, d.Reason)
+		rc.event(j, api.Severity_SEVERITY_CRITICAL, 0, "%s; not restarted: %s", reason, d.Reason)
 		rc.giveUp(en, fmt.Sprintf("%s (not restarted: %s)", reason, d.Reason), now)
 		return
 	}
@@ -247,7 +249,7 @@ func (rc *recoverer) fail(en *entry, f scheduler.Failure, reason string, now tim
 		ev = EvRestart
 	}
 	rc.m.check(from, ev, j)
-	rc.recoveryEvent(j, api.Severity_SEVERITY_WARNING, 0, "failure detected (last reported step %d): %s; stopping %d live ranks", j.GetStep(), reason, liveRanks(j))
+	rc.event(j, api.Severity_SEVERITY_WARNING, 0, "failure detected (last reported step %d): %s; stopping %d live ranks", j.GetStep(), reason, liveRanks(j))
 	rc.m.kick()
 }
 
@@ -322,10 +324,10 @@ func (rc *recoverer) gpuFault(e *api.Event) {
 	rc.m.kick()
 }
 
-// recoveries moves every recovery along one step, the highest priority
+// advance moves every recovery along one step, the highest priority
 // first (scheduler.RecoversBefore): recoveries that decide in the same
 // pass take the free capacity in that order.
-func (rc *recoverer) recoveries(now time.Time) {
+func (rc *recoverer) advance(now time.Time) {
 	var ranks map[string][]*api.RankStatus
 	var order []*entry
 	for _, en := range rc.m.sorted() {
@@ -334,7 +336,7 @@ func (rc *recoverer) recoveries(now time.Time) {
 		}
 	}
 	slices.SortStableFunc(order, func(a, b *entry) int {
-		ra, rb := rc.recoveryRequest(a), rc.recoveryRequest(b)
+		ra, rb := rc.orderRequest(a), rc.orderRequest(b)
 		return scheduler.RecoversBefore(&ra, &rb)
 	})
 	for _, en := range order {
@@ -366,7 +368,7 @@ func (rc *recoverer) recoveries(now time.Time) {
 		if rec.stoppedAt.IsZero() {
 			rec.stoppedAt = now
 			rc.observeRecovery("stopped", now.Sub(rec.since))
-			rc.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "every rank of attempt %d has exited or its node is down", j.GetAttempt())
+			rc.event(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "every rank of attempt %d has exited or its node is down", j.GetAttempt())
 		}
 		if rec.validation != "" {
 			rc.checkValidation(en, rec, now)
@@ -375,7 +377,7 @@ func (rc *recoverer) recoveries(now time.Time) {
 		if wait := rc.m.fence.unfenced(en, now); len(wait) > 0 {
 			if !rec.fenceNoted {
 				rec.fenceNoted = true
-				rc.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since),
+				rc.event(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since),
 					"waiting until attempt %d is fenced on %s (the node returns and confirms it gone, or its lease passes) before the next attempt runs",
 					j.GetAttempt(), strings.Join(wait, ","))
 			}
@@ -428,18 +430,18 @@ func (rc *recoverer) cordoned(msg msgCordoned) {
 		return
 	}
 	if msg.err != nil {
-		rc.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, msg.took, "could not %s %s: %v", msg.action, msg.node, msg.err)
+		rc.event(en.job, api.Severity_SEVERITY_WARNING, msg.took, "could not %s %s: %v", msg.action, msg.node, msg.err)
 		return
 	}
 	n := msg.status
 	switch {
 	case msg.action == nodes.ActionSuspect && !n.GetCordoned():
-		rc.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, msg.took, "%s suspect until %s: %s", msg.node,
+		rc.event(en.job, api.Severity_SEVERITY_INFO, msg.took, "%s suspect until %s: %s", msg.node,
 			time.Unix(0, n.GetSuspectUntilUnixNano()).UTC().Format("15:04:05"), n.GetSuspectReason())
 	case msg.action == nodes.ActionSuspect:
-		rc.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, msg.took, "cordoned %s: %s", msg.node, n.GetCordonReason())
+		rc.event(en.job, api.Severity_SEVERITY_WARNING, msg.took, "cordoned %s: %s", msg.node, n.GetCordonReason())
 	default:
-		rc.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, msg.took, "cordoned %s: %s", msg.node, msg.reason)
+		rc.event(en.job, api.Severity_SEVERITY_INFO, msg.took, "cordoned %s: %s", msg.node, msg.reason)
 	}
 }
 
@@ -479,8 +481,8 @@ func (rc *recoverer) vouch(names []string, gang string, now time.Time) {
 // nodemon or server that merely restarted is not missing capacity. It
 // returns them; nil when the decision stands.
 func (rc *recoverer) recoverOrAwait(en *entry, f scheduler.Failure, since, now time.Time) (scheduler.Recovery, []string) {
-	snap := rc.recoverySnapshot(en, now)
-	req := rc.recoverRequest(en, rc.returned(f, since))
+	snap := rc.snapshot(en, now)
+	req := rc.request(en, rc.returned(f, since))
 	d := scheduler.Recover(&snap, &req)
 	if d.Action != scheduler.GiveUp {
 		return d, nil
@@ -512,7 +514,7 @@ func (rc *recoverer) recoverOrAwait(en *entry, f scheduler.Failure, since, now t
 	if f.Kind == scheduler.FailNodeDown && rc.m.cfg.Executor == nil {
 		backF.Nodes = slices.DeleteFunc(slices.Clone(f.Nodes), func(n string) bool { return slices.Contains(await, n) })
 	}
-	backReq := rc.recoverRequest(en, rc.returned(backF, since))
+	backReq := rc.request(en, rc.returned(backF, since))
 	if scheduler.Recover(&back, &backReq).Action == scheduler.GiveUp {
 		return d, nil
 	}
@@ -588,13 +590,13 @@ func (rc *recoverer) decide(en *entry, rec *recovery, now time.Time) {
 	if d.Action == scheduler.GiveUp && len(await) > 0 {
 		if !rec.awaitNoted {
 			rec.awaitNoted = true
-			rc.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "waiting for %s to reconnect (down a moment ago, maybe restarting): %s",
+			rc.event(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "waiting for %s to reconnect (down a moment ago, maybe restarting): %s",
 				strings.Join(await, ","), d.Reason)
 		}
 		return
 	}
 	if d.Action == scheduler.GiveUp {
-		rc.recoveryEvent(j, api.Severity_SEVERITY_CRITICAL, now.Sub(rec.since), "giving up: %s", d.Reason)
+		rc.event(j, api.Severity_SEVERITY_CRITICAL, now.Sub(rec.since), "giving up: %s", d.Reason)
 		rc.giveUp(en, fmt.Sprintf("%s (not recovered: %s)", rec.reason, d.Reason), now)
 		return
 	}
@@ -602,7 +604,7 @@ func (rc *recoverer) decide(en *entry, rec *recovery, now time.Time) {
 	rc.observeRecovery("decided", now.Sub(rec.since))
 	j.MoveTarget = jobNodes(&d.Placement)
 	rc.m.save(en)
-	rc.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "decided to %s: %s", d.Action, d.Reason)
+	rc.event(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "decided to %s: %s", d.Action, d.Reason)
 	// A validation gang is launched by nodemon itself: under an executor
 	// (Slurm) it would run outside its allocations, so the executor's own
 	// node checks vouch for new nodes instead.
@@ -637,7 +639,7 @@ func (rc *recoverer) validate(en *entry, rec *recovery, now time.Time) {
 	j.MoveTarget = jobNodes(&pl)
 	j.Reason = fmt.Sprintf("recovering: validating %s before relaunch (%s)", strings.Join(v.nodes, ","), rec.reason)
 	rc.m.save(en)
-	rc.recoveryEvent(j, api.Severity_SEVERITY_INFO, 0, "validating %d nodes (%s) with %s", len(v.nodes), strings.Join(v.nodes, ","), v.id)
+	rc.event(j, api.Severity_SEVERITY_INFO, 0, "validating %d nodes (%s) with %s", len(v.nodes), strings.Join(v.nodes, ","), v.id)
 	// The gang runs as the job would: a node that refuses root ranks
 	// refuses them for validation too.
 	user, group := rc.m.cfg.RunAs.RunAs(en.spec)
@@ -667,7 +669,7 @@ func (rc *recoverer) checkValidation(en *entry, rec *recovery, now time.Time) {
 		rc.m.gangs.forget(v.id)
 		rec.validation = ""
 		rc.observeRecovery("validated", now.Sub(rec.since))
-		rc.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(v.started), "validation %s passed on %s", v.id, strings.Join(v.nodes, ","))
+		rc.event(j, api.Severity_SEVERITY_INFO, now.Sub(v.started), "validation %s passed on %s", v.id, strings.Join(v.nodes, ","))
 		rc.vouch(v.nodes, v.id, now)
 		rc.relaunch(en, rec, now)
 		return
@@ -706,7 +708,7 @@ func (rc *recoverer) checkValidation(en *entry, rec *recovery, now time.Time) {
 	rec.validation = ""
 	rec.decision = nil
 	rc.m.launcher.signalNodes(v.id, v.nodes, "SIGKILL")
-	rc.recoveryEvent(j, api.Severity_SEVERITY_WARNING, now.Sub(v.started), "validation %s failed (%s); excluding %s (cordoned unless it refused by its own policy) and choosing again",
+	rc.event(j, api.Severity_SEVERITY_WARNING, now.Sub(v.started), "validation %s failed (%s); excluding %s (cordoned unless it refused by its own policy) and choosing again",
 		v.id, strings.Join(why, "; "), strings.Join(blame, ","))
 	for _, n := range blame {
 		if r := v.ranks[n]; r == nil || !r.refused {
@@ -757,7 +759,7 @@ func (rc *recoverer) relaunch(en *entry, rec *recovery, now time.Time) {
 	j.Step = resume
 	p.Restart(resume)
 	rc.observeRecovery("relaunched", now.Sub(rec.since))
-	rc.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since),
+	rc.event(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since),
 		"attempt %d running on %s from step %d (%d steps lost; failed at step %d): %s", j.GetAttempt(),
 		strings.Join(d.Placement.Nodes(), ","), resume, lost, rec.stepAt, d.Reason)
 }

@@ -302,7 +302,7 @@ func (m *Manager) Restart(ctx context.Context, key, from string, exclude []strin
 		}
 		now := m.now()
 		snap := m.placer.snapshot(now)
-		req := m.rec.recoverRequest(en, scheduler.Failure{Kind: scheduler.FailManual})
+		req := m.rec.request(en, scheduler.Failure{Kind: scheduler.FailManual})
 		req.Failure.Exclude = append(req.Failure.Exclude, exclude...)
 		if d := scheduler.Recover(&snap, &req); d.Action == scheduler.GiveUp {
 			return nil, fmt.Errorf("restart %s refused, the job is left as it is: %s", j.GetId(), d.Reason)

@@ -29,7 +29,7 @@ func (m *Manager) reconcile() {
 	nodes := m.cfg.Nodes.Nodes()
 	m.rec.lostNodes(nodes, now)
 	m.stops.drive(nodes, now)
-	m.rec.recoveries(now)
+	m.rec.advance(now)
 	m.placer.growBack(now)
 	m.stops.beginMoves(now)
 	m.placer.schedule(now)

@@ -79,7 +79,7 @@ func (sw *stallWatch) apply(msg msgStalls) {
 	for _, st := range msg.declared {
 		sw.declared(st)
 	}
-	sw.slowFindings(msg.slow, sw.m.now())
+	sw.findings(msg.slow, sw.m.now())
 	if err := sw.m.commit(sw.m.pass); err != nil {
 		sw.m.log.Error("commit stall changes; retrying on the next pass", "err", err)
 	}
@@ -105,7 +105,7 @@ func (sw *stallWatch) declared(st *api.Stall) {
 		return
 	}
 	if en.spec.StallRecovery != jobspec.StallAuto {
-		sw.m.rec.recoveryEvent(j, api.Severity_SEVERITY_WARNING, 0, "stall on lagging nodes %s; stall_recovery is manual: `gpuctl restart %s --exclude NODE`",
+		sw.m.rec.event(j, api.Severity_SEVERITY_WARNING, 0, "stall on lagging nodes %s; stall_recovery is manual: `gpuctl restart %s --exclude NODE`",
 			strings.Join(lagging, ","), j.GetId())
 		return
 	}
@@ -113,13 +113,13 @@ func (sw *stallWatch) declared(st *api.Stall) {
 	sw.m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailStall, Nodes: lagging}, reason, sw.m.now())
 }
 
-// slowFindings acts on the fail-slow findings standing now, under each
+// findings acts on the fail-slow findings standing now, under each
 // job's slow_recovery and the bound (scheduler.DecideSlow): a finding of a
 // job with slow_recovery auto that has stood for the hold restarts the job
 // from its last checkpoint without the slow node, when the restart plan
 // swaps it for a spare; otherwise, or past the bound, the finding only
 // alerts, with an event saying why, once per finding and outcome.
-func (sw *stallWatch) slowFindings(fs []failslow.Finding, now time.Time) {
+func (sw *stallWatch) findings(fs []failslow.Finding, now time.Time) {
 	states := sw.slow.update(fs, now)
 	for i := range fs {
 		f, st := &fs[i], states[i]
@@ -134,14 +134,14 @@ func (sw *stallWatch) slowFindings(fs []failslow.Finding, now time.Time) {
 			Since: st.seen.UnixNano(), Now: now.UnixNano(), Past: j.GetSlowExclusionsUnixNano()})
 		switch d.Verdict {
 		case scheduler.SlowBound:
-			sw.slowSay(st, f, "bound", api.Severity_SEVERITY_WARNING, "%s: not acted on: %s; `gpuctl restart %s --exclude %s` moves it now",
+			sw.say(st, f, "bound", api.Severity_SEVERITY_WARNING, "%s: not acted on: %s; `gpuctl restart %s --exclude %s` moves it now",
 				f.Class, d.Reason, j.GetId(), f.Node)
 		case scheduler.SlowExclude:
 			// With no spare, a plan is tried again at most every
 			// slowRetry, not on every pass.
 			if st.said != "no-spare" || now.Sub(st.tried) >= slowRetry {
 				st.tried = now
-				sw.slowExclude(en, st, f, d, now)
+				sw.exclude(en, st, f, d, now)
 			}
 		}
 	}
@@ -215,23 +215,23 @@ const (
 	slowCheckpointWait = 2 * time.Minute
 )
 
-// slowExclude restarts a job without the node a fail-slow finding blames,
+// exclude restarts a job without the node a fail-slow finding blames,
 // through the recovery every failure takes, when the plan puts a spare in
 // its place; a slow node is still a working one, so the job is never
 // shrunk or given up for it. A job with a checkpoint dir is asked to
 // checkpoint first, and restarted once that checkpoint is reported (or
 // after slowCheckpointWait, from its last one).
-func (sw *stallWatch) slowExclude(en *entry, st *slowState, f *failslow.Finding, d scheduler.SlowDecision, now time.Time) {
+func (sw *stallWatch) exclude(en *entry, st *slowState, f *failslow.Finding, d scheduler.SlowDecision, now time.Time) {
 	j := en.job
 	if st.checkpointing(j, now) {
 		return
 	}
 	fail := scheduler.Failure{Kind: scheduler.FailSlow, Nodes: []string{d.Node}}
 	snap := sw.m.placer.snapshot(now)
-	req := sw.m.rec.recoverRequest(en, fail)
+	req := sw.m.rec.request(en, fail)
 	plan := scheduler.Recover(&snap, &req)
 	if plan.Action != scheduler.ReplaceNodes && plan.Action != scheduler.Replan {
-		sw.slowSay(st, f, "no-spare", api.Severity_SEVERITY_WARNING, "%s: not acted on: no spare to take %s's place (%s: %s); the job keeps running there",
+		sw.say(st, f, "no-spare", api.Severity_SEVERITY_WARNING, "%s: not acted on: no spare to take %s's place (%s: %s); the job keeps running there",
 			f.Class, d.Node, plan.Action, plan.Reason)
 		return
 	}
@@ -247,15 +247,15 @@ func (sw *stallWatch) slowExclude(en *entry, st *slowState, f *failslow.Finding,
 	}
 	j.SlowExclusionsUnixNano = append(j.SlowExclusionsUnixNano, now.UnixNano())
 	rule := sw.m.cfg.SlowRule
-	sw.slowSay(st, f, "exclude", api.Severity_SEVERITY_WARNING, "%s: restarting from the last checkpoint without %s (automatic slow exclusion %d of at most %d in %s)",
+	sw.say(st, f, "exclude", api.Severity_SEVERITY_WARNING, "%s: restarting from the last checkpoint without %s (automatic slow exclusion %d of at most %d in %s)",
 		d.Reason, d.Node, len(j.SlowExclusionsUnixNano), rule.Max, rule.Window)
 	sw.m.rec.fail(en, fail, "fail-slow: "+d.Reason, now)
 }
 
-// slowSay raises an event about what was done with a fail-slow finding
+// say raises an event about what was done with a fail-slow finding
 // (attrs.action: exclude, bound or no-spare), once per finding and
 // action.
-func (sw *stallWatch) slowSay(st *slowState, f *failslow.Finding, action string, sev api.Severity, format string, args ...any) {
+func (sw *stallWatch) say(st *slowState, f *failslow.Finding, action string, sev api.Severity, format string, args ...any) {
 	if st.said == action {
 		return
 	}
