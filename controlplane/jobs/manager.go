@@ -5,6 +5,13 @@
 // the order they came, then writes what changed in one store transaction,
 // and only then acts (commands to nodes) and answers. Nothing else reads or
 // writes a job; readers get the committed copies through View.
+//
+// Manager is the loop, the transaction and the requests; the work is done
+// by its parts, each a type in its own file with the state it keeps
+// (placer, stopper, launcher, recoverer, gangs, fencer, nodeWatch,
+// progressTable, stallWatch, executorWatch, intake). They hold the
+// Manager for the jobs and the current step, and run on its goroutine
+// only: no part has a lock or a goroutine of its own.
 package jobs
 
 import (
@@ -221,7 +228,8 @@ type entry struct {
 	retries  int
 }
 
-// Manager is the job owner.
+// Manager is the job owner: its loop, its transaction and the parts that
+// do the work.
 type Manager struct {
 	// Front is the owner's queue and its committed view.
 	*Front
