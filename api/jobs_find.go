@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 )
@@ -52,3 +53,9 @@ func MatchJobs(jobs []*Job, key string) []*Job {
 
 // Is reports whether key names j: its id or its name.
 func (j *Job) Is(key string) bool { return j.GetId() == key || j.GetName() == key }
+
+// OldestFirst is the one order of job listings, for gpuctl serve's view of
+// its jobs and for a client's watch cache: by submission, then by id.
+func OldestFirst(a, b *Job) int {
+	return cmp.Or(cmp.Compare(a.GetSubmitUnixNano(), b.GetSubmitUnixNano()), strings.Compare(a.GetId(), b.GetId()))
+}

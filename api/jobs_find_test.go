@@ -1,6 +1,7 @@
 package api
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -43,5 +44,17 @@ func TestMatchJobsListsEveryRun(t *testing.T) {
 	got := MatchJobs(jobs, "a")
 	if len(got) != 2 || got[0].GetId() != "j-1" || got[1].GetId() != "j-3" {
 		t.Fatalf("MatchJobs(a) = %v", got)
+	}
+}
+
+func TestOldestFirst(t *testing.T) {
+	jobs := []*Job{{Id: "j-c", SubmitUnixNano: 2}, {Id: "j-b", SubmitUnixNano: 1}, {Id: "j-a", SubmitUnixNano: 2}, {Id: "j-d", SubmitUnixNano: 0}}
+	slices.SortFunc(jobs, OldestFirst)
+	var ids []string
+	for _, j := range jobs {
+		ids = append(ids, j.GetId())
+	}
+	if got := strings.Join(ids, " "); got != "j-d j-b j-a j-c" {
+		t.Errorf("order %s, want j-d j-b j-a j-c (by submission, then id)", got)
 	}
 }

@@ -123,9 +123,7 @@ func (c *Cache) Snapshot() Snapshot {
 	s.Nodes = sortedValues(c.nodes, func(a, b *api.NodeStatus) int {
 		return strings.Compare(a.GetRegistration().GetName(), b.GetRegistration().GetName())
 	})
-	s.Jobs = sortedValues(c.jobs, func(a, b *api.Job) int {
-		return cmp.Or(cmp.Compare(a.GetSubmitUnixNano(), b.GetSubmitUnixNano()), strings.Compare(a.GetId(), b.GetId()))
-	})
+	s.Jobs = sortedValues(c.jobs, api.OldestFirst)
 	s.Stalls = sortedValues(c.stalls, func(a, b *api.Stall) int {
 		return cmp.Or(strings.Compare(a.GetJob(), b.GetJob()), cmp.Compare(a.GetSinceUnixNano(), b.GetSinceUnixNano()),
 			cmp.Compare(a.GetComm(), b.GetComm()))

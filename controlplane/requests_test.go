@@ -112,7 +112,15 @@ func TestWatchResumesAfterDroppedConnection(t *testing.T) {
 	if _, err := cl.CancelJob(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 10*time.Second, "the job submitted while disconnected", func() bool { return jobsSeen() == 3 })
+	// The submit and the cancel come as changes of their own: wait for
+	// both, not only for the third job.
+	waitUntil(t, 10*time.Second, "the job submitted and the cancel made while disconnected", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		snap := cache.Snapshot()
+		a := snap.Job("a")
+		return len(snap.Jobs) == 3 && a != nil && a.GetState() == api.JobState_JOB_STATE_CANCELLED
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	for _, b := range batches[before:] {

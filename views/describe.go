@@ -456,3 +456,17 @@ func typePlansText(ts []TypePlanJSON) string {
 	}
 	return strings.Join(parts, "; ")
 }
+
+// ParseGPUName reads NODE/INDEX or NODE:INDEX; ok is false for anything
+// else (a UUID).
+func ParseGPUName(s string) (node string, index int, ok bool) {
+	i := strings.LastIndexAny(s, "/:")
+	if i <= 0 {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(s[i+1:])
+	if err != nil || n < 0 {
+		return "", 0, false
+	}
+	return s[:i], n, true
+}

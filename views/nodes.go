@@ -436,3 +436,78 @@ func NodeAction(w io.Writer, r *api.CordonResponse) error {
 	}
 	return writeJSON(w, doc)
 }
+
+// UnknownNames is the error for names that match nothing: it says which
+// exist, so a typo is never an empty table.
+func UnknownNames(kind string, missing, known []string, hint string) error {
+	list := HostList(known)
+	if len(known) == 0 {
+		list = "none"
+	}
+	s := "s"
+	if len(missing) == 1 {
+		s = ""
+	}
+	return fmt.Errorf("no %s%s named %s: known %ss are %s (%s)", kind, s, strings.Join(Quoted(missing), ", "), kind, list, hint)
+}
+
+// SelectNodes keeps the named nodes, in the order named; none named keeps
+// all.
+func SelectNodes(nodes []*api.NodeStatus, names []string) ([]*api.NodeStatus, error) {
+	if len(names) == 0 {
+		return nodes, nil
+	}
+	byName := map[string]*api.NodeStatus{}
+	var known []string
+	for _, n := range nodes {
+		byName[n.GetRegistration().GetName()] = n
+		known = append(known, n.GetRegistration().GetName())
+	}
+	sort.Strings(known)
+	var out []*api.NodeStatus
+	var missing []string
+	for _, name := range names {
+		if n, ok := byName[name]; ok {
+			out = append(out, n)
+		} else {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, UnknownNames("node", missing, known, "`gpuctl nodes` lists them")
+	}
+	return out, nil
+}
+
+// NodeActionText says in sentences what a cordon, uncordon or drain did
+// (NodeAction is its -o json).
+func NodeActionText(w io.Writer, action string, r *api.CordonResponse) error {
+	n := r.GetNode()
+	line := n.GetRegistration().GetName() + " " + NodeStateText(n)
+	if reason := n.GetCordonReason(); reason != "" {
+		line += " (" + api.EscapeText(reason) + ")"
+	}
+	if state, _, _ := NodeLiveness(n); action == "uncordon" && state == "down" {
+		line += ": takes new work once it reconnects"
+	}
+	if _, err := fmt.Fprintln(w, line); err != nil {
+		return err
+	}
+	if action != "drain" {
+		return nil
+	}
+	if len(r.GetJobs()) == 0 {
+		_, err := fmt.Fprintln(w, "  no jobs run there")
+		return err
+	}
+	for _, j := range r.GetJobs() {
+		what := "stays: " + api.EscapeText(j.GetReason())
+		if j.GetMoving() {
+			what = "moving to " + strings.Join(j.GetTo(), ",") + " (checkpoint, stop, relaunch)"
+		}
+		if _, err := fmt.Fprintf(w, "  %s  %s\n", j.GetJob(), what); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -3,12 +3,12 @@ package main
 import (
 	"fmt"
 	"os"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/transport"
+	"github.com/gpuctl/gpuctl/views"
 )
 
 func init() { subcommands = append(subcommands, newConfigCmd) }
@@ -40,20 +40,7 @@ config with a name) and the one in use (current_context). Every command takes
 			if err != nil {
 				return err
 			}
-			if len(list) == 0 {
-				fmt.Fprintf(cmd.OutOrStdout(), "%s has no contexts: it is one cluster (add others with gpuctl config add-context NAME --from FILE)\n", p)
-				return nil
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "CURRENT\tNAME\tSERVER")
-			for _, c := range list {
-				mark := ""
-				if c.Name == current {
-					mark = "*"
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", mark, c.Name, c.Server)
-			}
-			return tw.Flush()
+			return views.Contexts(cmd.OutOrStdout(), p, list, current)
 		},
 	}
 	use := &cobra.Command{

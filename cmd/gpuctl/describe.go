@@ -68,7 +68,7 @@ func describeNode(ctx context.Context, c *client.Client, w io.Writer, o views.Op
 	if err != nil {
 		return err
 	}
-	sel, err := selectNodes(nodes, []string{name})
+	sel, err := views.SelectNodes(nodes, []string{name})
 	if err != nil {
 		return err
 	}
@@ -114,20 +114,6 @@ func describeJob(ctx context.Context, c *client.Client, w io.Writer, o views.Opt
 	return views.DescribeJob(w, o, j, stalls, evs)
 }
 
-// parseGPUName reads NODE/INDEX or NODE:INDEX; ok is false for anything
-// else (a UUID).
-func parseGPUName(s string) (node string, index int, ok bool) {
-	i := strings.LastIndexAny(s, "/:")
-	if i <= 0 {
-		return "", 0, false
-	}
-	n, err := strconv.Atoi(s[i+1:])
-	if err != nil || n < 0 {
-		return "", 0, false
-	}
-	return s[:i], n, true
-}
-
 func describeGPU(ctx context.Context, c *client.Client, w io.Writer, o views.Options, name string) error {
 	nodes, err := c.Nodes(ctx)
 	if err != nil {
@@ -135,7 +121,7 @@ func describeGPU(ctx context.Context, c *client.Client, w io.Writer, o views.Opt
 	}
 	var node *api.NodeStatus
 	var gpu *api.GPUStatus
-	nodeName, index, byIndex := parseGPUName(name)
+	nodeName, index, byIndex := views.ParseGPUName(name)
 	for _, n := range nodes {
 		for _, g := range n.GetGpus() {
 			if byIndex && n.GetRegistration().GetName() == nodeName && int(g.GetInfo().GetIndex()) == index ||
@@ -146,7 +132,7 @@ func describeGPU(ctx context.Context, c *client.Client, w io.Writer, o views.Opt
 	}
 	if gpu == nil {
 		if byIndex {
-			sel, err := selectNodes(nodes, []string{nodeName})
+			sel, err := views.SelectNodes(nodes, []string{nodeName})
 			if err != nil {
 				return err
 			}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
 	"github.com/gpuctl/gpuctl/scheduler/planner"
+	"github.com/gpuctl/gpuctl/scheduler/simulate"
 	"github.com/spf13/cobra"
 )
 
@@ -24,8 +25,8 @@ var jsonDocs = []struct {
 	typ     reflect.Type
 }{
 	{"`plan`", reflect.TypeFor[planner.Document]()},
-	{"`simulate` (with `--trace`)", reflect.TypeFor[simTraceDoc]()},
-	{"`simulate` (with `--model`)", reflect.TypeFor[simRunDoc]()},
+	{"`simulate` (with `--trace`)", reflect.TypeFor[simulate.TraceDocument]()},
+	{"`simulate` (with `--model`)", reflect.TypeFor[simulate.RunDocument]()},
 }
 
 var (

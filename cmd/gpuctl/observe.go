@@ -1,8 +1,6 @@
 package main
 
 import (
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -56,13 +54,11 @@ how many the nodes lost (eBPF ring buffer full).`,
 					req.Last = 0
 				}
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			c, err := dial(ctx, config)
+			ctx, c, done, err := dialInterruptible(cmd, config)
 			if err != nil {
 				return err
 			}
-			defer c.Close()
+			defer done()
 			out := views.NewObserveWriter(cmd.OutOrStdout(), f)
 			if err := c.Observe(ctx, req, out.Batch); err != nil {
 				return err

@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os/signal"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -132,7 +129,7 @@ func newNodeActionCmd(action string) *cobra.Command {
 				if f == views.JSON {
 					return views.NodeAction(cmd.OutOrStdout(), r)
 				}
-				return writeNodeAction(cmd.OutOrStdout(), action, r)
+				return views.NodeActionText(cmd.OutOrStdout(), action, r)
 			})
 		},
 	}
@@ -142,38 +139,6 @@ func newNodeActionCmd(action string) *cobra.Command {
 		cmd.Flags().StringVar(&reason, "reason", "", "why, shown in `gpuctl nodes` and the event log")
 	}
 	return cmd
-}
-
-// writeNodeAction says what a cordon, uncordon or drain did.
-func writeNodeAction(w io.Writer, action string, r *api.CordonResponse) error {
-	n := r.GetNode()
-	line := n.GetRegistration().GetName() + " " + views.NodeStateText(n)
-	if reason := n.GetCordonReason(); reason != "" {
-		line += " (" + api.EscapeText(reason) + ")"
-	}
-	if state, _, _ := views.NodeLiveness(n); action == "uncordon" && state == "down" {
-		line += ": takes new work once it reconnects"
-	}
-	if _, err := fmt.Fprintln(w, line); err != nil {
-		return err
-	}
-	if action != "drain" {
-		return nil
-	}
-	if len(r.GetJobs()) == 0 {
-		_, err := fmt.Fprintln(w, "  no jobs run there")
-		return err
-	}
-	for _, j := range r.GetJobs() {
-		what := "stays: " + api.EscapeText(j.GetReason())
-		if j.GetMoving() {
-			what = "moving to " + strings.Join(j.GetTo(), ",") + " (checkpoint, stop, relaunch)"
-		}
-		if _, err := fmt.Fprintf(w, "  %s  %s\n", j.GetJob(), what); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func newLogsCmd() *cobra.Command {
@@ -202,13 +167,11 @@ escapes them there too.`,
 			if tail < -1 {
 				return fmt.Errorf("logs: --tail %d: give a number of lines, or -1 for all", tail)
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			c, err := dial(ctx, config)
+			ctx, c, done, err := dialInterruptible(cmd, config)
 			if err != nil {
 				return err
 			}
-			defer c.Close()
+			defer done()
 			w := cmd.OutOrStdout()
 			if !cmd.Flags().Changed("raw") {
 				raw = !isTerminal(w)
@@ -290,26 +253,8 @@ func tailLines(ctx context.Context, c *client.Client, req *api.LogsRequest, n in
 		}); err != nil {
 			return nil, err
 		}
-		if last, ok := lastLines(data, n); ok || len(data) < int(want) || want >= maxTailBytes {
+		if last, ok := views.LastLines(data, n); ok || len(data) < int(want) || want >= maxTailBytes {
 			return last, nil
 		}
 	}
-}
-
-// lastLines returns the last n lines of data (a final line without a line
-// break counts), and whether data held more than those.
-func lastLines(data []byte, n int) ([]byte, bool) {
-	end := len(data)
-	if end > 0 && data[end-1] == '\n' {
-		end--
-	}
-	for i := end - 1; i >= 0; i-- {
-		if data[i] == '\n' {
-			n--
-			if n == 0 {
-				return data[i+1:], true
-			}
-		}
-	}
-	return data, false
 }

@@ -346,17 +346,7 @@ func planOrDefault(s, d string) string {
 }
 
 // planDuration renders seconds as the largest sensible unit.
-func planDuration(sec float64) string {
-	switch {
-	case sec >= 2*86400:
-		return fmt.Sprintf("%.1f days", sec/86400)
-	case sec >= 2*3600:
-		return fmt.Sprintf("%.1f h", sec/3600)
-	case sec >= 120:
-		return fmt.Sprintf("%.0f min", sec/60)
-	}
-	return fmt.Sprintf("%.1f s", sec)
-}
+func planDuration(sec float64) string { return views.Span(sec) }
 
 func writePlanTable(w io.Writer, in planInput, ranked []costmodel.Evaluation, rejected []costmodel.Rejection, top int) error {
 	fmt.Fprintln(w, planDescribe(in))

@@ -1,14 +1,11 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -177,7 +174,7 @@ func runSimulateTrace(cmd *cobra.Command, f simFlags) error {
 		}
 		mix = &simulate.Mix{Models: f.mix, Rates: rates, Reshardable: true}
 	}
-	var rows []simRow
+	var rows []simulate.TraceRow
 	for _, name := range names {
 		p, err := scheduler.PolicyWithWeights(name, weights)
 		if err != nil {
@@ -194,134 +191,12 @@ func runSimulateTrace(cmd *cobra.Command, f simFlags) error {
 		if err != nil {
 			return err
 		}
-		rows = append(rows, simRow{Result: res, WallSeconds: time.Since(start).Seconds()})
+		rows = append(rows, simulate.TraceRow{Result: res, WallSeconds: time.Since(start).Seconds()})
 	}
 	if f.output == "json" {
-		return writeJSON(cmd.OutOrStdout(), simTraceDocument(tracePath, rows))
+		return views.WriteDocument(cmd.OutOrStdout(), simulate.NewTraceDocument(tracePath, rows))
 	}
-	return printSimTable(cmd.OutOrStdout(), tracePath, rows)
-}
-
-// simRow is one policy's result with the wall time the replay took.
-type simRow struct {
-	simulate.Result
-	WallSeconds float64
-}
-
-// simTraceDoc is simulate --trace -o json's document; docs/costmodel.md,
-// "JSON output", documents every field.
-type simTraceDoc struct {
-	Trace                     string          `json:"trace"`
-	Jobs                      int             `json:"jobs"`
-	Nodes                     int             `json:"nodes"`
-	GPUs                      int             `json:"gpus"`
-	CheckpointIntervalSeconds int64           `json:"checkpoint_interval_seconds"`
-	Policies                  []simPolicyJSON `json:"policies"`
-}
-
-// simPolicyJSON is one policy's replay.
-type simPolicyJSON struct {
-	Policy           string  `json:"policy"`
-	MeanJCTSeconds   float64 `json:"mean_jct_seconds"`
-	P50JCTSeconds    float64 `json:"p50_jct_seconds"`
-	P95JCTSeconds    float64 `json:"p95_jct_seconds"`
-	P99JCTSeconds    float64 `json:"p99_jct_seconds"`
-	MeanQueueSeconds float64 `json:"mean_queue_seconds"`
-	MakespanSeconds  int64   `json:"makespan_seconds"`
-	Utilization      float64 `json:"utilization"`
-	Restarts         int     `json:"restarts"`
-	Preemptions      int     `json:"preemptions"`
-	LostGPUSeconds   float64 `json:"lost_gpu_seconds"`
-	Events           int     `json:"events"`
-	SchedulingPasses int     `json:"scheduling_passes"`
-	BackfilledStarts int     `json:"backfilled_starts"`
-	WallSeconds      float64 `json:"wall_seconds"`
-}
-
-// simTraceDocument builds the trace replay's -o json document.
-func simTraceDocument(tracePath string, rows []simRow) simTraceDoc {
-	doc := simTraceDoc{Trace: tracePath, Policies: []simPolicyJSON{}}
-	for i, r := range rows {
-		if i == 0 {
-			doc.Jobs, doc.Nodes, doc.GPUs, doc.CheckpointIntervalSeconds = r.Jobs, r.Nodes, r.GPUs, r.CheckpointSeconds
-		}
-		doc.Policies = append(doc.Policies, simPolicyJSON{
-			Policy: r.Policy, MeanJCTSeconds: r.MeanJCT, P50JCTSeconds: r.P50JCT, P95JCTSeconds: r.P95JCT, P99JCTSeconds: r.P99JCT,
-			MeanQueueSeconds: r.MeanQueue, MakespanSeconds: r.Makespan, Utilization: r.Utilization, Restarts: r.Restarts,
-			Preemptions: r.Preemptions, LostGPUSeconds: r.LostGPUHours * 3600, Events: r.Events, SchedulingPasses: r.SchedulingPasses,
-			BackfilledStarts: r.BackfilledStarts, WallSeconds: r.WallSeconds,
-		})
-	}
-	return doc
-}
-
-func writeJSON(w io.Writer, v any) error {
-	doc, err := views.WithNulls(v)
-	if err != nil {
-		return fmt.Errorf("write json: %w", err)
-	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(doc); err != nil {
-		return fmt.Errorf("write json: %w", err)
-	}
-	return nil
-}
-
-func printSimTable(w io.Writer, tracePath string, rows []simRow) error {
-	if len(rows) == 0 {
-		return nil
-	}
-	r0 := rows[0]
-	fmt.Fprintf(w, "trace %s: %d jobs on %d nodes × %d GPUs (%d GPUs), checkpoint every %s\n\n",
-		tracePath, r0.Jobs, r0.Nodes, r0.GPUs/max(r0.Nodes, 1), r0.GPUs, time.Duration(r0.CheckpointSeconds)*time.Second)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "POLICY\tMEAN JCT\tP50 JCT\tP95 JCT\tP99 JCT\tMEAN QUEUE\tMAKESPAN\tUTIL\tRESTARTS\tPREEMPT\tLOST GPU-H\tWALL\t")
-	hours := func(s float64) string { return fmt.Sprintf("%.1fh", s/3600) }
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t%d\t%.0f\t%.2fs\t\n",
-			r.Policy, hours(r.MeanJCT), hours(r.P50JCT), hours(r.P95JCT), hours(r.P99JCT), hours(r.MeanQueue),
-			hours(float64(r.Makespan)), 100*r.Utilization, r.Restarts, r.Preemptions, r.LostGPUHours, r.WallSeconds)
-	}
-	return tw.Flush()
-}
-
-// simRunDoc is simulate --model -o json's document.
-type simRunDoc struct {
-	Model costmodel.Model      `json:"model"`
-	GPU   string               `json:"gpu"`
-	GPUs  int                  `json:"gpus"`
-	Plan  costmodel.Evaluation `json:"plan"`
-	// Cluster is what the replay ran on.
-	Cluster simClusterJSON `json:"cluster"`
-	// Predicted is the cost model's expectation, Simulated the replay.
-	Predicted simPredictedJSON       `json:"predicted"`
-	Simulated simulate.FailureResult `json:"simulated"`
-	// DifferencePercent is simulated over predicted effective time, less 100.
-	DifferencePercent float64 `json:"difference_percent"`
-}
-
-type simClusterJSON struct {
-	JobNodes           int     `json:"job_nodes"`
-	SpareNodes         int     `json:"spare_nodes"`
-	GPUsPerNode        int     `json:"gpus_per_node"`
-	MTBFSeconds        float64 `json:"mtbf_seconds"`
-	GPUFaultShare      float64 `json:"gpu_fault_share"`
-	RepairSeconds      float64 `json:"repair_seconds"`
-	Seed               uint64  `json:"seed"`
-	CheckpointSeconds  float64 `json:"checkpoint_seconds"`
-	CheckpointInterval float64 `json:"checkpoint_interval_seconds"`
-	DetectSeconds      float64 `json:"detect_seconds"`
-	RestartSeconds     float64 `json:"restart_seconds"`
-	TrainTokens        float64 `json:"train_tokens,omitempty"`
-	Steps              int     `json:"steps"`
-	FailureFreeSeconds float64 `json:"failure_free_seconds"`
-}
-
-type simPredictedJSON struct {
-	EffectiveSeconds float64 `json:"effective_seconds"`
-	Goodput          float64 `json:"goodput"`
-	Interruptions    float64 `json:"interruptions"`
+	return views.SimTrace(cmd.OutOrStdout(), tracePath, rows)
 }
 
 // simRunInput resolves the flags of a run under failures into the cost
@@ -426,41 +301,9 @@ func runSimulateFailures(cmd *cobra.Command, f simFlags) error {
 	if err != nil {
 		return err
 	}
-	doc := simRunDocument(c, best, fc, steps, res)
+	doc := simulate.NewRunDocument(c, best, fc, steps, res)
 	if f.output == "json" {
-		return writeJSON(cmd.OutOrStdout(), doc)
+		return views.WriteDocument(cmd.OutOrStdout(), doc)
 	}
-	w := cmd.OutOrStdout()
-	fmt.Fprintf(w, "%s on %d × %s: %s, step %.2fs, MFU %.1f%%\n", c.Model.Name, doc.GPUs, doc.GPU, best.Plan, best.StepSeconds, best.MFU*100)
-	fmt.Fprintf(w, "%d steps (%.3g tokens): %s of failure-free training\n", steps, c.Training.TrainTokens, planDuration(fc.Work))
-	fmt.Fprintf(w, "cluster: %d job nodes + %d spares; an interruption every %s (%.0f%% one GPU, the rest a node), repairs take %s, seed %d\n",
-		fc.JobNodes, fc.Spares, planDuration(fc.MTBF), fc.GPUFaultShare*100, planDuration(fc.Repair), fc.Seed)
-	fmt.Fprintf(w, "checkpoint %.0fs every %s; detection %.0fs, restart %.0fs\n\n", fc.CheckpointTime, planDuration(fc.CheckpointInterval), fc.Detect, fc.Restart)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "\tEFFECTIVE TIME\tGOODPUT\tINTERRUPTIONS\t")
-	fmt.Fprintf(tw, "predicted\t%s\t%.2f%%\t%.0f\t\n", planDuration(doc.Predicted.EffectiveSeconds), doc.Predicted.Goodput*100, doc.Predicted.Interruptions)
-	fmt.Fprintf(tw, "simulated\t%s\t%.2f%%\t%d\t\n", planDuration(res.WallSeconds), res.Goodput*100, res.Interruptions)
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	fmt.Fprintf(w, "\nsimulated − predicted: %+.2f%%; %d GPU and %d node failures (%d during recovery), %d nodes swapped in, %s lost work, %s recovering (%s waiting for nodes), %d checkpoints; replay took %.2fs\n",
-		doc.DifferencePercent, res.GPUFailures, res.NodeFailures, res.DuringRecovery, res.Replacements, planDuration(res.LostWorkSeconds),
-		planDuration(res.RecoverySeconds), planDuration(res.SpareWaitSeconds), res.Checkpoints, time.Since(start).Seconds())
-	return nil
-}
-
-// simRunDocument builds the run-under-failures -o json document.
-func simRunDocument(c costmodel.Config, best costmodel.Evaluation, fc simulate.FailureConfig, steps int, res simulate.FailureResult) simRunDoc {
-	g := best.Goodput
-	pred := costmodel.ExpectedWallTime(fc.Work, fc.CheckpointInterval, fc.CheckpointTime, fc.Detect+fc.Restart, fc.MTBF)
-	return simRunDoc{
-		Model: c.Model, GPU: c.Hardware.Name, GPUs: best.GPUs(), Plan: best,
-		Cluster: simClusterJSON{JobNodes: fc.JobNodes, SpareNodes: fc.Spares, GPUsPerNode: fc.GPUsPerNode, MTBFSeconds: fc.MTBF,
-			GPUFaultShare: fc.GPUFaultShare, RepairSeconds: fc.Repair, Seed: fc.Seed, CheckpointSeconds: fc.CheckpointTime,
-			CheckpointInterval: fc.CheckpointInterval, DetectSeconds: fc.Detect, RestartSeconds: fc.Restart,
-			TrainTokens: c.Training.TrainTokens, Steps: steps, FailureFreeSeconds: fc.Work},
-		Predicted:         simPredictedJSON{EffectiveSeconds: pred, Goodput: g.Fraction, Interruptions: pred / fc.MTBF},
-		Simulated:         res,
-		DifferencePercent: (res.WallSeconds/pred - 1) * 100,
-	}
+	return views.SimRun(cmd.OutOrStdout(), doc, time.Since(start))
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gpuctl/gpuctl/scheduler"
+	"github.com/gpuctl/gpuctl/scheduler/simulate"
 )
 
 // phillyTrace is the Philly trace committed in the repository.
@@ -41,7 +42,7 @@ func TestSimulateTraceJSON(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	var doc simTraceDoc
+	var doc simulate.TraceDocument
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -58,7 +59,7 @@ func TestSimulateRunUnderFailures(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	var doc simRunDoc
+	var doc simulate.RunDocument
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}

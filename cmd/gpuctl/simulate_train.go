@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -74,15 +73,7 @@ runtimes, for gpuctl serve --policy learned+backfill --policy-weights FILE; belo
 					return err
 				}
 				learn, tested = train, test
-				m := predict.Train(simulate.Records(train), minSupport)
-				var est, mean, actual []int64
-				all := m.Overall()
-				for _, tj := range test {
-					est = append(est, max(m.Predict(simulate.Features(tj)).Seconds, 1))
-					mean = append(mean, all)
-					actual = append(actual, tj.Runtime)
-				}
-				a, b := predict.Score(est, actual), predict.Score(mean, actual)
+				a, b := simulate.HoldOut(predict.Train(simulate.Records(train), minSupport), test)
 				fmt.Fprintf(cmd.ErrOrStderr(), "learned on %d jobs, tested on the %d after them:\n", len(train), len(test))
 				fmt.Fprintf(cmd.ErrOrStderr(), "  model:              median factor %.2f, %.0f%% within 2×, %.0f%% short\n", a.MedianFactor, 100*a.Within2, 100*a.Under)
 				fmt.Fprintf(cmd.ErrOrStderr(), "  one mean runtime:   median factor %.2f, %.0f%% within 2×, %.0f%% short\n", b.MedianFactor, 100*b.Within2, 100*b.Under)
@@ -125,9 +116,8 @@ runtimes, for gpuctl serve --policy learned+backfill --policy-weights FILE; belo
 	return cmd
 }
 
-// finishedJobs are the succeeded jobs of a `gpuctl jobs -o json`
-// document as a trace: each ran as long as its attempts together, and
-// was submitted when it was (seconds from the first submission).
+// finishedJobs reads the succeeded jobs of the `gpuctl jobs -o json`
+// document at path (- for stdin) as a trace.
 func finishedJobs(stdin io.Reader, path string) ([]trace.Job, error) {
 	r := stdin
 	if path != "-" {
@@ -138,43 +128,9 @@ func finishedJobs(stdin io.Reader, path string) ([]trace.Job, error) {
 		defer f.Close()
 		r = f
 	}
-	var doc struct {
-		Jobs []views.JobJSON `json:"jobs"`
-	}
-	if err := json.NewDecoder(r).Decode(&doc); err != nil {
-		return nil, fmt.Errorf("--jobs %s: not a `gpuctl jobs -o json` document: %w", path, err)
-	}
-	var jobs []trace.Job
-	var first int64
-	for _, j := range doc.Jobs {
-		if j.State != "succeeded" || j.SubmitTime == nil {
-			continue
-		}
-		var ran float64
-		for _, a := range j.Attempts {
-			if a.StartTime != nil && a.EndTime != nil {
-				ran += a.EndTime.Sub(*a.StartTime).Seconds()
-			}
-		}
-		if ran < 1 {
-			continue
-		}
-		tenant := ""
-		if j.Tenant != nil {
-			tenant = *j.Tenant
-		}
-		sub := j.SubmitTime.Unix()
-		if len(jobs) == 0 || sub < first {
-			first = sub
-		}
-		jobs = append(jobs, trace.Job{ID: j.ID, Name: j.Name, Submit: sub, GPUs: max(j.GPUs, 1), Runtime: int64(ran), Tenant: tenant,
-			Clock: j.SubmitTime.UTC()})
-	}
-	if len(jobs) == 0 {
-		return nil, fmt.Errorf("--jobs %s: no succeeded job to learn from", path)
-	}
-	for i := range jobs {
-		jobs[i].Submit -= first
+	jobs, err := views.FinishedJobs(r)
+	if err != nil {
+		return nil, fmt.Errorf("--jobs %s: %w", path, err)
 	}
 	return jobs, nil
 }

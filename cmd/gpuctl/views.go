@@ -92,6 +92,19 @@ func withClient(cmd *cobra.Command, config string, f func(c *client.Client) erro
 	return f(c)
 }
 
+// dialInterruptible dials as withClient does for a command that runs until
+// interrupted: ctx ends on SIGINT or SIGTERM, and done closes the
+// connection and stops listening for them.
+func dialInterruptible(cmd *cobra.Command, config string) (ctx context.Context, c *client.Client, done func(), err error) {
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+	c, err = dial(ctx, config)
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	return ctx, c, func() { c.Close(); stop() }, nil
+}
+
 // runView fetches and renders once, or with --watch again whenever the
 // view's watch streams say something changed (at most every --interval;
 // views without streams ask again every --interval). On a terminal each
@@ -102,13 +115,11 @@ func (v *viewFlags) run(cmd *cobra.Command, render func(ctx context.Context, c *
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	c, err := dial(ctx, v.config)
+	ctx, c, done, err := dialInterruptible(cmd, v.config)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer done()
 	w := cmd.OutOrStdout()
 	if !v.watch {
 		return render(ctx, c, w, v.options(cmd, f))
@@ -211,48 +222,6 @@ func isTerminal(w io.Writer) bool {
 	return err == nil
 }
 
-// unknownNames is the error for names that match nothing: it says which
-// exist, so a typo is never an empty table.
-func unknownNames(kind string, missing, known []string, hint string) error {
-	list := views.HostList(known)
-	if len(known) == 0 {
-		list = "none"
-	}
-	s := "s"
-	if len(missing) == 1 {
-		s = ""
-	}
-	return fmt.Errorf("no %s%s named %s: known %ss are %s (%s)", kind, s, strings.Join(views.Quoted(missing), ", "), kind, list, hint)
-}
-
-// selectNodes keeps the named nodes, in the order named; none named keeps
-// all.
-func selectNodes(nodes []*api.NodeStatus, names []string) ([]*api.NodeStatus, error) {
-	if len(names) == 0 {
-		return nodes, nil
-	}
-	byName := map[string]*api.NodeStatus{}
-	var known []string
-	for _, n := range nodes {
-		byName[n.GetRegistration().GetName()] = n
-		known = append(known, n.GetRegistration().GetName())
-	}
-	sort.Strings(known)
-	var out []*api.NodeStatus
-	var missing []string
-	for _, name := range names {
-		if n, ok := byName[name]; ok {
-			out = append(out, n)
-		} else {
-			missing = append(missing, name)
-		}
-	}
-	if len(missing) > 0 {
-		return nil, unknownNames("node", missing, known, "`gpuctl nodes` lists them")
-	}
-	return out, nil
-}
-
 func newNodesCmd() *cobra.Command {
 	var v viewFlags
 	cmd := &cobra.Command{
@@ -267,7 +236,7 @@ Figures in parentheses are the last ones a down node sent, not live readings.`,
 				if err != nil {
 					return err
 				}
-				if nodes, err = selectNodes(nodes, args); err != nil {
+				if nodes, err = views.SelectNodes(nodes, args); err != nil {
 					return err
 				}
 				return views.Nodes(w, o, nodes)
@@ -291,7 +260,7 @@ func newGPUsCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if nodes, err = selectNodes(nodes, append(append([]string{}, args...), node...)); err != nil {
+				if nodes, err = views.SelectNodes(nodes, append(append([]string{}, args...), node...)); err != nil {
 					return err
 				}
 				return views.GPUs(w, o, nodes)
@@ -364,13 +333,11 @@ func streamEvents(cmd *cobra.Command, v *viewFlags, node, job string, since sinc
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	c, err := dial(ctx, v.config)
+	ctx, c, done, err := dialInterruptible(cmd, v.config)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer done()
 	w := cmd.OutOrStdout()
 	o := v.options(cmd, f)
 	var ids map[string]bool

@@ -18,7 +18,7 @@ import (
 // return. Each change of size is an event with its reason.
 
 // fullDP is the data-parallel size the job was submitted with.
-func (m *Manager) fullDP(en *entry) int {
+func (pc *placer) fullDP(en *entry) int {
 	j := en.job
 	tp, pp := max(int(j.GetPlan().GetTp()), 1), max(int(j.GetPlan().GetPp()), 1)
 	if full := int(j.GetFullGpus()); full > 0 {
@@ -30,7 +30,7 @@ func (m *Manager) fullDP(en *entry) int {
 // resize sets the plan's data-parallel size for the next attempt, keeping
 // the global batch (micro-batches per replica scale inversely), and raises
 // an elastic event when the size changes.
-func (m *Manager) resize(en *entry, dp int) {
+func (pc *placer) resize(en *entry, dp int) {
 	j := en.job
 	cur := int(j.GetPlan().GetDp())
 	if cur == dp || j.GetPlan() == nil {
@@ -57,8 +57,8 @@ func (m *Manager) resize(en *entry, dp int) {
 		msg += ": " + en.resizeWhy
 		en.resizeWhy = ""
 	}
-	m.log.Info("elastic resize", "job", j.GetId(), "from_dp", cur, "to_dp", dp)
-	m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_ELASTIC, Severity: api.Severity_SEVERITY_WARNING, Job: j.GetId(), Message: msg,
+	pc.m.log.Info("elastic resize", "job", j.GetId(), "from_dp", cur, "to_dp", dp)
+	pc.m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_ELASTIC, Severity: api.Severity_SEVERITY_WARNING, Job: j.GetId(), Message: msg,
 		Attrs: map[string]string{"from_dp": fmt.Sprint(cur), "to_dp": fmt.Sprint(dp)}})
 }
 
@@ -71,33 +71,33 @@ func elastic(en *entry) bool {
 // allowed size up to its full one that fits now: checkpoint, stop,
 // relaunch at that size resuming from the checkpoint. One move at a time,
 // like rebalance moves.
-func (m *Manager) growBack(now time.Time) {
-	if len(m.moves) > 0 {
+func (pc *placer) growBack(now time.Time) {
+	if len(pc.m.stops.moves) > 0 {
 		return
 	}
-	for _, en := range m.jobs {
+	for _, en := range pc.m.jobs {
 		if en.job.GetStopping() == api.JobStop_JOB_STOP_MOVE {
 			return
 		}
 	}
 	var snap *scheduler.Snapshot
-	for _, en := range m.sorted() {
+	for _, en := range pc.m.sorted() {
 		j := en.job
 		if !elastic(en) || !active(j) {
 			continue
 		}
-		cur, full := int(j.GetPlan().GetDp()), m.fullDP(en)
+		cur, full := int(j.GetPlan().GetDp()), pc.fullDP(en)
 		if cur >= full {
 			continue
 		}
 		if snap == nil {
-			s := m.snapshot(now)
+			s := pc.snapshot(now)
 			snap = &s
 		}
 		sizes := append(slices.Clone(en.spec.Elastic.DataParallel), full)
 		slices.Sort(sizes)
 		slices.Reverse(sizes)
-		r := m.request(en)
+		r := pc.request(en)
 		for _, dp := range sizes {
 			if dp <= cur || dp > full {
 				continue
@@ -108,8 +108,8 @@ func (m *Manager) growBack(now time.Time) {
 			}
 			why := fmt.Sprintf("growing back from data-parallel %d to %d on %s at the next checkpoint", cur, dp, strings.Join(pl.Nodes(), ","))
 			en.resizeWhy = fmt.Sprintf("room on %s again", strings.Join(pl.Nodes(), ","))
-			m.startMove(en, pl, why, now)
-			m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_ELASTIC, Job: j.GetId(),
+			pc.m.stops.startMove(en, pl, why, now)
+			pc.m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_ELASTIC, Job: j.GetId(),
 				Message: fmt.Sprintf("room for data-parallel %d again (%s): checkpointing to grow back", dp, strings.Join(pl.Nodes(), ","))})
 			return
 		}

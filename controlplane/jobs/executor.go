@@ -131,22 +131,33 @@ const (
 	ExecutorRetryMax = time.Minute
 )
 
-// requeueUnlaunched puts an attempt that never started back in the queue
+// executorWatch applies what an executor (Slurm) reports for the owner:
+// attempts it placed or could not start, and the jobs it runs that gpuctl
+// did not submit, which it keeps. The jobs and the current step are the
+// owner's, reached through m. It runs on the owner's goroutine only.
+type executorWatch struct {
+	m *Manager
+	// externals are the executor's jobs gpuctl did not submit (listed,
+	// never scheduled): ExternalJobs.
+	externals map[string]*api.Job
+}
+
+// requeue puts an attempt that never started back in the queue
 // (a preemption with no rank to stop), to be tried again after a backoff.
-func (m *Manager) requeueUnlaunched(en *entry, why string, now time.Time) {
+func (ex *executorWatch) requeue(en *entry, why string, now time.Time) {
 	j := en.job
 	en.retryAt = now.Add(min(ExecutorRetry<<min(en.retries, 6), ExecutorRetryMax))
 	en.retryWhy = why
 	en.retries++
 	from := phaseOf(j)
 	j.Stopping, j.StopSinceUnixNano = api.JobStop_JOB_STOP_PREEMPT, now.UnixNano()
-	m.check(from, EvPreempt, j)
+	ex.m.check(from, EvPreempt, j)
 	preemptions := j.GetPreemptions()
-	m.finishStop(en, now)
+	ex.m.stops.finishStop(en, now)
 	j.Preemptions = preemptions
 	j.Reason = "not started, back in the queue: " + why
-	m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_JOB, Severity: api.Severity_SEVERITY_WARNING, Job: j.GetId(), Message: j.GetReason()})
-	m.log.Warn("attempt not started; requeued", "job", j.GetId(), "why", why)
+	ex.m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_JOB, Severity: api.Severity_SEVERITY_WARNING, Job: j.GetId(), Message: j.GetReason()})
+	ex.m.log.Warn("attempt not started; requeued", "job", j.GetId(), "why", why)
 }
 
 type msgExecutorFailed struct {
@@ -166,22 +177,22 @@ func (f *Front) ExecutorFailed(job string, attempt uint32, nodes []string, reaso
 	f.in.post(msgExecutorFailed{job: job, attempt: attempt, nodes: nodes, reason: reason})
 }
 
-func (m *Manager) executorFailed(msg msgExecutorFailed) {
-	en := m.jobs[msg.job]
+func (ex *executorWatch) failed(msg msgExecutorFailed) {
+	en := ex.m.jobs[msg.job]
 	if en == nil || en.job.GetAttempt() != msg.attempt {
 		return
 	}
-	if !active(en.job) && m.recs[msg.job] == nil {
+	if !active(en.job) && ex.m.rec.recs[msg.job] == nil {
 		// Stopping, or ended; a recovery already under way (the ranks'
 		// exits came first) still learns which nodes to avoid.
 		return
 	}
 	if len(msg.nodes) == 0 {
-		m.giveUp(en, msg.reason, m.now())
+		ex.m.rec.giveUp(en, msg.reason, ex.m.now())
 	} else {
-		m.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: msg.nodes}, msg.reason, m.now())
+		ex.m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: msg.nodes}, msg.reason, ex.m.now())
 	}
-	m.kick()
+	ex.m.kick()
 }
 
 type msgPlaced struct {
@@ -198,14 +209,14 @@ func (m *Manager) ExecutorPlaced(job string, attempt uint32, nodes []string) {
 	m.in.post(msgPlaced{job: job, attempt: attempt, nodes: nodes})
 }
 
-func (m *Manager) placed(msg msgPlaced) {
-	en := m.jobs[msg.job]
+func (ex *executorWatch) placed(msg msgPlaced) {
+	en := ex.m.jobs[msg.job]
 	if en == nil || en.job.GetAttempt() != msg.attempt || !active(en.job) {
 		return
 	}
 	j := en.job
 	if len(msg.nodes) != len(j.GetPlacement()) {
-		m.log.Warn("executor placed an attempt on a different number of nodes; placement kept", "job", j.GetId(), "nodes", msg.nodes)
+		ex.m.log.Warn("executor placed an attempt on a different number of nodes; placement kept", "job", j.GetId(), "nodes", msg.nodes)
 		return
 	}
 	if slices.Equal(msg.nodes, nodesOfJob(j)) {
@@ -214,13 +225,13 @@ func (m *Manager) placed(msg msgPlaced) {
 	for i, jn := range j.GetPlacement() {
 		jn.Node = msg.nodes[i]
 	}
-	j.MasterAddr = m.addrOf(msg.nodes[0])
+	j.MasterAddr = ex.m.launcher.addrOf(msg.nodes[0])
 	if n := len(j.GetAttempts()); n > 0 {
 		j.Attempts[n-1].Nodes = slices.Clone(msg.nodes)
 	}
 	// Rank starts reported before the placement was known found no rank
 	// to match: take their pids from what the nodes report now.
-	for _, nr := range m.cfg.Nodes.Ranks(j.GetId()) {
+	for _, nr := range ex.m.cfg.Nodes.Ranks(j.GetId()) {
 		for _, st := range nr.Ranks {
 			if r := findRank(j, nr.Node, st.GetRank()); r != nil && st.GetAttempt() == j.GetAttempt() && r.GetPid() == 0 && !r.GetExited() {
 				r.Pid = st.GetPid()
@@ -228,9 +239,9 @@ func (m *Manager) placed(msg msgPlaced) {
 		}
 	}
 	j.Reason = fmt.Sprintf("attempt %d placed by Slurm on %s", j.GetAttempt(), strings.Join(msg.nodes, ","))
-	m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_JOB, Job: j.GetId(), Message: j.GetReason()})
-	m.save(en)
-	m.kick()
+	ex.m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_JOB, Job: j.GetId(), Message: j.GetReason()})
+	ex.m.save(en)
+	ex.m.kick()
 }
 
 func nodesOfJob(j *api.Job) []string {
@@ -249,39 +260,39 @@ type msgExternal struct{ jobs []*api.Job }
 // they live). The jobs are not modified afterwards.
 func (f *Front) ExternalJobs(jobs []*api.Job) { f.in.post(msgExternal{jobs: jobs}) }
 
-func (m *Manager) external(msg msgExternal) {
+func (ex *executorWatch) external(msg msgExternal) {
 	next := make(map[string]*api.Job, len(msg.jobs))
 	for _, j := range msg.jobs {
-		if m.jobs[j.GetId()] != nil {
-			m.log.Warn("an external job has the id of a gpuctl job; not listed", "job", j.GetId())
+		if ex.m.jobs[j.GetId()] != nil {
+			ex.m.log.Warn("an external job has the id of a gpuctl job; not listed", "job", j.GetId())
 			continue
 		}
 		next[j.GetId()] = j
 	}
-	changed := len(next) != len(m.externals)
+	changed := len(next) != len(ex.externals)
 	for id, j := range next {
-		if old := m.externals[id]; old == nil || !equalJob(old, j) {
+		if old := ex.externals[id]; old == nil || !equalJob(old, j) {
 			changed = true
-			if m.cfg.Publish != nil {
-				m.cfg.Publish.PublishJob(j)
+			if ex.m.cfg.Publish != nil {
+				ex.m.cfg.Publish.PublishJob(j)
 			}
 		}
 	}
 	if !changed {
 		return
 	}
-	m.externals = next
-	m.publishView()
+	ex.externals = next
+	ex.m.publishView()
 }
 
 func equalJob(a, b *api.Job) bool { return proto.Equal(a, b) }
 
-// externalsSorted lists the external jobs by id.
-func (m *Manager) externalsSorted() []*api.Job {
-	ids := slices.Sorted(maps.Keys(m.externals))
+// sorted lists the external jobs by id.
+func (ex *executorWatch) sorted() []*api.Job {
+	ids := slices.Sorted(maps.Keys(ex.externals))
 	out := make([]*api.Job, len(ids))
 	for i, id := range ids {
-		out[i] = m.externals[id]
+		out[i] = ex.externals[id]
 	}
 	return out
 }

@@ -150,7 +150,7 @@ func TestExternalJobsListed(t *testing.T) {
 	h.reconcile()
 	busy := func() []int {
 		var out []int
-		for _, n := range h.m.snapshot(h.clock.now()).Nodes {
+		for _, n := range h.m.placer.snapshot(h.clock.now()).Nodes {
 			for _, g := range n.GPUs {
 				if n.Name == "n2" && g.Job == "slurm-7" {
 					out = append(out, g.Index)

@@ -27,6 +27,14 @@ import (
 // before it is ready (nodes.Registry, from Superseded) and again here,
 // from the owner's own state, which the committed view may trail.
 
+// fencer keeps the owner's fences: it sets them when a node is lost,
+// tells the witnesses, and lifts each once its node is confirmed free of
+// the old attempt or past its lease. What it keeps is per job, on the
+// entry (fences, supersedeSent), so it goes with the job; the jobs and the
+// current step are the owner's, reached through m. It runs on the owner's
+// goroutine only.
+type fencer struct{ m *Manager }
+
 // fenceMargin is added to a lost node's lease: its shims send SIGKILL
 // within a fraction of it after the lease ends.
 const fenceMargin = time.Second
@@ -95,12 +103,12 @@ func (f *Front) Superseded(node string, running []*api.RankStatus) []*api.RankSt
 // awaitFence records that node, just lost, may still run job en's current
 // attempt until its lease has passed (counted from the node's last
 // contact).
-func (m *Manager) awaitFence(en *entry, node string, now time.Time) {
-	if m.cfg.Lease <= 0 {
+func (fc *fencer) awaitFence(en *entry, node string, now time.Time) {
+	if fc.m.cfg.Lease <= 0 {
 		return
 	}
 	last := now
-	for _, n := range m.cfg.Nodes.Nodes() {
+	for _, n := range fc.m.cfg.Nodes.Nodes() {
 		if n.GetRegistration().GetName() == node && n.GetLastSeenUnixNano() > 0 {
 			if seen := time.Unix(0, n.GetLastSeenUnixNano()); seen.Before(last) {
 				last = seen
@@ -118,13 +126,13 @@ func (m *Manager) awaitFence(en *entry, node string, now time.Time) {
 		f.acks = old.acks
 	}
 	en.fences[node] = f
-	m.keepFences(en)
-	m.supersede(en, now)
+	fc.keepFences(en)
+	fc.supersede(en, now)
 }
 
 // supersede tells the witnesses of en's fences that their attempt is
 // superseded, each once every supersedeRetry until it acknowledges.
-func (m *Manager) supersede(en *entry, now time.Time) {
+func (fc *fencer) supersede(en *entry, now time.Time) {
 	todo := map[string]uint32{}
 	for _, f := range en.fences {
 		for _, w := range f.witnesses {
@@ -140,11 +148,11 @@ func (m *Manager) supersede(en *entry, now time.Time) {
 	if en.supersedeSent == nil {
 		en.supersedeSent = map[string]time.Time{}
 	}
-	id, timeout, post, clock := en.job.GetId(), m.cfg.CommandTimeout, m.in.post, m.cfg.Now
+	id, timeout, post, clock := en.job.GetId(), fc.m.cfg.CommandTimeout, fc.m.in.post, fc.m.cfg.Now
 	for _, w := range slices.Sorted(mapKeys(todo)) {
 		en.supersedeSent[w] = now
 		attempt := todo[w]
-		m.act(func(d *dispatcher) {
+		fc.m.act(func(d *dispatcher) {
 			d.enqueue(w, &api.Command{Body: &api.Command_Supersede{Supersede: &api.Supersede{Job: id, Attempt: attempt}}}, timeout,
 				func(ack *api.CommandAck, err error) {
 					post(msgSuperseded{job: id, attempt: attempt, witness: w, received: clock(),
@@ -156,13 +164,13 @@ func (m *Manager) supersede(en *entry, now time.Time) {
 
 // superseded applies a witness's acknowledgement to the fences it
 // witnesses.
-func (m *Manager) superseded(msg msgSuperseded) {
-	en := m.jobs[msg.job]
+func (fc *fencer) superseded(msg msgSuperseded) {
+	en := fc.m.jobs[msg.job]
 	if en == nil {
 		return
 	}
 	if msg.err != nil {
-		m.log.Warn("witness did not take a superseded attempt; sent again shortly", "job", msg.job, "attempt", msg.attempt, "witness", msg.witness, "err", msg.err)
+		fc.m.log.Warn("witness did not take a superseded attempt; sent again shortly", "job", msg.job, "attempt", msg.attempt, "witness", msg.witness, "err", msg.err)
 		return
 	}
 	for node, f := range en.fences {
@@ -172,27 +180,27 @@ func (m *Manager) superseded(msg msgSuperseded) {
 		f.acks = append(f.acks, fencing.Ack{Witness: msg.witness, Received: msg.received, VouchedAgo: msg.ago})
 		en.fences[node] = f
 	}
-	m.kick()
+	fc.m.kick()
 }
 
 // keepFences stores which nodes en waits for, so that a restarted server
-// waits for them too (fenceAfterLoad).
-func (m *Manager) keepFences(en *entry) {
+// waits for them too (afterLoad).
+func (fc *fencer) keepFences(en *entry) {
 	nodes := slices.Sorted(mapKeys(en.fences))
 	if slices.Equal(nodes, en.job.GetFencedNodes()) {
 		return
 	}
 	en.job.FencedNodes = nodes
-	m.save(en)
+	fc.m.save(en)
 }
 
-// fenceAfterLoad restores, after a server restart, the fences of a job
+// afterLoad restores, after a server restart, the fences of a job
 // that will start again (recovering, moving, preempted): the nodes it
 // waited for, and any node whose ranks of it were lost. Such a node may
 // still run its ranks until a lease from the last renewal the old server
 // sent, which was no later than now.
-func (m *Manager) fenceAfterLoad(en *entry, now time.Time) {
-	if m.cfg.Lease <= 0 {
+func (fc *fencer) afterLoad(en *entry, now time.Time) {
+	if fc.m.cfg.Lease <= 0 {
 		return
 	}
 	nodes := slices.Clone(en.job.GetFencedNodes())
@@ -209,24 +217,24 @@ func (m *Manager) fenceAfterLoad(en *entry, now time.Time) {
 		}
 		en.fences[node] = fence{attempt: en.job.GetAttempt(), lastContact: now, witnesses: fencing.Of(en.job.GetWitnesses(), node)}
 	}
-	m.keepFences(en)
-	m.supersede(en, now)
+	fc.keepFences(en)
+	fc.supersede(en, now)
 }
 
 // unfenced returns the nodes that may still run an old attempt of en at
 // now; a fence whose lease has passed is dropped with an event.
-func (m *Manager) unfenced(en *entry, now time.Time) []string {
+func (fc *fencer) unfenced(en *entry, now time.Time) []string {
 	var wait []string
 	for _, node := range slices.Sorted(mapKeys(en.fences)) {
 		f := en.fences[node]
-		until, ok := f.until(m.cfg.Lease)
-		if !ok && !f.stuckNoted && !now.Before(f.lastContact.Add(m.cfg.Lease+fenceMargin)) {
+		until, ok := f.until(fc.m.cfg.Lease)
+		if !ok && !f.stuckNoted && !now.Before(f.lastContact.Add(fc.m.cfg.Lease+fenceMargin)) {
 			// Past the lease the node's own renewals are over; only its
 			// witnesses' silence holds the job back now, and if they are
 			// gone for good only the operator can say the node is down.
 			f.stuckNoted = true
 			en.fences[node] = f
-			m.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, 0,
+			fc.m.rec.event(en.job, api.Severity_SEVERITY_WARNING, 0,
 				"attempt %d still waits on %s: %d of its %d witnesses acknowledged it superseded, %d are needed; if %s and its ranks are down for good, run `gpuctl node remove %s --confirm-fenced`",
 				f.attempt, node, len(f.acks), len(f.witnesses), fencing.AcksToFence(len(f.witnesses)), node, node)
 		}
@@ -244,26 +252,26 @@ func (m *Manager) unfenced(en *entry, now time.Time) []string {
 			how = fmt.Sprintf("its lease has passed without word from the node, and %d of its witnesses (%s) vouch for it no more, so its shims have stopped its ranks",
 				len(acked), strings.Join(acked, ","))
 		}
-		m.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, 0, "attempt %d fenced on %s: %s", f.attempt, node, how)
+		fc.m.rec.event(en.job, api.Severity_SEVERITY_INFO, 0, "attempt %d fenced on %s: %s", f.attempt, node, how)
 	}
-	m.keepFences(en)
+	fc.keepFences(en)
 	if len(wait) > 0 {
-		m.supersede(en, now)
+		fc.supersede(en, now)
 	}
 	return wait
 }
 
 // confirmFenced drops the fence of en on node: the node says the attempt
 // is gone there (or the operator does, with sev a warning).
-func (m *Manager) confirmFenced(en *entry, node string, sev api.Severity, how string) {
+func (fc *fencer) confirmFenced(en *entry, node string, sev api.Severity, how string) {
 	f, ok := en.fences[node]
 	if !ok {
 		return
 	}
 	delete(en.fences, node)
-	m.keepFences(en)
-	m.recoveryEvent(en.job, sev, 0, "attempt %d fenced on %s: %s", f.attempt, node, how)
-	m.kick()
+	fc.keepFences(en)
+	fc.m.rec.event(en.job, sev, 0, "attempt %d fenced on %s: %s", f.attempt, node, how)
+	fc.m.kick()
 }
 
 // ConfirmFenced lifts every fence that waits on node, on the word of
@@ -272,51 +280,51 @@ func (m *Manager) confirmFenced(en *entry, node string, sev api.Severity, how st
 // acknowledge the Supersede. It returns the jobs whose fence was lifted.
 // A node that is connected, or that no fence waits on, is refused.
 func (m *Manager) ConfirmFenced(ctx context.Context, node, who string) ([]string, error) {
-	v, err := m.do(ctx, func() (any, error) { return m.confirmFencedBy(node, who) })
+	v, err := m.do(ctx, func() (any, error) { return m.fence.confirmFencedBy(node, who) })
 	if err != nil {
 		return nil, err
 	}
 	return v.([]string), nil
 }
 
-func (m *Manager) confirmFencedBy(node, who string) ([]string, error) {
-	for _, n := range m.cfg.Nodes.Nodes() {
+func (fc *fencer) confirmFencedBy(node, who string) ([]string, error) {
+	for _, n := range fc.m.cfg.Nodes.Nodes() {
 		if n.GetRegistration().GetName() == node && n.GetConnected() {
 			return nil, fmt.Errorf("node %s is connected, so it fences its own ranks: there is nothing to confirm; remove it without --confirm-fenced", node)
 		}
 	}
 	var ids []string
-	for _, en := range m.sorted() {
+	for _, en := range fc.m.sorted() {
 		f, ok := en.fences[node]
 		if !ok {
 			continue
 		}
 		ids = append(ids, en.job.GetId())
-		m.confirmFenced(en, node, api.Severity_SEVERITY_WARNING, fmt.Sprintf(
+		fc.confirmFenced(en, node, api.Severity_SEVERITY_WARNING, fmt.Sprintf(
 			"%s confirmed that the node and its ranks are down (gpuctl node remove --confirm-fenced), with %d of its %d witnesses acknowledging; if they are not, two attempts may run",
 			who, len(f.acks), len(f.witnesses)))
 	}
 	if len(ids) == 0 {
 		return nil, fmt.Errorf("no job waits for node %s to be fenced: remove it without --confirm-fenced", node)
 	}
-	m.log.Warn("fence confirmed by the operator", "node", node, "who", who, "jobs", strings.Join(ids, ","))
+	fc.m.log.Warn("fence confirmed by the operator", "node", node, "who", who, "jobs", strings.Join(ids, ","))
 	return ids, nil
 }
 
-// fenceOnReturn handles a node's registration: ranks of superseded
+// onReturn handles a node's registration: ranks of superseded
 // attempts it still reports are killed (the registry fenced the ones the
 // committed view knew of before the node was ready; this catches what the
 // view had not caught up with), and jobs waiting on this node learn that
 // their old attempt is gone from it.
-func (m *Manager) fenceOnReturn(node string, running []*api.RankStatus) {
+func (fc *fencer) onReturn(node string, running []*api.RankStatus) {
 	stale := superseded(func(id string) *api.Job {
-		if en := m.jobs[id]; en != nil {
+		if en := fc.m.jobs[id]; en != nil {
 			return en.job
 		}
 		return nil
 	}, node, running)
-	m.fenceRanks(node, stale)
-	for _, en := range m.sorted() {
+	fc.fenceRanks(node, stale)
+	for _, en := range fc.m.sorted() {
 		f, ok := en.fences[node]
 		if !ok {
 			continue
@@ -325,14 +333,14 @@ func (m *Manager) fenceOnReturn(node string, running []*api.RankStatus) {
 			return rk.GetJob() == en.job.GetId() && rk.GetAttempt() <= f.attempt
 		})
 		if !left {
-			m.confirmFenced(en, node, api.Severity_SEVERITY_INFO, "the node came back without any of its ranks")
+			fc.confirmFenced(en, node, api.Severity_SEVERITY_INFO, "the node came back without any of its ranks")
 		}
 	}
 }
 
 // fenceRanks kills, on node, the attempts of the ranks in stale; each
 // attempt confirmed gone comes back as msgFenced.
-func (m *Manager) fenceRanks(node string, stale []*api.RankStatus) {
+func (fc *fencer) fenceRanks(node string, stale []*api.RankStatus) {
 	type key struct {
 		job     string
 		attempt uint32
@@ -346,10 +354,10 @@ func (m *Manager) fenceRanks(node string, stale []*api.RankStatus) {
 	if len(todo) == 0 {
 		return
 	}
-	log, timeout, post := m.log, m.cfg.CommandTimeout, m.in.post
+	log, timeout, post := fc.m.log, fc.m.cfg.CommandTimeout, fc.m.in.post
 	for _, k := range todo {
 		log.Warn("fencing ranks of a superseded attempt", "node", node, "job", k.job, "attempt", k.attempt)
-		m.act(func(d *dispatcher) {
+		fc.m.act(func(d *dispatcher) {
 			d.enqueue(node, &api.Command{Body: &api.Command_Signal{Signal: &api.SignalRanks{
 				Job: k.job, Attempt: k.attempt, Signal: "SIGKILL", Fence: true}}}, timeout, func(ack *api.CommandAck, err error) {
 				if err != nil {
@@ -363,8 +371,8 @@ func (m *Manager) fenceRanks(node string, stale []*api.RankStatus) {
 }
 
 // fenced applies a node's confirmation that an attempt is gone from it.
-func (m *Manager) fenced(msg msgFenced) {
-	en := m.jobs[msg.job]
+func (fc *fencer) fenced(msg msgFenced) {
+	en := fc.m.jobs[msg.job]
 	if en == nil {
 		return
 	}
@@ -373,30 +381,30 @@ func (m *Manager) fenced(msg msgFenced) {
 		for _, rk := range msg.killed {
 			killed = append(killed, fmt.Sprintf("rank %d (pid %d)", rk.GetRank(), rk.GetPid()))
 		}
-		m.confirmFenced(en, msg.node, api.Severity_SEVERITY_INFO, fmt.Sprintf("the node killed %s of attempt %d", strings.Join(killed, ", "), msg.attempt))
+		fc.confirmFenced(en, msg.node, api.Severity_SEVERITY_INFO, fmt.Sprintf("the node killed %s of attempt %d", strings.Join(killed, ", "), msg.attempt))
 	}
 }
 
 // sweepSuperseded kills every rank of j that a node reports but that is
 // not of its current attempt, wherever it runs: a cancel must leave none,
 // not only none in the current placement.
-func (m *Manager) sweepSuperseded(j *api.Job) {
-	for _, nr := range m.cfg.Nodes.Ranks(j.GetId()) {
+func (fc *fencer) sweepSuperseded(j *api.Job) {
+	for _, nr := range fc.m.cfg.Nodes.Ranks(j.GetId()) {
 		var stale []*api.RankStatus
 		for _, rk := range nr.Ranks {
 			if !current(j, nr.Node, rk) {
 				stale = append(stale, rk)
 			}
 		}
-		m.fenceRanks(nr.Node, stale)
+		fc.fenceRanks(nr.Node, stale)
 	}
 }
 
 // witnessAddrs maps each node that can witness now (up, with a peer
 // listener) to its peer address.
-func (m *Manager) witnessAddrs() map[string]string {
+func (fc *fencer) witnessAddrs() map[string]string {
 	out := map[string]string{}
-	for _, n := range m.cfg.Nodes.Nodes() {
+	for _, n := range fc.m.cfg.Nodes.Nodes() {
 		if a := n.GetRegistration().GetPeerAddr(); a != "" && n.GetConnected() && n.GetState() == api.NodeState_NODE_STATE_READY {
 			out[n.GetRegistration().GetName()] = a
 		}
@@ -406,11 +414,11 @@ func (m *Manager) witnessAddrs() map[string]string {
 
 // witnessPool is the witness pool of an attempt on nodes (fencing.Pool),
 // with every node's peer address; nil without a lease.
-func (m *Manager) witnessPool(nodes []string) ([]string, map[string]string) {
-	if m.cfg.Lease <= 0 {
+func (fc *fencer) witnessPool(nodes []string) ([]string, map[string]string) {
+	if fc.m.cfg.Lease <= 0 {
 		return nil, nil
 	}
-	addrs := m.witnessAddrs()
+	addrs := fc.witnessAddrs()
 	pool := fencing.Pool(nodes, slices.Collect(maps.Keys(addrs)), func(n string) bool { return addrs[n] != "" })
 	return pool, addrs
 }

@@ -542,7 +542,7 @@ func TestSnapshotBuilder(t *testing.T) {
 	if got := h.job(run).GetState(); got != api.JobState_JOB_STATE_RUNNING {
 		t.Fatalf("run is %s", stateName(got))
 	}
-	snap := h.m.snapshot(h.clock.now())
+	snap := h.m.placer.snapshot(h.clock.now())
 
 	byName := map[string]scheduler.Node{}
 	for _, n := range snap.Nodes {
@@ -589,7 +589,7 @@ func TestSnapshotBuilder(t *testing.T) {
 	// Exited ranks free their GPUs.
 	h.started(run)
 	h.exitAll(run, 0)
-	snap = h.m.snapshot(h.clock.now())
+	snap = h.m.placer.snapshot(h.clock.now())
 	for _, n := range snap.Nodes {
 		for _, g := range n.GPUs {
 			if g.Job != "" && g.Job != unmanaged {
@@ -653,7 +653,7 @@ func TestStartPersistsThenLaunches(t *testing.T) {
 		t.Errorf("placed on %v, want n0,n1", got)
 	}
 	// The port is a function of job and attempt.
-	if again := h.m.port(id, 1); again != j.GetMasterPort() {
+	if again := h.m.launcher.port(id, 1); again != j.GetMasterPort() {
 		t.Errorf("port %d then %d for the same attempt", j.GetMasterPort(), again)
 	}
 }
@@ -717,7 +717,7 @@ func TestExitTransitions(t *testing.T) {
 				h.nodes.update("n1", func(n *api.NodeStatus) {
 					n.Gpus[0].Last = &api.GPUSample{Processes: []*api.GPUProcess{{Pid: 1002}}}
 				})
-				snap := h.m.snapshot(h.clock.now())
+				snap := h.m.placer.snapshot(h.clock.now())
 				if g := snap.Nodes[1].GPUs[0]; g.Job != unmanaged {
 					t.Errorf("GPU 0 of n1 still runs a lost rank but is held by %q", g.Job)
 				}

@@ -5,11 +5,17 @@
 // the order they came, then writes what changed in one store transaction,
 // and only then acts (commands to nodes) and answers. Nothing else reads or
 // writes a job; readers get the committed copies through View.
+//
+// Manager is the loop, the transaction and the requests; the work is done
+// by its parts, each a type in its own file with the state it keeps
+// (placer, stopper, launcher, recoverer, gangs, fencer, nodeWatch,
+// progressTable, stallWatch, executorWatch, intake). They hold the
+// Manager for the jobs and the current step, and run on its goroutine
+// only: no part has a lock or a goroutine of its own.
 package jobs
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -222,7 +228,8 @@ type entry struct {
 	retries  int
 }
 
-// Manager is the job owner.
+// Manager is the job owner: its loop, its transaction and the parts that
+// do the work.
 type Manager struct {
 	// Front is the owner's queue and its committed view.
 	*Front
@@ -233,24 +240,31 @@ type Manager struct {
 
 	// Everything below belongs to the loop goroutine.
 	jobs map[string]*entry
-	// externals are the executor's jobs gpuctl did not submit (listed,
-	// never scheduled): ExternalJobs.
-	externals map[string]*api.Job
-	// moves are the moves not yet begun; they run one at a time.
-	moves []scheduler.Move
-	// recs are the recoveries in progress, vals the validation gangs.
-	recs map[string]*recovery
-	vals map[string]*validation
-	prog map[string]*progress
-	// idem maps a submit's idempotency key to the job it created.
-	idem map[string]string
+	// exec applies what an outside executor reports.
+	exec executorWatch
+	// rec carries out recoveries and keeps their progress.
+	rec recoverer
+	// gangs keeps the validation gangs in flight.
+	gangs gangs
+	// fence keeps lost nodes from running an old attempt twice.
+	fence fencer
+	// nodes applies what the nodes report.
+	nodes nodeWatch
+	// placer runs the scheduler and applies its decisions.
+	placer placer
+	// stops stops jobs and keeps the moves to come.
+	stops stopper
+	// launcher starts and signals attempts.
+	launcher launcher
+	// stall applies the stall detector's findings.
+	stall stallWatch
+	// prog keeps the running jobs' counters between passes.
+	prog progressTable
+	// intake takes submitted jobs in.
+	intake intake
 	// pass gathers the writes, events and commands of the loop's current
 	// step until they are committed together.
 	pass *txn
-	// waiting are replies held until a launch they depend on answers.
-	waiting map[launchKey][]chan reply
-	// slow is what the owner keeps of the standing fail-slow findings.
-	slow slowWatch
 	// startedAt is when the server started (the owner's loop began; New
 	// until then): nodes holding ranks must reconnect within their
 	// reconnect bound of it.
@@ -270,9 +284,18 @@ func New(cfg Config) (*Manager, error) {
 	if front == nil {
 		front = NewFront()
 	}
-	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, recs: map[string]*recovery{},
-		vals: map[string]*validation{}, prog: map[string]*progress{}, idem: map[string]string{},
-		waiting: map[launchKey][]chan reply{}, pass: &txn{}, startedAt: cfg.Now()}
+	m := &Manager{Front: front, cfg: cfg, log: cfg.Log, jobs: map[string]*entry{}, pass: &txn{}, startedAt: cfg.Now()}
+	m.rec = recoverer{m: m, recs: map[string]*recovery{}}
+	m.gangs = gangs{m: m, byID: map[string]*validation{}}
+	m.fence = fencer{m: m}
+	m.intake = intake{m: m, idem: map[string]string{}}
+	m.exec = executorWatch{m: m}
+	m.stall = stallWatch{m: m}
+	m.prog = progressTable{m: m, byJob: map[string]*progress{}}
+	m.nodes = nodeWatch{m: m}
+	m.placer = placer{m: m}
+	m.stops = stopper{m: m}
+	m.launcher = launcher{m: m, waiting: map[launchKey][]chan reply{}}
 	m.disp = newDispatcher(cfg.Nodes.Command, cfg.Log)
 	m.disp.exec = cfg.Executor
 	stored, err := cfg.Store.Jobs()
@@ -284,24 +307,24 @@ func New(cfg Config) (*Manager, error) {
 		en := &entry{job: j, committed: proto.Clone(j).(*api.Job)}
 		m.jobs[j.GetId()] = en
 		if key := j.GetIdempotencyKey(); key != "" {
-			m.idem[key] = j.GetId()
+			m.intake.idem[key] = j.GetId()
 		}
 		spec, err := jobspec.Parse(j.GetSpecSource(), []byte(j.GetSpecYaml()))
 		if err == nil {
 			en.spec = spec
 		} else if !j.GetState().Ended() {
-			m.giveUp(en, fmt.Sprintf("stored job file no longer parses: %v", err), now)
+			m.rec.giveUp(en, fmt.Sprintf("stored job file no longer parses: %v", err), now)
 		}
 		if en.spec != nil && j.GetState() == api.JobState_JOB_STATE_RECOVERING {
 			// The recovery restarts from its first step: stop what is
 			// left, choose nodes, validate, relaunch.
-			m.recs[j.GetId()] = &recovery{failure: scheduler.Failure{Kind: scheduler.FailRankExit}, reason: strings.TrimPrefix(j.GetReason(), "recovering: "),
+			m.rec.recs[j.GetId()] = &recovery{failure: scheduler.Failure{Kind: scheduler.FailRankExit}, reason: strings.TrimPrefix(j.GetReason(), "recovering: "),
 				since: now, stepAt: j.GetStep(), resume: -1, cordon: map[string]string{}}
 		}
 		if !j.GetState().Ended() {
 			// Not only a recovery: a move or a preemption under way also
 			// starts its job again, and must wait for its lost nodes.
-			m.fenceAfterLoad(en, now)
+			m.fence.afterLoad(en, now)
 		}
 	}
 	if err := m.commit(m.pass); err != nil {
@@ -328,7 +351,7 @@ func (m *Manager) Run(ctx context.Context) {
 		due = false
 		select {
 		case <-ctx.Done():
-			m.failWaiting("the server is stopping")
+			m.launcher.failWaiting("the server is stopping")
 			return
 		case <-t.C:
 			due = true
@@ -473,34 +496,34 @@ type launchKey struct {
 func (m *Manager) handle(msg any) {
 	switch msg := msg.(type) {
 	case msgNodeUp:
-		m.nodeUp(msg.node, msg.reg)
+		m.nodes.up(msg.node, msg.reg)
 	case msgNodeDown:
-		m.nodeDown(msg.node, msg.reason, m.now())
+		m.nodes.down(msg.node, msg.reason, m.now())
 		m.kick()
 	case msgNodeEvents:
 		for _, e := range msg.events {
-			m.nodeEvent(e)
+			m.nodes.apply(e)
 		}
 	case msgLaunched:
-		m.launched(msg)
+		m.launcher.launched(msg)
 	case msgValidationLaunched:
-		m.validationLaunched(msg)
+		m.gangs.launched(msg)
 	case msgCordoned:
-		m.cordoned(msg)
+		m.rec.cordoned(msg)
 	case msgStalls:
-		m.stalls(msg)
+		m.stall.apply(msg)
 	case msgCall:
 		m.call(msg)
 	case msgFenced:
-		m.fenced(msg)
+		m.fence.fenced(msg)
 	case msgSuperseded:
-		m.superseded(msg)
+		m.fence.superseded(msg)
 	case msgExecutorFailed:
-		m.executorFailed(msg)
+		m.exec.failed(msg)
 	case msgExternal:
-		m.external(msg)
+		m.exec.external(msg)
 	case msgPlaced:
-		m.placed(msg)
+		m.exec.placed(msg)
 	default:
 		m.log.Error("job owner got an unknown message", "type", fmt.Sprintf("%T", msg))
 	}
@@ -540,42 +563,10 @@ func (m *Manager) call(c msgCall) {
 		return
 	}
 	if d, ok := v.(deferred); ok && err == nil {
-		m.waiting[d.key] = append(m.waiting[d.key], c.reply)
+		m.launcher.hold(d.key, c.reply)
 		return
 	}
 	c.reply <- reply{v: v, err: err}
-}
-
-// answer releases the replies waiting on a launch: the job as it stands,
-// or the launch's failure.
-func (m *Manager) answer(key launchKey) {
-	chans := m.waiting[key]
-	if len(chans) == 0 {
-		return
-	}
-	delete(m.waiting, key)
-	var r reply
-	if en := m.jobs[key.job]; en != nil {
-		out := proto.Clone(en.job).(*api.Job)
-		r.v = out
-		if out.GetState() == api.JobState_JOB_STATE_FAILED || out.GetAttempt() != key.attempt {
-			r.err = fmt.Errorf("job %s: %s", out.GetId(), out.GetReason())
-		}
-	} else {
-		r.err = fmt.Errorf("job %s is gone", key.job)
-	}
-	for _, ch := range chans {
-		ch <- r
-	}
-}
-
-func (m *Manager) failWaiting(why string) {
-	for key, chans := range m.waiting {
-		for _, ch := range chans {
-			ch <- reply{err: errors.New(why)}
-		}
-		delete(m.waiting, key)
-	}
 }
 
 // ---------------------------------------------------------- transactions
@@ -711,26 +702,18 @@ type View struct {
 }
 
 func (m *Manager) publishView() {
-	v := &View{byID: make(map[string]*api.Job, len(m.jobs)), targets: m.stallTargets()}
+	v := &View{byID: make(map[string]*api.Job, len(m.jobs)), targets: m.stall.targets()}
 	for _, en := range m.jobs {
 		if en.committed != nil {
 			v.Jobs = append(v.Jobs, en.committed)
 			v.byID[en.committed.GetId()] = en.committed
 		}
 	}
-	for _, j := range m.externalsSorted() {
+	for _, j := range m.exec.sorted() {
 		v.Jobs = append(v.Jobs, j)
 		v.byID[j.GetId()] = j
 	}
-	slices.SortFunc(v.Jobs, func(a, b *api.Job) int {
-		if c := a.GetSubmitUnixNano() - b.GetSubmitUnixNano(); c != 0 {
-			if c < 0 {
-				return -1
-			}
-			return 1
-		}
-		return strings.Compare(a.GetId(), b.GetId())
-	})
+	slices.SortFunc(v.Jobs, api.OldestFirst)
 	m.view.Store(v)
 }
 
@@ -765,15 +748,7 @@ func (m *Manager) sorted() []*entry {
 	for _, en := range m.jobs {
 		out = append(out, en)
 	}
-	slices.SortFunc(out, func(a, b *entry) int {
-		if c := a.job.GetSubmitUnixNano() - b.job.GetSubmitUnixNano(); c != 0 {
-			if c < 0 {
-				return -1
-			}
-			return 1
-		}
-		return strings.Compare(a.job.GetId(), b.job.GetId())
-	})
+	slices.SortFunc(out, func(a, b *entry) int { return api.OldestFirst(a.job, b.job) })
 	return out
 }
 

@@ -10,26 +10,32 @@ import (
 	"github.com/gpuctl/gpuctl/scheduler"
 )
 
-// nodeEvent applies one persisted node event: rank starts and exits move
+// nodeWatch applies what the nodes report to the owner's jobs: a node
+// lost or back, its ranks started and exited, its checkpoints. It keeps
+// nothing of its own: what it learns goes on the jobs, which are the
+// owner's, reached through m. It runs on the owner's goroutine only.
+type nodeWatch struct{ m *Manager }
+
+// apply applies one persisted node event: rank starts and exits move
 // jobs along, checkpoints are counted, GPU faults fail jobs over.
-func (m *Manager) nodeEvent(e *api.Event) {
+func (nw *nodeWatch) apply(e *api.Event) {
 	switch e.GetKind() {
 	case api.EventKind_EVENT_KIND_JOB:
-		m.rankStarted(e)
+		nw.rankStarted(e)
 	case api.EventKind_EVENT_KIND_PROCESS_EXIT:
-		m.rankExited(e)
+		nw.rankExited(e)
 	case api.EventKind_EVENT_KIND_CHECKPOINT:
-		m.checkpointed(e)
+		nw.checkpointed(e)
 	case api.EventKind_EVENT_KIND_XID, api.EventKind_EVENT_KIND_ECC, api.EventKind_EVENT_KIND_GPU_LOST:
-		m.gpuFault(e)
+		nw.m.rec.gpuFault(e)
 	}
 }
 
-func (m *Manager) rankStarted(e *api.Event) {
-	if e.GetPid() == 0 || m.validationEvent(e) {
+func (nw *nodeWatch) rankStarted(e *api.Event) {
+	if e.GetPid() == 0 || nw.m.gangs.event(e) {
 		return
 	}
-	en := m.jobs[e.GetJob()]
+	en := nw.m.jobs[e.GetJob()]
 	if en == nil {
 		return
 	}
@@ -38,16 +44,16 @@ func (m *Manager) rankStarted(e *api.Event) {
 		return
 	}
 	r.Pid = e.GetPid()
-	m.save(en)
+	nw.m.save(en)
 }
 
 // rankExited records an exit of the current attempt; an exit whose pid is
 // not the one recorded belongs to an earlier attempt and is ignored.
-func (m *Manager) rankExited(e *api.Event) {
-	if m.validationEvent(e) {
+func (nw *nodeWatch) rankExited(e *api.Event) {
+	if nw.m.gangs.event(e) {
 		return
 	}
-	en := m.jobs[e.GetJob()]
+	en := nw.m.jobs[e.GetJob()]
 	if en == nil {
 		return
 	}
@@ -62,27 +68,27 @@ func (m *Manager) rankExited(e *api.Event) {
 	if e.GetStep() > j.GetStep() {
 		j.Step = e.GetStep()
 	}
-	if rec := m.recs[j.GetId()]; rec != nil && e.GetStep() > rec.stepAt {
+	if rec := nw.m.rec.recs[j.GetId()]; rec != nil && e.GetStep() > rec.stepAt {
 		rec.stepAt = e.GetStep()
 	}
-	m.save(en)
-	m.kick()
+	nw.m.save(en)
+	nw.m.kick()
 	if !active(j) {
 		return
 	}
-	now := m.now()
+	now := nw.m.now()
 	switch {
 	case e.GetExitCode() != 0 || e.GetSignal() != "":
-		m.fail(en, scheduler.Failure{Kind: scheduler.FailRankExit},
+		nw.m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailRankExit},
 			fmt.Sprintf("rank %d on %s (pid %d) %s", e.GetRank(), e.GetNode(), e.GetPid(), describeExit(e.GetExitCode(), e.GetSignal())), now)
 	case liveRanks(j) == 0:
 		from := phaseOf(j)
 		j.State = api.JobState_JOB_STATE_SUCCEEDED
 		j.EndUnixNano = now.UnixNano()
 		j.Reason = fmt.Sprintf("all %d ranks exited with code 0", jobGPUs(j))
-		m.endAttempt(j, now, j.Reason)
-		m.check(from, EvSucceed, j)
-		m.log.Info("job succeeded", "job", j.GetId(), "attempt", j.GetAttempt())
+		endAttempt(j, now, j.Reason)
+		nw.m.check(from, EvSucceed, j)
+		nw.m.log.Info("job succeeded", "job", j.GetId(), "attempt", j.GetAttempt())
 	}
 }
 
@@ -93,14 +99,14 @@ func describeExit(code int32, signal string) string {
 	return fmt.Sprintf("exited with code %d", code)
 }
 
-// nodeDown marks the ranks on a lost node gone and fails their jobs.
-func (m *Manager) nodeDown(node, why string, now time.Time) {
-	for _, v := range m.vals {
+// down marks the ranks on a lost node gone and fails their jobs.
+func (nw *nodeWatch) down(node, why string, now time.Time) {
+	for _, v := range nw.m.gangs.byID {
 		if r := v.ranks[node]; r != nil && !r.exited {
 			r.exited, r.code, r.err = true, -1, "node went down ("+why+")"
 		}
 	}
-	for _, en := range m.sorted() {
+	for _, en := range nw.m.sorted() {
 		j := en.job
 		hit := false
 		for _, jn := range j.GetPlacement() {
@@ -117,23 +123,23 @@ func (m *Manager) nodeDown(node, why string, now time.Time) {
 		if !hit {
 			continue
 		}
-		m.awaitFence(en, node, now)
-		m.save(en)
+		nw.m.fence.awaitFence(en, node, now)
+		nw.m.save(en)
 		if active(j) || phaseOf(j) == Recovering {
-			m.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: []string{node}},
+			nw.m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: []string{node}},
 				fmt.Sprintf("node %s went down (%s)", node, why), now)
 		}
 	}
 }
 
-// nodeUp applies a node's (re)registration: what may be left of ranks
+// up applies a node's (re)registration: what may be left of ranks
 // given up when it went down is killed (their jobs have moved on, and its
 // GPUs must not run two jobs), and a live rank of ours it no longer runs
 // is gone (its exit was lost with a restarted nodemon).
-func (m *Manager) nodeUp(node string, reg *api.NodeRegistration) {
-	m.fenceOnReturn(node, reg.GetRunning())
+func (nw *nodeWatch) up(node string, reg *api.NodeRegistration) {
+	nw.m.fence.onReturn(node, reg.GetRunning())
 	var leftovers []string
-	for _, en := range m.sorted() {
+	for _, en := range nw.m.sorted() {
 		for _, jn := range en.job.GetPlacement() {
 			if jn.GetNode() != node {
 				continue
@@ -146,10 +152,10 @@ func (m *Manager) nodeUp(node string, reg *api.NodeRegistration) {
 		}
 	}
 	for _, id := range leftovers {
-		m.log.Info("killing ranks left from before the node went down", "job", id, "node", node)
-		m.signalAttempt(id, m.jobs[id].job.GetAttempt(), []string{node}, "SIGKILL")
+		nw.m.log.Info("killing ranks left from before the node went down", "job", id, "node", node)
+		nw.m.launcher.signalAttempt(id, nw.m.jobs[id].job.GetAttempt(), []string{node}, "SIGKILL")
 	}
-	m.kick()
+	nw.m.kick()
 	if len(reg.GetRunning()) == 0 {
 		// Nothing reported (or a nodemon that does not report): exits of
 		// ranks it had arrive as events, and a stop that finds no rank
@@ -160,8 +166,8 @@ func (m *Manager) nodeUp(node string, reg *api.NodeRegistration) {
 	for _, r := range reg.GetRunning() {
 		running[r.GetPid()] = true
 	}
-	now := m.now()
-	for _, en := range m.sorted() {
+	now := nw.m.now()
+	for _, en := range nw.m.sorted() {
 		j := en.job
 		var gone []string
 		for _, jn := range j.GetPlacement() {
@@ -179,9 +185,9 @@ func (m *Manager) nodeUp(node string, reg *api.NodeRegistration) {
 		if len(gone) == 0 {
 			continue
 		}
-		m.save(en)
+		nw.m.save(en)
 		if active(j) {
-			m.fail(en, scheduler.Failure{Kind: scheduler.FailRankExit},
+			nw.m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailRankExit},
 				fmt.Sprintf("%s on %s no longer running when the node reconnected", strings.Join(gone, ", "), node), now)
 		}
 	}
@@ -193,8 +199,8 @@ const checkpointSteps = 16
 // checkpointed records a checkpoint the nodes reported: rank 0's node
 // reports each one whose `latest` marker landed, which makes it complete.
 // The server trusts these reports; it need not see the checkpoint dir.
-func (m *Manager) checkpointed(e *api.Event) {
-	en := m.jobs[e.GetJob()]
+func (nw *nodeWatch) checkpointed(e *api.Event) {
+	en := nw.m.jobs[e.GetJob()]
 	if en == nil {
 		return
 	}
@@ -207,14 +213,14 @@ func (m *Manager) checkpointed(e *api.Event) {
 		j.CheckpointSeconds = (j.GetCheckpointSeconds()*n + e.GetSeconds()) / (n + 1)
 		j.Checkpoints++
 	}
-	m.progressOf(j.GetId()).CheckpointAt = m.now()
-	m.checkpointComplete(j, e.GetStep())
-	m.save(en)
+	nw.m.prog.of(j.GetId()).CheckpointAt = nw.m.now()
+	nw.checkpointComplete(j, e.GetStep())
+	nw.m.save(en)
 }
 
 // checkpointComplete records step as the job's latest complete
 // checkpoint, if it is newer.
-func (m *Manager) checkpointComplete(j *api.Job, step int64) {
+func (nw *nodeWatch) checkpointComplete(j *api.Job, step int64) {
 	if step <= j.GetLastCheckpointStep() {
 		return
 	}
@@ -226,7 +232,7 @@ func (m *Manager) checkpointComplete(j *api.Job, step int64) {
 		}
 	}
 	// A stop waiting for this checkpoint can proceed now.
-	m.kick()
+	nw.m.kick()
 }
 
 // rewind makes step the job's latest checkpoint when an attempt resumes

@@ -51,8 +51,8 @@ func TestDrain(t *testing.T) {
 	}
 	// The drain's own pass begins the move; a second drain answers the
 	// same and queues nothing more.
-	if again := h.drain("n0"); len(again) != 2 || len(h.m.moves) != 0 || !slices.Equal(byTo(again)[movable], []string{"n2"}) {
-		t.Errorf("second drain: %v with %d moves still queued, want the same answer and no second move", again, len(h.m.moves))
+	if again := h.drain("n0"); len(again) != 2 || len(h.m.stops.moves) != 0 || !slices.Equal(byTo(again)[movable], []string{"n2"}) {
+		t.Errorf("second drain: %v with %d moves still queued, want the same answer and no second move", again, len(h.m.stops.moves))
 	}
 	h.reconcile()
 	if sigs := signals(h.nodes.take()); !slices.Equal(sigs, []string{"n0:SIGUSR1"}) {

@@ -10,33 +10,42 @@ import (
 // progress is a job's counters between passes.
 type progress = accounting.Progress
 
-func (m *Manager) progressOf(id string) *progress {
-	p := m.prog[id]
+// progressTable keeps the running jobs' counters between passes and
+// refreshes them from what the nodes report. The jobs are the owner's,
+// reached through m. It runs on the owner's goroutine only.
+type progressTable struct {
+	m     *Manager
+	byJob map[string]*progress
+}
+
+// of is job id's counters, made on first use.
+func (pt *progressTable) of(id string) *progress {
+	p := pt.byJob[id]
 	if p == nil {
 		p = accounting.NewProgress()
-		m.prog[id] = p
+		pt.byJob[id] = p
 	}
 	return p
 }
 
-// progressAll refreshes every running job's counters from what its nodes
+// update refreshes every running job's counters from what its nodes
 // report, calibrates the cost model with its measured pace, and asks for a
 // checkpoint (SIGUSR1) where the server paces a job's checkpoints.
-func (m *Manager) progressAll(all []*api.NodeStatus, now time.Time) {
+func (pt *progressTable) update(all []*api.NodeStatus, now time.Time) {
 	var (
 		byName map[string]*api.NodeStatus
 		ranks  map[string][]*api.RankStatus
 	)
-	jobs := make([]*api.Job, 0, len(m.jobs))
-	for _, en := range m.jobs {
+	jobs := make([]*api.Job, 0, len(pt.m.jobs))
+	for _, en := range pt.m.jobs {
 		jobs = append(jobs, en.job)
 	}
 	mtbf := accounting.GPUMTBF(jobs, now)
-	for _, en := range m.sorted() {
+	for _, en := range pt.m.sorted() {
 		j := en.job
 		if j.GetState() != api.JobState_JOB_STATE_RUNNING {
-			if p := m.prog[j.GetId()]; p != nil && j.GetState().Ended() {
-				delete(m.prog, j.GetId())
+			if p := pt.byJob[j.GetId()]; p != nil && j.GetState().Ended() {
+				delete(pt.byJob, j.GetId())
 			} else if p != nil {
 				p.Pause()
 			}
@@ -47,14 +56,14 @@ func (m *Manager) progressAll(all []*api.NodeStatus, now time.Time) {
 			for _, n := range all {
 				byName[n.GetRegistration().GetName()] = n
 			}
-			ranks = ranksByJob(m.cfg.Nodes.Ranks(""))
+			ranks = ranksByJob(pt.m.cfg.Nodes.Ranks(""))
 		}
-		p := m.progressOf(j.GetId())
+		p := pt.of(j.GetId())
 		ckptBefore := j.GetLastCheckpointStep()
-		changed := p.Update(j, accounting.Inputs{Ranks: ranks[j.GetId()], Nodes: byName, GPUMTBF: mtbf, Intensity: m.cfg.Intensity}, now)
+		changed := p.Update(j, accounting.Inputs{Ranks: ranks[j.GetId()], Nodes: byName, GPUMTBF: mtbf, Intensity: pt.m.cfg.Intensity}, now)
 		if step := j.GetLastCheckpointStep(); step > ckptBefore {
 			j.LastCheckpointStep = ckptBefore
-			m.checkpointComplete(j, step)
+			pt.m.nodes.checkpointComplete(j, step)
 		}
 		if pace, ok := p.Pace(minCalibrationSteps); ok && j.GetPlan() != nil {
 			if before := j.GetPlan().GetMeasuredStepSeconds(); before == 0 || abs(pace-before) > 0.01*before {
@@ -68,12 +77,12 @@ func (m *Manager) progressAll(all []*api.NodeStatus, now time.Time) {
 				every = en.spec.Checkpoint.Interval
 			}
 			if p.DueCheckpoint(j, every, now) {
-				m.log.Info("asking for a checkpoint at the advised interval", "job", j.GetId(), "every", every)
-				m.signal(j, "SIGUSR1")
+				pt.m.log.Info("asking for a checkpoint at the advised interval", "job", j.GetId(), "every", every)
+				pt.m.launcher.signal(j, "SIGUSR1")
 			}
 		}
 		if changed {
-			m.save(en)
+			pt.m.save(en)
 		}
 	}
 }
@@ -86,7 +95,7 @@ func abs(x float64) float64 {
 }
 
 // endAttempt closes the job's current attempt record, once.
-func (m *Manager) endAttempt(j *api.Job, now time.Time, reason string) {
+func endAttempt(j *api.Job, now time.Time, reason string) {
 	n := len(j.GetAttempts())
 	if n == 0 {
 		return

@@ -1,7 +1,6 @@
 package jobs
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -53,25 +52,14 @@ type recovery struct {
 	rounds     int
 }
 
-// validation is one validation gang: one rank per node of the new set.
-type validation struct {
-	id, job string
-	nodes   []string
-	gpus    map[string]uint32
-	port    uint32
-	started time.Time
-	ranks   map[string]*valRank
-}
-
-type valRank struct {
-	pid    uint32
-	exited bool
-	code   int32
-	signal string
-	err    string
-	// refused: the node refused the gang by its own policy, so it is
-	// excluded for the job, not cordoned.
-	refused bool
+// recoverer carries out recoveries for the owner and keeps the ones in
+// progress; their validation gangs are run by gangs, and the jobs, the
+// current step and the nodes are the owner's, reached through m. It runs
+// on the owner's goroutine only.
+type recoverer struct {
+	m *Manager
+	// recs are the recoveries in progress by job.
+	recs map[string]*recovery
 }
 
 func restartPolicy(p jobspec.RestartPolicy) scheduler.RestartPolicy {
@@ -86,19 +74,21 @@ func restartPolicy(p jobspec.RestartPolicy) scheduler.RestartPolicy {
 	return scheduler.RestartInPlace
 }
 
-func (m *Manager) recoveryEvent(j *api.Job, sev api.Severity, d time.Duration, format string, args ...any) {
+// event logs and raises a recovery event about job j; d is how long the
+// step it reports took.
+func (rc *recoverer) event(j *api.Job, sev api.Severity, d time.Duration, format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
-	m.log.Info("recovery", "job", j.GetId(), "attempt", j.GetAttempt(), "step", msg, "seconds", d.Seconds())
-	m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_RECOVERY, Severity: sev, Job: j.GetId(), Message: msg,
+	rc.m.log.Info("recovery", "job", j.GetId(), "attempt", j.GetAttempt(), "step", msg, "seconds", d.Seconds())
+	rc.m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_RECOVERY, Severity: sev, Job: j.GetId(), Message: msg,
 		DurationSeconds: d.Seconds(), Step: j.GetStep()})
 }
 
-// recoverRequest is the scheduler's view of a failed job.
-func (m *Manager) recoverRequest(en *entry, f scheduler.Failure) scheduler.RecoverRequest {
+// request is the scheduler's view of a failed job.
+func (rc *recoverer) request(en *entry, f scheduler.Failure) scheduler.RecoverRequest {
 	j := en.job
 	f.Exclude = slices.Clone(j.GetExclude())
-	r := m.request(en)
-	if full := m.fullDP(en); full > r.Shape.DP {
+	r := rc.m.placer.request(en)
+	if full := rc.m.placer.fullDP(en); full > r.Shape.DP {
 		// An elastic job that shrank recovers toward its full size.
 		r.Shape.DP = full
 	}
@@ -106,31 +96,31 @@ func (m *Manager) recoverRequest(en *entry, f scheduler.Failure) scheduler.Recov
 		Policy: restartPolicy(en.spec.RestartPolicy), Restarts: int(j.GetRestarts()), MaxRestarts: en.spec.Restarts(), Failure: f}
 }
 
-// recoveryRequest is the job as RecoversBefore orders it; a job without
+// orderRequest is the job as RecoversBefore orders it; a job without
 // its spec (loaded from an older server) counts at priority 0.
-func (m *Manager) recoveryRequest(en *entry) scheduler.JobRequest {
+func (rc *recoverer) orderRequest(en *entry) scheduler.JobRequest {
 	if en.spec == nil {
 		return scheduler.JobRequest{ID: en.job.GetId(), Submit: en.job.GetSubmitUnixNano() / 1e9}
 	}
-	return m.request(en)
+	return rc.m.placer.request(en)
 }
 
-// recoverySnapshot is the snapshot a recovering job decides on: the
+// snapshot is the snapshot a recovering job decides on: the
 // recovery's view (recoveryBase, suspect nodes offered). Every
 // job's GPUs are held as usual, a recovering job's reservation included
 // (its surviving GPUs stay its own), except the GPUs a recovery ordered
 // after this one reserved off its own nodes before deciding: those were a
 // guess, and the job ordered first may take them.
-func (m *Manager) recoverySnapshot(en *entry, now time.Time) scheduler.Snapshot {
-	snap := m.recoveryBase(now)
-	me := m.recoveryRequest(en)
+func (rc *recoverer) snapshot(en *entry, now time.Time) scheduler.Snapshot {
+	snap := rc.m.placer.recoveryBase(now)
+	me := rc.orderRequest(en)
 	guessed := map[string]map[int]string{}
-	for id, rec := range m.recs {
-		o := m.jobs[id]
+	for id, rec := range rc.recs {
+		o := rc.m.jobs[id]
 		if o == nil || o == en || rec.decision != nil {
 			continue
 		}
-		if r := m.recoveryRequest(o); scheduler.RecoversBefore(&me, &r) > 0 {
+		if r := rc.orderRequest(o); scheduler.RecoversBefore(&me, &r) > 0 {
 			continue
 		}
 		own := map[string]bool{}
@@ -163,14 +153,14 @@ func (m *Manager) recoverySnapshot(en *entry, now time.Time) scheduler.Snapshot 
 // giveUp records that a job broke for good: it fails and its remaining
 // ranks are stopped, since a gang with a dead rank hangs in its next
 // collective.
-func (m *Manager) giveUp(en *entry, reason string, now time.Time) {
+func (rc *recoverer) giveUp(en *entry, reason string, now time.Time) {
 	j := en.job
 	from := phaseOf(j)
-	if rec := m.recs[j.GetId()]; rec != nil {
-		remember(m.pass, m.recs, j.GetId())
-		delete(m.recs, j.GetId())
-		m.endValidation(rec)
-		m.cordons(j, rec)
+	if rec := rc.recs[j.GetId()]; rec != nil {
+		remember(rc.m.pass, rc.recs, j.GetId())
+		delete(rc.recs, j.GetId())
+		rc.m.gangs.end(rec.validation)
+		rc.cordons(j, rec)
 		j.DowntimeSeconds += now.Sub(rec.since).Seconds()
 	}
 	j.State = api.JobState_JOB_STATE_FAILED
@@ -182,23 +172,23 @@ func (m *Manager) giveUp(en *entry, reason string, now time.Time) {
 		j.StopSinceUnixNano, j.TermSentUnixNano = now.UnixNano(), 0
 	} else {
 		j.Stopping = api.JobStop_JOB_STOP_NONE
-		m.endAttempt(j, now, reason)
+		endAttempt(j, now, reason)
 	}
 	if from != Failed {
-		m.check(from, EvGiveUp, j)
+		rc.m.check(from, EvGiveUp, j)
 	}
-	m.save(en)
-	m.log.Warn("job failed", "job", j.GetId(), "attempt", j.GetAttempt(), "reason", reason)
+	rc.m.save(en)
+	rc.m.log.Warn("job failed", "job", j.GetId(), "attempt", j.GetAttempt(), "reason", reason)
 }
 
 // fail handles a failure of a running (or recovering) job under its
 // restart policy: it gives up at once when the policy says so, else the
 // job goes RECOVERING and the passes carry the recovery out.
-func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.Time) {
+func (rc *recoverer) fail(en *entry, f scheduler.Failure, reason string, now time.Time) {
 	j := en.job
 	from := phaseOf(j)
-	defer m.save(en)
-	if rec := m.recs[j.GetId()]; rec != nil {
+	defer rc.m.save(en)
+	if rec := rc.recs[j.GetId()]; rec != nil {
 		// Another failure while recovering: its nodes are avoided too,
 		// and a node or GPU failure explains a rank exit seen first.
 		if f.Kind != scheduler.FailRankExit && rec.failure.Kind == scheduler.FailRankExit {
@@ -208,30 +198,30 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 			if !slices.Contains(rec.failure.Nodes, n) {
 				rec.failure.Nodes = append(rec.failure.Nodes, n)
 			}
-			if m.excludes(f.Kind) && !slices.Contains(j.Exclude, n) {
+			if rc.excludes(f.Kind) && !slices.Contains(j.Exclude, n) {
 				j.Exclude = append(j.Exclude, n)
 			}
 		}
-		m.noteCordons(rec, f, reason)
-		m.recoveryEvent(j, api.Severity_SEVERITY_WARNING, 0, "another failure while recovering: %s", reason)
+		rc.noteCordons(rec, f, reason)
+		rc.event(j, api.Severity_SEVERITY_WARNING, 0, "another failure while recovering: %s", reason)
 		return
 	}
 	if en.spec == nil {
-		m.giveUp(en, reason, now)
+		rc.giveUp(en, reason, now)
 		return
 	}
-	d, await := m.recoverOrAwait(en, f, now, now)
+	d, await := rc.recoverOrAwait(en, f, now, now)
 	if d.Action == scheduler.GiveUp && len(await) == 0 {
-		m.recoveryEvent(j, api.Severity_SEVERITY_CRITICAL, 0, "%s; not restarted: %s", reason, d.Reason)
-		m.giveUp(en, fmt.Sprintf("%s (not restarted: %s)", reason, d.Reason), now)
+		rc.event(j, api.Severity_SEVERITY_CRITICAL, 0, "%s; not restarted: %s", reason, d.Reason)
+		rc.giveUp(en, fmt.Sprintf("%s (not restarted: %s)", reason, d.Reason), now)
 		return
 	}
 	rec := &recovery{failure: f, reason: reason, since: now, stepAt: j.GetStep(), resume: -1, cordon: map[string]string{}}
-	m.noteCordons(rec, f, reason)
-	remember(m.pass, m.recs, j.GetId())
-	m.recs[j.GetId()] = rec
-	m.addAttained(j, now)
-	m.endAttempt(j, now, reason)
+	rc.noteCordons(rec, f, reason)
+	remember(rc.m.pass, rc.recs, j.GetId())
+	rc.recs[j.GetId()] = rec
+	rc.m.stops.addAttained(j, now)
+	endAttempt(j, now, reason)
 	j.StartUnixNano = 0
 	j.State = api.JobState_JOB_STATE_RECOVERING
 	j.Reason = "recovering: " + reason
@@ -240,7 +230,7 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 	// made again once they are gone.
 	j.MoveTarget = jobNodes(&d.Placement)
 	for _, n := range f.Nodes {
-		if m.excludes(f.Kind) && !slices.Contains(j.Exclude, n) {
+		if rc.excludes(f.Kind) && !slices.Contains(j.Exclude, n) {
 			j.Exclude = append(j.Exclude, n)
 		}
 	}
@@ -258,9 +248,9 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 	if f.Kind == scheduler.FailManual {
 		ev = EvRestart
 	}
-	m.check(from, ev, j)
-	m.recoveryEvent(j, api.Severity_SEVERITY_WARNING, 0, "failure detected (last reported step %d): %s; stopping %d live ranks", j.GetStep(), reason, liveRanks(j))
-	m.kick()
+	rc.m.check(from, ev, j)
+	rc.event(j, api.Severity_SEVERITY_WARNING, 0, "failure detected (last reported step %d): %s; stopping %d live ranks", j.GetStep(), reason, liveRanks(j))
+	rc.m.kick()
 }
 
 // excludes says whether a failure's nodes stay excluded from the job's
@@ -270,12 +260,12 @@ func (m *Manager) fail(en *entry, f scheduler.Failure, reason string, now time.T
 // node whose nodemon merely restarted is not lost to the job for good;
 // an executor runs no validation gang and is told the exclusions, so
 // under one a lost node stays excluded.
-func (m *Manager) excludes(k scheduler.FailureKind) bool {
+func (rc *recoverer) excludes(k scheduler.FailureKind) bool {
 	switch k {
 	case scheduler.FailRankExit:
 		return false
 	case scheduler.FailNodeDown:
-		return m.cfg.Executor != nil
+		return rc.m.cfg.Executor != nil
 	}
 	return true
 }
@@ -284,7 +274,7 @@ func (m *Manager) excludes(k scheduler.FailureKind) bool {
 // GPU fault are cordoned; down nodes become suspect (so that no queued work
 // lands there when they return unvouched for, while a nodemon that merely
 // restarted is back in service once vouched for or after a while).
-func (m *Manager) noteCordons(rec *recovery, f scheduler.Failure, reason string) {
+func (rc *recoverer) noteCordons(rec *recovery, f scheduler.Failure, reason string) {
 	var marks map[string]string
 	switch f.Kind {
 	case scheduler.FailNodeDown:
@@ -306,7 +296,7 @@ func (m *Manager) noteCordons(rec *recovery, f scheduler.Failure, reason string)
 
 // gpuFault handles an event that makes a GPU unfit (api.GPUFault): a
 // running job with a rank on that node recovers without it.
-func (m *Manager) gpuFault(e *api.Event) {
+func (rc *recoverer) gpuFault(e *api.Event) {
 	fault, ok := api.GPUFault(e)
 	if !ok {
 		return
@@ -315,8 +305,8 @@ func (m *Manager) gpuFault(e *api.Event) {
 	if what == "" {
 		what = fault
 	}
-	now := m.now()
-	for _, en := range m.sorted() {
+	now := rc.m.now()
+	for _, en := range rc.m.sorted() {
 		j := en.job
 		if !active(j) && phaseOf(j) != Recovering {
 			continue
@@ -329,44 +319,44 @@ func (m *Manager) gpuFault(e *api.Event) {
 			continue
 		}
 		reason := fmt.Sprintf("GPU %d of %s faulted: %s", e.GetGpuIndex(), e.GetNode(), what)
-		m.fail(en, scheduler.Failure{Kind: scheduler.FailGPUFault, Nodes: []string{e.GetNode()}}, reason, now)
+		rc.fail(en, scheduler.Failure{Kind: scheduler.FailGPUFault, Nodes: []string{e.GetNode()}}, reason, now)
 	}
-	m.kick()
+	rc.m.kick()
 }
 
-// recoveries moves every recovery along one step, the highest priority
+// advance moves every recovery along one step, the highest priority
 // first (scheduler.RecoversBefore): recoveries that decide in the same
 // pass take the free capacity in that order.
-func (m *Manager) recoveries(now time.Time) {
+func (rc *recoverer) advance(now time.Time) {
 	var ranks map[string][]*api.RankStatus
 	var order []*entry
-	for _, en := range m.sorted() {
-		if m.recs[en.job.GetId()] != nil {
+	for _, en := range rc.m.sorted() {
+		if rc.recs[en.job.GetId()] != nil {
 			order = append(order, en)
 		}
 	}
 	slices.SortStableFunc(order, func(a, b *entry) int {
-		ra, rb := m.recoveryRequest(a), m.recoveryRequest(b)
+		ra, rb := rc.orderRequest(a), rc.orderRequest(b)
 		return scheduler.RecoversBefore(&ra, &rb)
 	})
 	for _, en := range order {
 		j := en.job
-		rec := m.recs[j.GetId()]
+		rec := rc.recs[j.GetId()]
 		if rec == nil {
 			continue
 		}
 		if j.GetState() != api.JobState_JOB_STATE_RECOVERING {
 			// Cancelled (or otherwise ended) while recovering.
-			remember(m.pass, m.recs, j.GetId())
-			delete(m.recs, j.GetId())
-			m.endValidation(rec)
+			remember(rc.m.pass, rc.recs, j.GetId())
+			delete(rc.recs, j.GetId())
+			rc.m.gangs.end(rec.validation)
 			continue
 		}
-		m.cordons(j, rec)
+		rc.cordons(j, rec)
 		if liveRanks(j) > 0 {
 			// The survivors' last reports say how far the job got.
 			if ranks == nil {
-				ranks = ranksByJob(m.cfg.Nodes.Ranks(""))
+				ranks = ranksByJob(rc.m.cfg.Nodes.Ranks(""))
 			}
 			for _, r := range ranks[j.GetId()] {
 				if r.GetAttempt() == j.GetAttempt() && r.GetStep() > rec.stepAt {
@@ -377,23 +367,23 @@ func (m *Manager) recoveries(now time.Time) {
 		}
 		if rec.stoppedAt.IsZero() {
 			rec.stoppedAt = now
-			m.observeRecovery("stopped", now.Sub(rec.since))
-			m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "every rank of attempt %d has exited or its node is down", j.GetAttempt())
+			rc.observeRecovery("stopped", now.Sub(rec.since))
+			rc.event(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "every rank of attempt %d has exited or its node is down", j.GetAttempt())
 		}
 		if rec.validation != "" {
-			m.checkValidation(en, rec, now)
+			rc.checkValidation(en, rec, now)
 			continue
 		}
-		if wait := m.unfenced(en, now); len(wait) > 0 {
+		if wait := rc.m.fence.unfenced(en, now); len(wait) > 0 {
 			if !rec.fenceNoted {
 				rec.fenceNoted = true
-				m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since),
+				rc.event(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since),
 					"waiting until attempt %d is fenced on %s (the node returns and confirms it gone, or its lease passes) before the next attempt runs",
 					j.GetAttempt(), strings.Join(wait, ","))
 			}
 			continue
 		}
-		m.decide(en, rec, now)
+		rc.decide(en, rec, now)
 	}
 }
 
@@ -410,15 +400,15 @@ func ranksByJob(nrs []nodes.NodeRanks) map[string][]*api.RankStatus {
 // cordons queues the cordons of the failed nodes not yet cordoned, and
 // the suspicions of the lost ones; each comes back as msgCordoned for its
 // recovery event.
-func (m *Manager) cordons(j *api.Job, rec *recovery) {
+func (rc *recoverer) cordons(j *api.Job, rec *recovery) {
 	if len(rec.cordon) == 0 && len(rec.suspect) == 0 {
 		return
 	}
 	cordon, suspect := rec.cordon, rec.suspect
 	rec.cordon, rec.suspect = map[string]string{}, nil
 	id := j.GetId()
-	setCordon, post := m.cfg.Nodes.SetCordon, m.in.post
-	m.act(func(d *dispatcher) {
+	setCordon, post := rc.m.cfg.Nodes.SetCordon, rc.m.in.post
+	rc.m.act(func(d *dispatcher) {
 		d.async(func() {
 			for _, mark := range []struct {
 				action string
@@ -434,32 +424,32 @@ func (m *Manager) cordons(j *api.Job, rec *recovery) {
 	})
 }
 
-func (m *Manager) cordoned(msg msgCordoned) {
-	en := m.jobs[msg.job]
+func (rc *recoverer) cordoned(msg msgCordoned) {
+	en := rc.m.jobs[msg.job]
 	if en == nil {
 		return
 	}
 	if msg.err != nil {
-		m.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, msg.took, "could not %s %s: %v", msg.action, msg.node, msg.err)
+		rc.event(en.job, api.Severity_SEVERITY_WARNING, msg.took, "could not %s %s: %v", msg.action, msg.node, msg.err)
 		return
 	}
 	n := msg.status
 	switch {
 	case msg.action == nodes.ActionSuspect && !n.GetCordoned():
-		m.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, msg.took, "%s suspect until %s: %s", msg.node,
+		rc.event(en.job, api.Severity_SEVERITY_INFO, msg.took, "%s suspect until %s: %s", msg.node,
 			time.Unix(0, n.GetSuspectUntilUnixNano()).UTC().Format("15:04:05"), n.GetSuspectReason())
 	case msg.action == nodes.ActionSuspect:
-		m.recoveryEvent(en.job, api.Severity_SEVERITY_WARNING, msg.took, "cordoned %s: %s", msg.node, n.GetCordonReason())
+		rc.event(en.job, api.Severity_SEVERITY_WARNING, msg.took, "cordoned %s: %s", msg.node, n.GetCordonReason())
 	default:
-		m.recoveryEvent(en.job, api.Severity_SEVERITY_INFO, msg.took, "cordoned %s: %s", msg.node, msg.reason)
+		rc.event(en.job, api.Severity_SEVERITY_INFO, msg.took, "cordoned %s: %s", msg.node, msg.reason)
 	}
 }
 
 // vouch lifts the suspicion of the suspect nodes among names: a validation
 // gang passed there.
-func (m *Manager) vouch(names []string, gang string, now time.Time) {
+func (rc *recoverer) vouch(names []string, gang string, now time.Time) {
 	suspect := map[string]bool{}
-	for _, n := range m.cfg.Nodes.Nodes() {
+	for _, n := range rc.m.cfg.Nodes.Nodes() {
 		if nodes.Suspected(n.GetSuspectUntilUnixNano(), now) {
 			suspect[n.GetRegistration().GetName()] = true
 		}
@@ -473,8 +463,8 @@ func (m *Manager) vouch(names []string, gang string, now time.Time) {
 	if len(todo) == 0 {
 		return
 	}
-	setCordon, log := m.cfg.Nodes.SetCordon, m.log
-	m.act(func(d *dispatcher) {
+	setCordon, log := rc.m.cfg.Nodes.SetCordon, rc.m.log
+	rc.m.act(func(d *dispatcher) {
 		d.async(func() {
 			for _, node := range todo {
 				if _, err := setCordon(node, nodes.ActionVouch, "passed validation "+gang); err != nil {
@@ -490,14 +480,14 @@ func (m *Manager) vouch(names []string, gang string, now time.Time) {
 // nodes down only a moment ago were back (awaited) is a wait for them: a
 // nodemon or server that merely restarted is not missing capacity. It
 // returns them; nil when the decision stands.
-func (m *Manager) recoverOrAwait(en *entry, f scheduler.Failure, since, now time.Time) (scheduler.Recovery, []string) {
-	snap := m.recoverySnapshot(en, now)
-	req := m.recoverRequest(en, m.returned(f, since))
+func (rc *recoverer) recoverOrAwait(en *entry, f scheduler.Failure, since, now time.Time) (scheduler.Recovery, []string) {
+	snap := rc.snapshot(en, now)
+	req := rc.request(en, rc.returned(f, since))
 	d := scheduler.Recover(&snap, &req)
 	if d.Action != scheduler.GiveUp {
 		return d, nil
 	}
-	await := m.awaited(now)
+	await := rc.awaited(now)
 	if len(await) == 0 {
 		return d, nil
 	}
@@ -521,10 +511,10 @@ func (m *Manager) recoverOrAwait(en *entry, f scheduler.Failure, since, now time
 	// A lost node of this job that returns in time may run it again
 	// (returned), so it counts back too.
 	backF := f
-	if f.Kind == scheduler.FailNodeDown && m.cfg.Executor == nil {
+	if f.Kind == scheduler.FailNodeDown && rc.m.cfg.Executor == nil {
 		backF.Nodes = slices.DeleteFunc(slices.Clone(f.Nodes), func(n string) bool { return slices.Contains(await, n) })
 	}
-	backReq := m.recoverRequest(en, m.returned(backF, since))
+	backReq := rc.request(en, rc.returned(backF, since))
 	if scheduler.Recover(&back, &backReq).Action == scheduler.GiveUp {
 		return d, nil
 	}
@@ -537,12 +527,12 @@ func (m *Manager) recoverOrAwait(en *entry, f scheduler.Failure, since, now time
 // node that refused a launch never went away and stays failed. They are suspect, so validated first
 // where validation gangs run (unvouched). Under an executor a lost node
 // stays failed for the recovery, as it stays excluded.
-func (m *Manager) returned(f scheduler.Failure, since time.Time) scheduler.Failure {
-	if f.Kind != scheduler.FailNodeDown || m.cfg.Executor != nil {
+func (rc *recoverer) returned(f scheduler.Failure, since time.Time) scheduler.Failure {
+	if f.Kind != scheduler.FailNodeDown || rc.m.cfg.Executor != nil {
 		return f
 	}
 	up := map[string]bool{}
-	for _, n := range m.cfg.Nodes.Nodes() {
+	for _, n := range rc.m.cfg.Nodes.Nodes() {
 		if nodeIsUp(n) && !n.GetCordoned() && !n.GetDraining() && n.GetStateSinceUnixNano() >= since.UnixNano() {
 			up[n.GetRegistration().GetName()] = true
 		}
@@ -553,10 +543,10 @@ func (m *Manager) returned(f scheduler.Failure, since time.Time) scheduler.Failu
 
 // unvouched are the nodes of a decision to validate before the relaunch:
 // those new to the job, and the suspect ones it keeps or takes back.
-func (m *Manager) unvouched(d *scheduler.Recovery, now time.Time) []string {
+func (rc *recoverer) unvouched(d *scheduler.Recovery, now time.Time) []string {
 	out := slices.Clone(d.Added)
 	suspect := map[string]bool{}
-	for _, n := range m.cfg.Nodes.Nodes() {
+	for _, n := range rc.m.cfg.Nodes.Nodes() {
 		if nodes.Suspected(n.GetSuspectUntilUnixNano(), now) {
 			suspect[n.GetRegistration().GetName()] = true
 		}
@@ -573,17 +563,17 @@ func (m *Manager) unvouched(d *scheduler.Recovery, now time.Time) []string {
 // cordoned nor draining, and down for less than their reconnect bound
 // (ReconnectBound), counted from the server's start when that is later.
 // Every live nodemon is back within it.
-func (m *Manager) awaited(now time.Time) []string {
+func (rc *recoverer) awaited(now time.Time) []string {
 	var out []string
-	for _, n := range m.cfg.Nodes.Nodes() {
+	for _, n := range rc.m.cfg.Nodes.Nodes() {
 		if nodeIsUp(n) || n.GetCordoned() || n.GetDraining() {
 			continue
 		}
 		since := time.Unix(0, n.GetStateSinceUnixNano())
-		if since.Before(m.startedAt) {
-			since = m.startedAt
+		if since.Before(rc.m.startedAt) {
+			since = rc.m.startedAt
 		}
-		bound := ReconnectBound(time.Duration(n.GetRegistration().GetHeartbeatIntervalMs())*time.Millisecond, m.cfg.ReconnectGrace)
+		bound := ReconnectBound(time.Duration(n.GetRegistration().GetHeartbeatIntervalMs())*time.Millisecond, rc.m.cfg.ReconnectGrace)
 		if now.Sub(since) < bound {
 			out = append(out, n.GetRegistration().GetName())
 		}
@@ -594,40 +584,40 @@ func (m *Manager) awaited(now time.Time) []string {
 
 // decide asks the scheduler where the next attempt runs, then validates
 // new nodes or relaunches at once.
-func (m *Manager) decide(en *entry, rec *recovery, now time.Time) {
+func (rc *recoverer) decide(en *entry, rec *recovery, now time.Time) {
 	j := en.job
-	d, await := m.recoverOrAwait(en, rec.failure, rec.since, now)
+	d, await := rc.recoverOrAwait(en, rec.failure, rec.since, now)
 	if d.Action == scheduler.GiveUp && len(await) > 0 {
 		if !rec.awaitNoted {
 			rec.awaitNoted = true
-			m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "waiting for %s to reconnect (down a moment ago, maybe restarting): %s",
+			rc.event(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "waiting for %s to reconnect (down a moment ago, maybe restarting): %s",
 				strings.Join(await, ","), d.Reason)
 		}
 		return
 	}
 	if d.Action == scheduler.GiveUp {
-		m.recoveryEvent(j, api.Severity_SEVERITY_CRITICAL, now.Sub(rec.since), "giving up: %s", d.Reason)
-		m.giveUp(en, fmt.Sprintf("%s (not recovered: %s)", rec.reason, d.Reason), now)
+		rc.event(j, api.Severity_SEVERITY_CRITICAL, now.Sub(rec.since), "giving up: %s", d.Reason)
+		rc.giveUp(en, fmt.Sprintf("%s (not recovered: %s)", rec.reason, d.Reason), now)
 		return
 	}
 	rec.decision = &d
-	m.observeRecovery("decided", now.Sub(rec.since))
+	rc.observeRecovery("decided", now.Sub(rec.since))
 	j.MoveTarget = jobNodes(&d.Placement)
-	m.save(en)
-	m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "decided to %s: %s", d.Action, d.Reason)
+	rc.m.save(en)
+	rc.event(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since), "decided to %s: %s", d.Action, d.Reason)
 	// A validation gang is launched by nodemon itself: under an executor
 	// (Slurm) it would run outside its allocations, so the executor's own
 	// node checks vouch for new nodes instead.
-	if len(m.unvouched(&d, now)) > 0 && len(m.cfg.ValidateCommand) > 0 && m.cfg.Executor == nil {
-		m.validate(en, rec, now)
+	if len(rc.unvouched(&d, now)) > 0 && len(rc.m.cfg.ValidateCommand) > 0 && rc.m.cfg.Executor == nil {
+		rc.validate(en, rec, now)
 		return
 	}
-	m.relaunch(en, rec, now)
+	rc.relaunch(en, rec, now)
 }
 
 // validate launches the validation gang on the decision's nodes and holds
 // their GPUs for the job meanwhile.
-func (m *Manager) validate(en *entry, rec *recovery, now time.Time) {
+func (rc *recoverer) validate(en *entry, rec *recovery, now time.Time) {
 	j := en.job
 	pl := rec.decision.Placement
 	rec.rounds++
@@ -643,58 +633,25 @@ func (m *Manager) validate(en *entry, rec *recovery, now time.Time) {
 			v.ranks[sl.Node] = &valRank{}
 		}
 	}
-	v.port = m.port(v.id, 1)
-	remember(m.pass, m.vals, v.id)
-	m.vals[v.id] = v
+	v.port = rc.m.launcher.port(v.id, 1)
+	rc.m.gangs.add(v)
 	rec.validation = v.id
 	j.MoveTarget = jobNodes(&pl)
 	j.Reason = fmt.Sprintf("recovering: validating %s before relaunch (%s)", strings.Join(v.nodes, ","), rec.reason)
-	m.save(en)
-	m.recoveryEvent(j, api.Severity_SEVERITY_INFO, 0, "validating %d nodes (%s) with %s", len(v.nodes), strings.Join(v.nodes, ","), v.id)
+	rc.m.save(en)
+	rc.event(j, api.Severity_SEVERITY_INFO, 0, "validating %d nodes (%s) with %s", len(v.nodes), strings.Join(v.nodes, ","), v.id)
 	// The gang runs as the job would: a node that refuses root ranks
 	// refuses them for validation too.
-	user, group := m.cfg.RunAs.RunAs(en.spec)
-	launches := map[string]*api.LaunchRanks{}
-	for i, node := range v.nodes {
-		launches[node] = &api.LaunchRanks{Job: v.id, Attempt: 1, Command: m.cfg.ValidateCommand, WorldSize: int32(len(v.nodes)),
-			MasterAddr: m.addrOf(v.nodes[0]), MasterPort: v.port, NodeRank: int32(i), NumNodes: int32(len(v.nodes)),
-			RunAsUser: user, RunAsGroup: group,
-			Ranks: []*api.RankSpec{{Rank: int32(i), LocalRank: 0, Gpus: []uint32{v.gpus[node]}}}}
-	}
-	gang, nodes := v.id, slices.Clone(v.nodes)
-	timeout, post := m.cfg.CommandTimeout, m.in.post
-	m.act(func(d *dispatcher) {
-		d.fanOut(nodes, func(node string) *api.Command {
-			return &api.Command{Body: &api.Command_Launch{Launch: launches[node]}}
-		}, timeout, func(errs map[string]error) {
-			if len(errs) > 0 {
-				post(msgValidationLaunched{gang: gang, errs: errs})
-			}
-		})
-	})
-}
-
-func (m *Manager) validationLaunched(msg msgValidationLaunched) {
-	v := m.vals[msg.gang]
-	if v == nil {
-		return
-	}
-	for node, err := range msg.errs {
-		if r := v.ranks[node]; r != nil {
-			var ce *nodes.CommandError
-			r.exited, r.code, r.err = true, -1, err.Error()
-			r.refused = errors.As(err, &ce) && ce.NodeRefused
-		}
-	}
-	m.kick()
+	user, group := rc.m.cfg.RunAs.RunAs(en.spec)
+	rc.m.gangs.launch(v, user, group)
 }
 
 // checkValidation waits for the gang: all exits 0 relaunches the job; a
 // failure or the timeout cordons the new nodes that did not pass and
 // decides again without them.
-func (m *Manager) checkValidation(en *entry, rec *recovery, now time.Time) {
+func (rc *recoverer) checkValidation(en *entry, rec *recovery, now time.Time) {
 	j := en.job
-	v := m.vals[rec.validation]
+	v := rc.m.gangs.byID[rec.validation]
 	if v == nil {
 		rec.validation = ""
 		return
@@ -707,15 +664,14 @@ func (m *Manager) checkValidation(en *entry, rec *recovery, now time.Time) {
 			failed = true
 		}
 	}
-	timedOut := now.Sub(v.started) >= m.cfg.ValidateTimeout
+	timedOut := now.Sub(v.started) >= rc.m.cfg.ValidateTimeout
 	if done && !failed {
-		remember(m.pass, m.vals, v.id)
-		delete(m.vals, v.id)
+		rc.m.gangs.forget(v.id)
 		rec.validation = ""
-		m.observeRecovery("validated", now.Sub(rec.since))
-		m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(v.started), "validation %s passed on %s", v.id, strings.Join(v.nodes, ","))
-		m.vouch(v.nodes, v.id, now)
-		m.relaunch(en, rec, now)
+		rc.observeRecovery("validated", now.Sub(rec.since))
+		rc.event(j, api.Severity_SEVERITY_INFO, now.Sub(v.started), "validation %s passed on %s", v.id, strings.Join(v.nodes, ","))
+		rc.vouch(v.nodes, v.id, now)
+		rc.relaunch(en, rec, now)
 		return
 	}
 	if !failed && !timedOut {
@@ -723,7 +679,7 @@ func (m *Manager) checkValidation(en *entry, rec *recovery, now time.Time) {
 	}
 	// Blame the new nodes whose rank did not pass; if theirs all passed,
 	// the new set as a whole did not work together.
-	added := m.unvouched(rec.decision, now)
+	added := rc.unvouched(rec.decision, now)
 	var blame, why []string
 	for _, node := range v.nodes {
 		r := v.ranks[node]
@@ -732,7 +688,7 @@ func (m *Manager) checkValidation(en *entry, rec *recovery, now time.Time) {
 		case r.err != "":
 			what = "launch failed: " + r.err
 		case !r.exited:
-			what = fmt.Sprintf("no exit within %s", m.cfg.ValidateTimeout)
+			what = fmt.Sprintf("no exit within %s", rc.m.cfg.ValidateTimeout)
 		case r.signal != "":
 			what = "killed by " + r.signal
 		case r.code != 0:
@@ -748,12 +704,11 @@ func (m *Manager) checkValidation(en *entry, rec *recovery, now time.Time) {
 	if len(blame) == 0 {
 		blame = slices.Clone(added)
 	}
-	remember(m.pass, m.vals, v.id)
-	delete(m.vals, v.id)
+	rc.m.gangs.forget(v.id)
 	rec.validation = ""
 	rec.decision = nil
-	m.signalNodes(v.id, v.nodes, "SIGKILL")
-	m.recoveryEvent(j, api.Severity_SEVERITY_WARNING, now.Sub(v.started), "validation %s failed (%s); excluding %s (cordoned unless it refused by its own policy) and choosing again",
+	rc.m.launcher.signalNodes(v.id, v.nodes, "SIGKILL")
+	rc.event(j, api.Severity_SEVERITY_WARNING, now.Sub(v.started), "validation %s failed (%s); excluding %s (cordoned unless it refused by its own policy) and choosing again",
 		v.id, strings.Join(why, "; "), strings.Join(blame, ","))
 	for _, n := range blame {
 		if r := v.ranks[n]; r == nil || !r.refused {
@@ -763,59 +718,16 @@ func (m *Manager) checkValidation(en *entry, rec *recovery, now time.Time) {
 			j.Exclude = append(j.Exclude, n)
 		}
 	}
-	m.save(en)
-	if rec.rounds >= m.cfg.MaxValidations {
-		m.giveUp(en, fmt.Sprintf("%s (not recovered: %d validation rounds failed, last: %s)", rec.reason, rec.rounds, strings.Join(why, "; ")), now)
+	rc.m.save(en)
+	if rec.rounds >= rc.m.cfg.MaxValidations {
+		rc.giveUp(en, fmt.Sprintf("%s (not recovered: %d validation rounds failed, last: %s)", rec.reason, rec.rounds, strings.Join(why, "; ")), now)
 	}
-	m.cordons(j, rec)
-}
-
-// endValidation forgets a recovery's validation gang and kills what may be
-// left of it.
-func (m *Manager) endValidation(rec *recovery) {
-	v := m.vals[rec.validation]
-	if v == nil {
-		return
-	}
-	remember(m.pass, m.vals, v.id)
-	delete(m.vals, v.id)
-	var live []string
-	for _, n := range v.nodes {
-		if r := v.ranks[n]; r != nil && !r.exited {
-			live = append(live, n)
-		}
-	}
-	m.signalNodes(v.id, live, "SIGKILL")
-}
-
-// validationEvent applies a rank start or exit of a validation gang; it
-// reports whether e belonged to one.
-func (m *Manager) validationEvent(e *api.Event) bool {
-	v := m.vals[e.GetJob()]
-	if v == nil {
-		return false
-	}
-	r := v.ranks[e.GetNode()]
-	if r == nil {
-		return true
-	}
-	switch e.GetKind() {
-	case api.EventKind_EVENT_KIND_JOB:
-		if r.pid == 0 {
-			r.pid = e.GetPid()
-		}
-	case api.EventKind_EVENT_KIND_PROCESS_EXIT:
-		if r.pid == 0 || r.pid == e.GetPid() {
-			r.exited, r.code, r.signal = true, e.GetExitCode(), e.GetSignal()
-			m.kick()
-		}
-	}
-	return true
+	rc.cordons(j, rec)
 }
 
 // relaunch starts the next attempt on the decision's placement from the
 // latest complete checkpoint, and books the counters.
-func (m *Manager) relaunch(en *entry, rec *recovery, now time.Time) {
+func (rc *recoverer) relaunch(en *entry, rec *recovery, now time.Time) {
 	j := en.job
 	d := rec.decision
 	resume := j.GetLastCheckpointStep()
@@ -823,7 +735,7 @@ func (m *Manager) relaunch(en *entry, rec *recovery, now time.Time) {
 		resume = rec.resume
 	}
 	lost := max(rec.stepAt-resume, 0)
-	p := m.progressOf(j.GetId())
+	p := rc.m.prog.of(j.GetId())
 	if lost > 0 && p.AttemptSteps > 0 {
 		// The lost steps' time was counted useful when they ran.
 		j.UsefulSeconds = max(j.GetUsefulSeconds()-float64(lost)*p.AttemptUseful/float64(p.AttemptSteps), 0)
@@ -834,20 +746,20 @@ func (m *Manager) relaunch(en *entry, rec *recovery, now time.Time) {
 	j.LostSteps += lost
 	j.Restarts++
 	j.DowntimeSeconds += now.Sub(rec.since).Seconds()
-	remember(m.pass, m.recs, j.GetId())
-	delete(m.recs, j.GetId())
+	remember(rc.m.pass, rc.recs, j.GetId())
+	delete(rc.recs, j.GetId())
 	en.resume, en.resumeSet = resume, true
 	if d.Action == scheduler.ShrinkDP {
 		en.resizeWhy = d.Reason
 	}
-	if !m.start(en, d.Placement, now, "") {
-		m.recs[j.GetId()] = rec
+	if !rc.m.placer.start(en, d.Placement, now, "") {
+		rc.recs[j.GetId()] = rec
 		return
 	}
 	j.Step = resume
 	p.Restart(resume)
-	m.observeRecovery("relaunched", now.Sub(rec.since))
-	m.recoveryEvent(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since),
+	rc.observeRecovery("relaunched", now.Sub(rec.since))
+	rc.event(j, api.Severity_SEVERITY_INFO, now.Sub(rec.since),
 		"attempt %d running on %s from step %d (%d steps lost; failed at step %d): %s", j.GetAttempt(),
 		strings.Join(d.Placement.Nodes(), ","), resume, lost, rec.stepAt, d.Reason)
 }
@@ -878,9 +790,9 @@ func ReconnectBound(hb, grace time.Duration) time.Duration {
 // node the registry still holds up while it reconnects (its connection
 // closed; a pause of the server's own credited) is the detector's to
 // judge, not this clock's.
-func (m *Manager) lostNodes(all []*api.NodeStatus, now time.Time) {
+func (rc *recoverer) lostNodes(all []*api.NodeStatus, now time.Time) {
 	var holding map[string]bool
-	for _, en := range m.jobs {
+	for _, en := range rc.m.jobs {
 		for _, jn := range en.job.GetPlacement() {
 			for _, r := range jn.GetRanks() {
 				if !r.GetExited() {
@@ -902,24 +814,24 @@ func (m *Manager) lostNodes(all []*api.NodeStatus, now time.Time) {
 		if !holding[name] || n.GetConnected() || n.GetState() == api.NodeState_NODE_STATE_READY {
 			continue
 		}
-		bound := ReconnectBound(time.Duration(n.GetRegistration().GetHeartbeatIntervalMs())*time.Millisecond, m.cfg.ReconnectGrace)
-		since := m.startedAt
+		bound := ReconnectBound(time.Duration(n.GetRegistration().GetHeartbeatIntervalMs())*time.Millisecond, rc.m.cfg.ReconnectGrace)
+		since := rc.m.startedAt
 		if seen := time.Unix(0, n.GetLastSeenUnixNano()); seen.After(since) {
 			since = seen
 		}
 		if now.Sub(since) > bound {
-			m.nodeDown(name, fmt.Sprintf("not reconnected within %s", bound.Round(time.Millisecond)), now)
+			rc.m.nodes.down(name, fmt.Sprintf("not reconnected within %s", bound.Round(time.Millisecond)), now)
 		}
 	}
 	for name := range holding {
-		if bound := ReconnectBound(0, m.cfg.ReconnectGrace); !known[name] && now.Sub(m.startedAt) > bound {
-			m.nodeDown(name, "node unknown to the server", now)
+		if bound := ReconnectBound(0, rc.m.cfg.ReconnectGrace); !known[name] && now.Sub(rc.m.startedAt) > bound {
+			rc.m.nodes.down(name, "node unknown to the server", now)
 		}
 	}
 }
 
-func (m *Manager) observeRecovery(step string, d time.Duration) {
-	if o := m.observer(); o != nil {
+func (rc *recoverer) observeRecovery(step string, d time.Duration) {
+	if o := rc.m.observer(); o != nil {
 		o.ObserveRecoveryStep(step, d)
 	}
 }

@@ -2,11 +2,8 @@ package jobs
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -64,107 +61,11 @@ func (m *Manager) Submit(ctx context.Context, req *api.SubmitJobRequest, role st
 	if err != nil {
 		return nil, err
 	}
-	v, err := m.do(ctx, func() (any, error) { return m.submit(req, source, spec, plan, types) })
+	v, err := m.do(ctx, func() (any, error) { return m.intake.submit(req, source, spec, plan, types) })
 	if err != nil {
 		return nil, err
 	}
 	return v.(*api.SubmitJobResponse), nil
-}
-
-func (m *Manager) submit(req *api.SubmitJobRequest, source string, spec *jobspec.Spec, plan *api.JobPlan, types []*api.JobTypePlan) (*api.SubmitJobResponse, error) {
-	now := m.now()
-	if key := req.GetIdempotencyKey(); len(key) > 128 {
-		return nil, fmt.Errorf("idempotency key of %d bytes: at most 128", len(key))
-	}
-	if key := req.GetIdempotencyKey(); key != "" && !req.GetDryRun() {
-		if id, ok := m.idem[key]; ok && m.jobs[id] != nil {
-			// A retry of a submit whose answer was lost: the job it
-			// created, not a second one.
-			return &api.SubmitJobResponse{Job: clone(m.jobs[id].job)}, nil
-		}
-	}
-	j := &api.Job{Name: spec.Name, Tenant: spec.Tenant, Priority: int32(spec.Priority), SpecYaml: req.GetSpecYaml(),
-		SpecSource: source, Plan: plan, State: api.JobState_JOB_STATE_PENDING, SubmitUnixNano: now.UnixNano(),
-		Hold: req.GetHold(), CheckpointDir: spec.Checkpoint.Dir, PendingReason: "waiting for the scheduler",
-		FullGpus: plan.GPUs(), TypePlans: types}
-	en := &entry{job: j, spec: spec}
-	if req.GetDryRun() {
-		return m.dryRun(en), nil
-	}
-	if !j.GetHold() {
-		snap := m.snapshot(now)
-		j.Id = "new"
-		r := m.request(en)
-		if why, never := scheduler.NeverFits(&snap, &r); never {
-			return nil, fmt.Errorf("job %s can never run on this cluster as built: %s; add nodes first, or submit with --hold to keep it waiting", spec.Name, why)
-		}
-	}
-	id, err := m.newID()
-	if err != nil {
-		return nil, err
-	}
-	j.Id = id
-	if key := req.GetIdempotencyKey(); key != "" {
-		j.IdempotencyKey = key
-		remember(m.pass, m.idem, key)
-		m.idem[key] = id
-	}
-	j.EstimateSeconds, j.EstimateBasis = m.estimate(j, spec)
-	if j.CheckpointDir == "" && m.cfg.CheckpointRoot != "" {
-		j.CheckpointDir = filepath.Join(m.cfg.CheckpointRoot, id)
-	}
-	if j.Hold {
-		j.PendingReason = fmt.Sprintf("held: place it with `gpuctl assign %s --nodes …` or let the scheduler with `gpuctl release %s`", id, id)
-	}
-	m.jobs[id] = en
-	m.save(en)
-	m.log.Info("job submitted", "job", id, "name", j.Name, "gpus", spec.TotalGPUs(), "plan", shapeOf(j).String())
-	m.kick()
-	return &api.SubmitJobResponse{Job: clone(j)}, nil
-}
-
-// newID returns a short unused job id.
-func (m *Manager) newID() (string, error) {
-	for range 16 {
-		var b [3]byte
-		if _, err := rand.Read(b[:]); err != nil {
-			return "", fmt.Errorf("job id: %w", err)
-		}
-		id := "j-" + hex.EncodeToString(b[:])
-		if _, taken := m.jobs[id]; !taken {
-			return id, nil
-		}
-	}
-	return "", errors.New("job id: no free id after 16 tries")
-}
-
-// dryRun places the job on the cluster as it is now, without queueing it;
-// pending_reason says why it would wait.
-func (m *Manager) dryRun(en *entry) *api.SubmitJobResponse {
-	j := en.job
-	j.Id = "dry-run"
-	snap := m.snapshot(m.now())
-	r := m.request(en)
-	ahead := uint32(len(snap.Pending))
-	pl, err := scheduler.Place(&snap, &r)
-	var pe *scheduler.PlacementError
-	switch {
-	case err == nil:
-		j.Placement = jobNodes(&pl)
-		j.PendingReason = ""
-		if ahead > 0 {
-			j.PendingReason = fmt.Sprintf("fits now; %d queued jobs are ahead of it", ahead)
-		}
-	case errors.As(err, &pe):
-		if why, never := scheduler.NeverFits(&snap, &r); never {
-			j.PendingReason = why + ": it would be refused"
-		} else {
-			j.PendingReason = pe.Explain(&r)
-		}
-	default:
-		j.PendingReason = err.Error()
-	}
-	return &api.SubmitJobResponse{Job: j, QueuedAhead: ahead}
 }
 
 // jobAnswer runs a request that answers with a job.
@@ -197,21 +98,21 @@ func (m *Manager) Cancel(ctx context.Context, key, who string) (*api.Job, error)
 		from := phaseOf(j)
 		now := m.now()
 		if j.GetState() == api.JobState_JOB_STATE_RUNNING {
-			m.addAttained(j, now)
+			m.stops.addAttained(j, now)
 		}
 		j.State = api.JobState_JOB_STATE_CANCELLED
 		j.EndUnixNano = now.UnixNano()
 		j.Reason = "cancelled by " + who
 		j.PendingReason, j.MoveTarget = "", nil
-		m.moves = slices.DeleteFunc(m.moves, func(mv scheduler.Move) bool { return mv.Job == j.GetId() })
-		m.sweepSuperseded(j)
+		m.stops.moves = slices.DeleteFunc(m.stops.moves, func(mv scheduler.Move) bool { return mv.Job == j.GetId() })
+		m.fence.sweepSuperseded(j)
 		if live := liveRanks(j); live > 0 {
 			j.Stopping = api.JobStop_JOB_STOP_CANCEL
 			j.StopSinceUnixNano, j.TermSentUnixNano = now.UnixNano(), 0
 			m.log.Info("stopping cancelled job's ranks", "job", j.GetId(), "live", live)
 		} else {
 			j.Stopping = api.JobStop_JOB_STOP_NONE
-			m.endAttempt(j, now, j.Reason)
+			endAttempt(j, now, j.Reason)
 		}
 		m.check(from, EvCancel, j)
 		m.save(en)
@@ -232,8 +133,8 @@ func (m *Manager) Release(ctx context.Context, key string) (*api.Job, error) {
 		if j.GetState() != api.JobState_JOB_STATE_PENDING || !j.GetHold() {
 			return nil, fmt.Errorf("job %s is %s and not held: only a held pending job can be released", j.GetId(), phaseOf(j))
 		}
-		snap := m.snapshot(m.now())
-		r := m.request(en)
+		snap := m.placer.snapshot(m.now())
+		r := m.placer.request(en)
 		if why, never := scheduler.NeverFits(&snap, &r); never {
 			return nil, fmt.Errorf("job %s can never run on this cluster as built: %s; it stays held", j.GetId(), why)
 		}
@@ -267,8 +168,8 @@ func (m *Manager) Assign(ctx context.Context, key string, nodes []string) (*api.
 			return nil, fmt.Errorf("job %s has no usable job file", j.GetId())
 		}
 		now := m.now()
-		snap := m.snapshot(now)
-		r := m.request(en)
+		snap := m.placer.snapshot(now)
+		r := m.placer.request(en)
 		pl, err := scheduler.AssignExact(&snap, &r, nodes)
 		if err != nil {
 			var pe *scheduler.PlacementError
@@ -277,7 +178,7 @@ func (m *Manager) Assign(ctx context.Context, key string, nodes []string) (*api.
 			}
 			return nil, err
 		}
-		if !m.start(en, pl, now, "") {
+		if !m.placer.start(en, pl, now, "") {
 			return nil, fmt.Errorf("assign %s: could not record the placement; see the server log", j.GetId())
 		}
 		m.kick()
@@ -299,7 +200,7 @@ func (m *Manager) Rebalance(ctx context.Context, req *api.RebalanceRequest) (*ap
 			maxMoves = m.cfg.MaxMoves
 		}
 		if req.GetApply() {
-			busy := len(m.moves) > 0
+			busy := len(m.stops.moves) > 0
 			for _, en := range m.jobs {
 				if en.job.GetStopping() == api.JobStop_JOB_STOP_MOVE {
 					busy = true
@@ -309,7 +210,7 @@ func (m *Manager) Rebalance(ctx context.Context, req *api.RebalanceRequest) (*ap
 				return nil, errors.New("a rebalance is already moving jobs; wait until `gpuctl jobs` shows none moving, then plan again")
 			}
 		}
-		snap := m.snapshot(m.now())
+		snap := m.placer.snapshot(m.now())
 		plan := scheduler.Rebalance(&snap, maxMoves)
 		out := &api.RebalanceResponse{Before: packingOf(plan.Before), After: packingOf(plan.After)}
 		for _, mv := range plan.Moves {
@@ -319,7 +220,7 @@ func (m *Manager) Rebalance(ctx context.Context, req *api.RebalanceRequest) (*ap
 		if !req.GetApply() || len(plan.Moves) == 0 {
 			return out, nil
 		}
-		m.moves = plan.Moves
+		m.stops.moves = plan.Moves
 		out.Applied = true
 		m.log.Info("rebalance started", "moves", len(plan.Moves), "cost_before", plan.Before.Cost(), "cost_after", plan.After.Cost())
 		m.kick()
@@ -350,9 +251,9 @@ func (m *Manager) Checkpoint(ctx context.Context, key string) (*api.Job, error) 
 		if j.GetCheckpointDir() == "" {
 			return nil, fmt.Errorf("job %s has no checkpoint dir: set checkpoint.dir in its job file", j.GetId())
 		}
-		m.progressOf(j.GetId()).CheckpointAt = m.now()
+		m.prog.of(j.GetId()).CheckpointAt = m.now()
 		m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_CHECKPOINT, Job: j.GetId(), Message: "checkpoint requested (SIGUSR1 to every rank)", Step: j.GetStep()})
-		m.signal(j, "SIGUSR1")
+		m.launcher.signal(j, "SIGUSR1")
 		return clone(j), nil
 	})
 }
@@ -400,8 +301,8 @@ func (m *Manager) Restart(ctx context.Context, key, from string, exclude []strin
 			return nil, fmt.Errorf("job %s failed before it ever ran: fix its job file and submit it again", j.GetId())
 		}
 		now := m.now()
-		snap := m.snapshot(now)
-		req := m.recoverRequest(en, scheduler.Failure{Kind: scheduler.FailManual})
+		snap := m.placer.snapshot(now)
+		req := m.rec.request(en, scheduler.Failure{Kind: scheduler.FailManual})
 		req.Failure.Exclude = append(req.Failure.Exclude, exclude...)
 		if d := scheduler.Recover(&snap, &req); d.Action == scheduler.GiveUp {
 			return nil, fmt.Errorf("restart %s refused, the job is left as it is: %s", j.GetId(), d.Reason)
@@ -413,8 +314,8 @@ func (m *Manager) Restart(ctx context.Context, key, from string, exclude []strin
 		if j.GetState() == api.JobState_JOB_STATE_FAILED {
 			j.EndUnixNano = 0
 		}
-		m.fail(en, scheduler.Failure{Kind: scheduler.FailManual, Exclude: exclude}, reason, now)
-		if rec := m.recs[j.GetId()]; rec != nil {
+		m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailManual, Exclude: exclude}, reason, now)
+		if rec := m.rec.recs[j.GetId()]; rec != nil {
 			rec.resume = resume
 		}
 		out := clone(j)
@@ -443,10 +344,10 @@ func stepList(steps []int64) string {
 // stop, relaunch resuming from it.
 func (m *Manager) Drain(ctx context.Context, node string) ([]*api.DrainedJob, error) {
 	v, err := m.do(ctx, func() (any, error) {
-		snap := m.snapshot(m.now())
+		snap := m.placer.snapshot(m.now())
 		queued := map[string][]string{}
-		for i := range m.moves {
-			queued[m.moves[i].Job] = m.moves[i].To.Nodes()
+		for i := range m.stops.moves {
+			queued[m.stops.moves[i].Job] = m.stops.moves[i].To.Nodes()
 		}
 		var cands []scheduler.DrainJob
 		for _, en := range m.sorted() {
@@ -457,7 +358,7 @@ func (m *Manager) Drain(ctx context.Context, node string) ([]*api.DrainedJob, er
 			c := scheduler.DrainJob{Placement: placementOf(j.GetPlacement(), shapeOf(j)),
 				Checkpoints: en.spec != nil && en.spec.Checkpoint.Dir != ""}
 			if en.spec != nil {
-				c.Request = m.request(en)
+				c.Request = m.placer.request(en)
 			} else {
 				c.Request = scheduler.JobRequest{ID: j.GetId()}
 			}
@@ -477,10 +378,10 @@ func (m *Manager) Drain(ctx context.Context, node string) ([]*api.DrainedJob, er
 			cands = append(cands, c)
 		}
 		var out []*api.DrainedJob
-		for _, o := range scheduler.PlanDrain(&snap, node, m.moves, cands) {
+		for _, o := range scheduler.PlanDrain(&snap, node, m.stops.moves, cands) {
 			d := &api.DrainedJob{Job: o.Job, To: o.To, Reason: o.Reason, Moving: o.Reason == ""}
 			if o.Move != nil {
-				m.moves = append(m.moves, *o.Move)
+				m.stops.moves = append(m.stops.moves, *o.Move)
 				m.log.Info("drain: moving job", "node", node, "job", o.Job, "to", o.To)
 			}
 			out = append(out, d)

@@ -55,7 +55,7 @@ func TestFailedCommitRollsBackSideTables(t *testing.T) {
 	if err := <-done; err == nil || !strings.Contains(err.Error(), "could not store the change, nothing was done") {
 		t.Fatalf("restart over a store refusing writes: %v", err)
 	}
-	if rec := h.m.recs[id]; rec != nil {
+	if rec := h.m.rec.recs[id]; rec != nil {
 		t.Errorf("after the failed restart a recovery is left in progress: %s", rec.reason)
 	}
 	h.settle()

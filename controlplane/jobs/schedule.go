@@ -3,8 +3,6 @@ package jobs
 import (
 	"errors"
 	"fmt"
-	"hash/fnv"
-	"net"
 	"slices"
 	"strings"
 	"time"
@@ -14,22 +12,28 @@ import (
 	"github.com/gpuctl/gpuctl/jobspec"
 	"github.com/gpuctl/gpuctl/scheduler"
 	"github.com/gpuctl/gpuctl/scheduler/costmodel"
-	"github.com/gpuctl/gpuctl/scheduler/fencing"
 	predictor "github.com/gpuctl/gpuctl/scheduler/predict"
 )
+
+// placer runs the scheduler for the owner: it builds the scheduler's view
+// of the nodes and jobs, applies the scheduler's decisions (start,
+// preempt, move, resize an elastic job), and explains why each queued job
+// waits. The jobs and the current step are the owner's, reached through
+// m. It runs on the owner's goroutine only.
+type placer struct{ m *Manager }
 
 // reconcile is one scheduling pass: nodes lost for good, stops, recoveries,
 // moves, the scheduler's decisions, and every running job's progress.
 func (m *Manager) reconcile() {
 	now := m.now()
 	nodes := m.cfg.Nodes.Nodes()
-	m.lostNodes(nodes, now)
-	m.stops(nodes, now)
-	m.recoveries(now)
-	m.growBack(now)
-	m.beginMoves(now)
-	m.schedule(now)
-	m.progressAll(nodes, now)
+	m.rec.lostNodes(nodes, now)
+	m.stops.drive(nodes, now)
+	m.rec.advance(now)
+	m.placer.growBack(now)
+	m.stops.beginMoves(now)
+	m.placer.schedule(now)
+	m.prog.update(nodes, now)
 }
 
 // unmanaged is the job the scheduler sees on a GPU that runs processes
@@ -67,15 +71,15 @@ func heldAsSuspect(n *api.NodeStatus, now time.Time) bool {
 // takes one validates it first where validation gangs run, and one that
 // passes is back in service (vouch); a node lost too often is cordoned,
 // never suspect.
-func (m *Manager) recoveryBase(now time.Time) scheduler.Snapshot {
-	all := m.cfg.Nodes.Nodes()
+func (pc *placer) recoveryBase(now time.Time) scheduler.Snapshot {
+	all := pc.m.cfg.Nodes.Nodes()
 	suspect := map[string]bool{}
 	for _, n := range all {
 		if heldAsSuspect(n, now) {
 			suspect[n.GetRegistration().GetName()] = true
 		}
 	}
-	snap := m.snapshotOf(all, now)
+	snap := pc.snapshotOf(all, now)
 	for i := range snap.Nodes {
 		if suspect[snap.Nodes[i].Name] {
 			snap.Nodes[i].State = scheduler.NodeReady
@@ -113,11 +117,11 @@ func gpuProfile(model string) string {
 // labels and healthy GPUs; a GPU belongs to a job while a rank of it lives
 // there (whatever the job's state) or a move or recovery is about to land
 // there; running jobs and the queue.
-func (m *Manager) snapshot(now time.Time) scheduler.Snapshot {
-	return m.snapshotOf(m.cfg.Nodes.Nodes(), now)
+func (pc *placer) snapshot(now time.Time) scheduler.Snapshot {
+	return pc.snapshotOf(pc.m.cfg.Nodes.Nodes(), now)
 }
 
-func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.Snapshot {
+func (pc *placer) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.Snapshot {
 	alloc := map[string]map[uint32]string{}
 	hold := func(node string, gpu uint32, id string) {
 		if alloc[node] == nil {
@@ -129,7 +133,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 	// still list a rank that has just exited), except ranks given up with
 	// their node: if those still run when it returns, their GPUs are busy.
 	ours := map[string]map[uint32]bool{}
-	entries := m.sorted()
+	entries := pc.m.sorted()
 	for _, en := range entries {
 		j := en.job
 		for _, jn := range j.GetPlacement() {
@@ -151,7 +155,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 			}
 		}
 	}
-	for _, j := range m.externals {
+	for _, j := range pc.m.exec.externals {
 		if j.GetState() != api.JobState_JOB_STATE_RUNNING {
 			continue // ended: squeue --states=all lists it a while longer
 		}
@@ -164,7 +168,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 			}
 		}
 	}
-	for _, v := range m.vals {
+	for _, v := range pc.m.gangs.byID {
 		for node, gpu := range v.gpus {
 			if ours[node] == nil {
 				ours[node] = map[uint32]bool{}
@@ -202,7 +206,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 		}
 		snap.Nodes = append(snap.Nodes, node)
 	}
-	grace := int64(m.preemptGrace() / time.Second)
+	grace := int64(pc.m.stops.preemptGrace() / time.Second)
 	for _, en := range entries {
 		j := en.job
 		if en.spec == nil {
@@ -213,7 +217,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 			if len(j.GetPlacement()) == 0 {
 				continue
 			}
-			rj := scheduler.RunningJob{Request: m.request(en), Placement: placementOf(j.GetPlacement(), shapeOf(j)),
+			rj := scheduler.RunningJob{Request: pc.request(en), Placement: placementOf(j.GetPlacement(), shapeOf(j)),
 				Start: j.GetStartUnixNano() / 1e9, Stopping: !active(j)}
 			if rj.Stopping {
 				rj.StopBy = j.GetStopSinceUnixNano()/1e9 + grace
@@ -221,7 +225,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 			snap.Running = append(snap.Running, rj)
 		case api.JobState_JOB_STATE_PENDING:
 			if !j.GetHold() && !now.Before(en.retryAt) {
-				snap.Pending = append(snap.Pending, m.request(en))
+				snap.Pending = append(snap.Pending, pc.request(en))
 			}
 		}
 	}
@@ -231,7 +235,7 @@ func (m *Manager) snapshotOf(nodes []*api.NodeStatus, now time.Time) scheduler.S
 // request is the job as the scheduler sees it. A job that checkpoints
 // (its file names a checkpoint dir) can be stopped and resumed, so it is
 // preemptible and movable; others are never stopped by the scheduler.
-func (m *Manager) request(en *entry) scheduler.JobRequest {
+func (pc *placer) request(en *entry) scheduler.JobRequest {
 	j, s := en.job, en.spec
 	ckpt := s.Checkpoint.Dir != ""
 	r := scheduler.JobRequest{
@@ -265,14 +269,14 @@ func (m *Manager) request(en *entry) scheduler.JobRequest {
 
 // estimate is the runtime the scheduler should expect of a job on its
 // submission: its file's own, else the runtime model's, else none.
-func (m *Manager) estimate(j *api.Job, s *jobspec.Spec) (int64, string) {
+func (pc *placer) estimate(j *api.Job, s *jobspec.Spec) (int64, string) {
 	if s.EstimatedRuntime > 0 {
 		return int64(s.EstimatedRuntime / time.Second), "job file"
 	}
-	if m.cfg.Runtimes == nil {
+	if pc.m.cfg.Runtimes == nil {
 		return 0, ""
 	}
-	p := m.cfg.Runtimes.Predict(predictor.Features{Tenant: s.Tenant, User: s.User, Name: s.Name, GPUs: s.TotalGPUs(),
+	p := pc.m.cfg.Runtimes.Predict(predictor.Features{Tenant: s.Tenant, User: s.User, Name: s.Name, GPUs: s.TotalGPUs(),
 		Hour: time.Unix(0, j.GetSubmitUnixNano()).UTC().Hour()})
 	if p.Seconds <= 0 {
 		return 0, ""
@@ -384,290 +388,12 @@ func findRank(j *api.Job, node string, rank int32) *api.JobRank {
 	return nil
 }
 
-// preemptGrace is how long a preempted job may take to checkpoint.
-func (m *Manager) preemptGrace() time.Duration {
-	if p, ok := m.cfg.Policy.(scheduler.Preemptor); ok && p.Grace() > 0 {
-		return time.Duration(p.Grace()) * time.Second
-	}
-	return m.cfg.MoveGrace
-}
-
-// ----------------------------------------------------------------- stops
-
-// stops drives every stopping job: SIGTERM once its checkpoint landed (or
-// its grace ran out), SIGKILL if ranks outlive KillAfter, and the next
-// phase once every rank is gone.
-func (m *Manager) stops(nodes []*api.NodeStatus, now time.Time) {
-	for _, en := range m.sorted() {
-		j := en.job
-		if j.GetStopping() == api.JobStop_JOB_STOP_NONE {
-			continue
-		}
-		if liveRanks(j) == 0 {
-			if j.GetStopping() == api.JobStop_JOB_STOP_MOVE && len(m.unfenced(en, now)) > 0 {
-				// The move relaunches at once: not while a lost node may
-				// still run the old attempt.
-				continue
-			}
-			m.finishStop(en, now)
-			continue
-		}
-		changed := false
-		if j.GetTermSentUnixNano() == 0 {
-			term := true
-			switch j.GetStopping() {
-			case api.JobStop_JOB_STOP_PREEMPT, api.JobStop_JOB_STOP_MOVE:
-				grace := m.cfg.MoveGrace
-				if j.GetStopping() == api.JobStop_JOB_STOP_PREEMPT {
-					grace = m.preemptGrace()
-				}
-				// The nodes report each checkpoint that lands; the server
-				// need not see the checkpoint dir itself.
-				term = j.GetLastCheckpointStep() > j.GetStopCheckpointStep() || now.Sub(time.Unix(0, j.GetStopSinceUnixNano())) >= grace
-			}
-			if term {
-				en.killSent = false
-				j.TermSentUnixNano = now.UnixNano()
-				m.signal(j, "SIGTERM")
-				changed = true
-			}
-		} else if grace := m.killAfter(j); now.Sub(time.Unix(0, j.GetTermSentUnixNano())) >= grace {
-			if en.killSent {
-				// SIGKILL cannot be ignored: a rank still counted live a
-				// grace after it is one its node no longer has (its exit
-				// was lost with a restarted nodemon).
-				m.giveUpRanks(en, nodes)
-			} else {
-				m.log.Warn("ranks outlived SIGTERM; killing", "job", j.GetId(), "live", liveRanks(j))
-				m.signal(j, "SIGKILL")
-				en.killSent = true
-			}
-			j.TermSentUnixNano = now.UnixNano()
-			changed = true
-		}
-		if changed {
-			m.save(en)
-		}
-	}
-}
-
-// killAfter is how long a stopping job's ranks have after SIGTERM.
-func (m *Manager) killAfter(j *api.Job) time.Duration {
-	if j.GetState() == api.JobState_JOB_STATE_RECOVERING {
-		return m.cfg.RecoveryKillAfter
-	}
-	return m.cfg.KillAfter
-}
-
-// giveUpRanks marks exited the ranks a SIGKILL and a grace did not account
-// for. A rank on a connected node that is still counted live then is one
-// its nodemon no longer knows (the exit was lost when it restarted).
-func (m *Manager) giveUpRanks(en *entry, nodes []*api.NodeStatus) {
-	j := en.job
-	connected := map[string]bool{}
-	for _, n := range nodes {
-		connected[n.GetRegistration().GetName()] = n.GetConnected()
-	}
-	var gone []string
-	for _, jn := range j.GetPlacement() {
-		if !connected[jn.GetNode()] {
-			// Its ranks may still run there: they count gone only with
-			// the node (lostNodes).
-			continue
-		}
-		for _, r := range jn.GetRanks() {
-			if !r.GetExited() {
-				r.Exited, r.ExitCode, r.Signal = true, -1, "unaccounted after SIGKILL"
-				gone = append(gone, fmt.Sprintf("%s rank %d (pid %d)", jn.GetNode(), r.GetRank(), r.GetPid()))
-			}
-		}
-	}
-	m.log.Warn("ranks unaccounted for a grace after SIGKILL; counting them gone", "job", j.GetId(), "ranks", gone)
-}
-
-// finishStop moves a job whose ranks are all gone to its next phase.
-func (m *Manager) finishStop(en *entry, now time.Time) {
-	j := en.job
-	from := phaseOf(j)
-	en.killSent = false
-	stop := j.GetStopping()
-	defer m.check(from, EvStopped, j)
-	m.save(en)
-	m.endAttempt(j, now, j.GetReason())
-	if stop == api.JobStop_JOB_STOP_MOVE {
-		target := j.GetMoveTarget()
-		shape := shapeOf(j)
-		if n := countRanks(target); n > 0 && shape.Size() != n {
-			// A resize: the target's data-parallel size is the new one.
-			shape.DP = n / max(shape.TP*shape.PP, 1)
-		}
-		pl := placementOf(target, shape)
-		why := m.targetBusy(j.GetId(), &pl, now)
-		if why == "" {
-			m.addAttained(j, now)
-			m.start(en, pl, now, "")
-			return
-		}
-		j.Reason = "move target no longer free (" + why + "); back in the queue, resumes from its checkpoint"
-	}
-	j.Stopping, j.TermSentUnixNano, j.StopSinceUnixNano = api.JobStop_JOB_STOP_NONE, 0, 0
-	if m.recs[j.GetId()] == nil {
-		// A recovering job keeps its reservation once its ranks are gone:
-		// its surviving GPUs are its own until it decides, or another
-		// recovery would take them and count its node as failed.
-		j.MoveTarget = nil
-	}
-	switch stop {
-	case api.JobStop_JOB_STOP_PREEMPT:
-		m.requeue(en, now)
-		j.Preemptions++
-	case api.JobStop_JOB_STOP_MOVE:
-		m.requeue(en, now)
-	}
-}
-
-func countRanks(nodes []*api.JobNode) int {
-	n := 0
-	for _, jn := range nodes {
-		n += len(jn.GetRanks())
-	}
-	return n
-}
-
-func (m *Manager) addAttained(j *api.Job, now time.Time) {
-	if j.GetStartUnixNano() > 0 {
-		j.AttainedGpuSeconds += now.Sub(time.Unix(0, j.GetStartUnixNano())).Seconds() * float64(jobGPUs(j))
-	}
-}
-
-// requeue puts a stopped job back in the queue; it resumes from its
-// checkpoint when it starts again.
-func (m *Manager) requeue(en *entry, now time.Time) {
-	j := en.job
-	m.addAttained(j, now)
-	j.State = api.JobState_JOB_STATE_PENDING
-	j.Placement = nil
-	j.StartUnixNano = 0
-	j.PendingReason = "waiting for the scheduler"
-	m.kick()
-}
-
-// targetBusy says why a placement's GPUs cannot take job id now, or "".
-func (m *Manager) targetBusy(id string, pl *scheduler.Placement, now time.Time) string {
-	snap := m.snapshot(now)
-	nodes := map[string]*scheduler.Node{}
-	for i := range snap.Nodes {
-		nodes[snap.Nodes[i].Name] = &snap.Nodes[i]
-	}
-	for _, s := range pl.Ranks {
-		n := nodes[s.Node]
-		if n == nil || n.State != scheduler.NodeReady {
-			return "node " + s.Node + " is not ready"
-		}
-		for _, g := range n.GPUs {
-			if g.Index != s.GPU {
-				continue
-			}
-			if !g.Healthy {
-				return fmt.Sprintf("GPU %d of %s is unhealthy", s.GPU, s.Node)
-			}
-			if g.Job != "" && g.Job != id {
-				return fmt.Sprintf("GPU %d of %s is taken by %s", s.GPU, s.Node, g.Job)
-			}
-		}
-	}
-	return ""
-}
-
-// signal sends sig to the job's ranks on every node that still has live
-// ones, once the step is committed. Failures are logged: the stop timers
-// send again.
-func (m *Manager) signal(j *api.Job, sig string) {
-	id := j.GetId()
-	var nodes []string
-	for _, jn := range j.GetPlacement() {
-		for _, r := range jn.GetRanks() {
-			if !r.GetExited() {
-				nodes = append(nodes, jn.GetNode())
-				break
-			}
-		}
-	}
-	// For this attempt only: a late stop must not reach a successor.
-	m.signalAttempt(id, j.GetAttempt(), nodes, sig)
-}
-
-// signalNodes sends sig to the ranks of every attempt of job id on nodes.
-func (m *Manager) signalNodes(id string, nodes []string, sig string) {
-	m.signalAttempt(id, 0, nodes, sig)
-}
-
-// signalAttempt sends sig to the ranks of one attempt of job id (every
-// attempt when 0) on nodes.
-func (m *Manager) signalAttempt(id string, attempt uint32, nodes []string, sig string) {
-	if len(nodes) == 0 {
-		return
-	}
-	log, timeout := m.log, m.cfg.SignalTimeout
-	m.act(func(d *dispatcher) {
-		d.signalOn(id, attempt, nodes, sig, timeout, func(errs map[string]error) {
-			for node, err := range errs {
-				log.Warn("signal ranks", "job", id, "node", node, "signal", sig, "err", err)
-			}
-			log.Info("signalled ranks", "job", id, "signal", sig, "nodes", nodes)
-		})
-	})
-}
-
-// ----------------------------------------------------------------- moves
-
-// beginMoves begins the next queued move once none is in flight:
-// checkpoint (SIGUSR1) now, SIGTERM when it lands, relaunch when all
-// ranks are gone.
-func (m *Manager) beginMoves(now time.Time) {
-	for _, en := range m.jobs {
-		if en.job.GetStopping() == api.JobStop_JOB_STOP_MOVE {
-			return
-		}
-	}
-	for len(m.moves) > 0 {
-		mv := m.moves[0]
-		m.moves = m.moves[1:]
-		en := m.jobs[mv.Job]
-		if en == nil || may(en.job, EvMove) != nil {
-			continue
-		}
-		j := en.job
-		cur := placementOf(j.GetPlacement(), shapeOf(j))
-		if !slices.Equal(cur.Ranks, mv.From.Ranks) {
-			m.log.Info("move skipped: the job moved since it was planned", "job", j.GetId())
-			continue
-		}
-		m.startMove(en, mv.To, "moving to "+strings.Join(mv.To.Nodes(), ",")+" (rebalance): checkpointing", now)
-		return
-	}
-}
-
-// startMove stops a running job by checkpoint to relaunch it on to.
-func (m *Manager) startMove(en *entry, to scheduler.Placement, reason string, now time.Time) {
-	j := en.job
-	from := phaseOf(j)
-	j.Stopping = api.JobStop_JOB_STOP_MOVE
-	j.MoveTarget = jobNodes(&to)
-	j.StopSinceUnixNano, j.TermSentUnixNano = now.UnixNano(), 0
-	j.StopCheckpointStep = j.GetLastCheckpointStep()
-	j.Reason = reason
-	m.check(from, EvMove, j)
-	m.save(en)
-	m.signal(j, "SIGUSR1")
-}
-
 // ------------------------------------------------------------ scheduling
 
 // schedule runs the scheduler over the live snapshot and applies its
 // decisions, then explains why each job still pending waits.
-func (m *Manager) schedule(now time.Time) {
-	snap := m.snapshot(now)
+func (pc *placer) schedule(now time.Time) {
+	snap := pc.snapshot(now)
 	// A job that cannot fit even the idle cluster would block the queue
 	// head forever; it waits aside, with why, until the cluster grows. A
 	// deferrable job held for cleaner power waits aside too.
@@ -686,21 +412,21 @@ func (m *Manager) schedule(now time.Time) {
 		reserve *scheduler.Reserve
 		preempt []string
 	)
-	for _, d := range scheduler.Schedule(&snap, m.cfg.Policy) {
-		en := m.jobs[d.JobID()]
+	for _, d := range scheduler.Schedule(&snap, pc.m.cfg.Policy) {
+		en := pc.m.jobs[d.JobID()]
 		if en == nil {
 			continue
 		}
 		switch d := d.(type) {
 		case scheduler.Start:
 			undo := useType(en.job, d.Placement.Model, d.TypeReason)
-			if m.start(en, d.Placement, now, "") {
+			if pc.start(en, d.Placement, now, "") {
 				started[d.Job] = true
 			} else {
 				undo()
 			}
 		case scheduler.Preempt:
-			if m.preempt(en, d, now) {
+			if pc.m.stops.preempt(en, d, now) {
 				preempt = append(preempt, d.Job)
 			}
 		case scheduler.Reserve:
@@ -708,38 +434,38 @@ func (m *Manager) schedule(now time.Time) {
 		case scheduler.Hold:
 			aside[d.Job] = d.Reason + " from " + time.Unix(d.At, 0).UTC().Format(time.RFC3339)
 		case scheduler.Reject:
-			m.giveUp(en, "rejected by the scheduler: "+d.Err.Error(), now)
+			pc.m.rec.giveUp(en, "rejected by the scheduler: "+d.Err.Error(), now)
 		}
 	}
-	m.explain(now, started, aside, reserve, preempt)
+	pc.explain(now, started, aside, reserve, preempt)
 }
 
 // start records a new attempt on pl and queues its launch; it reports
 // whether the attempt was recorded. why, when set, replaces the default
 // reason.
-func (m *Manager) start(en *entry, pl scheduler.Placement, now time.Time, why string) bool {
+func (pc *placer) start(en *entry, pl scheduler.Placement, now time.Time, why string) bool {
 	if en.spec == nil || len(pl.Ranks) == 0 {
 		return false
 	}
 	j := en.job
 	from := phaseOf(j)
 	if err := may(j, EvStart); err != nil {
-		m.log.Error("start refused", "err", err)
+		pc.m.log.Error("start refused", "err", err)
 		return false
 	}
-	if wait := m.unfenced(en, now); len(wait) > 0 {
+	if wait := pc.m.fence.unfenced(en, now); len(wait) > 0 {
 		// A rank never runs twice: the next attempt waits for the old one.
-		m.log.Info("start waits for the old attempt to be fenced", "job", j.GetId(), "nodes", wait)
+		pc.m.log.Info("start waits for the old attempt to be fenced", "job", j.GetId(), "nodes", wait)
 		return false
 	}
 	j.Attempt++
 	if pl.Shape.DP > 0 {
-		m.resize(en, pl.Shape.DP)
+		pc.resize(en, pl.Shape.DP)
 	}
 	j.Placement = jobNodes(&pl)
-	j.Witnesses, _ = m.witnessPool(pl.Nodes())
-	j.MasterAddr = m.addrOf(pl.Ranks[0].Node)
-	j.MasterPort = m.port(j.GetId(), j.GetAttempt())
+	j.Witnesses, _ = pc.m.fence.witnessPool(pl.Nodes())
+	j.MasterAddr = pc.m.launcher.addrOf(pl.Ranks[0].Node)
+	j.MasterPort = pc.m.launcher.port(j.GetId(), j.GetAttempt())
 	j.ResumeStep = 0
 	switch {
 	case en.resumeSet:
@@ -766,222 +492,18 @@ func (m *Manager) start(en *entry, pl scheduler.Placement, now time.Time, why st
 	}
 	j.Attempts = append(j.Attempts, &api.JobAttempt{Attempt: j.GetAttempt(), StartUnixNano: now.UnixNano(), Nodes: pl.Nodes(),
 		Gpus: int32(len(pl.Ranks)), Dp: j.GetPlan().GetDp(), ResumeStep: j.GetResumeStep(), LastStep: j.GetResumeStep()})
-	m.check(from, EvStart, j)
-	m.save(en)
-	m.launch(en)
+	pc.m.check(from, EvStart, j)
+	pc.m.save(en)
+	pc.m.launcher.launch(en)
 	return true
-}
-
-// launch queues the current attempt's launch on every node of it; a node
-// that refuses comes back as msgLaunched.
-func (m *Manager) launch(en *entry) {
-	j := en.job
-	user, group := m.cfg.RunAs.RunAs(en.spec)
-	launches := map[string]*api.LaunchRanks{}
-	var nodes []string
-	addrs := m.witnessAddrs()
-	for i, jn := range j.GetPlacement() {
-		l := &api.LaunchRanks{Job: j.GetId(), Attempt: j.GetAttempt(), Command: en.spec.Command, Env: en.spec.Env,
-			WorldSize: int32(jobGPUs(j)), MasterAddr: j.GetMasterAddr(), MasterPort: j.GetMasterPort(),
-			CheckpointDir: j.GetCheckpointDir(), ResumeStep: j.GetResumeStep(),
-			NodeRank: int32(i), NumNodes: int32(len(j.GetPlacement())), RunAsUser: user, RunAsGroup: group}
-		for _, r := range jn.GetRanks() {
-			l.Ranks = append(l.Ranks, &api.RankSpec{Rank: r.GetRank(), LocalRank: r.GetLocalRank(), Gpus: []uint32{r.GetGpu()}})
-		}
-		// Every witness is named, even one with no address now: the node's
-		// quorum must be counted over the same set the server fences by.
-		for _, w := range fencing.Of(j.GetWitnesses(), jn.GetNode()) {
-			l.Witnesses = append(l.Witnesses, &api.Witness{Name: w, Addr: addrs[w]})
-		}
-		launches[jn.GetNode()] = l
-		nodes = append(nodes, jn.GetNode())
-	}
-	id, attempt, exclude := j.GetId(), j.GetAttempt(), slices.Clone(j.GetExclude())
-	m.log.Info("job starting", "job", id, "attempt", attempt, "nodes", nodes, "master", fmt.Sprintf("%s:%d", j.GetMasterAddr(), j.GetMasterPort()))
-	timeout, post := m.cfg.CommandTimeout, m.in.post
-	m.act(func(d *dispatcher) {
-		d.launchOn(AttemptLaunch{Job: id, Attempt: attempt, Nodes: nodes, Ranks: launches, Exclude: exclude}, timeout, func(errs map[string]error) {
-			post(msgLaunched{job: id, attempt: attempt, errs: errs})
-		})
-	})
-}
-
-// launched applies the nodes' answers to a launch: a node that refused
-// fails the attempt (its ranks there never started; the others stop).
-func (m *Manager) launched(msg msgLaunched) {
-	defer m.answer(launchKey{msg.job, msg.attempt})
-	en := m.jobs[msg.job]
-	if len(msg.errs) == 0 {
-		if en != nil {
-			en.retries = 0
-		}
-		return
-	}
-	if en == nil || en.job.GetAttempt() != msg.attempt {
-		return
-	}
-	j := en.job
-	// Nodes refused only because another node was (an executor starts
-	// the attempt whole) are not to blame.
-	blamed := map[string]error{}
-	for node, err := range msg.errs {
-		if !errors.Is(err, ErrNotStarted) {
-			blamed[node] = err
-		}
-	}
-	if len(blamed) == 0 {
-		blamed = msg.errs
-	}
-	var msgs []string
-	for _, jn := range j.GetPlacement() {
-		err, ok := msg.errs[jn.GetNode()]
-		if !ok {
-			continue
-		}
-		if _, ok := blamed[jn.GetNode()]; ok {
-			msgs = append(msgs, fmt.Sprintf("%s: %v", jn.GetNode(), err))
-		}
-		for _, r := range jn.GetRanks() {
-			if !r.GetExited() && r.GetPid() == 0 {
-				r.Exited, r.ExitCode, r.Signal = true, -1, "not launched"
-			}
-		}
-	}
-	m.save(en)
-	if active(j) {
-		refused := slices.Sorted(mapKeys(blamed))
-		why := "launch failed on " + strings.Join(msgs, "; ")
-		if executorUnavailable(blamed) {
-			m.requeueUnlaunched(en, blamed[refused[0]].Error(), m.now())
-			m.kick()
-			return
-		}
-		if jobFaults(blamed) {
-			// The job's own fault (a typo in its command, a user the node
-			// lacks): no node is to blame, and a restart would fail the
-			// same way.
-			m.giveUp(en, why, m.now())
-		} else {
-			m.refusedLaunch(en, blamed, why)
-		}
-	}
-	m.kick()
-}
-
-// refusedLaunch fails a job over the nodes that did not start its ranks.
-// A node that refused by a policy of its own (CommandError.NodeRefused)
-// is excluded for this job and flagged with an event, never cordoned: it
-// serves other jobs. The other nodes are suspected as a lost node is.
-func (m *Manager) refusedLaunch(en *entry, blamed map[string]error, why string) {
-	j := en.job
-	var policy, broken []string
-	for _, node := range slices.Sorted(mapKeys(blamed)) {
-		var ce *nodes.CommandError
-		if errors.As(blamed[node], &ce) && ce.NodeRefused {
-			policy = append(policy, node)
-			m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_RECOVERY, Severity: api.Severity_SEVERITY_WARNING, Node: node, Job: j.GetId(),
-				Message: fmt.Sprintf("%s refused job %s by its own policy (%s); the job runs without it, and the node stays open to other jobs",
-					node, j.GetId(), ce.Msg)})
-		} else {
-			broken = append(broken, node)
-		}
-	}
-	now := m.now()
-	if len(broken) > 0 {
-		m.fail(en, scheduler.Failure{Kind: scheduler.FailNodeDown, Nodes: broken}, why, now)
-	}
-	if len(policy) > 0 && (active(j) || phaseOf(j) == Recovering) {
-		m.fail(en, scheduler.Failure{Kind: scheduler.FailRefused, Nodes: policy}, why, now)
-	}
-}
-
-// jobFaults reports whether every refusal in errs is the job's fault.
-func jobFaults(errs map[string]error) bool {
-	for _, err := range errs {
-		var ce *nodes.CommandError
-		if !errors.As(err, &ce) || !ce.JobFault {
-			return false
-		}
-	}
-	return len(errs) > 0
-}
-
-// preempt begins stopping a job the scheduler preempts: checkpoint first
-// when it checkpoints, then SIGTERM (stops), then back to the queue once
-// its ranks are gone.
-func (m *Manager) preempt(en *entry, d scheduler.Preempt, now time.Time) bool {
-	j := en.job
-	if may(j, EvPreempt) != nil {
-		return false
-	}
-	from := phaseOf(j)
-	j.Stopping = api.JobStop_JOB_STOP_PREEMPT
-	j.StopSinceUnixNano, j.TermSentUnixNano = now.UnixNano(), 0
-	j.StopCheckpointStep = j.GetLastCheckpointStep()
-	j.Reason = fmt.Sprintf("preempted for %s: %s", d.For, d.Reason)
-	sig := "SIGUSR1"
-	if !d.CheckpointFirst {
-		sig = "SIGTERM"
-		j.TermSentUnixNano = now.UnixNano()
-	}
-	m.check(from, EvPreempt, j)
-	m.save(en)
-	m.log.Info("preempting job", "job", j.GetId(), "for", d.For, "signal", sig)
-	m.signal(j, sig)
-	return true
-}
-
-// port picks the attempt's MASTER_PORT: a hash of job and attempt into
-// the configured range, stepping past ports of jobs still holding ranks,
-// so a relaunch never meets its predecessor's listener. Each job gets a
-// pair, MASTER_PORT and MASTER_PORT+1, since trainers (ringtrain among
-// them) meet on a second communicator at the next port.
-func (m *Manager) port(id string, attempt uint32) uint32 {
-	used := map[int]bool{}
-	for _, en := range m.jobs {
-		if en.job.GetId() != id && liveRanks(en.job) > 0 {
-			used[int(en.job.GetMasterPort())] = true
-		}
-	}
-	for _, v := range m.vals {
-		used[int(v.port)] = true
-	}
-	pairs := max(m.cfg.PortRange/2, 1)
-	h := fnv.New32a()
-	fmt.Fprintf(h, "%s/%d", id, attempt)
-	off := int(h.Sum32() % uint32(pairs))
-	for i := range pairs {
-		p := m.cfg.PortBase + 2*((off+i)%pairs)
-		if !used[p] {
-			return uint32(p)
-		}
-	}
-	return uint32(m.cfg.PortBase + 2*off)
-}
-
-// addrOf is the address ranks dial for node: the host its nodemon
-// connects from, else its hostname, else its name.
-func (m *Manager) addrOf(node string) string {
-	for _, n := range m.cfg.Nodes.Nodes() {
-		if n.GetRegistration().GetName() != node {
-			continue
-		}
-		if host, _, err := net.SplitHostPort(n.GetRemoteAddr()); err == nil && host != "" {
-			return host
-		}
-		if h := n.GetRegistration().GetHostname(); h != "" {
-			return h
-		}
-	}
-	return node
 }
 
 // explain sets every waiting job's pending reason.
-func (m *Manager) explain(now time.Time, started map[string]bool, aside map[string]string, reserve *scheduler.Reserve, preempting []string) {
+func (pc *placer) explain(now time.Time, started map[string]bool, aside map[string]string, reserve *scheduler.Reserve, preempting []string) {
 	var snap scheduler.Snapshot
 	built := false
 	explained := 0
-	for _, en := range m.sorted() {
+	for _, en := range pc.m.sorted() {
 		j := en.job
 		if j.GetState() != api.JobState_JOB_STATE_PENDING || started[j.GetId()] || en.spec == nil {
 			continue
@@ -994,26 +516,26 @@ func (m *Manager) explain(now time.Time, started map[string]bool, aside map[stri
 			why = aside[j.GetId()]
 		case now.Before(en.retryAt):
 			why = fmt.Sprintf("tried again at %s: %s", en.retryAt.UTC().Format(time.TimeOnly), en.retryWhy)
-		case explained >= m.cfg.MaxExplained:
+		case explained >= pc.m.cfg.MaxExplained:
 			why = "queued"
 		default:
 			explained++
 			if !built {
-				snap, built = m.snapshot(now), true
+				snap, built = pc.snapshot(now), true
 			}
-			why = m.waitReason(&snap, en, reserve, preempting)
+			why = pc.waitReason(&snap, en, reserve, preempting)
 		}
 		if why != j.GetPendingReason() {
 			j.PendingReason = why
-			m.save(en)
+			pc.m.save(en)
 		}
 	}
 }
 
 // waitReason says why a queued job is not running: the placer's reasons
 // when it does not fit, else which job it waits behind.
-func (m *Manager) waitReason(snap *scheduler.Snapshot, en *entry, reserve *scheduler.Reserve, preempting []string) string {
-	r := m.request(en)
+func (pc *placer) waitReason(snap *scheduler.Snapshot, en *entry, reserve *scheduler.Reserve, preempting []string) string {
+	r := pc.request(en)
 	_, err := scheduler.Place(snap, &r)
 	mine := reserve != nil && reserve.Job == r.ID
 	var pe *scheduler.PlacementError
@@ -1021,7 +543,7 @@ func (m *Manager) waitReason(snap *scheduler.Snapshot, en *entry, reserve *sched
 	case err == nil && mine && len(preempting) > 0:
 		return "starts once preempted " + strings.Join(preempting, ", ") + " stop"
 	case err == nil && reserve != nil && !mine:
-		return fmt.Sprintf("fits now, but waits behind %s, first in the %s order", reserve.Job, m.cfg.Policy.Name())
+		return fmt.Sprintf("fits now, but waits behind %s, first in the %s order", reserve.Job, pc.m.cfg.Policy.Name())
 	case err == nil:
 		return "fits now; starting on the next scheduling pass"
 	case errors.As(err, &pe):

@@ -59,7 +59,7 @@ func (m *Manager) QuietSlow(ctx context.Context, r *api.QuietSlowRequest, who st
 		}
 		now := m.now()
 		var keys []string
-		covered = m.slow.of(j.GetId(), rank, r.GetNode())
+		covered = m.stall.slow.of(j.GetId(), rank, r.GetNode())
 		for i := range covered {
 			keys = append(keys, covered[i].Key())
 		}

@@ -26,9 +26,21 @@ type StallTarget struct {
 // StallTargets lists the jobs the stall detector should watch now.
 func (m *Manager) StallTargets() []StallTarget { return m.View().targets }
 
-func (m *Manager) stallTargets() []StallTarget {
+// stallWatch applies the stall detector's passes for the owner: the
+// stalls it declared, the jobs stalled now, and the fail-slow findings,
+// acted on within the owner's SlowRule. It keeps what it knows of the
+// standing fail-slow findings; the jobs and the current step are the
+// owner's, reached through m. It runs on the owner's goroutine only.
+type stallWatch struct {
+	m *Manager
+	// slow is what it keeps of the standing fail-slow findings.
+	slow slowWatch
+}
+
+// targets lists the jobs the stall detector should watch, for the view.
+func (sw *stallWatch) targets() []StallTarget {
 	var out []StallTarget
-	for _, en := range m.sorted() {
+	for _, en := range sw.m.sorted() {
 		j := en.committed
 		if j == nil || !active(j) || en.spec == nil {
 			continue
@@ -53,31 +65,31 @@ func (m *Manager) Stalls(ctx context.Context, declared []*api.Stall, stalled map
 	}
 }
 
-func (m *Manager) stalls(msg msgStalls) {
+func (sw *stallWatch) apply(msg msgStalls) {
 	defer close(msg.done)
 	for _, e := range msg.events {
-		m.raise(e)
+		sw.m.raise(e)
 	}
-	for id, en := range m.jobs {
+	for id, en := range sw.m.jobs {
 		if en.job.GetStalled() != msg.stalled[id] {
 			en.job.Stalled = msg.stalled[id]
-			m.save(en)
+			sw.m.save(en)
 		}
 	}
 	for _, st := range msg.declared {
-		m.stalledJob(st)
+		sw.declared(st)
 	}
-	m.slowFindings(msg.slow, m.now())
-	if err := m.commit(m.pass); err != nil {
-		m.log.Error("commit stall changes; retrying on the next pass", "err", err)
+	sw.findings(msg.slow, sw.m.now())
+	if err := sw.m.commit(sw.m.pass); err != nil {
+		sw.m.log.Error("commit stall changes; retrying on the next pass", "err", err)
 	}
 }
 
-// stalledJob handles a stall the detector declared: a job with
+// declared handles a stall the detector declared: a job with
 // stall_recovery auto restarts without the lagging ranks' nodes; for the
 // others the advice goes to the events.
-func (m *Manager) stalledJob(st *api.Stall) {
-	en := m.jobs[st.GetJob()]
+func (sw *stallWatch) declared(st *api.Stall) {
+	en := sw.m.jobs[st.GetJob()]
 	if en == nil {
 		return
 	}
@@ -93,43 +105,43 @@ func (m *Manager) stalledJob(st *api.Stall) {
 		return
 	}
 	if en.spec.StallRecovery != jobspec.StallAuto {
-		m.recoveryEvent(j, api.Severity_SEVERITY_WARNING, 0, "stall on lagging nodes %s; stall_recovery is manual: `gpuctl restart %s --exclude NODE`",
+		sw.m.rec.event(j, api.Severity_SEVERITY_WARNING, 0, "stall on lagging nodes %s; stall_recovery is manual: `gpuctl restart %s --exclude NODE`",
 			strings.Join(lagging, ","), j.GetId())
 		return
 	}
 	reason := fmt.Sprintf("NCCL stall on communicator %#x, lagging nodes %s: %s", st.GetComm(), strings.Join(lagging, ","), st.GetDiagnosis())
-	m.fail(en, scheduler.Failure{Kind: scheduler.FailStall, Nodes: lagging}, reason, m.now())
+	sw.m.rec.fail(en, scheduler.Failure{Kind: scheduler.FailStall, Nodes: lagging}, reason, sw.m.now())
 }
 
-// slowFindings acts on the fail-slow findings standing now, under each
+// findings acts on the fail-slow findings standing now, under each
 // job's slow_recovery and the bound (scheduler.DecideSlow): a finding of a
 // job with slow_recovery auto that has stood for the hold restarts the job
 // from its last checkpoint without the slow node, when the restart plan
 // swaps it for a spare; otherwise, or past the bound, the finding only
 // alerts, with an event saying why, once per finding and outcome.
-func (m *Manager) slowFindings(fs []failslow.Finding, now time.Time) {
-	states := m.slow.update(fs, now)
+func (sw *stallWatch) findings(fs []failslow.Finding, now time.Time) {
+	states := sw.slow.update(fs, now)
 	for i := range fs {
 		f, st := &fs[i], states[i]
-		en := m.jobs[f.Job]
-		if en == nil || en.spec == nil || !active(en.job) || m.recs[f.Job] != nil {
+		en := sw.m.jobs[f.Job]
+		if en == nil || en.spec == nil || !active(en.job) || sw.m.rec.recs[f.Job] != nil {
 			continue
 		}
 		j := en.job
 		acked, until := SlowQuieted(j, f, now)
-		d := scheduler.DecideSlow(m.cfg.SlowRule, scheduler.SlowCase{Auto: en.spec.SlowRecovery == jobspec.SlowAuto,
+		d := scheduler.DecideSlow(sw.m.cfg.SlowRule, scheduler.SlowCase{Auto: en.spec.SlowRecovery == jobspec.SlowAuto,
 			Class: string(f.Class), Node: f.Node, Quiet: acked || until > 0,
 			Since: st.seen.UnixNano(), Now: now.UnixNano(), Past: j.GetSlowExclusionsUnixNano()})
 		switch d.Verdict {
 		case scheduler.SlowBound:
-			m.slowSay(st, f, "bound", api.Severity_SEVERITY_WARNING, "%s: not acted on: %s; `gpuctl restart %s --exclude %s` moves it now",
+			sw.say(st, f, "bound", api.Severity_SEVERITY_WARNING, "%s: not acted on: %s; `gpuctl restart %s --exclude %s` moves it now",
 				f.Class, d.Reason, j.GetId(), f.Node)
 		case scheduler.SlowExclude:
 			// With no spare, a plan is tried again at most every
 			// slowRetry, not on every pass.
 			if st.said != "no-spare" || now.Sub(st.tried) >= slowRetry {
 				st.tried = now
-				m.slowExclude(en, st, f, d, now)
+				sw.exclude(en, st, f, d, now)
 			}
 		}
 	}
@@ -203,23 +215,23 @@ const (
 	slowCheckpointWait = 2 * time.Minute
 )
 
-// slowExclude restarts a job without the node a fail-slow finding blames,
+// exclude restarts a job without the node a fail-slow finding blames,
 // through the recovery every failure takes, when the plan puts a spare in
 // its place; a slow node is still a working one, so the job is never
 // shrunk or given up for it. A job with a checkpoint dir is asked to
 // checkpoint first, and restarted once that checkpoint is reported (or
 // after slowCheckpointWait, from its last one).
-func (m *Manager) slowExclude(en *entry, st *slowState, f *failslow.Finding, d scheduler.SlowDecision, now time.Time) {
+func (sw *stallWatch) exclude(en *entry, st *slowState, f *failslow.Finding, d scheduler.SlowDecision, now time.Time) {
 	j := en.job
 	if st.checkpointing(j, now) {
 		return
 	}
 	fail := scheduler.Failure{Kind: scheduler.FailSlow, Nodes: []string{d.Node}}
-	snap := m.snapshot(now)
-	req := m.recoverRequest(en, fail)
+	snap := sw.m.placer.snapshot(now)
+	req := sw.m.rec.request(en, fail)
 	plan := scheduler.Recover(&snap, &req)
 	if plan.Action != scheduler.ReplaceNodes && plan.Action != scheduler.Replan {
-		m.slowSay(st, f, "no-spare", api.Severity_SEVERITY_WARNING, "%s: not acted on: no spare to take %s's place (%s: %s); the job keeps running there",
+		sw.say(st, f, "no-spare", api.Severity_SEVERITY_WARNING, "%s: not acted on: no spare to take %s's place (%s: %s); the job keeps running there",
 			f.Class, d.Node, plan.Action, plan.Reason)
 		return
 	}
@@ -227,23 +239,23 @@ func (m *Manager) slowExclude(en *entry, st *slowState, f *failslow.Finding, d s
 		// Checkpoint first, so the restart loses as little as it can;
 		// the job runs on, slowly, meanwhile.
 		st.ckptAsked, st.ckptFrom = now, j.GetLastCheckpointStep()
-		m.progressOf(j.GetId()).CheckpointAt = now
-		m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_CHECKPOINT, Job: j.GetId(), Step: j.GetStep(),
+		sw.m.prog.of(j.GetId()).CheckpointAt = now
+		sw.m.raise(&api.Event{Kind: api.EventKind_EVENT_KIND_CHECKPOINT, Job: j.GetId(), Step: j.GetStep(),
 			Message: fmt.Sprintf("checkpoint requested (SIGUSR1 to every rank) before restarting without %s: %s", d.Node, d.Reason)})
-		m.signal(j, "SIGUSR1")
+		sw.m.launcher.signal(j, "SIGUSR1")
 		return
 	}
 	j.SlowExclusionsUnixNano = append(j.SlowExclusionsUnixNano, now.UnixNano())
-	rule := m.cfg.SlowRule
-	m.slowSay(st, f, "exclude", api.Severity_SEVERITY_WARNING, "%s: restarting from the last checkpoint without %s (automatic slow exclusion %d of at most %d in %s)",
+	rule := sw.m.cfg.SlowRule
+	sw.say(st, f, "exclude", api.Severity_SEVERITY_WARNING, "%s: restarting from the last checkpoint without %s (automatic slow exclusion %d of at most %d in %s)",
 		d.Reason, d.Node, len(j.SlowExclusionsUnixNano), rule.Max, rule.Window)
-	m.fail(en, fail, "fail-slow: "+d.Reason, now)
+	sw.m.rec.fail(en, fail, "fail-slow: "+d.Reason, now)
 }
 
-// slowSay raises an event about what was done with a fail-slow finding
+// say raises an event about what was done with a fail-slow finding
 // (attrs.action: exclude, bound or no-spare), once per finding and
 // action.
-func (m *Manager) slowSay(st *slowState, f *failslow.Finding, action string, sev api.Severity, format string, args ...any) {
+func (sw *stallWatch) say(st *slowState, f *failslow.Finding, action string, sev api.Severity, format string, args ...any) {
 	if st.said == action {
 		return
 	}
@@ -254,6 +266,6 @@ func (m *Manager) slowSay(st *slowState, f *failslow.Finding, action string, sev
 		e.Rank = f.Rank
 		e.Attrs["rank"] = strconv.Itoa(int(f.Rank))
 	}
-	m.log.Warn("fail-slow finding", "job", f.Job, "action", action, "msg", e.Message)
-	m.raise(e)
+	sw.m.log.Warn("fail-slow finding", "job", f.Job, "action", action, "msg", e.Message)
+	sw.m.raise(e)
 }

@@ -98,6 +98,20 @@ type LearnedPolicy struct {
 	Curve   []float64
 }
 
+// HoldOut scores model on held-out jobs (it never learned from): its
+// predictions alone, and one runtime for every job (the model's overall
+// one, the baseline a model must beat).
+func HoldOut(model *predict.Model, test []trace.Job) (predicted, mean predict.Accuracy) {
+	all := model.Overall()
+	var est, means, actual []int64
+	for _, tj := range test {
+		est = append(est, max(model.Predict(Features(tj)).Seconds, 1))
+		means = append(means, all)
+		actual = append(actual, tj.Runtime)
+	}
+	return predict.Score(est, actual), predict.Score(means, actual)
+}
+
 // StudyEstimates learns a runtime model on the first fraction of jobs and
 // runs the rest under each policy with each kind of estimate, over seeds
 // (which draw users' limits; a prediction is capped by the job's limit).
@@ -123,17 +137,14 @@ func StudyEstimates(jobs []trace.Job, fraction float64, seeds int, cfg Config, l
 	}
 	{
 		limits := Limits(test, 1)
-		all := model.Overall()
-		var pe, ue, le, me, actual []int64
+		var pe, le, actual []int64
 		for _, tj := range test {
 			pe = append(pe, predicted(limits)(tj))
-			ue = append(ue, max(model.Predict(Features(tj)).Seconds, 1))
 			le = append(le, limits[tj.ID])
-			me = append(me, all)
 			actual = append(actual, tj.Runtime)
 		}
-		st.Predicted, st.Model = predict.Score(pe, actual), predict.Score(ue, actual)
-		st.Limits, st.Mean = predict.Score(le, actual), predict.Score(me, actual)
+		st.Predicted, st.Limits = predict.Score(pe, actual), predict.Score(le, actual)
+		st.Model, st.Mean = HoldOut(model, test)
 	}
 	if cfg.Nodes == 0 {
 		gpn := cfg.GPUsPerNode

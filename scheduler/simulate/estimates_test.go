@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuctl/gpuctl/scheduler/predict"
 	"github.com/gpuctl/gpuctl/scheduler/trace"
 )
 
@@ -79,5 +80,30 @@ func TestStudyEstimatesOnPhilly(t *testing.T) {
 	}
 	if len(st.Runs) != 11 {
 		t.Errorf("%d runs, want 11", len(st.Runs))
+	}
+}
+
+func TestHoldOut(t *testing.T) {
+	// Two tenants whose jobs each run as long as their last: the model
+	// learns each exactly, the one runtime for all cannot.
+	var train, test []trace.Job
+	for i := range 40 {
+		user, run := "a", int64(600)
+		if i%2 == 1 {
+			user, run = "b", 36000
+		}
+		j := trace.Job{ID: fmt.Sprint(i), Tenant: user, Name: user + "-train", GPUs: 8, Submit: int64(i) * 60, Runtime: run}
+		if i < 30 {
+			train = append(train, j)
+		} else {
+			test = append(test, j)
+		}
+	}
+	model, mean := HoldOut(predict.Train(Records(train), 0), test)
+	if model.N != len(test) || mean.N != len(test) {
+		t.Fatalf("scored %d and %d jobs, want %d", model.N, mean.N, len(test))
+	}
+	if model.MedianFactor != 1 || mean.MedianFactor <= 2 {
+		t.Errorf("median factor: model %.2f (want 1), one runtime %.2f (want above 2)", model.MedianFactor, mean.MedianFactor)
 	}
 }
