@@ -34,6 +34,14 @@ type Options struct {
 	// Images are OCI archives (Image builds them) every node's containerd
 	// imports before its kubelet starts.
 	Images []string
+	// DevicePluginNode, one of Nodes, is the node whose kubelet device
+	// plugins register with. Every kubelet serves its Registration socket
+	// in one fixed directory (DevicePluginDir) and deletes the sockets
+	// there as it starts, so this node's kubelet starts last and its
+	// socket is the one there; the other nodes offer no devices. Start
+	// fails if /var/lib/kubelet is there already: it would be another
+	// kubelet's, or a test's left behind.
+	DevicePluginNode string
 }
 
 // Cluster is a running test cluster.
@@ -58,6 +66,8 @@ type kubelet struct {
 	containerd *process
 	kubelet    *process
 	socket     string
+	// args are the kubelet's, to start it again.
+	args []string
 }
 
 // BinDir is where make kube leaves the Kubernetes programs: $GPUCTL_KUBE_BIN
@@ -155,12 +165,37 @@ func Start(t testing.TB, o Options) *Cluster {
 	if len(o.Nodes) > 0 {
 		_, err := os.Stat(kubeletStateDir)
 		c.ownsKubeletDir = os.IsNotExist(err)
+		nodes, err := devicePluginLast(o.Nodes, o.DevicePluginNode)
+		if err != nil {
+			t.Fatalf("kubetest: %v", err)
+		}
+		if o.DevicePluginNode != "" && !c.ownsKubeletDir {
+			t.Fatalf("kubetest: %s exists, so a kubelet other than this cluster's may own the device plugin directory %s "+
+				"(or a test left it behind): stop that kubelet, or remove the directory if nothing uses it", kubeletStateDir, DevicePluginDir)
+		}
 		images := append([]string{PauseArchive(t, dir)}, o.Images...)
-		for _, n := range o.Nodes {
+		for _, n := range nodes {
 			c.startNode(n, images)
 		}
 	}
 	return c
+}
+
+// devicePluginLast orders nodes so that dp, if any, starts last.
+func devicePluginLast(nodes []string, dp string) ([]string, error) {
+	if dp == "" {
+		return nodes, nil
+	}
+	out := make([]string, 0, len(nodes))
+	for _, n := range nodes {
+		if n != dp {
+			out = append(out, n)
+		}
+	}
+	if len(out) == len(nodes) {
+		return nil, fmt.Errorf("DevicePluginNode %q is not one of the nodes %v", dp, nodes)
+	}
+	return append(out, dp), nil
 }
 
 // Client returns a clientset as the cluster's administrator.

@@ -17,6 +17,11 @@ import (
 // whatever its --root-dir.
 const kubeletStateDir = "/var/lib/kubelet"
 
+// DevicePluginDir is where kubelet serves its device plugin Registration
+// socket (kubelet.sock) and device plugins theirs: fixed in kubelet, so
+// only one kubelet per host can have device plugins (DevicePluginNode).
+const DevicePluginDir = kubeletStateDir + "/device-plugins"
+
 // cniBinDir is where Debian's containernetworking-plugins puts them.
 const cniBinDir = "/usr/lib/cni"
 
@@ -141,8 +146,9 @@ func (c *Cluster) startNode(name string, images []string) {
 	}
 	conf := filepath.Join(dir, "kubelet.yaml")
 	write(conf, fmt.Sprintf(kubeletConfig, c.pki.path("ca.crt"), k.socket, port, healthz, filepath.Join(dir, "pods-logs")))
-	k.kubelet = c.start("kubelet-"+name, "kubelet", "--config="+conf, "--kubeconfig="+kc, "--hostname-override="+name,
-		"--root-dir="+filepath.Join(dir, "kubelet"), "--cert-dir="+filepath.Join(dir, "kubelet", "pki"), "--node-ip=127.0.0.1")
+	k.args = []string{"--config=" + conf, "--kubeconfig=" + kc, "--hostname-override=" + name,
+		"--root-dir=" + filepath.Join(dir, "kubelet"), "--cert-dir=" + filepath.Join(dir, "kubelet", "pki"), "--node-ip=127.0.0.1"}
+	k.kubelet = c.start("kubelet-"+name, "kubelet", k.args...)
 	c.WaitNodeReady(name, true, 60*time.Second)
 }
 
@@ -189,11 +195,29 @@ func (k *kubelet) tasks() string {
 // node whose kubelet died): the Node goes NotReady.
 func (c *Cluster) StopKubelet(name string) {
 	c.t.Helper()
+	k := c.node(name)
+	k.kubelet.stop(10 * time.Second)
+}
+
+// node is the named node's kubelet.
+func (c *Cluster) node(name string) *kubelet {
+	c.t.Helper()
 	k, ok := c.kubelets[name]
 	if !ok {
 		c.t.Fatalf("kubetest: no node %q", name)
 	}
+	return k
+}
+
+// RestartKubelet stops a node's kubelet and starts it again as it was
+// (its pods keep running meanwhile), then waits for the Node to be Ready.
+// Its log goes on in the same file.
+func (c *Cluster) RestartKubelet(name string) {
+	c.t.Helper()
+	k := c.node(name)
 	k.kubelet.stop(10 * time.Second)
+	k.kubelet = c.start("kubelet-"+name, "kubelet", k.args...)
+	c.WaitNodeReady(name, true, 60*time.Second)
 }
 
 // WaitNodeReady waits for node's Ready condition to be ready (or not).
