@@ -52,13 +52,20 @@ func TestKubeletDevicePlugin(t *testing.T) {
 		t.Fatal(err)
 	}
 	nodemonLog := filepath.Join(dir, "nodemon.log")
+	t.Cleanup(func() {
+		if t.Failed() {
+			log, _ := os.ReadFile(nodemonLog)
+			t.Logf("nodemon's log:\n%s", log)
+		}
+	})
 	startNodemon(t, "--server", s.Addr().String(), "--token-file", tokenFile, "--name", gpuNode,
 		"--data-dir", filepath.Join(dir, "nodemon"), "--sim", "dgx-h100", "--ebpf", "off", "--cgroup-root", "off",
 		"--peer-listen", "off", "--log-file", nodemonLog, "--device-plugin-dir", kubetest.DevicePluginDir)
 
+	gpu := corev1.ResourceName(deviceplugin.ResourceName)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	waitGPUs(ctx, t, cs, gpuNode, 8, nodemonLog)
+	c.WaitAllocatable(gpuNode, gpu, 8, 90*time.Second)
 	if n := allocatable(ctx, t, cs, otherNode); n != 0 {
 		t.Errorf("node %s offers %d GPUs; only %s's kubelet has the device plugin", otherNode, n, gpuNode)
 	}
@@ -112,7 +119,7 @@ func TestKubeletDevicePlugin(t *testing.T) {
 	if err := admin.InjectFault(ctx, gpuNode, &api.InjectFault{GpuIndex: 7, Kind: api.FaultKind_FAULT_KIND_XID79}); err != nil {
 		t.Fatal(err)
 	}
-	waitGPUs(ctx, t, cs, gpuNode, 7, nodemonLog)
+	c.WaitAllocatable(gpuNode, gpu, 7, 90*time.Second)
 
 	// The restarted kubelet wipes the plugin's socket: nodemon serves and
 	// registers again, and the next fault reaches the new kubelet.
@@ -121,7 +128,7 @@ func TestKubeletDevicePlugin(t *testing.T) {
 	if err := admin.InjectFault(ctx, gpuNode, &api.InjectFault{GpuIndex: 6, Kind: api.FaultKind_FAULT_KIND_XID79}); err != nil {
 		t.Fatal(err)
 	}
-	waitGPUs(ctx, t, cs, gpuNode, 6, nodemonLog)
+	c.WaitAllocatable(gpuNode, gpu, 6, 90*time.Second)
 }
 
 // startNodemon runs nodemon with args until the test ends.
@@ -159,21 +166,6 @@ func allocatable(ctx context.Context, t *testing.T, cs kubernetes.Interface, nod
 	}
 	q := n.Status.Allocatable[corev1.ResourceName(deviceplugin.ResourceName)]
 	return q.Value()
-}
-
-// waitGPUs waits for the node's allocatable nvidia.com/gpu to be want.
-func waitGPUs(ctx context.Context, t *testing.T, cs kubernetes.Interface, node string, want int64, nodemonLog string) {
-	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	var got int64
-	for time.Now().Before(deadline) {
-		if got = allocatable(ctx, t, cs, node); got == want {
-			return
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	log, _ := os.ReadFile(nodemonLog)
-	t.Fatalf("node %s: allocatable %s is %d after 90 s, want %d; nodemon's log:\n%s", node, deviceplugin.ResourceName, got, want, log)
 }
 
 // waitRunning waits for the pod to run on node.

@@ -249,3 +249,26 @@ func (c *Cluster) WaitNodeReady(name string, ready bool, limit time.Duration) {
 	}
 	c.t.Fatalf("node %s: Ready is %s after %v, want ready=%v; its kubelet's log:\n%s", name, last, limit, ready, c.logTail("kubelet-"+name))
 }
+
+// WaitAllocatable waits for node's allocatable count of resource (an
+// extended resource such as nvidia.com/gpu, offered by a device plugin)
+// to be want.
+func (c *Cluster) WaitAllocatable(name string, resource corev1.ResourceName, want int64, limit time.Duration) {
+	c.t.Helper()
+	cs := c.Client()
+	deadline := time.Now().Add(limit)
+	var got int64
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		cancel()
+		if err == nil {
+			q := n.Status.Allocatable[resource]
+			if got = q.Value(); got == want {
+				return
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	c.t.Fatalf("node %s: allocatable %s is %d after %v, want %d; its kubelet's log:\n%s", name, resource, got, limit, want, c.logTail("kubelet-"+name))
+}

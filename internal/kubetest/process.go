@@ -108,6 +108,9 @@ func (c *Cluster) stop() {
 	if c.ownsKubeletDir {
 		os.RemoveAll(kubeletStateDir)
 	}
+	if c.hostLock != nil {
+		c.hostLock.Close()
+	}
 	if c.t.Failed() {
 		c.t.Logf("kubetest: logs kept in %s", c.dir)
 		return
