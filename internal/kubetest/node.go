@@ -223,29 +223,22 @@ func (c *Cluster) RestartKubelet(name string) {
 // WaitNodeReady waits for node's Ready condition to be ready (or not).
 func (c *Cluster) WaitNodeReady(name string, ready bool, limit time.Duration) {
 	c.t.Helper()
-	cs := c.Client()
 	want := corev1.ConditionTrue
 	if !ready {
 		want = corev1.ConditionFalse
 	}
-	deadline := time.Now().Add(limit)
 	last := "not registered"
-	for time.Now().Before(deadline) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		cancel()
-		if err == nil {
-			for _, cond := range n.Status.Conditions {
-				if cond.Type == corev1.NodeReady {
-					last = fmt.Sprintf("%s (%s: %s)", cond.Status, cond.Reason, cond.Message)
-					// Unknown is how a node that stopped reporting reads.
-					if cond.Status == want || (!ready && cond.Status == corev1.ConditionUnknown) {
-						return
-					}
-				}
+	if c.pollNode(name, limit, func(n *corev1.Node) bool {
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady {
+				last = fmt.Sprintf("%s (%s: %s)", cond.Status, cond.Reason, cond.Message)
+				// Unknown is how a node that stopped reporting reads.
+				return cond.Status == want || (!ready && cond.Status == corev1.ConditionUnknown)
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
+		return false
+	}) {
+		return
 	}
 	c.t.Fatalf("node %s: Ready is %s after %v, want ready=%v; its kubelet's log:\n%s", name, last, limit, ready, c.logTail("kubelet-"+name))
 }
@@ -255,20 +248,31 @@ func (c *Cluster) WaitNodeReady(name string, ready bool, limit time.Duration) {
 // to be want.
 func (c *Cluster) WaitAllocatable(name string, resource corev1.ResourceName, want int64, limit time.Duration) {
 	c.t.Helper()
+	var got int64
+	if c.pollNode(name, limit, func(n *corev1.Node) bool {
+		q := n.Status.Allocatable[resource]
+		got = q.Value()
+		return got == want
+	}) {
+		return
+	}
+	c.t.Fatalf("node %s: allocatable %s is %d after %v, want %d; its kubelet's log:\n%s", name, resource, got, limit, want, c.logTail("kubelet-"+name))
+}
+
+// pollNode reads the Node every 200 ms until ok says it is as wanted
+// (true) or limit passes (false).
+func (c *Cluster) pollNode(name string, limit time.Duration, ok func(*corev1.Node) bool) bool {
+	c.t.Helper()
 	cs := c.Client()
 	deadline := time.Now().Add(limit)
-	var got int64
 	for time.Now().Before(deadline) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		cancel()
-		if err == nil {
-			q := n.Status.Allocatable[resource]
-			if got = q.Value(); got == want {
-				return
-			}
+		if err == nil && ok(n) {
+			return true
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	c.t.Fatalf("node %s: allocatable %s is %d after %v, want %d; its kubelet's log:\n%s", name, resource, got, limit, want, c.logTail("kubelet-"+name))
+	return false
 }
