@@ -147,6 +147,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 		}
 	}()
 	o := &owner{p: p, log: p.cfg.Log, unhealthy: map[string]string{}, watchers: map[chan []*pluginapi.Device]bool{}}
+	// Stopping the server closes its listener, which removes the socket.
 	defer o.stopServer()
 	if _, err := os.Stat(filepath.Join(p.cfg.Dir, kubeletSocket)); err == nil {
 		o.serve(ctx)

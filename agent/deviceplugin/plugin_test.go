@@ -1,7 +1,10 @@
 package deviceplugin
 
 import (
+	"bufio"
 	"context"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -155,5 +158,48 @@ func TestNewRefuses(t *testing.T) {
 	}
 	if _, err := New(Config{Dir: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "no GPUs") {
 		t.Errorf("no GPUs: %v", err)
+	}
+}
+
+// TestPluginWaitsForKubelet: with no kubelet yet, the plugin serves
+// nothing; when kubelet.sock appears it serves and registers, and when
+// it stops its socket is gone.
+func TestPluginWaitsForKubelet(t *testing.T) {
+	dir := t.TempDir()
+	// The plugin's log, read line by line as it is written.
+	r, w := io.Pipe()
+	defer w.Close()
+	waiting := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(r)
+		for said := false; sc.Scan(); {
+			if !said && strings.Contains(sc.Text(), "waiting for the kubelet") {
+				said = true
+				close(waiting)
+			}
+		}
+	}()
+	p, err := New(Config{Dir: dir, GPUs: []GPU{{UUID: "GPU-a"}}, Log: slog.New(slog.NewTextHandler(w, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	select {
+	case <-waiting:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the plugin did not say it waits for the kubelet within 10 s")
+	}
+	if _, err := os.Stat(filepath.Join(dir, SocketName)); !os.IsNotExist(err) {
+		t.Errorf("plugin socket before any kubelet: %v, want none", err)
+	}
+	waitRegister(t, startKubelet(t, dir))
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, SocketName)); !os.IsNotExist(err) {
+		t.Errorf("plugin socket after Run ended: %v, want none", err)
 	}
 }
