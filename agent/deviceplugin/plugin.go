@@ -78,13 +78,18 @@ type (
 	}
 )
 
-// New checks cfg; Run serves it.
+// New checks cfg and makes the directory; Run serves it.
 func New(cfg Config) (*Plugin, error) {
 	if cfg.Dir == "" {
-		return nil, errors.New("device plugin: no directory (kubelet's is " + pluginapi.DevicePluginPath + ")")
+		return nil, errors.New("no directory given (kubelet's is " + pluginapi.DevicePluginPath + ")")
 	}
 	if len(cfg.GPUs) == 0 {
-		return nil, errors.New("device plugin: this node has no GPUs to offer the kubelet")
+		return nil, errors.New("this node has no GPUs to offer the kubelet")
+	}
+	// Made now, so a directory that cannot be is an error at start; the
+	// kubelet makes it too, if it starts first.
+	if err := os.MkdirAll(cfg.Dir, 0o750); err != nil {
+		return nil, err
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -128,12 +133,9 @@ type owner struct {
 // Run serves the plugin until ctx ends: it watches the directory for the
 // kubelet's socket and serves and registers whenever one appears (at
 // once if there is one). An error is returned only for a directory that
-// cannot be made or watched.
+// cannot be watched.
 func (p *Plugin) Run(ctx context.Context) error {
 	defer close(p.done)
-	if err := os.MkdirAll(p.cfg.Dir, 0o750); err != nil {
-		return fmt.Errorf("device plugin: %w", err)
-	}
 	w, err := watchDir(p.cfg.Dir)
 	if err != nil {
 		return fmt.Errorf("device plugin: watch %s: %w", p.cfg.Dir, err)
