@@ -13,7 +13,9 @@
 package deviceplugin
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -354,20 +356,32 @@ func (w *dirWatch) read() {
 		if err != nil {
 			return
 		}
-		for off := 0; off+unix.SizeofInotifyEvent <= n; {
-			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-			nameLen := int(ev.Len)
-			name := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+nameLen]
-			for i, c := range name {
-				if c == 0 {
-					name = name[:i]
-					break
-				}
-			}
-			w.created <- string(name)
-			off += unix.SizeofInotifyEvent + nameLen
+		for _, name := range inotifyNames(buf[:n]) {
+			w.created <- name
 		}
 	}
+}
+
+// inotifyNames decodes the names of the inotify events in buf (each a
+// struct inotify_event and its NUL-padded name). A record that does not
+// fit in buf ends the list.
+func inotifyNames(buf []byte) []string {
+	var names []string
+	for len(buf) >= unix.SizeofInotifyEvent {
+		var ev unix.InotifyEvent
+		ev.Len = binary.NativeEndian.Uint32(buf[unsafe.Offsetof(ev.Len):])
+		end := unix.SizeofInotifyEvent + int(ev.Len)
+		if ev.Len > uint32(len(buf)) || end > len(buf) {
+			break
+		}
+		name := buf[unix.SizeofInotifyEvent:end]
+		if i := bytes.IndexByte(name, 0); i >= 0 {
+			name = name[:i]
+		}
+		names = append(names, string(name))
+		buf = buf[end:]
+	}
+	return names
 }
 
 func (w *dirWatch) Close() error { return w.f.Close() }
