@@ -67,7 +67,10 @@ type Config struct {
 	// PeerAdvertise is the address other nodes dial for it; default the
 	// listener's host, or this host's address toward the server.
 	PeerAdvertise string
-	Log           *slog.Logger
+	// OnEvent, when set, sees every event nodemon queues for the server,
+	// as it is queued (the device plugin's GPU health).
+	OnEvent func(*api.Event)
+	Log     *slog.Logger
 }
 
 // Agent is a running nodemon.
@@ -137,6 +140,12 @@ func New(cfg Config, p *Probes) (*Agent, error) {
 	}
 	a.metrics = newMetrics(cfg.Name, a.events.len, p.inventory)
 	a.events.observe = a.metrics.event
+	if cfg.OnEvent != nil {
+		a.events.observe = func(e *api.Event) {
+			a.metrics.event(e)
+			cfg.OnEvent(e)
+		}
+	}
 	x, err := NewExecutor(ExecutorOptions{
 		Node: cfg.Name, DataDir: cfg.DataDir, OnEvent: a.events.add, Log: a.log,
 		LogMaxBytes: cfg.LogMaxBytes, LogKeep: cfg.LogKeep, CgroupRoot: cfg.CgroupRoot,

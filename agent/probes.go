@@ -196,6 +196,15 @@ func (p *Probes) Close() error {
 	return errors.Join(errs...)
 }
 
+// GPUs lists the host's GPUs as NVML (real or simulated) describes them.
+func (p *Probes) GPUs() ([]*api.GPUInfo, error) {
+	gpus, _, _, err := p.inventory()
+	return gpus, err
+}
+
+// Simulated reports whether the GPUs are simulated (--sim).
+func (p *Probes) Simulated() bool { return p.sim != nil }
+
 func (p *Probes) inventory() ([]*api.GPUInfo, string, string, error) {
 	return p.sampler.Inventory()
 }

@@ -22,6 +22,8 @@ func TestErrorsSayEachPrefixOnce(t *testing.T) {
 	}{
 		{"no identity and no token", nil, "nodemon: no identity in "},
 		{"malformed token", []string{"--token", "gpj1.junk"}, "nodemon: join 127.0.0.1:9 as n1: malformed join token"},
+		{"device plugin directory under a file", []string{"--device-plugin-dir", "/dev/null/device-plugins"},
+			"nodemon: --device-plugin-dir: mkdir /dev/null: not a directory"},
 		{"10 KB name", []string{"--name", strings.Repeat("n", 10<<10) + "x"}, `nodemon: --name: name "` + strings.Repeat("n", 64) + `"… (10241 bytes) must be 1 to 64 characters`},
 	}
 	for _, tc := range tests {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -19,8 +20,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuctl/gpuctl/agent"
+	"github.com/gpuctl/gpuctl/agent/deviceplugin"
 	"github.com/gpuctl/gpuctl/logging"
 	"github.com/gpuctl/gpuctl/workload"
 )
@@ -42,6 +45,7 @@ type options struct {
 	scope, profiler    string
 	labels             []string
 	logLevel, logFile  string
+	devicePluginDir    string
 }
 
 // rootCmd is nodemon's command with its flags bound, running run.
@@ -85,6 +89,7 @@ func rootCmd(run func(o *options) error) *cobra.Command {
 	f.StringVar(&cfg.PeerAdvertise, "peer-advertise", "", "the host:port other nodes dial for --peer-listen (default: its host, or this host's address toward the server)")
 	f.StringVar(&cfg.SlurmNode, "slurm-node", "", "this node's Slurm name (usually --name): report the Slurm tasks on it (SLURMD_NODENAME) as ranks, for gpuctl serve --executor slurm and plain sbatch jobs")
 	f.StringVar(&cfg.KubeNode, "kube-node", "", "this node's Kubernetes Node name (usually --name): report the ranks of gpuctl's pods on it as this node's, for gpuctl serve --executor kubernetes")
+	f.StringVar(&o.devicePluginDir, "device-plugin-dir", "", "serve kubelet's device plugin API for this host's GPUs as "+deviceplugin.ResourceName+" in this directory\n(kubelet's is "+pluginapi.DevicePluginPath+"); default: off")
 	f.BoolVar(&cfg.AllowRootRanks, "allow-root-ranks", false, "let ranks run as root (a job that names no user while nodemon runs as root, or names root); refused without it")
 	cmd.AddCommand(newShimCmd(), newSlurmTaskCmd(), newKubeTaskCmd())
 	return cmd
@@ -128,12 +133,31 @@ func runNodemon(o *options) error {
 		return err
 	}
 	defer probes.Close()
+	var plugin *deviceplugin.Plugin
+	if o.devicePluginDir != "" {
+		if plugin, err = devicePlugin(o.devicePluginDir, probes, log); err != nil {
+			return err
+		}
+		cfg.OnEvent = plugin.Observe
+	}
 	a, err := agent.New(cfg, probes)
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	pluginErr := make(chan error, 1)
+	if plugin != nil {
+		go func() {
+			err := plugin.Run(ctx)
+			if err != nil {
+				// No kubelet can use these GPUs: nodemon ends rather than
+				// run as if it served them.
+				stop()
+			}
+			pluginErr <- err
+		}()
+	}
 	if o.metrics != "" {
 		// Bound before the agent runs, so a taken port is an error at
 		// start rather than a log line nobody reads.
@@ -150,7 +174,32 @@ func runNodemon(o *options) error {
 		defer srv.Close()
 		log.Info("serving Prometheus metrics", "addr", ln.Addr().String())
 	}
-	return a.Run(ctx)
+	err = a.Run(ctx)
+	if plugin != nil {
+		stop()
+		if perr := <-pluginErr; perr != nil {
+			return fmt.Errorf("--device-plugin-dir: %w", perr)
+		}
+	}
+	return err
+}
+
+// devicePlugin makes the kubelet device plugin of the probes' GPUs.
+func devicePlugin(dir string, probes *agent.Probes, log *slog.Logger) (*deviceplugin.Plugin, error) {
+	infos, err := probes.GPUs()
+	if err != nil {
+		return nil, fmt.Errorf("--device-plugin-dir: list the GPUs: %w", err)
+	}
+	root := "/"
+	if probes.Simulated() {
+		root = ""
+	}
+	gpus, shared := deviceplugin.GPUsOf(infos, root)
+	p, err := deviceplugin.New(deviceplugin.Config{Dir: dir, GPUs: gpus, Shared: shared, Log: log})
+	if err != nil {
+		return nil, fmt.Errorf("--device-plugin-dir: %w", err)
+	}
+	return p, nil
 }
 
 // newShimCmd is the process nodemon runs each rank under (see

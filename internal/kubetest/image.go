@@ -93,3 +93,34 @@ func RanksArchive(t testing.TB, dir, nodemon, ringtrain string) string {
 	}
 	return Image(t, dir, RanksImage, files, []string{"/usr/bin/nodemon"})
 }
+
+// Libraries maps the shared libraries program loads, as ldd lists them
+// (the dynamic loader too), to their files on this host: what an image
+// from scratch needs beside a program built with cgo.
+func Libraries(t testing.TB, program string) map[string]string {
+	t.Helper()
+	out, err := exec.Command("ldd", program).Output()
+	if err != nil {
+		t.Fatalf("ldd %s: %v", program, err)
+	}
+	libs := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		path := ""
+		switch {
+		case len(f) >= 3 && f[1] == "=>" && strings.HasPrefix(f[2], "/"):
+			path = f[2]
+		case len(f) >= 1 && strings.HasPrefix(f[0], "/"):
+			path = f[0]
+		}
+		if path == "" {
+			continue // linux-vdso: the kernel's, not a file
+		}
+		real, err := filepath.EvalSymlinks(path)
+		if err != nil {
+			t.Fatalf("%s loads %s: %v", program, path, err)
+		}
+		libs[path] = real
+	}
+	return libs
+}

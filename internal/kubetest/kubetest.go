@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,6 +35,14 @@ type Options struct {
 	// Images are OCI archives (Image builds them) every node's containerd
 	// imports before its kubelet starts.
 	Images []string
+	// DevicePluginNode, one of Nodes, is the node whose kubelet device
+	// plugins register with. Every kubelet serves its Registration socket
+	// in one fixed directory (DevicePluginDir) and deletes the sockets
+	// there as it starts, so this node's kubelet starts last and its
+	// socket is the one there; the other nodes offer no devices. Start
+	// fails if /var/lib/kubelet is there already: it would be another
+	// kubelet's, or a test's left behind.
+	DevicePluginNode string
 }
 
 // Cluster is a running test cluster.
@@ -54,6 +63,8 @@ type Cluster struct {
 	// ownsKubeletDir: /var/lib/kubelet did not exist before this cluster's
 	// kubelets made it (their device plugin socket has a fixed path there).
 	ownsKubeletDir bool
+	// hostLock is held while the cluster's kubelets run (kubeletLock).
+	hostLock *os.File
 }
 
 // kubelet is one node: its containerd and kubelet processes.
@@ -62,6 +73,8 @@ type kubelet struct {
 	containerd *process
 	kubelet    *process
 	socket     string
+	// args are the kubelet's, to start it again.
+	args []string
 }
 
 // BinDir is where make kube leaves the Kubernetes programs: $GPUCTL_KUBE_BIN
@@ -143,6 +156,9 @@ func Start(t testing.TB, o Options) *Cluster {
 		"--service-account-key-file=" + p("sa.pub"), "--service-account-signing-key-file=" + p("sa.key"),
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--authorization-mode=Node,RBAC",
+		// As kubeadm's clusters: agents such as nodemon's DaemonSet run
+		// privileged.
+		"--allow-privileged=true",
 		"--kubelet-client-certificate=" + p("admin.crt"), "--kubelet-client-key=" + p("admin.key"),
 		"--kubelet-certificate-authority=" + p("ca.crt"),
 	}
@@ -158,10 +174,21 @@ func Start(t testing.TB, o Options) *Cluster {
 		"--node-monitor-grace-period=8s", "--node-monitor-period=1s",
 	)
 	if len(o.Nodes) > 0 {
-		_, err := os.Stat(kubeletStateDir)
+		nodes, err := devicePluginLast(o.Nodes, o.DevicePluginNode)
+		if err != nil {
+			t.Fatalf("kubetest: %v", err)
+		}
+		if c.hostLock, err = kubeletLock(t, o.DevicePluginNode != ""); err != nil {
+			t.Fatalf("kubetest: %v", err)
+		}
+		_, err = os.Stat(kubeletStateDir)
 		c.ownsKubeletDir = os.IsNotExist(err)
+		if o.DevicePluginNode != "" && !c.ownsKubeletDir {
+			t.Fatalf("kubetest: %s exists, so a kubelet other than this cluster's may own the device plugin directory %s "+
+				"(or a test left it behind): stop that kubelet, or remove the directory if nothing uses it", kubeletStateDir, DevicePluginDir)
+		}
 		images := append([]string{PauseArchive(t, dir)}, o.Images...)
-		for _, n := range o.Nodes {
+		for _, n := range nodes {
 			c.startNode(n, images)
 		}
 	}
@@ -182,6 +209,52 @@ func (c *Cluster) StartAPIServer() {
 	c.restarts++
 	c.apiserver = c.start(fmt.Sprintf("kube-apiserver-%d", c.restarts+1), "kube-apiserver", c.apiserverArgs...)
 	c.waitReady(60 * time.Second)
+}
+
+// kubeletLockPath is the host's lock on the kubelets' shared directory.
+const kubeletLockPath = "/tmp/gpuctl-kubetest-kubelet.lock"
+
+// kubeletLock waits until this host's kubelets may start: clusters whose
+// kubelets share the device plugin directory as they always have run
+// together (a shared lock), one whose kubelet device plugins register with
+// runs alone (exclusive), so its socket there stays its own. Tests of
+// several packages run at once, each with its clusters.
+func kubeletLock(t testing.TB, exclusive bool) (*os.File, error) {
+	t.Helper()
+	f, err := os.OpenFile(kubeletLockPath, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("host lock: %w", err)
+	}
+	how := syscall.LOCK_SH
+	if exclusive {
+		how = syscall.LOCK_EX
+	}
+	if err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB); err == nil {
+		return f, nil
+	}
+	t.Logf("kubetest: waiting for another test's kubelets to end (%s)", kubeletLockPath)
+	if err := syscall.Flock(int(f.Fd()), how); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("host lock %s: %w", kubeletLockPath, err)
+	}
+	return f, nil
+}
+
+// devicePluginLast orders nodes so that dp, if any, starts last.
+func devicePluginLast(nodes []string, dp string) ([]string, error) {
+	if dp == "" {
+		return nodes, nil
+	}
+	out := make([]string, 0, len(nodes))
+	for _, n := range nodes {
+		if n != dp {
+			out = append(out, n)
+		}
+	}
+	if len(out) == len(nodes) {
+		return nil, fmt.Errorf("DevicePluginNode %q is not one of the nodes %v", dp, nodes)
+	}
+	return append(out, dp), nil
 }
 
 // Client returns a clientset as the cluster's administrator.

@@ -2,6 +2,7 @@ package kubetest
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,4 +61,29 @@ func TestPodRunsWhereBound(t *testing.T) {
 	}
 	c.StopKubelet("kn-a")
 	c.WaitNodeReady("kn-a", false, 30*time.Second)
+}
+
+func TestDevicePluginLast(t *testing.T) {
+	for _, tc := range []struct {
+		nodes   []string
+		dp      string
+		want    string
+		wantErr bool
+	}{
+		{[]string{"a", "b", "c"}, "", "a b c", false},
+		{[]string{"a", "b", "c"}, "a", "b c a", false},
+		{[]string{"a", "b"}, "b", "a b", false},
+		{[]string{"a", "b"}, "z", "", true},
+	} {
+		got, err := devicePluginLast(tc.nodes, tc.dp)
+		if tc.wantErr {
+			if err == nil || !strings.Contains(err.Error(), tc.dp) {
+				t.Errorf("%v with %q: %v, want an error naming it", tc.nodes, tc.dp, err)
+			}
+			continue
+		}
+		if err != nil || strings.Join(got, " ") != tc.want {
+			t.Errorf("%v with %q: %v %v, want %s", tc.nodes, tc.dp, got, err, tc.want)
+		}
+	}
 }

@@ -17,6 +17,11 @@ import (
 // whatever its --root-dir.
 const kubeletStateDir = "/var/lib/kubelet"
 
+// DevicePluginDir is where kubelet serves its device plugin Registration
+// socket (kubelet.sock) and device plugins theirs: fixed in kubelet, so
+// only one kubelet per host can have device plugins (DevicePluginNode).
+const DevicePluginDir = kubeletStateDir + "/device-plugins"
+
 // cniBinDir is where Debian's containernetworking-plugins puts them.
 const cniBinDir = "/usr/lib/cni"
 
@@ -141,8 +146,9 @@ func (c *Cluster) startNode(name string, images []string) {
 	}
 	conf := filepath.Join(dir, "kubelet.yaml")
 	write(conf, fmt.Sprintf(kubeletConfig, c.pki.path("ca.crt"), k.socket, port, healthz, filepath.Join(dir, "pods-logs")))
-	k.kubelet = c.start("kubelet-"+name, "kubelet", "--config="+conf, "--kubeconfig="+kc, "--hostname-override="+name,
-		"--root-dir="+filepath.Join(dir, "kubelet"), "--cert-dir="+filepath.Join(dir, "kubelet", "pki"), "--node-ip=127.0.0.1")
+	k.args = []string{"--config=" + conf, "--kubeconfig=" + kc, "--hostname-override=" + name,
+		"--root-dir=" + filepath.Join(dir, "kubelet"), "--cert-dir=" + filepath.Join(dir, "kubelet", "pki"), "--node-ip=127.0.0.1"}
+	k.kubelet = c.start("kubelet-"+name, "kubelet", k.args...)
 	c.WaitNodeReady(name, true, 60*time.Second)
 }
 
@@ -183,39 +189,84 @@ func (k *kubelet) tasks() string {
 // node whose kubelet died): the Node goes NotReady.
 func (c *Cluster) StopKubelet(name string) {
 	c.t.Helper()
+	k := c.node(name)
+	k.kubelet.stop(10 * time.Second)
+}
+
+// node is the named node's kubelet.
+func (c *Cluster) node(name string) *kubelet {
+	c.t.Helper()
 	k, ok := c.kubelets[name]
 	if !ok {
 		c.t.Fatalf("kubetest: no node %q", name)
 	}
+	return k
+}
+
+// RestartKubelet stops a node's kubelet and starts it again as it was
+// (its pods keep running meanwhile), then waits for the Node to be Ready.
+// Its log goes on in the same file.
+func (c *Cluster) RestartKubelet(name string) {
+	c.t.Helper()
+	k := c.node(name)
 	k.kubelet.stop(10 * time.Second)
+	k.kubelet = c.start("kubelet-"+name, "kubelet", k.args...)
+	c.WaitNodeReady(name, true, 60*time.Second)
 }
 
 // WaitNodeReady waits for node's Ready condition to be ready (or not).
 func (c *Cluster) WaitNodeReady(name string, ready bool, limit time.Duration) {
 	c.t.Helper()
-	cs := c.Client()
 	want := corev1.ConditionTrue
 	if !ready {
 		want = corev1.ConditionFalse
 	}
-	deadline := time.Now().Add(limit)
 	last := "not registered"
+	if c.pollNode(name, limit, func(n *corev1.Node) bool {
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady {
+				last = fmt.Sprintf("%s (%s: %s)", cond.Status, cond.Reason, cond.Message)
+				// Unknown is how a node that stopped reporting reads.
+				return cond.Status == want || (!ready && cond.Status == corev1.ConditionUnknown)
+			}
+		}
+		return false
+	}) {
+		return
+	}
+	c.t.Fatalf("node %s: Ready is %s after %v, want ready=%v; its kubelet's log:\n%s", name, last, limit, ready, c.logTail("kubelet-"+name))
+}
+
+// WaitAllocatable waits for node's allocatable count of resource (an
+// extended resource such as nvidia.com/gpu, offered by a device plugin)
+// to be want.
+func (c *Cluster) WaitAllocatable(name string, resource corev1.ResourceName, want int64, limit time.Duration) {
+	c.t.Helper()
+	var got int64
+	if c.pollNode(name, limit, func(n *corev1.Node) bool {
+		q := n.Status.Allocatable[resource]
+		got = q.Value()
+		return got == want
+	}) {
+		return
+	}
+	c.t.Fatalf("node %s: allocatable %s is %d after %v, want %d; its kubelet's log:\n%s", name, resource, got, limit, want, c.logTail("kubelet-"+name))
+}
+
+// pollNode reads the Node every 200 ms until ok says it is as wanted
+// (true) or limit passes (false).
+func (c *Cluster) pollNode(name string, limit time.Duration, ok func(*corev1.Node) bool) bool {
+	c.t.Helper()
+	cs := c.Client()
+	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		cancel()
-		if err == nil {
-			for _, cond := range n.Status.Conditions {
-				if cond.Type == corev1.NodeReady {
-					last = fmt.Sprintf("%s (%s: %s)", cond.Status, cond.Reason, cond.Message)
-					// Unknown is how a node that stopped reporting reads.
-					if cond.Status == want || (!ready && cond.Status == corev1.ConditionUnknown) {
-						return
-					}
-				}
-			}
+		if err == nil && ok(n) {
+			return true
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	c.t.Fatalf("node %s: Ready is %s after %v, want ready=%v; its kubelet's log:\n%s", name, last, limit, ready, c.logTail("kubelet-"+name))
+	return false
 }

@@ -29,7 +29,8 @@ func (c *Cluster) start(name, program string, args ...string) *process {
 func (c *Cluster) startPath(name, path string, args ...string) *process {
 	c.t.Helper()
 	logPath := filepath.Join(c.dir, name+".log")
-	f, err := os.Create(logPath)
+	// Appended to: a kubelet started again keeps one log.
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -106,6 +107,9 @@ func (c *Cluster) stop() {
 	unmountUnder(c.dir)
 	if c.ownsKubeletDir {
 		os.RemoveAll(kubeletStateDir)
+	}
+	if c.hostLock != nil {
+		c.hostLock.Close()
 	}
 	if c.t.Failed() {
 		c.t.Logf("kubetest: logs kept in %s", c.dir)
