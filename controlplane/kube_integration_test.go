@@ -27,7 +27,8 @@ import (
 // Kubernetes. A gpuctl cordon cordons the Node with
 // gpuctl's reason and an uncordon lifts it; a Node cordoned in Kubernetes
 // is cordoned in gpuctl until uncordoned there, and one tainted NoSchedule
-// until the taint is lifted; a pod gpuctl did not
+// until the taint is lifted; a Node's topology.gpuctl.io/rack label is the
+// node's rack in gpuctl; a pod gpuctl did not
 // create that holds GPUs is listed as a job on its node's GPUs, and goes
 // when the pod does; a stopped kubelet's Node goes NotReady and gpuctl
 // cordons it saying so.
@@ -93,6 +94,19 @@ func TestKubeNodeStatesFollowEachOther(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The Node's topology labels become gpuctl's.
+	if _, err := cs.CoreV1().Nodes().Patch(context.Background(), "kn-1", types.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"`+kube.TopologyLabel+`rack":"r7"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitKube(t, 10*time.Second, "a Node's topology label reaches gpuctl", func() (bool, string) {
+		for _, n := range srv.Nodes() {
+			if n.GetRegistration().GetName() == "kn-1" {
+				return n.GetRegistration().GetLabels()["rack"] == "r7", fmt.Sprint(n.GetRegistration().GetLabels())
+			}
+		}
+		return false, "no kn-1"
+	})
 	taint(`[{"key":"gpu","value":"broken","effect":"NoSchedule"}]`)
 	waitKube(t, 10*time.Second, "a Kubernetes taint reaches gpuctl", func() (bool, string) {
 		on, why := gpuctlCordon("kn-2")

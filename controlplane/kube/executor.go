@@ -56,6 +56,7 @@ type Config struct {
 type Registry interface {
 	Nodes() []*api.NodeStatus
 	SetCordon(node, action, reason string) (*api.NodeStatus, error)
+	SetLabels(node string, labels map[string]string, source string) (*api.NodeStatus, error)
 }
 
 // Owner is what the executor reads of the job owner and tells it
@@ -403,6 +404,8 @@ func (x *Executor) syncNodes(ctx context.Context) {
 			_, err = x.cfg.Registry.SetCordon(a.Node, a.Do, a.Reason)
 		case ActionCordonNode, ActionUncordonNode:
 			err = x.cordonNode(ctx, a.Node, a.Do == ActionCordonNode, a.Reason)
+		case ActionLabels:
+			_, err = x.cfg.Registry.SetLabels(a.Node, a.Labels, "its Kubernetes Node's "+TopologyLabel+" labels")
 		}
 		if err != nil {
 			x.log.Error("sync node state with Kubernetes", "node", a.Node, "action", a.Do, "err", err)
@@ -420,7 +423,7 @@ func (x *Executor) nodeViews() ([]NodeView, error) {
 	}
 	views := make([]NodeView, len(list))
 	for i, n := range list {
-		views[i] = ViewOf(n)
+		views[i] = ViewOf(n, x.cfg.Spec.GPUResource)
 	}
 	return views, nil
 }

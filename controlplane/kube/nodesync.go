@@ -40,10 +40,22 @@ type NodeView struct {
 	// that would honour them, so it honours them. Those that mirror
 	// Unschedulable and Ready are left out.
 	Taints []string
+	// NoGPUs: the Node's allocatable GPU resource (the one gpuctl's pods
+	// ask for) is zero or absent, so the kubelet would refuse them: its
+	// device plugin is not running, or every GPU is unhealthy.
+	NoGPUs bool
+	// Topology is what the Node's topology.gpuctl.io/KEY labels say (rack,
+	// switch, …), keyed as gpuctl's own labels are (KEY).
+	Topology map[string]string
 }
 
-// ViewOf reads a Node.
-func ViewOf(n *corev1.Node) NodeView {
+// TopologyLabel prefixes the Node labels that give gpuctl's topology
+// labels (topology.gpuctl.io/rack=r7 is rack=r7).
+const TopologyLabel = "topology.gpuctl.io/"
+
+// ViewOf reads a Node; gpuResource is the resource gpuctl's pods ask for
+// ("" none).
+func ViewOf(n *corev1.Node, gpuResource string) NodeView {
 	v := NodeView{Name: n.Name, Unschedulable: n.Spec.Unschedulable, CordonedBy: n.Annotations[CordonAnnotation], NotReadyWhy: "no Ready condition"}
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {
@@ -60,13 +72,30 @@ func ViewOf(n *corev1.Node) NodeView {
 			v.Taints = append(v.Taints, t.ToString())
 		}
 	}
+	if gpuResource != "" {
+		q, ok := n.Status.Allocatable[corev1.ResourceName(gpuResource)]
+		v.NoGPUs = !ok || q.IsZero()
+	}
+	for k, val := range n.Labels {
+		if key, ok := strings.CutPrefix(k, TopologyLabel); ok && key != "" {
+			if v.Topology == nil {
+				v.Topology = map[string]string{}
+			}
+			v.Topology[key] = val
+		}
+	}
 	return v
 }
 
 // NodeAction is one step that brings the two views of a node together.
 type NodeAction struct {
 	Node, Do, Reason string
+	// Labels are the topology labels to set (ActionLabels).
+	Labels map[string]string
 }
+
+// ActionLabels sets gpuctl's topology labels of a node from its Node's.
+const ActionLabels = "labels"
 
 // SyncNodes decides how to bring gpuctl's and Kubernetes' views of the
 // nodes both know together.
@@ -86,20 +115,51 @@ func SyncNodes(gpuctl []*api.NodeStatus, kube []NodeView) []NodeAction {
 		fromKube := strings.HasPrefix(reason, KubeReason)
 		ourCordon := k.Unschedulable && k.CordonedBy != ""
 		add := func(do, why string) { out = append(out, NodeAction{Node: name, Do: do, Reason: why}) }
+		keptOff := keptOffWhy(k, ourCordon)
 		switch {
 		case n.GetCordoned() && !fromKube && !k.Unschedulable:
 			// gpuctl took it out (an operator, a recovery).
 			add(ActionCordonNode, orCordoned(reason))
-		case n.GetCordoned() && fromKube && k.Ready && !k.Unschedulable && len(k.Taints) == 0:
+		case n.GetCordoned() && fromKube && keptOff == "":
 			add(nodes.ActionUncordon, "")
 		case !n.GetCordoned() && ourCordon:
 			add(ActionUncordonNode, "")
-		case !n.GetCordoned() && !k.Ready:
-			add(nodes.ActionCordon, KubeReason+name+" is NotReady ("+api.CleanText(k.NotReadyWhy, 0)+")")
-		case !n.GetCordoned() && k.Unschedulable && !ourCordon:
-			add(nodes.ActionCordon, KubeReason+name+" is cordoned")
-		case !n.GetCordoned() && len(k.Taints) > 0:
-			add(nodes.ActionCordon, KubeReason+name+" is tainted "+api.CleanText(strings.Join(k.Taints, ", "), 0))
+		case !n.GetCordoned() && keptOff != "":
+			add(nodes.ActionCordon, KubeReason+keptOff)
+		}
+		if set := changedLabels(n.GetRegistration().GetLabels(), k.Topology); set != nil {
+			out = append(out, NodeAction{Node: name, Do: ActionLabels, Labels: set})
+		}
+	}
+	return out
+}
+
+// keptOffWhy says why Kubernetes keeps pods off a Node ("" when it does
+// not); gpuctl's own cordon of it aside.
+func keptOffWhy(k NodeView, ourCordon bool) string {
+	switch {
+	case !k.Ready:
+		return k.Name + " is NotReady (" + api.CleanText(k.NotReadyWhy, 0) + ")"
+	case k.Unschedulable && !ourCordon:
+		return k.Name + " is cordoned"
+	case len(k.Taints) > 0:
+		return k.Name + " is tainted " + api.CleanText(strings.Join(k.Taints, ", "), 0)
+	case k.NoGPUs:
+		return k.Name + " has no allocatable GPUs (is the device plugin running?)"
+	}
+	return ""
+}
+
+// changedLabels are the labels of want that have lacks or holds
+// otherwise: nil when none.
+func changedLabels(have, want map[string]string) map[string]string {
+	var out map[string]string
+	for k, v := range want {
+		if have[k] != v {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
 		}
 	}
 	return out

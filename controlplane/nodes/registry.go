@@ -25,6 +25,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/gpuctl/gpuctl/api"
 	"github.com/gpuctl/gpuctl/controlplane/observe"
 	"github.com/gpuctl/gpuctl/scheduler/pace"
@@ -762,6 +764,56 @@ func (r *Registry) SetCordon(node, action, reason string) (*api.NodeStatus, erro
 	r.raiseLocked(&api.Event{Node: node, TimeUnixNano: r.now().UnixNano(), Kind: api.EventKind_EVENT_KIND_CORDON,
 		Severity: api.Severity_SEVERITY_INFO, Message: msg})
 	return next, nil
+}
+
+// SetLabels sets topology labels of node (rack, switch, …) that another
+// system is the source of (an executor's view of its nodes), over what
+// the node registered with, persists them and raises an event saying
+// from where. nodemon registering again brings its own back until the
+// source sets them again.
+func (r *Registry) SetLabels(node string, labels map[string]string, source string) (*api.NodeStatus, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.nodes[node]
+	if !ok {
+		return nil, r.unknownLocked(node)
+	}
+	cur := e.rec
+	var set []string
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		if cur.GetRegistration().GetLabels()[k] != labels[k] {
+			set = append(set, k+"="+labels[k])
+		}
+	}
+	if len(set) == 0 {
+		return cur, nil
+	}
+	next := copyStatus(cur)
+	// copyStatus shares the registration: this one is changed.
+	next.Registration = proto.Clone(cmpOrRegistration(cur.GetRegistration(), node)).(*api.NodeRegistration)
+	merged := maps.Clone(next.Registration.GetLabels())
+	if merged == nil {
+		merged = map[string]string{}
+	}
+	maps.Copy(merged, labels)
+	next.Registration.Labels = merged
+	if err := r.cfg.Store.PutNode(next); err != nil {
+		return nil, fmt.Errorf("persist node %s: %w", node, err)
+	}
+	e.written++
+	r.setLocked(e, next, false)
+	msg := fmt.Sprintf("labels %s, from %s", strings.Join(set, " "), source)
+	r.log.Info("node labels", "node", node, "set", set, "from", source)
+	r.raiseLocked(&api.Event{Node: node, TimeUnixNano: r.now().UnixNano(), Kind: api.EventKind_EVENT_KIND_AUDIT,
+		Severity: api.Severity_SEVERITY_INFO, Message: msg})
+	return next, nil
+}
+
+func cmpOrRegistration(reg *api.NodeRegistration, node string) *api.NodeRegistration {
+	if reg == nil {
+		return &api.NodeRegistration{Name: node}
+	}
+	return reg
 }
 
 func (r *Registry) unknownLocked(node string) error {
