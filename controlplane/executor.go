@@ -52,13 +52,6 @@ func kubeExecutor(cfg Config, auth *transport.Authority, reg *nodes.Registry, fr
 		return nil, nil
 	}
 	o := cfg.Kube
-	if o.Client == nil {
-		cs, err := kube.NewClient(o.Kubeconfig)
-		if err != nil {
-			return nil, err
-		}
-		o.Client = cs
-	}
 	if o.Spec.Image == "" {
 		return nil, fmt.Errorf("--executor kubernetes: --kube-image is empty: name the image that holds nodemon and the jobs' programs")
 	}
@@ -66,6 +59,13 @@ func kubeExecutor(cfg Config, auth *transport.Authority, reg *nodes.Registry, fr
 	case "", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
 	default:
 		return nil, fmt.Errorf("--kube-pull-policy %q: use Always, IfNotPresent or Never", o.Spec.PullPolicy)
+	}
+	if o.Client == nil {
+		cs, err := kube.NewClient(o.Kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		o.Client = cs
 	}
 	if ca := auth.CACert(); ca != nil && o.Spec.Cluster == "" {
 		// The ranks name their cluster as nodemon's do.
