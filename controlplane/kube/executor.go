@@ -330,7 +330,16 @@ func (x *Executor) decide(ctx context.Context, key string) {
 	d := DecideGang(g.placement, pods, x.usable)
 	g.wait = d.Wait
 	if d.Undo != "" {
-		x.finish(ctx, key, g, fmt.Errorf("kubernetes: attempt %d undone: %s", g.attempt, d.Undo))
+		err := fmt.Errorf("kubernetes: attempt %d undone: %s", g.attempt, d.Undo)
+		if why := x.keptOff(d.Unusable); why != "" {
+			// Nodes Kubernetes has but keeps pods off for now (NotReady
+			// while their kubelets catch up after an API server outage,
+			// cordoned, tainted): not the nodes' failure, so the attempt
+			// goes back to the queue, and the node sync cordons them in
+			// gpuctl if it lasts.
+			err = fmt.Errorf("%w: %s (%w)", err, why, jobs.ErrExecutorUnavailable)
+		}
+		x.finish(ctx, key, g, err)
 		return
 	}
 	for _, b := range d.Bind {
@@ -456,6 +465,23 @@ func (x *Executor) usable(node string) bool {
 	}
 	n, err := x.nodes.Get(node)
 	return err == nil && !n.Spec.Unschedulable && ready(n) == corev1.ConditionTrue
+}
+
+// keptOff says why Kubernetes keeps pods off nodes, when every one of
+// them is a Node it has ("" otherwise: a node Kubernetes does not have is
+// the node's fault).
+func (x *Executor) keptOff(nodes []string) string {
+	var why []string
+	for _, name := range nodes {
+		n, err := x.nodes.Get(name)
+		if err != nil {
+			return ""
+		}
+		if w := keptOffWhy(ViewOf(n, x.cfg.Spec.GPUResource), false); w != "" {
+			why = append(why, w)
+		}
+	}
+	return strings.Join(why, "; ")
 }
 
 // nodeReady: the Node exists and its Ready condition is True.

@@ -34,6 +34,9 @@ type GangDecision struct {
 	Wait string
 	// Undo says why the attempt must be deleted; Bind is then empty.
 	Undo string
+	// Unusable are the placed nodes that no longer hold, when that is
+	// why.
+	Unusable []string
 }
 
 // DecideGang decides an attempt's bindings: placement[r] is rank r's
@@ -62,7 +65,7 @@ func DecideGang(placement []string, pods []GangPod, usable func(node string) boo
 		}
 	}
 	if len(gone) > 0 {
-		return GangDecision{Undo: fmt.Sprintf("placed nodes no longer usable: %v", gone)}
+		return GangDecision{Undo: fmt.Sprintf("placed nodes no longer usable: %v", gone), Unusable: gone}
 	}
 	if len(byRank) < len(placement) {
 		return GangDecision{Wait: fmt.Sprintf("%d of %d pods exist", len(byRank), len(placement))}

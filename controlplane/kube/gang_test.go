@@ -46,6 +46,9 @@ func TestDecideGang(t *testing.T) {
 			if d.Undo != "" && len(d.Bind) > 0 {
 				t.Errorf("an undo binds nothing, got %v", d.Bind)
 			}
+			if gone := strings.HasPrefix(tc.undo, "placed nodes no longer usable"); gone != (len(d.Unusable) > 0) {
+				t.Errorf("unusable nodes %v for undo %q", d.Unusable, d.Undo)
+			}
 		})
 	}
 }

@@ -32,12 +32,21 @@ type Lost struct {
 // placed on a Node that is gone or not Ready (its kubelet stopped
 // reporting: whatever runs there is out of reach), and those whose Job
 // failed with no rank ever reported (nodemon would have reported them had
-// they started).
+// they started). When most Nodes are not Ready at once, the trouble is
+// the control plane's (an API server back from an outage marks every
+// Node NotReady until the kubelets report again), not the nodes': as
+// Kubernetes' own node controller stops evicting then, no attempt is
+// lost to a Node's readiness.
 func LostAttempts(running []Running, nodes []NodeView) []Lost {
 	byName := make(map[string]NodeView, len(nodes))
+	notReady := 0
 	for _, n := range nodes {
 		byName[n.Name] = n
+		if !n.Ready {
+			notReady++
+		}
 	}
+	disrupted := len(nodes) > 1 && 2*notReady > len(nodes)
 	var out []Lost
 	for _, r := range running {
 		var gone, why []string
@@ -46,7 +55,7 @@ func LostAttempts(running []Running, nodes []NodeView) []Lost {
 			switch {
 			case !ok:
 				gone, why = append(gone, n), append(why, fmt.Sprintf("Kubernetes: Node %s is gone", n))
-			case !v.Ready:
+			case !v.Ready && !disrupted:
 				gone, why = append(gone, n), append(why, fmt.Sprintf("Kubernetes: Node %s is not Ready (%s)", n, v.NotReadyWhy))
 			}
 		}

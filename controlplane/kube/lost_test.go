@@ -35,4 +35,12 @@ func TestLostAttempts(t *testing.T) {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}
 	}
+	// Most Nodes NotReady at once is the control plane's trouble: nothing
+	// is lost to readiness (a Node gone still is).
+	disrupted := []NodeView{{Name: "a"}, {Name: "b"}, {Name: "c", Ready: true}}
+	r := []Running{{Job: "j", Attempt: 1, Nodes: []string{"a", "c"}}, {Job: "k", Attempt: 1, Nodes: []string{"x"}}}
+	want := []Lost{{Job: "k", Attempt: 1, Nodes: []string{"x"}, Reason: "Kubernetes: Node x is gone"}}
+	if got := LostAttempts(r, disrupted); !reflect.DeepEqual(got, want) {
+		t.Errorf("most Nodes NotReady: %+v, want %+v", got, want)
+	}
 }
