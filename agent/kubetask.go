@@ -11,7 +11,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -171,12 +170,11 @@ func kubeTaskRanks(environ []string, runDir string) ([]kubeRank, error) {
 // its rank, until the returned stop is called (which reads them to their
 // ends first).
 func echoRankLogs(ranks []kubeRank, w io.Writer) (stop func()) {
-	var mu sync.Mutex
 	tails := make([]*logTail, len(ranks))
 	sinks := make([]*prefixLines, len(ranks))
 	for i, r := range ranks {
 		tails[i] = &logTail{path: r.log}
-		sinks[i] = &prefixLines{w: w, mu: &mu, prefix: []byte(fmt.Sprintf("[rank %s] ", rankOf(r.env)))}
+		sinks[i] = &prefixLines{w: w, prefix: []byte(fmt.Sprintf("[rank %s] ", rankOf(r.env)))}
 	}
 	pollAll := func() {
 		for i, t := range tails {
@@ -214,11 +212,10 @@ func rankOf(env []string) string {
 	return "?"
 }
 
-// prefixLines writes whole lines, each with prefix, to a writer the ranks
-// share.
+// prefixLines writes whole lines, each with prefix, to w (the ranks'
+// sinks are all fed from echoRankLogs' one goroutine).
 type prefixLines struct {
 	w       io.Writer
-	mu      *sync.Mutex
 	prefix  []byte
 	partial []byte
 }
@@ -249,10 +246,7 @@ func (p *prefixLines) flush() {
 }
 
 func (p *prefixLines) write(b []byte) {
-	if len(b) == 0 {
-		return
+	if len(b) > 0 {
+		p.w.Write(b)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.w.Write(b)
 }
