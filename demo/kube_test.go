@@ -3,7 +3,6 @@ package demo
 import (
 	"context"
 	"fmt"
-	"net"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,7 +18,6 @@ import (
 	"github.com/gpuctl/gpuctl/client"
 	"github.com/gpuctl/gpuctl/controlplane/kube"
 	"github.com/gpuctl/gpuctl/internal/kubetest"
-	"github.com/gpuctl/gpuctl/internal/testbin"
 )
 
 // kubeGpuctl is a real Kubernetes (internal/kubetest: kubelets kn-1..kn-N
@@ -44,41 +42,12 @@ func newKubeGpuctl(t *testing.T, nodes int) *kubeGpuctl {
 		names[i] = fmt.Sprintf("kn-%d", i+1)
 	}
 	kc := kubetest.Start(t, kubetest.Options{Nodes: names, Images: []string{kubetest.RanksArchive(t, dir, nodemon, ringtrain)}})
-	c := &procCluster{t: t, dir: dir, gpuctl: testbin.Gpuctl(t), nodemon: nodemon, ringtain: ringtrain,
-		nodes: map[string]*proc{}, nodeStarts: map[string]int{}}
-	udp, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.addr = udp.LocalAddr().String()
-	udp.Close()
-	s := &kubeGpuctl{procCluster: c, kube: kc, cs: kc.Client(), runDir: filepath.Join(dir, "kube-run")}
-	c.serveArgs = []string{"serve", "--data-dir", filepath.Join(dir, "server"), "--listen", c.addr,
-		"--executor", "kubernetes", "--kubeconfig", kc.Admin, "--namespace", "default",
-		"--kube-image", kubetest.RanksImage, "--kube-pull-policy", "Never", "--kube-run-dir", s.runDir,
+	runDir := filepath.Join(dir, "kube-run")
+	c, cl := executorCluster(t, dir, names, "--kube-node", "--executor", "kubernetes", "--kubeconfig", kc.Admin, "--namespace", "default",
+		"--kube-image", kubetest.RanksImage, "--kube-pull-policy", "Never", "--kube-run-dir", runDir,
 		// No device plugin here: the pods ask for no nvidia.com/gpu.
-		"--kube-gpu-resource", "", "--kube-stop-grace", "2s"}
-	c.startServer()
-	s.cl = c.dial(20 * time.Second)
-	t.Cleanup(func() { s.cl.Close() })
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("gpuctl logs:\n%s", c.logs())
-		}
-	})
-	token, _, err := s.cl.CreateJoinToken(context.Background(), client.TokenOptions{TTL: time.Hour, Uses: nodes})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.token = token
-	for _, n := range names {
-		c.nodeStarts[n]++
-		c.nodes[n] = startProcess(t, filepath.Join(dir, n+"-1.log"), nodemon,
-			"--server", c.addr, "--token", token, "--name", n, "--data-dir", filepath.Join(dir, "nodes", n),
-			"--sim", "dgx-h100", "--ebpf", ebpfMode(), "--trace-scope", "node", "--allow-root-ranks", "--kube-node", n)
-	}
-	c.waitNodes(s.cl, 30*time.Second, nodes)
-	return s
+		"--kube-gpu-resource", "", "--kube-stop-grace", "2s")
+	return &kubeGpuctl{procCluster: c, kube: kc, cs: kc.Client(), runDir: runDir, cl: cl}
 }
 
 // ringJob is ringtrain (the image's) on two nodes, two ranks each, with a

@@ -38,8 +38,23 @@ func newSlurmGpuctl(t *testing.T, placement string) *slurmGpuctl {
 	sl := slurmtest.Start(t, slurmtest.Options{Nodes: 4, GPUs: 8})
 	// The server's sbatch and squeue, and the tests', find this cluster.
 	t.Setenv("SLURM_CONF", sl.Conf)
+	nodemon, _ := binaries(t)
+	dir := t.TempDir()
+	runDir := filepath.Join(dir, "slurm-run")
+	c, cl := executorCluster(t, dir, sl.Nodes, "--slurm-node", "--executor", "slurm", "--slurm-placement", placement,
+		"--slurm-task", nodemon+" slurm-task", "--slurm-run-dir", runDir, "--slurm-poll", "250ms")
+	return &slurmGpuctl{procCluster: c, slurm: sl, runDir: runDir, cl: cl}
+}
+
+// executorCluster starts `gpuctl serve` (its data dir in dir, on a free
+// loopback port) with serveArgs, and one nodemon per node, named as the
+// node and finding the ranks another system starts there (nodeFlag:
+// --slurm-node, --kube-node); it returns the cluster and an admin client,
+// both ended with the test.
+func executorCluster(t *testing.T, dir string, nodes []string, nodeFlag string, serveArgs ...string) (*procCluster, *client.Client) {
+	t.Helper()
 	nodemon, ringtrain := binaries(t)
-	c := &procCluster{t: t, dir: t.TempDir(), gpuctl: testbin.Gpuctl(t), nodemon: nodemon, ringtain: ringtrain,
+	c := &procCluster{t: t, dir: dir, gpuctl: testbin.Gpuctl(t), nodemon: nodemon, ringtain: ringtrain,
 		nodes: map[string]*proc{}, nodeStarts: map[string]int{}}
 	udp, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
@@ -47,39 +62,36 @@ func newSlurmGpuctl(t *testing.T, placement string) *slurmGpuctl {
 	}
 	c.addr = udp.LocalAddr().String()
 	udp.Close()
-	s := &slurmGpuctl{procCluster: c, slurm: sl, runDir: filepath.Join(c.dir, "slurm-run")}
-	c.serveArgs = []string{"serve", "--data-dir", filepath.Join(c.dir, "server"), "--listen", c.addr,
-		"--executor", "slurm", "--slurm-placement", placement, "--slurm-task", nodemon + " slurm-task",
-		"--slurm-run-dir", s.runDir, "--slurm-poll", "250ms"}
+	c.serveArgs = append([]string{"serve", "--data-dir", filepath.Join(dir, "server"), "--listen", c.addr}, serveArgs...)
 	c.startServer()
-	s.cl = c.dial(20 * time.Second)
-	t.Cleanup(func() { s.cl.Close() })
+	cl := c.dial(20 * time.Second)
+	t.Cleanup(func() { cl.Close() })
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("gpuctl logs:\n%s", c.logs())
-			if dir := os.Getenv("GPUCTL_KEEP_LOGS"); dir != "" {
-				logs, _ := filepath.Glob(filepath.Join(c.dir, "*.log"))
+			if keep := os.Getenv("GPUCTL_KEEP_LOGS"); keep != "" {
+				logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
 				for _, l := range logs {
 					if b, err := os.ReadFile(l); err == nil {
-						os.WriteFile(filepath.Join(dir, filepath.Base(l)), b, 0o644)
+						os.WriteFile(filepath.Join(keep, filepath.Base(l)), b, 0o644)
 					}
 				}
 			}
 		}
 	})
-	token, _, err := s.cl.CreateJoinToken(context.Background(), client.TokenOptions{TTL: time.Hour, Uses: len(sl.Nodes)})
+	token, _, err := cl.CreateJoinToken(context.Background(), client.TokenOptions{TTL: time.Hour, Uses: len(nodes)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.token = token
-	for _, n := range sl.Nodes {
+	for _, n := range nodes {
 		c.nodeStarts[n]++
-		c.nodes[n] = startProcess(t, filepath.Join(c.dir, n+"-1.log"), nodemon,
-			"--server", c.addr, "--token", token, "--name", n, "--data-dir", filepath.Join(c.dir, "nodes", n),
-			"--sim", "dgx-h100", "--ebpf", ebpfMode(), "--trace-scope", "node", "--allow-root-ranks", "--slurm-node", n)
+		c.nodes[n] = startProcess(t, filepath.Join(dir, n+"-1.log"), nodemon,
+			"--server", c.addr, "--token", token, "--name", n, "--data-dir", filepath.Join(dir, "nodes", n),
+			"--sim", "dgx-h100", "--ebpf", ebpfMode(), "--trace-scope", "node", "--allow-root-ranks", nodeFlag, n)
 	}
-	c.waitNodes(s.cl, 30*time.Second, len(sl.Nodes))
-	return s
+	c.waitNodes(cl, 30*time.Second, len(nodes))
+	return c, cl
 }
 
 // ringJob is ringtrain on two nodes, two GPUs (ranks) each.
