@@ -62,7 +62,7 @@ are fitted per GPU to published runs (docs/costmodel.md); every tunable is in
 16,384 H100s) each plan also gets its goodput and effective step time, and with
 --tokens the run's effective training time. It can also emit the launch
 configuration of the best plan. With -f it makes the same search gpuctl serve
-makes for that job file: context parallelism for long sequences, pipelines
+makes for that job file: context parallelism for sequences of 8K and more, pipelines
 whose stages do not divide the layers, interleaving; --max-cp widens the
 context parallelism tried, --uneven=false keeps to even pipelines.`,
 		Example: `  gpuctl plan --model gpt3-175b --gpus 1024 --gpu a100-80gb
@@ -83,7 +83,7 @@ context parallelism tried, --uneven=false keeps to even pipelines.`,
 	fl.StringVar(&f.gpu, "gpu", "", "GPU profile: "+strings.Join(costmodel.HardwareNames(), ", ")+" (default h100)")
 	fl.IntVar(&f.tp, "tp", 0, "fix tensor parallelism")
 	fl.IntVar(&f.cp, "cp", 0, "fix context parallelism (ring attention)")
-	fl.IntVar(&f.maxCP, "max-cp", 0, "largest context parallelism to try (default: up to 16 for sequences of 32K tokens and more, else none)")
+	fl.IntVar(&f.maxCP, "max-cp", 0, "largest context parallelism to try (default: while each rank keeps 4K tokens or more, up to 16)")
 	fl.IntVar(&f.pp, "pp", 0, "fix pipeline parallelism")
 	fl.IntVar(&f.dp, "dp", 0, "fix data parallelism")
 	fl.IntVar(&f.top, "top", 5, "plans to show")

@@ -212,6 +212,9 @@ type Evaluation struct {
 	GEMMEfficiency float64 `json:"gemm_efficiency"`
 	// OptimizerSec is the optimizer step (memory-bound).
 	OptimizerSec float64 `json:"optimizer_seconds"`
+	// StepOverheadSec is the GPU's fixed time per step
+	// (step_overhead_seconds).
+	StepOverheadSec float64 `json:"step_overhead_seconds"`
 	// BubbleSec is the pipeline's fill and drain.
 	BubbleSec float64 `json:"bubble_seconds"`
 	// Communication per scheme: the volume's time on its link and the part

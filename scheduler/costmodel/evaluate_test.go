@@ -359,7 +359,7 @@ func TestThroughputIdentities(t *testing.T) {
 	}
 	e := c.engine(ev.Plan)
 	st := e.step()
-	parts := float64(ev.NumMicroBatches)*st.perStage[st.busy] + ev.BubbleSec + ev.DPExposedSec + ev.ZeRO3ExposedSec + ev.OptimizerSec
+	parts := float64(ev.NumMicroBatches)*st.perStage[st.busy] + ev.BubbleSec + ev.DPExposedSec + ev.ZeRO3ExposedSec + ev.OptimizerSec + ev.StepOverheadSec
 	if !near(ev.StepSeconds, parts, 1e-9) {
 		t.Errorf("step %.3f is not the sum of its parts %.3f", ev.StepSeconds, parts)
 	}
@@ -596,7 +596,8 @@ func TestCalibrate(t *testing.T) {
 	// Faster than the kernels can go at peak: communication must be cheaper.
 	fast := config(t, "gpt3-175b", "a100-80gb")
 	fast.Tunables.CommScale = 0.2
-	fast.Tunables.Efficiency = 1 / fast.Hardware.GEMMEfficiency
+	hw := fast.Hardware
+	fast.Tunables.Efficiency = 1 / max(hw.GEMMEfficiency, hw.FlashAttentionEfficiency, hw.ElementwiseEfficiency)
 	quick := mustEval(t, fast, p).StepSeconds
 	c = config(t, "gpt3-175b", "a100-80gb")
 	cal, err = c.CalibrateReport(p, quick)

@@ -62,6 +62,10 @@ type Hardware struct {
 	// kernels and synchronisation the other terms leave out. It weighs on
 	// small blocks and small micro-batches.
 	BlockOverheadSec float64 `json:"block_overhead_seconds"`
+	// StepOverheadSec is fixed time per optimizer step: zeroing the
+	// gradient buffers, the gradient-norm and loss reductions, the host
+	// synchronisations of a step. It weighs on short steps.
+	StepOverheadSec float64 `json:"step_overhead_seconds"`
 	// FitSource says where the kernel parameters come from.
 	FitSource string `json:"fit_source,omitempty"`
 }
@@ -156,6 +160,7 @@ var hardwareFields = []hardwareField{
 	{"nvlink_efficiency", "fraction of NVLink bandwidth", fractionSetter(func(h *Hardware) *float64 { return &h.NVLinkEfficiency })},
 	{"net_efficiency", "fraction of NIC bandwidth", fractionSetter(func(h *Hardware) *float64 { return &h.NetEfficiency })},
 	{"block_overhead_seconds", "seconds per block per pass", floatSetter(func(h *Hardware) *float64 { return &h.BlockOverheadSec })},
+	{"step_overhead_seconds", "seconds per optimizer step", floatSetter(func(h *Hardware) *float64 { return &h.StepOverheadSec })},
 }
 
 // hardwareAliasKeys are the older key spellings Set still accepts, in the

@@ -26,6 +26,10 @@ var knownMemoryMisses = map[string]string{
 	"nemotron4-340b-h100-128": "its weights, gradients, optimizer shards (dp 2 halves them) and the 103 one-block chunks stage 0 holds in flight " +
 		"come to 79.6 GiB even with bf16 gradients (90.3 GiB with the stack's fp32 ones), more than an 80 GB H100 leaves after its CUDA context; the NeMo 24.11 run fitted, " +
 		"so it keeps less than the model counts, and the recipe does not say what",
+	"llama31-8b-h100-8": "bf16 weights (15.0 GiB), the stack's fp32 gradients (29.9 GiB) and the optimizer shared by dp 4 × cp 2 (11.2 GiB) " +
+		"leave 20 GiB of activations for one 4K-token micro-batch without recomputation or sequence parallelism (tp 1): 82.2 GiB with the " +
+		"2 GiB reserve and the 5% fragmentation allowance; the NeMo 24.09 run fitted in 80 GB, so it held less than the model counts (bf16 " +
+		"gradients, or no fp32 logits), and the recipe does not say which",
 }
 
 // publishedMemoryCases are every validation row (each one a run that

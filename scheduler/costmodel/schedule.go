@@ -133,7 +133,7 @@ func (e *engine) step() stepTimes {
 			st.z3Comm, st.z3Exp, st.opt = z3Comm, z3Exp, opt
 		}
 	}
-	st.step = st.pipe + tailMax
+	st.step = st.pipe + tailMax + c.Hardware.StepOverheadSec
 	return st
 }
 
@@ -176,6 +176,7 @@ func (st stepTimes) fill(ev *Evaluation, e *engine) {
 	ev.DPCommSec, ev.DPExposedSec = st.gradComm+st.paramComm, st.gradExp+st.paramExp
 	ev.ZeRO3CommSec, ev.ZeRO3ExposedSec = st.z3Comm, st.z3Exp
 	ev.OptimizerSec = st.opt
+	ev.StepOverheadSec = e.c.Hardware.StepOverheadSec
 	// FLOP-weighted GEMM efficiency of one block: FLOPs over the time they
 	// take against peak.
 	if b.gemm > 0 {

@@ -44,7 +44,7 @@ type Options struct {
 	// TP, CP, PP and DP fix a dimension when positive.
 	TP, CP, PP, DP int
 	// MaxCP bounds context parallelism tried (powers of two); 0 tries it
-	// only for sequences of 32K tokens and more, up to 16.
+	// while each rank keeps at least 4K tokens of the sequence, up to 16.
 	MaxCP int
 	// MicroBatchSizes are the micro-batch sizes tried; nil means 1, 2, 4, 8.
 	MicroBatchSizes []int
@@ -238,15 +238,16 @@ func virtualCandidates(layers, pp, maxV int) []int {
 	return out
 }
 
-// cpCandidates are the fixed cp, or 1 and, for sequences of 32K tokens or
-// more (or up to MaxCP), powers of two up to 16 that leave GPUs.
+// cpCandidates are the fixed cp, or 1 and powers of two that leave each
+// rank at least 4K tokens of the sequence (NeMo's recipes split 8K
+// sequences in two), up to 16, or up to MaxCP.
 func cpCandidates(m Model, rest int, opt Options) []int {
 	if opt.CP > 0 {
 		return []int{opt.CP}
 	}
 	limit := opt.MaxCP
-	if limit == 0 && m.SeqLen >= 32768 {
-		limit = 16
+	if limit == 0 {
+		limit = min(16, m.SeqLen/4096)
 	}
 	out := []int{1}
 	for cp := 2; cp <= limit && cp <= rest; cp *= 2 {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -124,10 +125,15 @@ func init() {
 		"sc21-t2-zero3-530b-640", "sc21-t2-zero3-530b-1120", "sc21-t2-zero3-530b-2240"} {
 		knownLOSOMisses[id] = zero3
 	}
-	h100 := "held out, H100's four kernel terms rest on the three rows of 340B and 405B models (Llama 3, Nemotron-4), " +
-		"whose wide GEMMs leave open how efficiency falls with smaller shapes (gemm_half_dim)"
-	knownLOSOMisses["mcore-h100-1.7b"] = h100
-	knownLOSOMisses["mcore-h100-70b"] = h100
+	readme := "held out, its H100 rows are the only ones with steps under a second (one micro-batch per step at pp 1), " +
+		"so nothing else fixes step_overhead_seconds, and the other H100 sources run like shapes up to 20% faster (NeMo's 2024 recipes)"
+	for _, id := range []string{"mcore-h100-1.7b", "mcore-h100-7.1b"} {
+		knownLOSOMisses[id] = readme
+	}
+	nemo := "held out, the Megatron-LM README's hidden-4096 run (7.1B) reaches 44% of peak where this NeMo 24.09 recipe reaches 53% " +
+		"(both with causal attention FLOPs); fitted without its source, its steps come out 16–18% long"
+	knownLOSOMisses["llama31-8b-h100-8"] = nemo
+	knownLOSOMisses["llama31-8b-h100-128"] = nemo
 }
 
 func TestValidationTable(t *testing.T) {
@@ -294,11 +300,40 @@ func replaceSection(path, name, body string) error {
 	return os.WriteFile(path, []byte(s[:i+len(begin)]+body+s[j:]), 0o644)
 }
 
-// fitParam is one fitted value and how the search moves it.
+// fitParam is one fitted value, how the search moves it, and the round
+// figure the fit is drawn towards where the rows leave it free.
 type fitParam struct {
 	name     string
 	ptr      *float64
 	fraction bool // kept in (0, 1) by a logistic map; otherwise positive by exp
+	prior    float64
+}
+
+// priorWeight is how strongly a fitted value is drawn to its prior, per
+// squared unit of its search coordinate (log, or log-odds for a
+// fraction): a value ten times off its prior costs what a 0.2% error on
+// every fit row costs. Rows that depend on a value outweigh it; a value
+// the rows leave free (a flat valley of the error) stays near its round
+// figure instead of wandering to wherever the simplex stops.
+const priorWeight = 1e-5
+
+// coord is v on p's search coordinate.
+func (p fitParam) coord(v float64) float64 {
+	if p.fraction {
+		v = math.Min(math.Max(v, 1e-4), 1-1e-4)
+		return math.Log(v / (1 - v))
+	}
+	return math.Log(math.Max(v, 1e-300))
+}
+
+// penalty is the prior's part of the fit objective over ps.
+func penalty(ps []fitParam) float64 {
+	var sum float64
+	for _, p := range ps {
+		d := p.coord(*p.ptr) - p.coord(p.prior)
+		sum += d * d
+	}
+	return priorWeight * sum
 }
 
 // fitParams are the fitted values, in the order docs/costmodel.md lists.
@@ -307,19 +342,20 @@ type fitParam struct {
 // NCCL reach.
 func fitParams() []fitParam {
 	return []fitParam{
-		{"a100 gemm_max_efficiency", &a100Fit.GEMMEfficiency, true},
-		{"a100 gemm_half_dim", &a100Fit.GEMMHalfDim, false},
-		{"elementwise_efficiency", &a100Fit.ElementwiseEfficiency, true},
-		{"h100 gemm_max_efficiency", &h100Fit.GEMMEfficiency, true},
-		{"h100 gemm_half_dim", &h100Fit.GEMMHalfDim, false},
-		{"h100 flash_attention_efficiency", &h100Fit.FlashAttentionEfficiency, true},
-		{"a100 block_overhead_seconds", &a100Fit.BlockOverheadSec, false},
-		{"h100 block_overhead_seconds", &h100Fit.BlockOverheadSec, false},
-		{"nvlink_efficiency", &a100Fit.NVLinkEfficiency, true},
-		{"net_efficiency", &a100Fit.NetEfficiency, true},
-		{"zero3_efficiency", &fittedZeRO3Efficiency, true},
-		{"zero3_overlap", &fittedZeRO3Overlap, true},
-		{"zero3_latency_seconds", &fittedZeRO3Latency, false},
+		{"a100 gemm_max_efficiency", &a100Fit.GEMMEfficiency, true, 0.7},
+		{"a100 gemm_half_dim", &a100Fit.GEMMHalfDim, false, 50},
+		{"a100 elementwise_efficiency", &a100Fit.ElementwiseEfficiency, true, 0.6},
+		{"h100 gemm_max_efficiency", &h100Fit.GEMMEfficiency, true, 0.7},
+		{"h100 gemm_half_dim", &h100Fit.GEMMHalfDim, false, 50},
+		{"h100 elementwise_efficiency", &h100Fit.ElementwiseEfficiency, true, 0.6},
+		{"a100 block_overhead_seconds", &a100Fit.BlockOverheadSec, false, 1e-5},
+		{"h100 block_overhead_seconds", &h100Fit.BlockOverheadSec, false, 1e-5},
+		{"step_overhead_seconds", &a100Fit.StepOverheadSec, false, 0.01},
+		{"nvlink_efficiency", &a100Fit.NVLinkEfficiency, true, 0.9},
+		{"net_efficiency", &a100Fit.NetEfficiency, true, 0.9},
+		{"zero3_efficiency", &fittedZeRO3Efficiency, true, 0.5},
+		{"zero3_overlap", &fittedZeRO3Overlap, true, 0.5},
+		{"zero3_latency_seconds", &fittedZeRO3Latency, false, 1e-4},
 	}
 }
 
@@ -339,12 +375,12 @@ func (p fitParam) constrainedBy(r validationRow) bool {
 // setShared copies the shared values to H100.
 func setShared() {
 	h100Fit.NVLinkEfficiency, h100Fit.NetEfficiency = a100Fit.NVLinkEfficiency, a100Fit.NetEfficiency
-	h100Fit.ElementwiseEfficiency = a100Fit.ElementwiseEfficiency
+	h100Fit.StepOverheadSec = a100Fit.StepOverheadSec
 }
 
 // fitObjective is the mean squared log error over the fit rows.
 func fitObjective(rows []validationRow) float64 {
-	return fitError(rows, func(r validationRow) bool { return r.Fit })
+	return fitError(rows, func(r validationRow) bool { return r.Fit }) + penalty(fitParams())
 }
 
 // fitError is the mean squared log error over the rows use picks.
@@ -380,13 +416,6 @@ func fitTo(rows []validationRow, use func(validationRow) bool) float64 {
 			ps = append(ps, p)
 		}
 	}
-	toU := func(p fitParam, v float64) float64 {
-		if p.fraction {
-			v = math.Min(math.Max(v, 1e-4), 1-1e-4)
-			return math.Log(v / (1 - v))
-		}
-		return math.Log(v)
-	}
 	fromU := func(p fitParam, u float64) float64 {
 		if p.fraction {
 			return 1 / (1 + math.Exp(-u))
@@ -395,16 +424,24 @@ func fitTo(rows []validationRow, use func(validationRow) bool) float64 {
 	}
 	x0 := make([]float64, len(ps))
 	for i, p := range ps {
-		x0[i] = toU(p, *p.ptr)
+		x0[i] = p.coord(*p.ptr)
 	}
 	f := func(x []float64) float64 {
 		for i, p := range ps {
 			*p.ptr = fromU(p, x[i])
 		}
-		return fitError(rows, use)
+		return fitError(rows, use) + penalty(ps)
 	}
-	best, _ := nelderMead(f, x0, 0.3, 4000)
-	best, val := nelderMead(f, best, 0.05, 4000)
+	// Restart the simplex until a restart no longer helps: the error
+	// surface has long flat valleys a single run stops in.
+	best, val := nelderMead(f, x0, 0.3, 4000)
+	for range 20 {
+		next, v := nelderMead(f, best, 0.1, 4000)
+		if v >= val*(1-1e-6) {
+			break
+		}
+		best, val = next, v
+	}
 	f(best)
 	return val
 }
@@ -432,6 +469,44 @@ func TestKernelFitsAreFitted(t *testing.T) {
 	}
 }
 
+// TestFitsTableIsCurrent renders docs/costmodel.md's table of the fitted
+// parameters from the committed values.
+func TestFitsTableIsCurrent(t *testing.T) {
+	num := func(v float64) string {
+		if v != 0 && math.Abs(v) < 1e-9 {
+			return "0 (fit: ≈" + strconv.FormatFloat(v, 'g', 2, 64) + ")"
+		}
+		return strconv.FormatFloat(v, 'g', 4, 64)
+	}
+	var b strings.Builder
+	b.WriteString("| parameter | A100 80 GB | H100 SXM | fitted to |\n| --- | ---: | ---: | --- |\n")
+	row := func(name string, a, h float64, to string) {
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", name, num(a), num(h), to)
+	}
+	row("gemm_max_efficiency", a100Fit.GEMMEfficiency, h100Fit.GEMMEfficiency, "per GPU: its fit rows")
+	row("gemm_half_dim", a100Fit.GEMMHalfDim, h100Fit.GEMMHalfDim, "per GPU: its fit rows")
+	row("flash_attention_efficiency", a100Fit.FlashAttentionEfficiency, h100Fit.FlashAttentionEfficiency,
+		"not fitted: A100 the low end of FlashAttention-2's 50–73% on A100 (Dao 2023); H100 the low end of FlashAttention-3, "+
+			"1.5 × FlashAttention-2's 35% on H100 (Shah et al. 2024)")
+	row("elementwise_efficiency", a100Fit.ElementwiseEfficiency, h100Fit.ElementwiseEfficiency, "per GPU: its fit rows")
+	row("block_overhead_seconds", a100Fit.BlockOverheadSec, h100Fit.BlockOverheadSec, "per GPU: its fit rows")
+	row("step_overhead_seconds", a100Fit.StepOverheadSec, h100Fit.StepOverheadSec, "all fit rows (one value)")
+	row("nvlink_efficiency", a100Fit.NVLinkEfficiency, h100Fit.NVLinkEfficiency, "all fit rows (one value)")
+	row("net_efficiency", a100Fit.NetEfficiency, h100Fit.NetEfficiency, "all fit rows (one value)")
+	for _, z := range []struct {
+		name string
+		v    float64
+		to   string
+	}{
+		{"zero3_efficiency", fittedZeRO3Efficiency, "ZeRO-3 rows (DeepSpeed ZeRO-3 on A100)"},
+		{"zero3_overlap", fittedZeRO3Overlap, "ZeRO-3 rows"},
+		{"zero3_latency_seconds", fittedZeRO3Latency, "ZeRO-3 rows"},
+	} {
+		fmt.Fprintf(&b, "| `%s` (tunable) | %s | | %s |\n", z.name, num(z.v), z.to)
+	}
+	docSection(t, "fits", b.String(), "TestFitsTableIsCurrent")
+}
+
 type fitSnapshot struct {
 	a, h      KernelFit
 	z, zo, zl float64
@@ -455,7 +530,7 @@ func TestFit(t *testing.T) {
 	saved := snapshotFits()
 	defer restoreFits(saved)
 	val := fitTo(rows, func(r validationRow) bool { return r.Fit })
-	t.Logf("fit error (mean squared log) %.6g, rms %.2f%%", val, math.Sqrt(val)*100)
+	t.Logf("objective (mean squared log error and prior) %.6g; fit rows rms %.2f%%", val, math.Sqrt(fitError(rows, func(r validationRow) bool { return r.Fit }))*100)
 	for _, p := range fitParams() {
 		t.Logf("%-34s %.4g", p.name, *p.ptr)
 	}
@@ -472,12 +547,13 @@ func TestFit(t *testing.T) {
 // not the committed fit (which saw the held-out source), so a parameter
 // the other sources do not constrain stays at a figure no row chose.
 func looPrior() {
-	for _, k := range []*KernelFit{&a100Fit, &h100Fit} {
-		k.GEMMEfficiency, k.GEMMHalfDim, k.FlashAttentionEfficiency = 0.7, 50, 0.5
-		k.ElementwiseEfficiency, k.NVLinkEfficiency, k.NetEfficiency, k.BlockOverheadSec = 0.6, 0.9, 0.9, 1e-5
+	for _, p := range fitParams() {
+		*p.ptr = p.prior
 	}
-	a100Fit.FlashAttentionEfficiency = 0.5 // not fitted: FlashAttention-2's low end on A100
-	fittedZeRO3Efficiency, fittedZeRO3Overlap, fittedZeRO3Latency = 0.5, 0.5, 1e-4
+	setShared()
+	// Not fitted: FlashAttention-2's low end on A100, FlashAttention-3's
+	// on H100.
+	a100Fit.FlashAttentionEfficiency, h100Fit.FlashAttentionEfficiency = 0.5, 0.52
 }
 
 // leaveOneSourceOut predicts every row with the parameters fitted to all

@@ -42,8 +42,8 @@ type Request struct {
 	Fixed costmodel.Plan
 	// MicroBatchSizes are the micro-batch sizes tried; nil tries 1, 2, 4, 8.
 	MicroBatchSizes []int
-	// MaxCP tries context parallelism up to it; 0 tries it for sequences
-	// of 32K tokens and more (see costmodel.Options.MaxCP).
+	// MaxCP tries context parallelism up to it; 0 tries it while each rank
+	// keeps at least 4K tokens (see costmodel.Options.MaxCP).
 	MaxCP int
 	// MaxVirtualStages overrides MaxVirtualStages when positive.
 	MaxVirtualStages int
