@@ -472,12 +472,7 @@ func TestKernelFitsAreFitted(t *testing.T) {
 // TestFitsTableIsCurrent renders docs/costmodel.md's table of the fitted
 // parameters from the committed values.
 func TestFitsTableIsCurrent(t *testing.T) {
-	num := func(v float64) string {
-		if v != 0 && math.Abs(v) < 1e-9 {
-			return "0 (fit: ≈" + strconv.FormatFloat(v, 'g', 2, 64) + ")"
-		}
-		return strconv.FormatFloat(v, 'g', 4, 64)
-	}
+	num := func(v float64) string { return strconv.FormatFloat(v, 'g', 4, 64) }
 	var b strings.Builder
 	b.WriteString("| parameter | A100 80 GB | H100 SXM | fitted to |\n| --- | ---: | ---: | --- |\n")
 	row := func(name string, a, h float64, to string) {
@@ -551,9 +546,6 @@ func looPrior() {
 		*p.ptr = p.prior
 	}
 	setShared()
-	// Not fitted: FlashAttention-2's low end on A100, FlashAttention-3's
-	// on H100.
-	a100Fit.FlashAttentionEfficiency, h100Fit.FlashAttentionEfficiency = 0.5, 0.52
 }
 
 // leaveOneSourceOut predicts every row with the parameters fitted to all
