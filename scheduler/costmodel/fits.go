@@ -64,27 +64,27 @@ func fitFor(profile string) KernelFit {
 // terms leave.
 var (
 	a100Fit = KernelFit{
-		GEMMEfficiency: 0.7366, GEMMHalfDim: 64.85,
+		GEMMEfficiency: 0.7362, GEMMHalfDim: 64.51,
 		FlashAttentionEfficiency: 0.5,
-		ElementwiseEfficiency:    0.753,
-		NVLinkEfficiency:         0.9234, NetEfficiency: 0.7434,
-		BlockOverheadSec: 1.565e-05,
-		StepOverheadSec:  0.06555,
+		ElementwiseEfficiency:    0.7567,
+		NVLinkEfficiency:         0.9241, NetEfficiency: 0.7388,
+		BlockOverheadSec: 1.51e-05,
+		StepOverheadSec:  0.06889,
 		Source:           fitA100,
 	}
 	h100Fit = KernelFit{
-		GEMMEfficiency: 0.5717, GEMMHalfDim: 31.55,
+		GEMMEfficiency: 0.5781, GEMMHalfDim: 33.11,
 		FlashAttentionEfficiency: 0.52,
-		ElementwiseEfficiency:    0.9014,
-		NVLinkEfficiency:         0.9234, NetEfficiency: 0.7434,
-		BlockOverheadSec: 7.467e-06,
-		StepOverheadSec:  0.06555,
+		ElementwiseEfficiency:    0.888,
+		NVLinkEfficiency:         0.9241, NetEfficiency: 0.7388,
+		BlockOverheadSec: 7.921e-06,
+		StepOverheadSec:  0.06889,
 		Source:           fitH100,
 	}
 	// Fitted defaults of Tunables: the ZeRO-3 terms, from DeepSpeed
 	// ZeRO-3 on A100.
-	fittedZeRO3Efficiency = 0.2123
-	fittedZeRO3Overlap    = 0.249
+	fittedZeRO3Efficiency = 0.2136
+	fittedZeRO3Overlap    = 0.2492
 	fittedZeRO3Latency    = 0.0001536
 )
 

@@ -130,10 +130,12 @@ func init() {
 	for _, id := range []string{"mcore-h100-1.7b", "mcore-h100-7.1b"} {
 		knownLOSOMisses[id] = readme
 	}
-	nemo := "held out, the Megatron-LM README's hidden-4096 run (7.1B) reaches 44% of peak where this NeMo 24.09 recipe reaches 53% " +
-		"(both with causal attention FLOPs); fitted without its source, its steps come out 16–18% long"
-	knownLOSOMisses["llama31-8b-h100-8"] = nemo
-	knownLOSOMisses["llama31-8b-h100-128"] = nemo
+	nemo := "held out, NeMo's 2024 recipes run 10–18% faster than the other H100 sources imply for every model but Nemotron-4 340B " +
+		"(the README's hidden-4096 7.1B reaches 44% of peak where this recipe's 8B reaches 53%, both with causal attention FLOPs); " +
+		"the model takes the stack's overlaps, not its software generation, as input"
+	for _, id := range []string{"llama31-8b-h100-8", "llama31-8b-h100-128", "llama31-405b-h100-576"} {
+		knownLOSOMisses[id] = nemo
+	}
 }
 
 func TestValidationTable(t *testing.T) {
