@@ -755,15 +755,25 @@ func (r *Registry) SetCordon(node, action, reason string) (*api.NodeStatus, erro
 	default:
 		return nil, fmt.Errorf("unknown node action %q: use cordon, uncordon or drain", action)
 	}
+	if err := r.changeLocked(e, node, next, api.EventKind_EVENT_KIND_CORDON, msg); err != nil {
+		return nil, err
+	}
+	r.log.Info("node cordon", "node", node, "action", action, "reason", reason)
+	return next, nil
+}
+
+// changeLocked persists an operator's or another system's change to a
+// node's status, makes it current and raises the event of kind that says
+// what changed. A store that refuses it changes nothing.
+func (r *Registry) changeLocked(e *entry, node string, next *api.NodeStatus, kind api.EventKind, msg string) error {
 	if err := r.cfg.Store.PutNode(next); err != nil {
-		return nil, fmt.Errorf("persist node %s: %w", node, err)
+		return fmt.Errorf("persist node %s: %w", node, err)
 	}
 	e.written++
 	r.setLocked(e, next, false)
-	r.log.Info("node cordon", "node", node, "action", action, "reason", reason)
-	r.raiseLocked(&api.Event{Node: node, TimeUnixNano: r.now().UnixNano(), Kind: api.EventKind_EVENT_KIND_CORDON,
+	r.raiseLocked(&api.Event{Node: node, TimeUnixNano: r.now().UnixNano(), Kind: kind,
 		Severity: api.Severity_SEVERITY_INFO, Message: msg})
-	return next, nil
+	return nil
 }
 
 // SetLabels sets topology labels of node (rack, switch, …) that another
@@ -797,15 +807,11 @@ func (r *Registry) SetLabels(node string, labels map[string]string, source strin
 	}
 	maps.Copy(merged, labels)
 	next.Registration.Labels = merged
-	if err := r.cfg.Store.PutNode(next); err != nil {
-		return nil, fmt.Errorf("persist node %s: %w", node, err)
-	}
-	e.written++
-	r.setLocked(e, next, false)
 	msg := fmt.Sprintf("labels %s, from %s", strings.Join(set, " "), source)
+	if err := r.changeLocked(e, node, next, api.EventKind_EVENT_KIND_AUDIT, msg); err != nil {
+		return nil, err
+	}
 	r.log.Info("node labels", "node", node, "set", set, "from", source)
-	r.raiseLocked(&api.Event{Node: node, TimeUnixNano: r.now().UnixNano(), Kind: api.EventKind_EVENT_KIND_AUDIT,
-		Severity: api.Severity_SEVERITY_INFO, Message: msg})
 	return next, nil
 }
 
