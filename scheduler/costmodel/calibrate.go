@@ -73,7 +73,7 @@ func (c *Config) CalibrateReport(p Plan, measuredStepSeconds float64) (Calibrati
 	}
 	// The largest compute scale keeps every kernel at or under peak.
 	hw := c.Hardware
-	cmax := 1 / math.Max(hw.GEMMEfficiency, math.Max(hw.FlashAttentionEfficiency, hw.ElementwiseEfficiency))
+	cmax := 1 / (tu.StackComputeScale * math.Max(hw.GEMMEfficiency, math.Max(hw.FlashAttentionEfficiency, hw.ElementwiseEfficiency)))
 	switch {
 	case measuredStepSeconds > pred:
 		cal.To = bisect(func(s float64) float64 { return step(s, tu.CommScale) - measuredStepSeconds }, 1e-6, tu.Efficiency)

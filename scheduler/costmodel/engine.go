@@ -62,11 +62,16 @@ func (c Config) engine(p Plan) *engine {
 }
 
 // gemmTime is one GEMM of M×K by K×N at its shape's efficiency, and the
-// FLOPs it does.
-func (c Config) gemmTime(m, n, k, peak float64) (sec, flops float64) {
+// FLOPs it does: in FP8 at the FP8 peak and its own efficiency, otherwise
+// in bf16.
+func (c Config) gemmTime(m, n, k float64, fp8 bool) (sec, flops float64) {
 	hw := c.Hardware
+	peak, top := hw.PeakTFLOPS*1e12, hw.GEMMEfficiency
+	if fp8 {
+		peak, top = hw.PeakFP8TFLOPS*1e12, hw.FP8GEMMEfficiency
+	}
 	x0 := hw.GEMMHalfDim
-	eff := hw.GEMMEfficiency * m / (m + x0) * n / (n + x0) * k / (k + x0) * c.Tunables.Efficiency
+	eff := top * m / (m + x0) * n / (n + x0) * k / (k + x0) * c.Tunables.computeScale()
 	eff = min(eff, 1)
 	flops = 2 * m * n * k
 	return flops / (peak * eff), flops
@@ -74,7 +79,7 @@ func (c Config) gemmTime(m, n, k, peak float64) (sec, flops float64) {
 
 // elemTime is the time element-wise kernels take to move bytes.
 func (c Config) elemTime(bytes float64) float64 {
-	return bytes / (c.Hardware.HBMBytesPerSec * min(c.Hardware.ElementwiseEfficiency*c.Tunables.Efficiency, 1))
+	return bytes / (c.Hardware.HBMBytesPerSec * min(c.Hardware.ElementwiseEfficiency*c.Tunables.computeScale(), 1))
 }
 
 // block computes one transformer block's kernel and communication time for
@@ -86,7 +91,7 @@ func (e *engine) block() blockCost {
 	t, T := e.t, e.tok
 	h, f := float64(m.Hidden), float64(m.ffn())
 	kv := float64(m.kvHeads()) * h / float64(m.Heads)
-	peak := c.peakFLOPs()
+	fp8 := tr.Precision == PrecisionFP8
 	bf16 := c.Hardware.PeakTFLOPS * 1e12
 	var b blockCost
 
@@ -99,7 +104,7 @@ func (e *engine) block() blockCost {
 	}
 	var gf, fl float64
 	for _, g := range [][3]float64{{T, (h + 2*kv) / t, h}, {T, h, h / t}, {T, in * f / t, h}, {T, h, f / t}} {
-		s, n := c.gemmTime(g[0], g[1], g[2], peak)
+		s, n := c.gemmTime(g[0], g[1], g[2], fp8)
 		gf += s
 		fl += n
 	}
@@ -113,12 +118,12 @@ func (e *engine) block() blockCost {
 	if tr.attention() == AttentionFlash {
 		// Causal attention does half of 4·b·s²·h/tp, split over cp ranks.
 		aflops := 2 * b0 * s * s * (h / t) / e.cp
-		af = aflops / (bf16 * min(c.Hardware.FlashAttentionEfficiency*c.Tunables.Efficiency, 1))
+		af = aflops / (bf16 * min(c.Hardware.FlashAttentionEfficiency*c.Tunables.computeScale(), 1))
 	} else {
 		// Batched GEMMs per head over the whole (masked) square, then a
 		// materialised scale-mask-softmax and dropout on b·a/tp·s² scores.
-		qk, _ := c.gemmTime(s/e.cp, s, dh, bf16)
-		av, _ := c.gemmTime(s/e.cp, dh, s, bf16)
+		qk, _ := c.gemmTime(s/e.cp, s, dh, false)
+		av, _ := c.gemmTime(s/e.cp, dh, s, false)
 		af = b0 * heads * (qk + av)
 		scores := b0 * heads * s / e.cp * s
 		perF, perB := 4.0, 6.0
@@ -163,20 +168,33 @@ func (e *engine) block() blockCost {
 	}
 	ef := c.elemTime(T * perTok)
 
+	// FP8 GEMMs take their operands in FP8, each cast and transposed (the
+	// backward GEMMs need the other layout) from bf16: read 2 bytes, write
+	// 1 + 1 per element. Forward: the inputs of the four GEMMs (the
+	// normed ones cast on the sequence-parallel shard, before the
+	// all-gather); backward: the gradients of their outputs. Weights are
+	// cast once per step (Transformer Engine keeps the FP8 copy across
+	// micro-batches): left out, a fraction of a percent of these steps.
+	var castF, castB float64
+	if fp8 {
+		castF = c.elemTime(T * 4 * (hs + h/t + hs + f/t))
+		castB = c.elemTime(T * 4 * ((h+2*kv)/t + hs + in*f/t + hs))
+	}
+
 	// Fixed per-pass overhead goes with the element-wise kernels.
 	ov := c.Hardware.BlockOverheadSec
 	ef += ov
-	fwd := gf + af + ef
+	fwd := gf + af + ef + castF
 	b.fwd = fwd
 	b.gemm = 3 * gf
 	b.attn = af + ab
-	b.elem = 3 * ef
+	b.elem = 3*ef + castF + castB
 	b.flops = 3 * fl
 	switch tr.Recompute {
 	case RecomputeFull:
 		b.gemm += gf
 		b.attn += af
-		b.elem += ef
+		b.elem += ef + castF
 		b.recompute = fwd
 		b.flops += fl
 	case RecomputeSelective:
@@ -235,7 +253,7 @@ func (e *engine) output() extraCost {
 	c, m := e.c, e.c.Model
 	h, t := float64(m.Hidden), e.t
 	var x extraCost
-	g, _ := c.gemmTime(e.tok, float64(m.Vocab)/t, h, c.Hardware.PeakTFLOPS*1e12)
+	g, _ := c.gemmTime(e.tok, float64(m.Vocab)/t, h, false)
 	x.gemm = 3 * g
 	// Vocabulary-parallel cross-entropy in fp32, pass by pass: upcast
 	// (read 2, write 4), max (4), subtract (8), exp (8), sum (4),

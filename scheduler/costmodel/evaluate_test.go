@@ -705,3 +705,42 @@ func TestTunablesJSON(t *testing.T) {
 		t.Error("unknown tunable accepted")
 	}
 }
+
+// TestFP8: FP8 runs the blocks' GEMMs at the FP8 peak but not attention,
+// the logits or the element-wise passes, and adds the casts, so a step is
+// faster than bf16 by less than the peaks' factor of two; a GPU without
+// FP8 refuses it, and an FP8 GPU needs an FP8 efficiency.
+func TestFP8(t *testing.T) {
+	p := Plan{TP: 8, PP: 9, CP: 2, DP: 4, MicroBatch: 1, VirtualStages: 7}
+	bf16 := config(t, "llama3-405b", "h100")
+	bf16.Training.GlobalBatch = 252
+	fp8 := bf16
+	fp8.Training.Precision = PrecisionFP8
+	b, f := mustEval(t, bf16, p), mustEval(t, fp8, p)
+	if ratio := b.StepSeconds / f.StepSeconds; ratio <= 1.1 || ratio >= 2 {
+		t.Errorf("fp8 step %.3f s against bf16 %.3f s: ×%.2f, want between 1.1 and 2", f.StepSeconds, b.StepSeconds, ratio)
+	}
+	if f.AttentionSec != b.AttentionSec {
+		t.Errorf("attention %.4f s in fp8, %.4f s in bf16: attention stays bf16", f.AttentionSec, b.AttentionSec)
+	}
+	if f.ElementwiseSec <= b.ElementwiseSec {
+		t.Errorf("element-wise %.4f s in fp8, %.4f s in bf16: the casts cost", f.ElementwiseSec, b.ElementwiseSec)
+	}
+	if f.GEMMSec >= b.GEMMSec*0.7 {
+		t.Errorf("GEMMs %.3f s in fp8, %.3f s in bf16: want well under", f.GEMMSec, b.GEMMSec)
+	}
+
+	a100 := config(t, "llama3-405b", "a100-80gb")
+	a100.Training.Precision = PrecisionFP8
+	if _, err := a100.Evaluate(Plan{TP: 8, PP: 9, CP: 2, DP: 4, MicroBatch: 1, VirtualStages: 7}); err == nil || !strings.Contains(err.Error(), "no fp8") {
+		t.Errorf("fp8 on A100: %v, want a refusal naming fp8", err)
+	}
+	hw, _ := LookupHardware("h100")
+	if hw.FP8GEMMEfficiency <= 0 || hw.FP8GEMMEfficiency >= hw.GEMMEfficiency {
+		t.Errorf("h100 fp8 GEMM efficiency %.3f, bf16 %.3f: want below, and positive", hw.FP8GEMMEfficiency, hw.GEMMEfficiency)
+	}
+	hw.FP8GEMMEfficiency = 0
+	if err := hw.Validate(); err == nil || !strings.Contains(err.Error(), "fp8_gemm_max_efficiency") {
+		t.Errorf("an fp8 GPU without an fp8 efficiency: %v", err)
+	}
+}

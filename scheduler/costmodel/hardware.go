@@ -42,6 +42,10 @@ type Hardware struct {
 	// GEMMEfficiency is the fraction of peak a matrix multiply reaches when
 	// all three of its dimensions are large.
 	GEMMEfficiency float64 `json:"gemm_max_efficiency"`
+	// FP8GEMMEfficiency is the same for FP8 GEMMs, a fraction of the FP8
+	// peak (0 where the GPU has no FP8): the tensor cores' rate doubles, the
+	// fraction of it a GEMM reaches need not stay.
+	FP8GEMMEfficiency float64 `json:"fp8_gemm_max_efficiency,omitempty"`
 	// GEMMHalfDim is the dimension at which one side of a GEMM costs half
 	// its efficiency: a GEMM of M×K by K×N runs at
 	// GEMMEfficiency · Πx∈{M,N,K} x/(x+GEMMHalfDim) of peak.
@@ -154,6 +158,7 @@ var hardwareFields = []hardwareField{
 		return nil
 	}},
 	{"gemm_max_efficiency", "fraction of peak", fractionSetter(func(h *Hardware) *float64 { return &h.GEMMEfficiency })},
+	{"fp8_gemm_max_efficiency", "fraction of fp8 peak", fractionSetter(func(h *Hardware) *float64 { return &h.FP8GEMMEfficiency })},
 	{"gemm_half_dim", "elements", floatSetter(func(h *Hardware) *float64 { return &h.GEMMHalfDim })},
 	{"flash_attention_efficiency", "fraction of peak", fractionSetter(func(h *Hardware) *float64 { return &h.FlashAttentionEfficiency })},
 	{"elementwise_efficiency", "fraction of HBM bandwidth", fractionSetter(func(h *Hardware) *float64 { return &h.ElementwiseEfficiency })},
@@ -221,6 +226,8 @@ func (h Hardware) Validate() error {
 		return fmt.Errorf("gpu %s: GPUs per node must be positive", h.Name)
 	case h.GEMMEfficiency <= 0 || h.GEMMEfficiency > 1:
 		return fmt.Errorf("gpu %s: gemm_max_efficiency must be in (0, 1], got %g", h.Name, h.GEMMEfficiency)
+	case h.PeakFP8TFLOPS > 0 && (h.FP8GEMMEfficiency <= 0 || h.FP8GEMMEfficiency > 1):
+		return fmt.Errorf("gpu %s: fp8_gemm_max_efficiency must be in (0, 1] where the GPU has an fp8 peak, got %g", h.Name, h.FP8GEMMEfficiency)
 	case h.GEMMHalfDim < 0:
 		return fmt.Errorf("gpu %s: gemm_half_dim must not be negative", h.Name)
 	case h.FlashAttentionEfficiency <= 0 || h.FlashAttentionEfficiency > 1:

@@ -6,12 +6,15 @@ import (
 )
 
 // Stack is a training software stack as the cost model sees it: which
-// communication it overlaps with compute, and at what width it keeps and
-// reduces gradients. Each overlap is a tunable of its own (tp_overlap,
-// cp_overlap, pp_overlap, dp_grad_overlap, dp_param_overlap): the fraction
-// of that communication the stack can hide. A stack sets exactly these
-// tunables; `--set` still overrides any of them, and everything else
-// (kernel fits, memory reserves, storage) is the same for every stack.
+// communication it overlaps with compute, at what width it keeps and
+// reduces gradients, and how fast its kernels run against the fitted ones.
+// Each overlap is a tunable of its own (tp_overlap, cp_overlap,
+// pp_overlap, dp_grad_overlap, dp_param_overlap): the fraction of that
+// communication the stack can hide; stack_compute_scale is its software
+// generation (1 but for a stack whose published runs show faster kernels).
+// A stack sets exactly these tunables; `--set` still overrides any of
+// them, and everything else (kernel fits, memory reserves, storage) is the
+// same for every stack.
 // Recomputation, sequence parallelism and the attention kernel stay the
 // job's own choices (Training): a stack's Typical says what its users
 // usually pick.
@@ -28,6 +31,19 @@ type Stack struct {
 	// GradBytes is grad_bytes_per_param: 2 for bf16/fp16 gradients, 4 for
 	// fp32 accumulation and reduction.
 	GradBytes float64
+	// computeScale points at stack_compute_scale's value for this stack
+	// (nil is 1, the fitted kernels): the software's generation, fitted
+	// like the kernels, so it lives with the fits.
+	computeScale *float64
+}
+
+// ComputeScale is the stack_compute_scale the stack sets: how much faster its
+// kernels run than the fitted ones (1 for most stacks).
+func (s Stack) ComputeScale() float64 {
+	if s.computeScale == nil {
+		return 1
+	}
+	return *s.computeScale
 }
 
 // DefaultStack is the stack of a job or question that names none:
@@ -35,6 +51,29 @@ type Stack struct {
 // parameter gather overlapped (the two flags every published recipe
 // sets) and without the opt-in TP communication overlap.
 const DefaultStack = "megatron-core"
+
+// megatronCore2024 is the 2024 performance recipes' overlaps, which
+// nemo-2024 shares.
+var megatronCore2024 = Stack{
+	Name: "megatron-core-2024",
+	Doc: "NeMo / Megatron-Core performance recipes (2024): --tp-comm-overlap (tensor-parallel all-gathers and reduce-scatters " +
+		"split and pipelined with the GEMMs), overlapped pipeline sends and receives in the interleaved schedule, " +
+		"overlapped gradient reduce-scatter and parameter all-gather under the distributed optimizer, fp32 gradient accumulation and reduction",
+	Typical:        "bf16 or fp8, flash attention, no recomputation, interleaved 1F1B, distributed optimizer (ZeRO 1), sequence parallelism",
+	TPOverlap:      1,
+	CPOverlap:      1,
+	PPOverlap:      1,
+	DPGradOverlap:  1,
+	DPParamOverlap: 1,
+	GradBytes:      4,
+}
+
+// laterGeneration is s's overlaps and gradient width under another name,
+// on kernels as fast as *scale says.
+func (s Stack) laterGeneration(name, doc, typical string, scale *float64) Stack {
+	s.Name, s.Doc, s.Typical, s.computeScale = name, doc, typical, scale
+	return s
+}
 
 // stacks are the named profiles; DefaultStack is among them.
 var stacks = []Stack{
@@ -56,19 +95,13 @@ var stacks = []Stack{
 		DPParamOverlap: 1,
 		GradBytes:      2,
 	},
-	{
-		Name: "megatron-core-2024",
-		Doc: "NeMo / Megatron-Core performance recipes (2024): --tp-comm-overlap (tensor-parallel all-gathers and reduce-scatters " +
-			"split and pipelined with the GEMMs), overlapped pipeline sends and receives in the interleaved schedule, " +
-			"overlapped gradient reduce-scatter and parameter all-gather under the distributed optimizer, fp32 gradient accumulation and reduction",
-		Typical:        "bf16 or fp8, flash attention, no recomputation, interleaved 1F1B, distributed optimizer (ZeRO 1), sequence parallelism",
-		TPOverlap:      1,
-		CPOverlap:      1,
-		PPOverlap:      1,
-		DPGradOverlap:  1,
-		DPParamOverlap: 1,
-		GradBytes:      4,
-	},
+	megatronCore2024,
+	megatronCore2024.laterGeneration("nemo-2024",
+		"NVIDIA's NeMo performance recipes of late 2024 (NeMo 24.09 and later, DGX Cloud Benchmarking): the overlaps of "+
+			"megatron-core-2024, on kernels of a later generation (Transformer Engine, cuDNN attention) that run the same shapes "+
+			"faster: stack_compute_scale, fitted to those recipes' step times",
+		"bf16 or fp8, flash attention, no recomputation, interleaved 1F1B, distributed optimizer (ZeRO 1), sequence parallelism, context parallelism from 8K tokens",
+		&fittedNeMo2024ComputeScale),
 	{
 		Name: "llama3-2024",
 		Doc: "Meta's Llama 3 training stack as Dubey et al. 2024 (§3.3.2) describe it: FSDP sharding gradients and optimizer state " +
@@ -120,6 +153,7 @@ func (s Stack) Apply(t *Tunables) {
 	t.TPOverlap, t.CPOverlap, t.PPOverlap = s.TPOverlap, s.CPOverlap, s.PPOverlap
 	t.DPGradOverlap, t.DPParamOverlap = s.DPGradOverlap, s.DPParamOverlap
 	t.GradBytes = s.GradBytes
+	t.StackComputeScale = s.ComputeScale()
 }
 
 // ApplyStack sets the tunables the named stack fixes ("" is DefaultStack).

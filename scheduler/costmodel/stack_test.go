@@ -163,15 +163,48 @@ func TestCalibrationKeepsTheStack(t *testing.T) {
 // rendered from the stacks themselves (refresh with -update).
 func TestStacksTableIsCurrent(t *testing.T) {
 	var b strings.Builder
-	b.WriteString("| stack | tp_overlap | cp_overlap | pp_overlap | dp_grad_overlap | dp_param_overlap | grad_bytes_per_param | what it is | typical settings it leaves to the job |\n")
-	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
+	b.WriteString("| stack | tp_overlap | cp_overlap | pp_overlap | dp_grad_overlap | dp_param_overlap | grad_bytes_per_param | stack_compute_scale | what it is | typical settings it leaves to the job |\n")
+	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
 	for _, s := range Stacks() {
 		name := "`" + s.Name + "`"
 		if s.Name == DefaultStack {
 			name += " (default)"
 		}
-		fmt.Fprintf(&b, "| %s | %g | %g | %g | %g | %g | %g | %s | %s |\n", name, s.TPOverlap, s.CPOverlap, s.PPOverlap,
-			s.DPGradOverlap, s.DPParamOverlap, s.GradBytes, s.Doc, s.Typical)
+		fmt.Fprintf(&b, "| %s | %g | %g | %g | %g | %g | %g | %.4g | %s | %s |\n", name, s.TPOverlap, s.CPOverlap, s.PPOverlap,
+			s.DPGradOverlap, s.DPParamOverlap, s.GradBytes, s.ComputeScale(), s.Doc, s.Typical)
 	}
 	docSection(t, "stacks", b.String(), "TestStacksTableIsCurrent")
+}
+
+// TestStackComputeScale: a stack's software generation scales the
+// kernels, apart from the calibrated compute_scale, which calibration
+// moves from 1 under any stack.
+func TestStackComputeScale(t *testing.T) {
+	p := Plan{TP: 8, PP: 8, DP: 2, MicroBatch: 1, VirtualStages: 12}
+	c := config(t, "gpt3-175b", "h100")
+	c.Training.GlobalBatch = 32
+	if err := c.Tunables.ApplyStack("megatron-core-2024"); err != nil {
+		t.Fatal(err)
+	}
+	old := mustEval(t, c, p)
+	nemo := c
+	if err := nemo.Tunables.ApplyStack("nemo-2024"); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := LookupStack("nemo-2024")
+	if nemo.Tunables.StackComputeScale != s.ComputeScale() || s.ComputeScale() <= 1 || nemo.Tunables.Efficiency != 1 {
+		t.Fatalf("nemo-2024 tunables: stack_compute_scale %g (stack %g), compute_scale %g", nemo.Tunables.StackComputeScale, s.ComputeScale(), nemo.Tunables.Efficiency)
+	}
+	fast := mustEval(t, nemo, p)
+	if fast.ComputeSec >= old.ComputeSec || !near(old.GEMMSec/fast.GEMMSec, s.ComputeScale(), 0.02) {
+		t.Errorf("GEMMs %.3f s under nemo-2024, %.3f s under megatron-core-2024: want ×%.3f", fast.GEMMSec, old.GEMMSec, s.ComputeScale())
+	}
+	cal, err := nemo.CalibrateReport(p, fast.StepSeconds*1.1)
+	if err != nil || cal.Term != TermCompute || cal.From != 1 || nemo.Tunables.StackComputeScale != s.ComputeScale() {
+		t.Errorf("calibration under nemo-2024: %+v, %v; stack_compute_scale %g", cal, err, nemo.Tunables.StackComputeScale)
+	}
+	back := nemo
+	if err := back.Tunables.ApplyStack("megatron-core"); err != nil || back.Tunables.StackComputeScale != 1 {
+		t.Errorf("megatron-core after nemo-2024: stack_compute_scale %g, %v", back.Tunables.StackComputeScale, err)
+	}
 }

@@ -19,6 +19,10 @@ type Tunables struct {
 	// element-wise): 1 is as fitted. Calibrate moves it to match a
 	// measured step.
 	Efficiency float64
+	// StackComputeScale is the training stack's own scale on the fitted
+	// kernel throughput, its software generation (1 for most stacks; the
+	// stack sets it). It multiplies Efficiency, which calibration moves.
+	StackComputeScale float64
 	// CommScale scales every communication time: 1 is as modelled; below 1
 	// the links are faster than the model thinks. Calibrate moves it when
 	// a measured step is faster than the kernels alone allow.
@@ -85,6 +89,7 @@ type Tunables struct {
 func DefaultTunables() Tunables {
 	t := Tunables{
 		Efficiency:                 1,
+		StackComputeScale:          1,
 		CommScale:                  1,
 		ZeRO3Efficiency:            fittedZeRO3Efficiency,
 		ZeRO3Overlap:               fittedZeRO3Overlap,
@@ -118,6 +123,8 @@ type tunableField struct {
 var tunableFields = []tunableField{
 	{"compute_scale", "× fitted kernel speed", "scale on the fitted GEMM, attention and element-wise throughput; --measured-step moves it",
 		func(t *Tunables) any { return t.Efficiency }, floatSetter(func(t *Tunables) *float64 { return &t.Efficiency })},
+	{"stack_compute_scale", "× fitted kernel speed", "the training stack's scale on the fitted kernel throughput, its software generation; set by the stack",
+		func(t *Tunables) any { return t.StackComputeScale }, floatSetter(func(t *Tunables) *float64 { return &t.StackComputeScale })},
 	{"comm_scale", "× modelled comm time", "scale on every communication time; --measured-step moves it when kernels alone cannot explain a fast step",
 		func(t *Tunables) any { return t.CommScale }, floatSetter(func(t *Tunables) *float64 { return &t.CommScale })},
 	{"tp_overlap", "fraction", "tensor-parallel communication hidden behind GEMMs",
@@ -258,6 +265,10 @@ func (t *Tunables) Set(key, value string) error {
 	return fmt.Errorf("unknown tunable %q: use one of %s", key, strings.Join(TunableFields, ", "))
 }
 
+// computeScale is the whole scale on the fitted kernel throughput: the
+// stack's generation times the calibrated compute_scale.
+func (t Tunables) computeScale() float64 { return t.Efficiency * t.StackComputeScale }
+
 // MarshalJSON writes every tunable under its name, durations in seconds.
 func (t Tunables) MarshalJSON() ([]byte, error) {
 	var b strings.Builder
@@ -298,6 +309,8 @@ func (t Tunables) Validate() error {
 	switch {
 	case t.Efficiency <= 0:
 		return fmt.Errorf("compute_scale must be positive, got %g", t.Efficiency)
+	case t.StackComputeScale <= 0:
+		return fmt.Errorf("stack_compute_scale must be positive, got %g", t.StackComputeScale)
 	case t.CommScale < 0:
 		return fmt.Errorf("comm_scale must not be negative, got %g", t.CommScale)
 	case !frac(t.TPOverlap) || !frac(t.CPOverlap) || !frac(t.PPOverlap) || !frac(t.DPGradOverlap) || !frac(t.DPParamOverlap) || !frac(t.ZeRO3Overlap):
