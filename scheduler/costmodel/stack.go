@@ -99,7 +99,7 @@ var stacks = []Stack{
 	megatronCore2024.laterGeneration("nemo-2024",
 		"NVIDIA's NeMo performance recipes of late 2024 (NeMo 24.09 and later, DGX Cloud Benchmarking): the overlaps of "+
 			"megatron-core-2024, on kernels of a later generation (Transformer Engine, cuDNN attention) that run the same shapes "+
-			"faster: stack_compute_scale, fitted to those recipes' step times",
+			"faster: stack_compute_scale, fitted to NeMo's published runs (the DGX Cloud Benchmarking recipes, NeMo's performance summary)",
 		"bf16 or fp8, flash attention, no recomputation, interleaved 1F1B, distributed optimizer (ZeRO 1), sequence parallelism, context parallelism from 8K tokens",
 		&fittedNeMo2024ComputeScale),
 	{
