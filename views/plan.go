@@ -52,7 +52,11 @@ func WritePlanTable(w io.Writer, r PlanReport) error {
 	in, ranked, rejected, top := r.Request, r.Ranked, r.Rejected, r.Top
 	fmt.Fprintln(w, r.Describe())
 	t := in.Tunables
-	fmt.Fprintf(w, "kernels as fitted for %s × compute_scale %.3g, communication × comm_scale %.3g\n", in.Hardware.Name, t.Efficiency, t.CommScale)
+	generation := ""
+	if t.StackComputeScale != 1 {
+		generation = fmt.Sprintf(" × the stack's stack_compute_scale %.3g", t.StackComputeScale)
+	}
+	fmt.Fprintf(w, "kernels as fitted for %s × compute_scale %.3g%s, communication × comm_scale %.3g\n", in.Hardware.Name, t.Efficiency, generation, t.CommScale)
 	fmt.Fprintf(w, "stack %s: overlap tp %.0f%% cp %.0f%% pp %.0f%% dp-grad %.0f%% dp-param %.0f%% zero-3 %.0f%%, gradients %g bytes/param\n",
 		cmp.Or(in.Training.Stack, costmodel.DefaultStack), t.TPOverlap*100, t.CPOverlap*100, t.PPOverlap*100, t.DPGradOverlap*100, t.DPParamOverlap*100,
 		t.ZeRO3Overlap*100, t.GradBytes)

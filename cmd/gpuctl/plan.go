@@ -95,7 +95,7 @@ context parallelism tried, --uneven=false keeps to even pipelines.`,
 	fl.IntVar(&f.maxVirtual, "max-virtual-stages", planner.MaxVirtualStages, "largest interleaving (virtual pipeline stages) to try")
 	fl.BoolVar(&f.uneven, "uneven", true, "also try pipelines that do not divide the layers (first and last stages count the embedding and output layers), as a job file can say; =false keeps to even ones")
 	fl.StringVar(&f.attention, "attention", "", "attention kernel: flash (default) or unfused")
-	fl.StringVar(&f.stack, "stack", "", "training stack, which sets the overlap terms: "+strings.Join(costmodel.StackNames(), ", ")+
+	fl.StringVar(&f.stack, "stack", "", "training stack, which sets the overlap terms and its kernels' generation: "+strings.Join(costmodel.StackNames(), ", ")+
 		" (default: the job file's model.stack, else "+costmodel.DefaultStack+"); --set overrides single terms")
 	fl.StringArrayVar(&f.set, "set", nil, "override a GPU field or tunable by its -o json name, key=value (e.g. net_bytes_per_second=25GB/s, compute_scale=0.9, checkpoint_write_bytes_per_second=2TB/s); repeatable")
 	fl.Float64Var(&f.measured, "measured-step", 0, "measured seconds per step of the fixed plan: calibrate to it first (reports the term moved)")

@@ -124,7 +124,7 @@ for DNN Training Workloads", USENIX ATC 2019 (marwage/philly-traces, CC BY 4.0).
 	fl.Float64Var(&f.gpuShare, "gpu-fault-share", 0.587, "share of interruptions that are one GPU failing (Llama 3: 58.7% of 419), the rest whole nodes")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed of the failure sequence")
 	fl.DurationVar(&f.interval, "run-checkpoint-interval", 0, "run under failures: work between checkpoints (0: the Young–Daly interval)")
-	fl.StringVar(&f.stack, "stack", "", "training stack, which sets the overlap terms: "+strings.Join(costmodel.StackNames(), ", ")+" (default "+costmodel.DefaultStack+")")
+	fl.StringVar(&f.stack, "stack", "", "training stack, which sets the overlap terms and its kernels' generation: "+strings.Join(costmodel.StackNames(), ", ")+" (default "+costmodel.DefaultStack+")")
 	fl.StringArrayVar(&f.set, "set", nil, "override a GPU field or tunable, key=value (see gpuctl plan -o json); repeatable")
 	cmd.AddCommand(newSimulateTrainCmd())
 	return cmd
