@@ -97,10 +97,10 @@ var (
 	// ZeRO-3 on A100.
 	fittedZeRO3Efficiency = 0.1663
 	fittedZeRO3Overlap    = 0.2566
-	// The nemo-2024 stack's stack_compute_scale: its recipes' kernels
-	// against the fit's.
+	fittedZeRO3Latency    = 0.0001534
+	// The nemo-2024 stack's stack_compute_scale: NeMo's published runs'
+	// kernels against the fit's.
 	fittedNeMo2024ComputeScale = 1.11
-	fittedZeRO3Latency         = 0.0001534
 )
 
 func withSource(k KernelFit, src string) KernelFit {
