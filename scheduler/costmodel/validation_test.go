@@ -199,6 +199,9 @@ func (s errorSummary) String() string {
 func validationMarkdown(t *testing.T, rows []validationRow, loso map[string]float64) string {
 	var b strings.Builder
 	var fit, held, all, lo, loIn errorSummary
+	type sourceErrors struct{ fit, loso errorSummary }
+	bySource := map[string]*sourceErrors{}
+	var sources []string
 	b.WriteString("| row | source | GPUs | configuration | stack | metric | published | predicted | fit error | set | LOSO error |\n")
 	b.WriteString("| --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | --- | ---: |\n")
 	for _, r := range rows {
@@ -217,6 +220,12 @@ func validationMarkdown(t *testing.T, rows []validationRow, loso map[string]floa
 		all.add(e)
 		le := loso[r.ID]
 		lo.add(le)
+		if bySource[r.SourceKey] == nil {
+			bySource[r.SourceKey] = &sourceErrors{}
+			sources = append(sources, r.SourceKey)
+		}
+		bySource[r.SourceKey].fit.add(e)
+		bySource[r.SourceKey].loso.add(le)
 		loCell := fmt.Sprintf("%+.1f%%", le*100)
 		if _, known := knownLOSOMisses[r.ID]; known {
 			loCell += " (known miss)"
@@ -231,6 +240,11 @@ func validationMarkdown(t *testing.T, rows []validationRow, loso map[string]floa
 		maxValidationError*100, validationGoal*100, fit, held, all)
 	fmt.Fprintf(&b, "Leave-one-source-out error (bound ±%.0f%%, goal ±%.0f%%): all %s; without the known misses %s.\n",
 		maxLOSOError*100, validationGoal*100, lo, loIn)
+	b.WriteString("\n| source | rows | fit error: mean, largest | leave-one-source-out error: mean, largest |\n| --- | ---: | ---: | ---: |\n")
+	for _, k := range sources {
+		se := bySource[k]
+		fmt.Fprintf(&b, "| %s | %d | %.1f%%, %.1f%% | %.1f%%, %.1f%% |\n", k, se.fit.n, se.fit.mean*100, se.fit.most*100, se.loso.mean*100, se.loso.most*100)
+	}
 	fmt.Fprintf(&b, "\nKnown leave-one-source-out misses:\n\n")
 	var ids []string
 	for id := range knownLOSOMisses {
@@ -251,6 +265,8 @@ func metricName(m string) string {
 		return "TFLOP/s/GPU (model)"
 	case "step_seconds":
 		return "s/iteration"
+	case "tokens_per_second_per_gpu":
+		return "tokens/s/GPU"
 	}
 	return m
 }
