@@ -131,7 +131,7 @@ func TestValidationRules(t *testing.T) {
 		{"zero stage", base + "model: {preset: gpt3-175b, zero_stage: 4}\n", "job.yaml:4: model.zero_stage: 4: use 0, 1, 2 or 3"},
 		{"recompute", base + "model: {preset: gpt3-175b, recompute: most}\n", `job.yaml:4: model.recompute: "most": use none, selective or full`},
 		{"stack", base + "model: {preset: gpt3-175b, stack: megatron-2019}\n",
-			`job.yaml:4: model.stack: "megatron-2019" is not a known training stack: use one of megatron-2021, megatron-core, megatron-core-2024, llama3-2024, deepspeed-zero (default megatron-core)`},
+			`job.yaml:4: model.stack: "megatron-2019" is not a known training stack: use one of megatron-2021, megatron-core, megatron-core-2024, nemo-2024, llama3-2024, deepspeed-zero (default megatron-core)`},
 		{"stack known", base + "model: {preset: gpt3-175b, stack: megatron-core-2024}\n", ""},
 		{"plan tp beyond node", base + "plan:\n  tp: 16\n  pp: 4\n", "job.yaml:5: plan.tp: 16 exceeds the 8 GPUs of one node (tensor parallelism stays inside a node)"},
 		{"plan tp zero", base + "plan:\n  tp: 0\n  pp: 4\n", "job.yaml:5: plan.tp: 0: must be a positive whole number"},
